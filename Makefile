@@ -1,0 +1,40 @@
+# holdfast: the two commands a newcomer needs are `make dev` and `make test`.
+# Each installs what is missing (scripts/setup.sh), builds, and runs.
+
+BUILD_DIR ?= build
+BUILD_TYPE ?= RelWithDebInfo
+JOBS ?= $(shell nproc)
+CTEST_ARGS ?=
+
+.PHONY: all setup configure build dev test unit integration clean
+
+all: build
+
+setup:
+	@bash scripts/setup.sh
+
+$(BUILD_DIR)/build.ninja:
+	cmake -S . -B $(BUILD_DIR) -G Ninja -DCMAKE_BUILD_TYPE=$(BUILD_TYPE)
+
+configure: setup $(BUILD_DIR)/build.ninja
+
+build: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS)
+
+# Runs holdfast on its embedded default: a single-member etcd under .holdfast-dev/
+# and one holdfastd on 127.0.0.1:7420. Ctrl-C stops both.
+dev: build
+	$(BUILD_DIR)/bin/holdfast dev
+
+# The whole test suite: unit tests and integration tests against a real etcd.
+test: build
+	cd $(BUILD_DIR) && ctest --output-on-failure --timeout 600 $(CTEST_ARGS)
+
+unit: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -L unit $(CTEST_ARGS)
+
+integration: build
+	cd $(BUILD_DIR) && ctest --output-on-failure -L integration $(CTEST_ARGS)
+
+clean:
+	rm -rf $(BUILD_DIR)

@@ -1,0 +1,161 @@
+// libholdfast: the C++ client of holdfast.
+//
+//   auto client = holdfast::Client::Connect({.endpoints = {"127.0.0.1:7420"}});
+//   auto session = (*client)->OpenSession("default", {.ttl = std::chrono::seconds(10)});
+//   auto hold = (*session)->Acquire("jobs/nightly", {.wait = std::chrono::seconds(30)});
+//   if (hold.ok()) {
+//     Write(resource, hold->token());        // pass the fencing token along
+//     if (hold->lost()) { /* stop at once */ }
+//   }                                        // released when `hold` goes away
+//
+// Thread-safety: Client and Session are thread-safe. A Hold is thread-compatible
+// (one owner), but its lost()/lost_token() may be read from any thread.
+//
+// Liveness: a Client runs one keepalive stream and two threads for all of its
+// sessions. Each session is renewed every ttl/3. The library keeps a local
+// deadline per session: the send time of the last renewal etcd confirmed, plus the
+// TTL etcd reported, minus a safety margin for clock drift. When that deadline
+// passes, or the server reports the session gone or etcd unreachable, the session
+// is declared lost: every Hold on it reports lost(), its stop token is stopped, and
+// the on_lost callback runs (once, on the keepalive thread, never under a lock).
+// A lost session is never revived; open a new one. Sessions are renewed only
+// while their Client exists: destroy Sessions and Holds before their Client.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <stop_token>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "holdfast/v1/admin.pb.h"
+#include "holdfast/v1/lock.pb.h"
+
+namespace holdfast {
+
+namespace internal {
+class ClientCore;
+class SessionState;
+}  // namespace internal
+
+struct ClientOptions {
+  // holdfastd endpoints (host:port). Calls go to the first that answers.
+  std::vector<std::string> endpoints = {"127.0.0.1:7420"};
+  // Deadline of calls that do not wait for a lock.
+  std::chrono::milliseconds rpc_timeout{10'000};
+};
+
+struct SessionOptions {
+  // Session TTL: how long holds outlive the last renewal. Rounded up to seconds.
+  std::chrono::milliseconds ttl{10'000};
+  // Fraction of the TTL kept as a margin for clock drift (local deadline).
+  double safety_margin = 0.1;
+  // Called once when the session is lost, with the reason.
+  std::function<void(const absl::Status&)> on_lost;
+};
+
+struct AcquireOptions {
+  // How long to wait for the lock; 0 tries once.
+  std::chrono::milliseconds wait{0};
+  // Ask for a shared hold (classes of mode S).
+  bool shared = false;
+  // Opaque bytes shown to operators by `holdfast holders` (at most 1 KiB).
+  std::string holder_meta;
+};
+
+class Session;
+
+// A granted lock. Releases itself when destroyed (errors ignored: a hold that
+// cannot be released ends with its session's lease).
+class Hold {
+ public:
+  Hold(Hold&&) noexcept;
+  Hold& operator=(Hold&&) noexcept;
+  ~Hold();
+
+  // epoch << 48 | grant revision: pass it to every resource the lock protects.
+  int64_t token() const { return info_.token(); }
+  const std::string& key() const { return info_.lock_key(); }
+  const v1::HoldInfo& info() const { return info_; }
+
+  // True once the session is lost: stop using the resource at once.
+  bool lost() const;
+  std::stop_token lost_token() const;
+
+  // Releases the hold. FAILED_PRECONDITION if it is no longer current.
+  absl::Status Release();
+
+ private:
+  friend class Session;
+  Hold(std::shared_ptr<internal::SessionState> session, v1::HoldInfo info)
+      : session_(std::move(session)), info_(std::move(info)) {}
+  std::shared_ptr<internal::SessionState> session_;  // null once released
+  v1::HoldInfo info_;
+};
+
+class Session {
+ public:
+  // Closes the session (ignoring errors) if Close() was not called.
+  ~Session();
+
+  int64_t id() const;
+  const std::string& ns() const;
+
+  // Acquires `lock_key`. Blocks up to options.wait (plus the rpc timeout).
+  // Errors as the Lock.Acquire RPC: ABORTED (held, try), DEADLINE_EXCEEDED (not
+  // granted in time), INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
+  // UNAVAILABLE; FAILED_PRECONDITION too when this session is already lost.
+  absl::StatusOr<Hold> Acquire(const std::string& lock_key, const AcquireOptions& options = {});
+
+  // Ends the session: every hold on it is released by etcd.
+  absl::Status Close();
+
+  bool lost() const;
+  // OK while not lost.
+  absl::Status lost_reason() const;
+  std::stop_token lost_token() const;
+  // Local deadline: when the session counts as lost unless a renewal confirms.
+  std::chrono::steady_clock::time_point deadline() const;
+  // Renewals etcd has confirmed so far.
+  int64_t renewals() const;
+
+ private:
+  friend class Client;
+  explicit Session(std::shared_ptr<internal::SessionState> state) : state_(std::move(state)) {}
+  std::shared_ptr<internal::SessionState> state_;
+};
+
+class Client {
+ public:
+  // Creates the channel; does not wait for a connection.
+  static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
+  ~Client();
+
+  absl::StatusOr<std::unique_ptr<Session>> OpenSession(const std::string& ns,
+                                                       const SessionOptions& options = {});
+
+  absl::StatusOr<v1::DescribeResponse> Describe(const std::string& ns, const std::string& key);
+  absl::StatusOr<v1::CheckTokenResponse> CheckToken(const std::string& ns,
+                                                    const std::string& key, int64_t token);
+
+  // Admin API (namespaces, classes, epoch).
+  absl::StatusOr<v1::Namespace> CreateNamespace(const v1::CreateNamespaceRequest& req);
+  absl::StatusOr<v1::Namespace> GetNamespace(const std::string& name);
+  absl::StatusOr<std::vector<v1::Namespace>> ListNamespaces();
+  absl::Status DeleteNamespace(const std::string& name);
+  absl::StatusOr<v1::LockClass> CreateClass(const v1::LockClass& cls);
+  absl::StatusOr<v1::LockClass> GetClass(const std::string& ns, const std::string& class_id);
+  absl::StatusOr<std::vector<v1::LockClass>> ListClasses(const std::string& ns);
+  absl::Status DeleteClass(const std::string& ns, const std::string& class_id);
+  absl::StatusOr<v1::Epoch> GetEpoch();
+
+ private:
+  explicit Client(std::shared_ptr<internal::ClientCore> core) : core_(std::move(core)) {}
+  std::shared_ptr<internal::ClientCore> core_;
+};
+
+}  // namespace holdfast

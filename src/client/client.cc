@@ -1,0 +1,317 @@
+#include "holdfast/client.h"
+
+#include <arpa/inet.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "client/internal.h"
+#include "common/grpc_status.h"
+
+namespace holdfast {
+
+namespace internal {
+
+namespace {
+// gRPC target for a list of endpoints: one endpoint as it is; several IPv4
+// literals as an address list that pick_first fails over.
+std::string ChannelTarget(const std::vector<std::string>& endpoints) {
+  if (endpoints.size() == 1) return endpoints[0];
+  for (const auto& e : endpoints) {
+    auto colon = e.rfind(':');
+    in_addr a;
+    if (colon == std::string::npos || inet_pton(AF_INET, e.substr(0, colon).c_str(), &a) != 1) {
+      return endpoints[0];  // host names: the first one (fail-over is a later change)
+    }
+  }
+  return absl::StrCat("ipv4:", absl::StrJoin(endpoints, ","));
+}
+}  // namespace
+
+ClientCore::ClientCore(ClientOptions options) : options_(std::move(options)) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1'000);
+  channel_ = grpc::CreateCustomChannel(ChannelTarget(options_.endpoints),
+                                       grpc::InsecureChannelCredentials(), args);
+  session_ = v1::Session::NewStub(channel_);
+  lock_ = v1::Lock::NewStub(channel_);
+  admin_ = v1::Admin::NewStub(channel_);
+  pump_ = std::make_unique<KeepAlivePump>(this);
+}
+
+ClientCore::~ClientCore() { pump_.reset(); }
+
+void ClientCore::SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds extra) const {
+  ctx->set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout + extra);
+}
+
+SessionState::SessionState(std::shared_ptr<ClientCore> core, std::string ns, int64_t id,
+                           std::chrono::milliseconds ttl, const SessionOptions& options,
+                           SteadyClock::time_point opened_at)
+    : core_(std::move(core)),
+      ns_(std::move(ns)),
+      id_(id),
+      ttl_(ttl),
+      margin_(std::chrono::milliseconds(static_cast<int64_t>(
+          static_cast<double>(ttl.count()) * std::clamp(options.safety_margin, 0.0, 0.5)))),
+      on_lost_(options.on_lost),
+      deadline_(opened_at + ttl - margin_) {}
+
+bool SessionState::lost() const {
+  absl::MutexLock l(&mu_);
+  return lost_;
+}
+
+absl::Status SessionState::lost_reason() const {
+  absl::MutexLock l(&mu_);
+  return lost_reason_;
+}
+
+SteadyClock::time_point SessionState::deadline() const {
+  absl::MutexLock l(&mu_);
+  return deadline_;
+}
+
+int64_t SessionState::renewals() const {
+  absl::MutexLock l(&mu_);
+  return renewals_;
+}
+
+void SessionState::Confirm(SteadyClock::time_point sent_at, std::chrono::milliseconds ttl) {
+  absl::MutexLock l(&mu_);
+  if (lost_) return;  // never revived
+  ++renewals_;
+  deadline_ = std::max(deadline_, sent_at + ttl - margin_);
+}
+
+void SessionState::MarkLost(absl::Status why) {
+  std::function<void(const absl::Status&)> cb;
+  {
+    absl::MutexLock l(&mu_);
+    if (lost_ || closed_) return;
+    lost_ = true;
+    lost_reason_ = why;
+    cb = on_lost_;
+  }
+  stop_.request_stop();
+  if (cb) cb(why);
+}
+
+void SessionState::MarkClosed() {
+  absl::MutexLock l(&mu_);
+  closed_ = true;
+}
+
+bool SessionState::closed() const {
+  absl::MutexLock l(&mu_);
+  return closed_;
+}
+
+}  // namespace internal
+
+// --- Hold -------------------------------------------------------------------
+
+Hold::Hold(Hold&& o) noexcept : session_(std::move(o.session_)), info_(std::move(o.info_)) {
+  o.session_.reset();
+}
+
+Hold& Hold::operator=(Hold&& o) noexcept {
+  if (this != &o) {
+    (void)Release();
+    session_ = std::move(o.session_);
+    info_ = std::move(o.info_);
+    o.session_.reset();
+  }
+  return *this;
+}
+
+Hold::~Hold() { (void)Release(); }
+
+bool Hold::lost() const { return session_ ? session_->lost() : true; }
+
+std::stop_token Hold::lost_token() const {
+  if (session_) return session_->lost_token();
+  std::stop_source gone;
+  gone.request_stop();
+  return gone.get_token();
+}
+
+absl::Status Hold::Release() {
+  if (!session_) return absl::OkStatus();
+  auto session = std::move(session_);
+  session_.reset();
+  if (session->lost() || session->closed()) return absl::OkStatus();  // nothing to release
+  v1::ReleaseRequest req;
+  req.set_namespace_(session->ns());
+  req.set_session_id(session->id());
+  req.set_lock_key(info_.lock_key());
+  req.set_token(info_.token());
+  v1::ReleaseResponse resp;
+  grpc::ClientContext ctx;
+  session->core().SetDeadline(&ctx);
+  return FromGrpcStatus(session->core().lock_stub().Release(&ctx, req, &resp));
+}
+
+// --- Session ----------------------------------------------------------------
+
+Session::~Session() { (void)Close(); }
+
+int64_t Session::id() const { return state_->id(); }
+const std::string& Session::ns() const { return state_->ns(); }
+bool Session::lost() const { return state_->lost(); }
+absl::Status Session::lost_reason() const { return state_->lost_reason(); }
+std::stop_token Session::lost_token() const { return state_->lost_token(); }
+std::chrono::steady_clock::time_point Session::deadline() const { return state_->deadline(); }
+int64_t Session::renewals() const { return state_->renewals(); }
+
+absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const AcquireOptions& options) {
+  if (state_->closed()) return absl::FailedPreconditionError("session is closed");
+  if (state_->lost()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("session is lost: ", state_->lost_reason().message()));
+  }
+  v1::AcquireRequest req;
+  req.set_namespace_(state_->ns());
+  req.set_session_id(state_->id());
+  req.set_lock_key(lock_key);
+  req.set_wait_ms(options.wait.count());
+  req.set_shared(options.shared);
+  req.set_holder_meta(options.holder_meta);
+  v1::AcquireResponse resp;
+  grpc::ClientContext ctx;
+  state_->core().SetDeadline(&ctx, options.wait);
+  auto s = FromGrpcStatus(state_->core().lock_stub().Acquire(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return Hold(state_, resp.hold());
+}
+
+absl::Status Session::Close() {
+  if (state_->closed()) return absl::OkStatus();
+  state_->MarkClosed();
+  state_->core().pump().Remove(state_->id());
+  v1::CloseSessionRequest req;
+  req.set_namespace_(state_->ns());
+  req.set_session_id(state_->id());
+  v1::CloseSessionResponse resp;
+  grpc::ClientContext ctx;
+  state_->core().SetDeadline(&ctx);
+  return FromGrpcStatus(state_->core().session_stub().Close(&ctx, req, &resp));
+}
+
+// --- Client -----------------------------------------------------------------
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
+  if (options.endpoints.empty()) return absl::InvalidArgumentError("no holdfastd endpoint given");
+  return std::unique_ptr<Client>(
+      new Client(std::make_shared<internal::ClientCore>(std::move(options))));
+}
+
+Client::~Client() { core_->pump().Stop(); }
+
+absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const std::string& ns,
+                                                             const SessionOptions& options) {
+  v1::OpenSessionRequest req;
+  req.set_namespace_(ns);
+  req.set_ttl_ms(options.ttl.count());
+  v1::OpenSessionResponse resp;
+  grpc::ClientContext ctx;
+  core_->SetDeadline(&ctx);
+  auto sent_at = std::chrono::steady_clock::now();
+  auto s = FromGrpcStatus(core_->session_stub().Open(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  auto state = std::make_shared<internal::SessionState>(
+      core_, ns, resp.session_id(), std::chrono::milliseconds(resp.ttl_ms()), options, sent_at);
+  core_->pump().Add(state);
+  return std::unique_ptr<Session>(new Session(std::move(state)));
+}
+
+namespace {
+template <class Stub, class Req, class Resp>
+absl::StatusOr<Resp> Call(internal::ClientCore& core, Stub& stub,
+                          grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
+                          const Req& req) {
+  Resp resp;
+  grpc::ClientContext ctx;
+  core.SetDeadline(&ctx);
+  auto s = FromGrpcStatus((stub.*method)(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return resp;
+}
+}  // namespace
+
+absl::StatusOr<v1::DescribeResponse> Client::Describe(const std::string& ns,
+                                                      const std::string& key) {
+  v1::DescribeRequest req;
+  req.set_namespace_(ns);
+  req.set_lock_key(key);
+  return Call(*core_, core_->lock_stub(), &v1::Lock::Stub::Describe, req);
+}
+
+absl::StatusOr<v1::CheckTokenResponse> Client::CheckToken(const std::string& ns,
+                                                          const std::string& key, int64_t token) {
+  v1::CheckTokenRequest req;
+  req.set_namespace_(ns);
+  req.set_lock_key(key);
+  req.set_token(token);
+  return Call(*core_, core_->lock_stub(), &v1::Lock::Stub::CheckToken, req);
+}
+
+absl::StatusOr<v1::Namespace> Client::CreateNamespace(const v1::CreateNamespaceRequest& req) {
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::CreateNamespace, req);
+}
+
+absl::StatusOr<v1::Namespace> Client::GetNamespace(const std::string& name) {
+  v1::GetNamespaceRequest req;
+  req.set_name(name);
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::GetNamespace, req);
+}
+
+absl::StatusOr<std::vector<v1::Namespace>> Client::ListNamespaces() {
+  auto r = Call(*core_, core_->admin_stub(), &v1::Admin::Stub::ListNamespaces,
+                v1::ListNamespacesRequest());
+  if (!r.ok()) return r.status();
+  return std::vector<v1::Namespace>(r->namespaces().begin(), r->namespaces().end());
+}
+
+absl::Status Client::DeleteNamespace(const std::string& name) {
+  v1::DeleteNamespaceRequest req;
+  req.set_name(name);
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::DeleteNamespace, req).status();
+}
+
+absl::StatusOr<v1::LockClass> Client::CreateClass(const v1::LockClass& cls) {
+  v1::CreateClassRequest req;
+  *req.mutable_class_() = cls;
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::CreateClass, req);
+}
+
+absl::StatusOr<v1::LockClass> Client::GetClass(const std::string& ns, const std::string& id) {
+  v1::GetClassRequest req;
+  req.set_namespace_(ns);
+  req.set_class_id(id);
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::GetClass, req);
+}
+
+absl::StatusOr<std::vector<v1::LockClass>> Client::ListClasses(const std::string& ns) {
+  v1::ListClassesRequest req;
+  req.set_namespace_(ns);
+  auto r = Call(*core_, core_->admin_stub(), &v1::Admin::Stub::ListClasses, req);
+  if (!r.ok()) return r.status();
+  return std::vector<v1::LockClass>(r->classes().begin(), r->classes().end());
+}
+
+absl::Status Client::DeleteClass(const std::string& ns, const std::string& id) {
+  v1::DeleteClassRequest req;
+  req.set_namespace_(ns);
+  req.set_class_id(id);
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::DeleteClass, req).status();
+}
+
+absl::StatusOr<v1::Epoch> Client::GetEpoch() {
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::GetEpoch, v1::GetEpochRequest());
+}
+
+}  // namespace holdfast

@@ -1,0 +1,151 @@
+// libholdfast internals shared by client.cc and keepalive_pump.cc.
+#pragma once
+
+#include <chrono>
+#include <atomic>
+#include <functional>
+#include <map>
+#include <memory>
+#include <thread>
+#include <stop_token>
+#include <string>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "holdfast/client.h"
+#include "holdfast/v1/admin.grpc.pb.h"
+#include "holdfast/v1/lock.grpc.pb.h"
+#include "holdfast/v1/session.grpc.pb.h"
+
+namespace holdfast::internal {
+
+using SteadyClock = std::chrono::steady_clock;
+
+class KeepAlivePump;
+
+// The channel and stubs of one Client, shared with its sessions (which may
+// outlive the Client object). Thread-safe.
+class ClientCore {
+ public:
+  explicit ClientCore(ClientOptions options);
+  ~ClientCore();
+
+  const ClientOptions& options() const { return options_; }
+  v1::Session::Stub& session_stub() { return *session_; }
+  v1::Lock::Stub& lock_stub() { return *lock_; }
+  v1::Admin::Stub& admin_stub() { return *admin_; }
+  KeepAlivePump& pump() { return *pump_; }
+  // A context whose deadline is `extra` past the rpc timeout.
+  void SetDeadline(grpc::ClientContext* ctx,
+                   std::chrono::milliseconds extra = std::chrono::milliseconds(0)) const;
+
+ private:
+  ClientOptions options_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::Session::Stub> session_;
+  std::unique_ptr<v1::Lock::Stub> lock_;
+  std::unique_ptr<v1::Admin::Stub> admin_;
+  std::unique_ptr<KeepAlivePump> pump_;
+};
+
+// One session's shared state: its liveness as the keepalive pump sees it.
+// Thread-safe.
+class SessionState {
+ public:
+  SessionState(std::shared_ptr<ClientCore> core, std::string ns, int64_t id,
+               std::chrono::milliseconds ttl, const SessionOptions& options,
+               SteadyClock::time_point opened_at);
+
+  ClientCore& core() { return *core_; }
+  const std::string& ns() const { return ns_; }
+  int64_t id() const { return id_; }
+  std::chrono::milliseconds ttl() const { return ttl_; }
+  std::chrono::milliseconds margin() const { return margin_; }
+
+  bool lost() const;
+  absl::Status lost_reason() const;
+  std::stop_token lost_token() const { return stop_.get_token(); }
+  SteadyClock::time_point deadline() const;
+  int64_t renewals() const;
+
+  // The pump's view --------------------------------------------------------
+  // A renewal confirmed by etcd: sent at `sent_at`, TTL `ttl` remaining.
+  void Confirm(SteadyClock::time_point sent_at, std::chrono::milliseconds ttl);
+  // Declares the session lost (once); runs on_lost outside the lock.
+  void MarkLost(absl::Status why);
+  // Marks the session closed by its owner: no more renewals, no lost callback.
+  void MarkClosed();
+  bool closed() const;
+
+ private:
+  const std::shared_ptr<ClientCore> core_;
+  const std::string ns_;
+  const int64_t id_;
+  const std::chrono::milliseconds ttl_;
+  const std::chrono::milliseconds margin_;
+  std::function<void(const absl::Status&)> on_lost_;
+  std::stop_source stop_;
+  mutable absl::Mutex mu_;
+  SteadyClock::time_point deadline_ ABSL_GUARDED_BY(mu_);
+  absl::Status lost_reason_ ABSL_GUARDED_BY(mu_);
+  bool lost_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  int64_t renewals_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+// Renews every session of a Client over one KeepAlive stream.
+//
+// Thread-safe. Owns two threads: the pump sends renewals every ttl/3 and checks
+// local deadlines; the reader matches answers to requests. When the stream
+// breaks (holdfastd restarted or unreachable), the pump reopens it with back-off;
+// sessions survive as long as a renewal is confirmed before their deadline.
+// Sessions are renewed only while their Client object exists.
+class KeepAlivePump {
+ public:
+  explicit KeepAlivePump(ClientCore* core);
+  ~KeepAlivePump() { Stop(); }
+
+  // Stops renewing and joins the threads. Idempotent. Called by ~Client, so the
+  // pump thread never drops the last reference to the core that owns it.
+  void Stop();
+
+  void Add(std::shared_ptr<SessionState> s);
+  void Remove(int64_t session_id);
+
+ private:
+  struct Entry {
+    std::weak_ptr<SessionState> state;
+    SteadyClock::time_point next_send;
+  };
+  struct Stream {
+    grpc::ClientContext ctx;
+    std::unique_ptr<grpc::ClientReaderWriter<v1::KeepAliveRequest, v1::KeepAliveResponse>> rw;
+    std::thread reader;
+    std::atomic<bool> broken{false};
+    std::atomic<int64_t> answers{0};
+  };
+
+  void Run();
+  void ReadLoop(Stream* s);
+  void CloseStream();
+  // Sends due renewals; declares sessions past their deadline lost.
+  void Tick(SteadyClock::time_point now);
+
+  ClientCore* const core_;
+  absl::Mutex mu_;
+  absl::CondVar cv_;  // a session was added, or stop_ was set
+  std::map<int64_t, Entry> sessions_ ABSL_GUARDED_BY(mu_);
+  // seq -> (session id, send time) of renewals not answered yet
+  std::map<uint64_t, std::pair<int64_t, SteadyClock::time_point>> sent_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::unique_ptr<Stream> stream_;                          // pump thread only
+  SteadyClock::time_point next_connect_{};                  // pump thread only
+  std::chrono::milliseconds backoff_{50};                   // pump thread only
+  std::thread thread_;
+};
+
+}  // namespace holdfast::internal

@@ -1,0 +1,164 @@
+#include <algorithm>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "client/internal.h"
+
+namespace holdfast::internal {
+
+namespace {
+constexpr std::chrono::milliseconds kMaxBackoff{1000};
+constexpr std::chrono::milliseconds kIdleWait{100};
+}  // namespace
+
+KeepAlivePump::KeepAlivePump(ClientCore* core) : core_(core), thread_([this] { Run(); }) {}
+
+void KeepAlivePump::Stop() {
+  {
+    absl::MutexLock l(&mu_);
+    stop_ = true;
+    cv_.Signal();
+  }
+  if (thread_.joinable()) thread_.join();
+}
+
+void KeepAlivePump::Add(std::shared_ptr<SessionState> s) {
+  absl::MutexLock l(&mu_);
+  // The first renewal goes out after a third of the TTL, like every other.
+  sessions_[s->id()] = Entry{s, SteadyClock::now() + s->ttl() / 3};
+  cv_.Signal();
+}
+
+void KeepAlivePump::Remove(int64_t session_id) {
+  absl::MutexLock l(&mu_);
+  sessions_.erase(session_id);
+}
+
+void KeepAlivePump::Run() {
+  while (true) {
+    {
+      absl::MutexLock l(&mu_);
+      if (stop_) break;
+    }
+    auto now = SteadyClock::now();
+    if (stream_ && stream_->broken.load()) CloseStream();
+    bool want_stream;
+    {
+      absl::MutexLock l(&mu_);
+      want_stream = !sessions_.empty();
+    }
+    if (!stream_ && want_stream && now >= next_connect_) {
+      auto s = std::make_unique<Stream>();
+      s->rw = core_->session_stub().KeepAlive(&s->ctx);
+      Stream* raw = s.get();
+      s->reader = std::thread([this, raw] { ReadLoop(raw); });
+      stream_ = std::move(s);
+    }
+    Tick(now);
+    // Sleep until the next renewal is due (or something changes), at most kIdleWait,
+    // so local deadlines are checked at least that often.
+    absl::MutexLock l(&mu_);
+    auto wake = now + kIdleWait;
+    for (const auto& [id, e] : sessions_) wake = std::min(wake, e.next_send);
+    auto wait = std::max(wake - SteadyClock::now(), SteadyClock::duration::zero());
+    cv_.WaitWithTimeout(&mu_, absl::FromChrono(wait));
+  }
+  CloseStream();
+}
+
+void KeepAlivePump::Tick(SteadyClock::time_point now) {
+  std::vector<std::shared_ptr<SessionState>> expired;
+  std::vector<v1::KeepAliveRequest> due;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto it = sessions_.begin(); it != sessions_.end();) {
+      auto state = it->second.state.lock();
+      if (!state || state->closed() || state->lost()) {
+        it = sessions_.erase(it);
+        continue;
+      }
+      if (now >= state->deadline()) {
+        expired.push_back(state);
+        it = sessions_.erase(it);
+        continue;
+      }
+      if (stream_ && now >= it->second.next_send) {
+        v1::KeepAliveRequest req;
+        req.set_namespace_(state->ns());
+        req.set_session_id(state->id());
+        req.set_sequence(next_seq_++);
+        sent_[req.sequence()] = {state->id(), now};
+        due.push_back(std::move(req));
+        it->second.next_send = now + state->ttl() / 3;
+      }
+      ++it;
+    }
+  }
+  for (auto& s : expired) {
+    s->MarkLost(absl::UnavailableError(
+        "no renewal was confirmed before the session's local deadline (TTL minus safety "
+        "margin): holdfastd or etcd unreachable"));
+  }
+  for (auto& req : due) {
+    if (!stream_->rw->Write(req)) {
+      stream_->broken = true;
+      break;
+    }
+  }
+}
+
+void KeepAlivePump::ReadLoop(Stream* s) {
+  v1::KeepAliveResponse resp;
+  while (s->rw->Read(&resp)) {
+    std::shared_ptr<SessionState> state;
+    SteadyClock::time_point sent_at{};
+    bool known = false;
+    {
+      absl::MutexLock l(&mu_);
+      auto it = sent_.find(resp.sequence());
+      if (it != sent_.end()) {
+        sent_at = it->second.second;
+        known = true;
+        sent_.erase(it);
+      }
+      auto e = sessions_.find(resp.session_id());
+      if (e != sessions_.end()) state = e->second.state.lock();
+    }
+    s->answers.fetch_add(1);
+    if (!state || !known) continue;
+    if (resp.lost()) {
+      state->MarkLost(absl::NotFoundError(absl::StrCat("session lost: ", resp.reason())));
+    } else if (resp.etcd_unavailable()) {
+      // ARCHITECTURE §5: a closed-class holder stops at once when holdfastd cannot
+      // confirm renewals with etcd.
+      state->MarkLost(absl::UnavailableError(absl::StrCat("etcd unreachable: ", resp.reason())));
+    } else {
+      state->Confirm(sent_at, std::chrono::milliseconds(resp.ttl_ms()));
+    }
+  }
+  s->broken = true;
+  absl::MutexLock l(&mu_);
+  cv_.Signal();
+}
+
+void KeepAlivePump::CloseStream() {
+  if (!stream_) return;
+  stream_->ctx.TryCancel();
+  if (stream_->reader.joinable()) stream_->reader.join();
+  stream_->rw->Finish();
+  bool was_broken = stream_->broken.load();
+  if (stream_->answers.load() > 0) backoff_ = std::chrono::milliseconds(50);
+  stream_.reset();
+  {
+    absl::MutexLock l(&mu_);
+    sent_.clear();  // answers to these will never come
+    // Renew at once on the next stream: the old one may have lost answers.
+    for (auto& [id, e] : sessions_) e.next_send = SteadyClock::now();
+  }
+  if (was_broken) {
+    next_connect_ = SteadyClock::now() + backoff_;
+    backoff_ = std::min(backoff_ * 2, kMaxBackoff);
+  }
+}
+
+}  // namespace holdfast::internal

@@ -1,0 +1,29 @@
+#include "common/duration.h"
+
+#include <gtest/gtest.h>
+
+namespace holdfast {
+namespace {
+
+using std::chrono::milliseconds;
+
+TEST(DurationTest, ParsesUnitsAndSums) {
+  EXPECT_EQ(*ParseDuration("0"), milliseconds(0));
+  EXPECT_EQ(*ParseDuration("250ms"), milliseconds(250));
+  EXPECT_EQ(*ParseDuration("10s"), milliseconds(10'000));
+  EXPECT_EQ(*ParseDuration("5m"), milliseconds(300'000));
+  EXPECT_EQ(*ParseDuration("1h30m"), milliseconds(5'400'000));
+}
+
+TEST(DurationTest, RejectsWithTheReason) {
+  for (const char* bad : {"", "10", "s", "10x", "-1s", "1.5s", "99999999999h"}) {
+    auto d = ParseDuration(bad);
+    ASSERT_FALSE(d.ok()) << bad;
+    EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(d.status().message().find("invalid duration"), std::string::npos);
+  }
+  EXPECT_NE(ParseDuration("10x").status().message().find("unknown unit \"x\""), std::string::npos);
+}
+
+}  // namespace
+}  // namespace holdfast

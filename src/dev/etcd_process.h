@@ -1,0 +1,66 @@
+// A real etcd-server process (the Debian binary) on loopback, for `holdfast dev`
+// and the tests. Single member by default; several EtcdProcess objects that share
+// `initial_cluster` form a multi-member cluster.
+//
+// Thread-compatible.
+#pragma once
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "dev/subprocess.h"
+
+namespace holdfast::dev {
+
+struct EtcdOptions {
+  std::string name = "holdfast";
+  std::string data_dir;       // required
+  int client_port = 0;        // 0: pick a free one
+  int peer_port = 0;          // 0: pick a free one
+  // "name=http://127.0.0.1:port,..." for a cluster; empty: this member alone.
+  std::string initial_cluster;
+  std::string initial_cluster_state = "new";
+  std::string log_file;       // default: <data_dir>.log
+  std::vector<std::string> extra_args;  // e.g. TLS flags
+  std::string client_scheme = "http";   // "https" with TLS flags in extra_args
+  std::chrono::milliseconds start_timeout{20000};
+};
+
+class EtcdProcess {
+ public:
+  // Starts etcd and waits until it answers /health (or start_timeout passes).
+  // Errors: NOT_FOUND (no etcd binary: run scripts/setup.sh), DEADLINE_EXCEEDED
+  // (not healthy in time; the message names the log file), INTERNAL.
+  static absl::StatusOr<std::unique_ptr<EtcdProcess>> Start(EtcdOptions options);
+  ~EtcdProcess();
+
+  // host:port for gRPC clients.
+  std::string endpoint() const;
+  std::string peer_url() const;
+  const EtcdOptions& options() const { return options_; }
+  Subprocess* process() { return process_.get(); }
+
+  // Stops etcd (SIGTERM, then SIGKILL) and keeps its data.
+  void Stop();
+  // Starts it again on the same ports and data. Waits for health only when the
+  // member can form a quorum alone (`wait_healthy`).
+  absl::Status Restart(bool wait_healthy = true);
+
+ private:
+  explicit EtcdProcess(EtcdOptions options) : options_(std::move(options)) {}
+  absl::Status Launch(bool wait_healthy);
+
+  EtcdOptions options_;
+  std::unique_ptr<Subprocess> process_;
+};
+
+// The etcd binary: $HOLDFAST_ETCD_BIN, else /usr/bin/etcd, else "etcd" on PATH.
+std::string EtcdBinary();
+
+// True if GET http://127.0.0.1:<port>/health answers {"health":"true"}.
+bool EtcdHealthy(int client_port);
+
+}  // namespace holdfast::dev

@@ -1,0 +1,182 @@
+#include "dev/subprocess.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <mutex>
+#include <set>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+
+namespace holdfast::dev {
+
+namespace {
+int DecodeWaitStatus(int status) {
+  if (WIFEXITED(status)) return WEXITSTATUS(status);
+  if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
+  return 255;
+}
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SpawnOptions options) {
+  if (options.argv.empty()) return absl::InvalidArgumentError("spawn: empty argv");
+  // Everything the child needs is prepared before fork (no allocation after it).
+  std::vector<char*> argv;
+  for (auto& a : options.argv) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  int log_fd = -1;
+  if (!options.log_file.empty()) {
+    log_fd = ::open(options.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+    if (log_fd < 0) {
+      return absl::InternalError(
+          absl::StrCat("spawn: cannot open ", options.log_file, ": ", std::strerror(errno)));
+    }
+  }
+  int err_pipe[2];
+  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    if (log_fd >= 0) ::close(log_fd);
+    return absl::InternalError(absl::StrCat("spawn: pipe: ", std::strerror(errno)));
+  }
+  pid_t pid = ::fork();
+  if (pid < 0) {
+    int e = errno;
+    if (log_fd >= 0) ::close(log_fd);
+    ::close(err_pipe[0]);
+    ::close(err_pipe[1]);
+    return absl::InternalError(absl::StrCat("spawn: fork: ", std::strerror(e)));
+  }
+  if (pid == 0) {
+    if (options.new_process_group) ::setpgid(0, 0);
+    if (log_fd >= 0) {
+      ::dup2(log_fd, 1);
+      ::dup2(log_fd, 2);
+    }
+    for (auto& [k, v] : options.env) ::setenv(k.c_str(), v.c_str(), 1);
+    // Undo signal dispositions the parent may have changed.
+    ::signal(SIGPIPE, SIG_DFL);
+    ::signal(SIGINT, SIG_DFL);
+    ::signal(SIGTERM, SIG_DFL);
+    sigset_t none;
+    sigemptyset(&none);
+    ::sigprocmask(SIG_SETMASK, &none, nullptr);
+    ::execvp(argv[0], argv.data());
+    int e = errno;
+    (void)!::write(err_pipe[1], &e, sizeof e);
+    ::_exit(127);
+  }
+  if (options.new_process_group) ::setpgid(pid, pid);  // no race with the child's own call
+  if (log_fd >= 0) ::close(log_fd);
+  ::close(err_pipe[1]);
+  int child_errno = 0;
+  ssize_t n = ::read(err_pipe[0], &child_errno, sizeof child_errno);
+  ::close(err_pipe[0]);
+  if (n == sizeof child_errno) {
+    ::waitpid(pid, nullptr, 0);
+    return absl::InternalError(absl::StrCat("spawn: cannot run ", options.argv[0], ": ",
+                                            std::strerror(child_errno)));
+  }
+  return std::unique_ptr<Subprocess>(new Subprocess(pid, std::move(options)));
+}
+
+Subprocess::~Subprocess() {
+  if (options_.kill_on_destroy && Running()) {
+    Signal(SIGKILL);
+    Wait();
+  }
+}
+
+bool Subprocess::Running() {
+  if (exit_status_) return false;
+  int status;
+  pid_t r = ::waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) {
+    exit_status_ = DecodeWaitStatus(status);
+    return false;
+  }
+  return r == 0;
+}
+
+std::optional<int> Subprocess::Wait(std::optional<std::chrono::milliseconds> timeout) {
+  if (exit_status_) return exit_status_;
+  if (!timeout) {
+    int status;
+    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    }
+    exit_status_ = DecodeWaitStatus(status);
+    return exit_status_;
+  }
+  auto until = std::chrono::steady_clock::now() + *timeout;
+  while (Running()) {
+    if (std::chrono::steady_clock::now() >= until) return std::nullopt;
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  return exit_status_;
+}
+
+void Subprocess::Signal(int sig) {
+  if (exit_status_) return;
+  if (options_.new_process_group) {
+    ::kill(-pid_, sig);
+  } else {
+    ::kill(pid_, sig);
+  }
+}
+
+int Subprocess::Stop(std::chrono::milliseconds grace) {
+  if (!Running()) return *exit_status_;
+  Signal(SIGTERM);
+  if (auto s = Wait(grace)) return *s;
+  Signal(SIGKILL);
+  return *Wait();
+}
+
+absl::StatusOr<int> PickFreePortOnce();
+
+absl::StatusOr<int> PickFreePort() {
+  // Never hand out the same port twice in one process, even if the kernel would.
+  static std::mutex mu;
+  static std::set<int> given;
+  for (int attempt = 0; attempt < 50; ++attempt) {
+    auto port = PickFreePortOnce();
+    if (!port.ok()) return port;
+    std::lock_guard<std::mutex> l(mu);
+    if (given.insert(*port).second) return port;
+  }
+  return absl::InternalError("no free port found");
+}
+
+absl::StatusOr<int> PickFreePortOnce() {
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    int e = errno;
+    ::close(fd);
+    return absl::InternalError(absl::StrCat("bind: ", std::strerror(e)));
+  }
+  socklen_t len = sizeof addr;
+  ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  ::close(fd);
+  return ntohs(addr.sin_port);
+}
+
+std::string SelfDir() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return "";
+  return p.parent_path().string();
+}
+
+}  // namespace holdfast::dev

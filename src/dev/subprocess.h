@@ -1,0 +1,68 @@
+// Child processes for `holdfast dev`, `holdfast lock` and the test harness.
+//
+// Thread-compatible: one owner drives a Subprocess. The child runs in its own
+// process group (so signals reach its children too) and, by default, is killed
+// with its group when the Subprocess is destroyed.
+#pragma once
+
+#include <sys/types.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace holdfast::dev {
+
+struct SpawnOptions {
+  std::vector<std::string> argv;  // argv[0] is the program (PATH is searched)
+  // Added to (or replacing in) the parent's environment.
+  std::vector<std::pair<std::string, std::string>> env;
+  // Appends stdout and stderr here; empty: inherit the parent's.
+  std::string log_file;
+  // Put the child in a new process group (signals then go to the whole group).
+  bool new_process_group = true;
+  // Kill the group when this object is destroyed while the child runs.
+  bool kill_on_destroy = true;
+};
+
+class Subprocess {
+ public:
+  // Errors: INVALID_ARGUMENT (empty argv), INTERNAL (fork/exec failed: the
+  // message names the program and errno).
+  static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(SpawnOptions options);
+  ~Subprocess();
+  Subprocess(const Subprocess&) = delete;
+  Subprocess& operator=(const Subprocess&) = delete;
+
+  pid_t pid() const { return pid_; }
+  // True while the child has not exited (reaps it when it has).
+  bool Running();
+  // Waits for exit; returns the exit code, or 128 + signal when killed.
+  // nullopt when `timeout` passed first.
+  std::optional<int> Wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // Sends `sig` to the child's process group (or the child alone).
+  void Signal(int sig);
+  // SIGTERM, then SIGKILL after `grace`; returns the exit status as Wait().
+  int Stop(std::chrono::milliseconds grace = std::chrono::seconds(5));
+
+ private:
+  explicit Subprocess(pid_t pid, SpawnOptions options)
+      : pid_(pid), options_(std::move(options)) {}
+  pid_t pid_;
+  SpawnOptions options_;
+  std::optional<int> exit_status_;
+};
+
+// A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then
+// closed). Errors: INTERNAL.
+absl::StatusOr<int> PickFreePort();
+
+// The absolute path of the running executable's directory ("" if unknown).
+std::string SelfDir();
+
+}  // namespace holdfast::dev

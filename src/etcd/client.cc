@@ -1,0 +1,184 @@
+#include "etcd/client.h"
+
+#include <utility>
+
+#include "etcd/errors.h"
+#include "etcd/keepalive_mux.h"
+#include "etcd/watch_hub.h"
+
+namespace holdfast::etcd {
+
+absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options,
+                                                       std::shared_ptr<TimerQueue> timers) {
+  if (options.endpoints.empty()) {
+    return absl::InvalidArgumentError("etcd client: no endpoints configured");
+  }
+  return std::unique_ptr<Client>(new Client(std::move(options), std::move(timers)));
+}
+
+Client::Client(ClientOptions options, std::shared_ptr<TimerQueue> timers)
+    : options_(std::move(options)), timers_(std::move(timers)) {
+  auto creds = options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
+  for (const auto& address : options_.endpoints) {
+    grpc::ChannelArguments args;
+    // Detect a dead member quickly on idle streams (watch, keepalive).
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
+    args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+    args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
+    args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2'000);
+    args.SetMaxReceiveMessageSize(64 << 20);
+    auto e = std::make_unique<Endpoint>();
+    e->address = address;
+    e->channel = grpc::CreateCustomChannel(address, creds, args);
+    e->kv = pb::KV::NewStub(e->channel);
+    e->lease = pb::Lease::NewStub(e->channel);
+    e->watch = pb::Watch::NewStub(e->channel);
+    e->maintenance = pb::Maintenance::NewStub(e->channel);
+    endpoints_.push_back(std::move(e));
+  }
+  keepalive_mux_ = std::make_unique<KeepAliveMux>(this);
+  watch_hub_ = std::make_unique<WatchHub>(this);
+}
+
+Client::~Client() {
+  // Streams first: they call back into the client. Then wait for unary calls,
+  // so no callback runs after the channels are gone.
+  watch_hub_.reset();
+  keepalive_mux_.reset();
+  absl::MutexLock l(&idle_mu_);
+  while (calls_in_flight_.load() > 0) idle_cv_.Wait(&idle_mu_);
+}
+
+std::pair<Client::Endpoint*, size_t> Client::PickEndpoint() {
+  size_t i = current_.load() % endpoints_.size();
+  return {endpoints_[i].get(), i};
+}
+
+void Client::ReportUnavailable(size_t index) {
+  size_t expected = index;
+  current_.compare_exchange_strong(expected, (index + 1) % endpoints_.size());
+}
+
+void Client::ObserveHeader(const pb::ResponseHeader& h) {
+  if (h.cluster_id() != 0) last_cluster_id_.store(h.cluster_id());
+  int64_t seen = last_revision_.load();
+  while (h.revision() > seen && !last_revision_.compare_exchange_weak(seen, h.revision())) {
+  }
+}
+
+template <class Req, class Resp, class StartFn>
+void Client::Unary(StartFn start, Req req, Deadline d, Callback<Resp> cb,
+                   bool retry_unavailable) {
+  struct Call {
+    grpc::ClientContext ctx;
+    Req req;
+    Resp resp;
+  };
+  auto [endpoint, index] = PickEndpoint();
+  auto call = std::make_shared<Call>();
+  call->req = std::move(req);
+  call->ctx.set_deadline(d);
+  calls_in_flight_.fetch_add(1);
+  start(endpoint, &call->ctx, &call->req, &call->resp,
+        [this, call, index, d, cb = std::move(cb), start,
+         retry_unavailable](grpc::Status s) mutable {
+          absl::Status st = FromEtcd(s);
+          Req req = std::move(call->req);
+          Resp resp = std::move(call->resp);
+          // The context (and its channel reference) goes here, on this thread,
+          // before ~Client may release the channels: gRPC 1.51 must not see a
+          // channel's last reference dropped on that channel's callback thread.
+          call.reset();
+          if (st.ok()) {
+            ObserveHeader(resp.header());
+            cb(std::move(resp));
+          } else if (EndpointUnavailable(st) && (ReportUnavailable(index), true) &&
+                     retry_unavailable && endpoints_.size() > 1 &&
+                     std::chrono::system_clock::now() < d) {
+            Unary<Req, Resp>(start, std::move(req), d, std::move(cb), false);
+          } else {
+            cb(st);
+          }
+          CallDone();
+        });
+}
+
+void Client::CallDone() {
+  if (calls_in_flight_.fetch_sub(1) == 1) {
+    absl::MutexLock l(&idle_mu_);
+    idle_cv_.SignalAll();
+  }
+}
+
+// Issues METHOD on the picked endpoint's STUB; RESP names the response type.
+#define HF_ETCD_UNARY(STUB, METHOD, RESP, RETRY)                                \
+  Unary<decltype(req), pb::RESP>(                                              \
+      [](Endpoint* e, grpc::ClientContext* ctx, const decltype(req)* rq,        \
+         pb::RESP* rs, std::function<void(grpc::Status)> done) {                \
+        e->STUB->async()->METHOD(ctx, rq, rs, std::move(done));                 \
+      },                                                                        \
+      std::move(req), d, std::move(cb), RETRY)
+
+void Client::Range(pb::RangeRequest req, Deadline d, Callback<pb::RangeResponse> cb) {
+  HF_ETCD_UNARY(kv, Range, RangeResponse, true);
+}
+void Client::Put(pb::PutRequest req, Deadline d, Callback<pb::PutResponse> cb) {
+  HF_ETCD_UNARY(kv, Put, PutResponse, false);
+}
+void Client::DeleteRange(pb::DeleteRangeRequest req, Deadline d,
+                         Callback<pb::DeleteRangeResponse> cb) {
+  HF_ETCD_UNARY(kv, DeleteRange, DeleteRangeResponse, false);
+}
+void Client::Txn(pb::TxnRequest req, Deadline d, Callback<pb::TxnResponse> cb) {
+  HF_ETCD_UNARY(kv, Txn, TxnResponse, false);
+}
+void Client::Compact(pb::CompactionRequest req, Deadline d, Callback<pb::CompactionResponse> cb) {
+  HF_ETCD_UNARY(kv, Compact, CompactionResponse, false);
+}
+void Client::LeaseGrant(pb::LeaseGrantRequest req, Deadline d,
+                        Callback<pb::LeaseGrantResponse> cb) {
+  HF_ETCD_UNARY(lease, LeaseGrant, LeaseGrantResponse, false);
+}
+void Client::LeaseRevoke(pb::LeaseRevokeRequest req, Deadline d,
+                         Callback<pb::LeaseRevokeResponse> cb) {
+  HF_ETCD_UNARY(lease, LeaseRevoke, LeaseRevokeResponse, false);
+}
+void Client::LeaseTimeToLive(pb::LeaseTimeToLiveRequest req, Deadline d,
+                             Callback<pb::LeaseTimeToLiveResponse> cb) {
+  HF_ETCD_UNARY(lease, LeaseTimeToLive, LeaseTimeToLiveResponse, true);
+}
+void Client::Status(Deadline d, Callback<pb::StatusResponse> cb) {
+  pb::StatusRequest req;
+  HF_ETCD_UNARY(maintenance, Status, StatusResponse, true);
+}
+#undef HF_ETCD_UNARY
+
+void Client::KeepAlive(int64_t lease_id, Deadline d, Callback<pb::LeaseKeepAliveResponse> cb) {
+  keepalive_mux_->KeepAlive(lease_id, d, std::move(cb));
+}
+
+absl::StatusOr<pb::RangeResponse> Client::RangeSync(pb::RangeRequest req, Deadline d) {
+  return Await<pb::RangeResponse>([&](auto cb) { Range(std::move(req), d, std::move(cb)); });
+}
+absl::StatusOr<pb::PutResponse> Client::PutSync(pb::PutRequest req, Deadline d) {
+  return Await<pb::PutResponse>([&](auto cb) { Put(std::move(req), d, std::move(cb)); });
+}
+absl::StatusOr<pb::DeleteRangeResponse> Client::DeleteRangeSync(pb::DeleteRangeRequest req,
+                                                                Deadline d) {
+  return Await<pb::DeleteRangeResponse>(
+      [&](auto cb) { DeleteRange(std::move(req), d, std::move(cb)); });
+}
+absl::StatusOr<pb::TxnResponse> Client::TxnSync(pb::TxnRequest req, Deadline d) {
+  return Await<pb::TxnResponse>([&](auto cb) { Txn(std::move(req), d, std::move(cb)); });
+}
+absl::StatusOr<pb::LeaseGrantResponse> Client::LeaseGrantSync(pb::LeaseGrantRequest req,
+                                                              Deadline d) {
+  return Await<pb::LeaseGrantResponse>(
+      [&](auto cb) { LeaseGrant(std::move(req), d, std::move(cb)); });
+}
+absl::StatusOr<pb::StatusResponse> Client::StatusSync(Deadline d) {
+  return Await<pb::StatusResponse>([&](auto cb) { Status(d, std::move(cb)); });
+}
+
+}  // namespace holdfast::etcd

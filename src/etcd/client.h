@@ -1,0 +1,150 @@
+// Asynchronous etcd v3 client: KV, Lease, Watch and Maintenance over gRPC's
+// callback API, with per-call deadlines and fail-over across several endpoints.
+//
+// Thread-safe. Every asynchronous method returns at once and invokes its callback
+// exactly once, on a gRPC thread (or, for calls refused before sending, on the
+// caller's thread), never while holding a lock of this client. Callbacks must not
+// block. The *Sync helpers block the calling thread and must never be called from
+// a gRPC callback thread; they exist for start-up, admin tools and tests.
+//
+// Fail-over: calls go to the current endpoint; an UNAVAILABLE answer moves the
+// client to the next endpoint for later calls. Reads (Range, Status, TimeToLive)
+// are retried once on the next endpoint; writes are not, because an UNAVAILABLE or
+// DEADLINE_EXCEEDED write has an unknown outcome and its caller converges by
+// re-reading (STYLE habit 5).
+//
+// Every response's header (cluster_id, revision) reaches the caller untouched; the
+// client also remembers the last cluster id and the highest revision it has seen.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "common/timer_queue.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
+
+namespace holdfast::etcd {
+
+namespace pb = ::etcdserverpb;
+using Deadline = std::chrono::system_clock::time_point;
+template <class T>
+using Callback = std::function<void(absl::StatusOr<T>)>;
+
+inline Deadline DeadlineIn(std::chrono::milliseconds d) {
+  return std::chrono::system_clock::now() + d;
+}
+
+struct ClientOptions {
+  // host:port of each etcd member, e.g. {"127.0.0.1:2379"}.
+  std::vector<std::string> endpoints;
+  // Insecure when null (loopback development); TLS credentials in production.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+  // Deadline of calls that the client starts itself (stream health checks).
+  std::chrono::milliseconds internal_timeout{5000};
+};
+
+class KeepAliveMux;
+class WatchHub;
+
+class Client {
+ public:
+  // Fails with INVALID_ARGUMENT when no endpoint is given. Does not connect yet.
+  static absl::StatusOr<std::unique_ptr<Client>> Create(ClientOptions options,
+                                                        std::shared_ptr<TimerQueue> timers);
+  ~Client();
+
+  // --- KV -------------------------------------------------------------------
+  void Range(pb::RangeRequest req, Deadline d, Callback<pb::RangeResponse> cb);
+  void Put(pb::PutRequest req, Deadline d, Callback<pb::PutResponse> cb);
+  void DeleteRange(pb::DeleteRangeRequest req, Deadline d, Callback<pb::DeleteRangeResponse> cb);
+  void Txn(pb::TxnRequest req, Deadline d, Callback<pb::TxnResponse> cb);
+  void Compact(pb::CompactionRequest req, Deadline d, Callback<pb::CompactionResponse> cb);
+
+  // --- Lease ----------------------------------------------------------------
+  void LeaseGrant(pb::LeaseGrantRequest req, Deadline d, Callback<pb::LeaseGrantResponse> cb);
+  void LeaseRevoke(pb::LeaseRevokeRequest req, Deadline d, Callback<pb::LeaseRevokeResponse> cb);
+  void LeaseTimeToLive(pb::LeaseTimeToLiveRequest req, Deadline d,
+                       Callback<pb::LeaseTimeToLiveResponse> cb);
+  // Renews a lease over the one multiplexed LeaseKeepAlive stream. The callback
+  // gets etcd's answer: TTL in seconds, 0 when the lease no longer exists. NOTE:
+  // etcd 3.4.23 can report a renewal of a revoked lease; never infer ownership
+  // from this answer (ARCHITECTURE §12).
+  void KeepAlive(int64_t lease_id, Deadline d, Callback<pb::LeaseKeepAliveResponse> cb);
+
+  // --- Maintenance ----------------------------------------------------------
+  void Status(Deadline d, Callback<pb::StatusResponse> cb);
+
+  // --- Watch ----------------------------------------------------------------
+  WatchHub& watches() { return *watch_hub_; }
+
+  // --- Synchronous helpers (never from a gRPC callback thread) ----------------
+  absl::StatusOr<pb::RangeResponse> RangeSync(pb::RangeRequest req, Deadline d);
+  absl::StatusOr<pb::PutResponse> PutSync(pb::PutRequest req, Deadline d);
+  absl::StatusOr<pb::DeleteRangeResponse> DeleteRangeSync(pb::DeleteRangeRequest req, Deadline d);
+  absl::StatusOr<pb::TxnResponse> TxnSync(pb::TxnRequest req, Deadline d);
+  absl::StatusOr<pb::LeaseGrantResponse> LeaseGrantSync(pb::LeaseGrantRequest req, Deadline d);
+  absl::StatusOr<pb::StatusResponse> StatusSync(Deadline d);
+
+  // etcd cluster id from the most recent response header (0 before any).
+  uint64_t last_cluster_id() const { return last_cluster_id_.load(); }
+  // Highest revision seen in any response header.
+  int64_t last_revision() const { return last_revision_.load(); }
+  // Called by every response path with the response's header.
+  void ObserveHeader(const pb::ResponseHeader& h);
+
+  TimerQueue& timers() { return *timers_; }
+
+  // One endpoint's channel and stubs. Internal; public for the stream classes.
+  struct Endpoint {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<pb::KV::Stub> kv;
+    std::unique_ptr<pb::Lease::Stub> lease;
+    std::unique_ptr<pb::Watch::Stub> watch;
+    std::unique_ptr<pb::Maintenance::Stub> maintenance;
+  };
+  // The endpoint to use now, and its index.
+  std::pair<Endpoint*, size_t> PickEndpoint();
+  // An UNAVAILABLE answer from endpoint `index`: move on to the next one.
+  void ReportUnavailable(size_t index);
+
+ private:
+  Client(ClientOptions options, std::shared_ptr<TimerQueue> timers);
+
+  // Runs one unary call; `start` issues it on the given endpoint. Retries once on
+  // the next endpoint when `retry_unavailable` and the answer is UNAVAILABLE.
+  template <class Req, class Resp, class StartFn>
+  void Unary(StartFn start, Req req, Deadline d, Callback<Resp> cb, bool retry_unavailable);
+
+  // A unary call finished (its callback has returned).
+  void CallDone();
+
+  ClientOptions options_;
+  std::shared_ptr<TimerQueue> timers_;
+  std::atomic<int64_t> calls_in_flight_{0};
+  absl::Mutex idle_mu_;
+  absl::CondVar idle_cv_;  // signalled when calls_in_flight_ drops to 0
+  std::vector<std::unique_ptr<Endpoint>> endpoints_;
+  std::atomic<size_t> current_{0};
+  std::atomic<uint64_t> last_cluster_id_{0};
+  std::atomic<int64_t> last_revision_{0};
+  std::unique_ptr<KeepAliveMux> keepalive_mux_;
+  std::unique_ptr<WatchHub> watch_hub_;
+};
+
+// Turns a callback-style call into a blocking one. Never call from a gRPC thread.
+template <class T>
+absl::StatusOr<T> Await(const std::function<void(Callback<T>)>& start);
+
+}  // namespace holdfast::etcd
+
+#include "etcd/client_inl.h"

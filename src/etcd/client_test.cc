@@ -1,0 +1,236 @@
+// The etcd client layer against a real etcd-server process.
+#include "etcd/client.h"
+
+#include <filesystem>
+#include <future>
+
+#include <gtest/gtest.h>
+
+#include "dev/etcd_process.h"
+#include "etcd/watch_hub.h"
+
+namespace holdfast::etcd {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+class EtcdClientTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = std::filesystem::temp_directory_path() /
+           ("holdfast-etcd-" + std::to_string(::getpid()) + "-" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    std::filesystem::remove_all(dir_);
+    std::filesystem::create_directories(dir_);
+    dev::EtcdOptions o;
+    o.data_dir = (dir_ / "etcd").string();
+    auto etcd = dev::EtcdProcess::Start(o);
+    ASSERT_TRUE(etcd.ok()) << etcd.status();
+    etcd_ = std::move(*etcd);
+    timers_ = std::make_shared<TimerQueue>();
+    ClientOptions co;
+    co.endpoints = {etcd_->endpoint()};
+    auto c = Client::Create(co, timers_);
+    ASSERT_TRUE(c.ok());
+    client_ = std::move(*c);
+  }
+  void TearDown() override {
+    client_.reset();
+    etcd_.reset();
+    std::filesystem::remove_all(dir_);
+  }
+
+  pb::PutResponse Put(const std::string& k, const std::string& v, int64_t lease = 0) {
+    pb::PutRequest p;
+    p.set_key(k);
+    p.set_value(v);
+    p.set_lease(lease);
+    auto r = client_->PutSync(p, DeadlineIn(seconds(5)));
+    EXPECT_TRUE(r.ok()) << r.status();
+    return r.value_or(pb::PutResponse());
+  }
+
+  std::filesystem::path dir_;
+  std::unique_ptr<dev::EtcdProcess> etcd_;
+  std::shared_ptr<TimerQueue> timers_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(EtcdClientTest, HeadersCarryClusterIdAndRevision) {
+  auto status = client_->StatusSync(DeadlineIn(seconds(5)));
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_NE(status->header().cluster_id(), 0u);
+  auto put = Put("/t/a", "1");
+  EXPECT_EQ(put.header().cluster_id(), status->header().cluster_id());
+  EXPECT_GT(put.header().revision(), 0);
+  EXPECT_EQ(client_->last_cluster_id(), status->header().cluster_id());
+  EXPECT_GE(client_->last_revision(), put.header().revision());
+}
+
+TEST_F(EtcdClientTest, TxnCompareOverARange) {
+  Put("/t/hold/a\x01", "x");  // outside [a\0, a\1)
+  pb::TxnRequest txn;
+  auto* c = txn.add_compare();
+  c->set_key(std::string("/t/hold/a\0", 10));
+  c->set_range_end("/t/hold/a\x01");
+  c->set_target(pb::Compare::CREATE);
+  c->set_result(pb::Compare::EQUAL);
+  c->set_create_revision(0);
+  auto* put = txn.add_success()->mutable_request_put();
+  put->set_key(std::string("/t/hold/a\0" "1", 11));
+  put->set_value("mine");
+  auto first = client_->TxnSync(txn, DeadlineIn(seconds(5)));
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->succeeded());  // the empty range compares as create_revision 0
+  auto second = client_->TxnSync(txn, DeadlineIn(seconds(5)));
+  ASSERT_TRUE(second.ok());
+  EXPECT_FALSE(second->succeeded());  // now a key in the range exists
+}
+
+TEST_F(EtcdClientTest, LeaseGrantKeepAliveRevoke) {
+  pb::LeaseGrantRequest g;
+  g.set_ttl(5);
+  auto lease = client_->LeaseGrantSync(g, DeadlineIn(seconds(5)));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  Put("/t/leased", "v", lease->id());
+  for (int i = 0; i < 3; ++i) {
+    auto ka = Await<pb::LeaseKeepAliveResponse>(
+        [&](auto cb) { client_->KeepAlive(lease->id(), DeadlineIn(seconds(5)), cb); });
+    ASSERT_TRUE(ka.ok()) << ka.status();
+    EXPECT_EQ(ka->id(), lease->id());
+    EXPECT_GT(ka->ttl(), 0);
+  }
+  pb::LeaseRevokeRequest r;
+  r.set_id(lease->id());
+  auto revoked = Await<pb::LeaseRevokeResponse>(
+      [&](auto cb) { client_->LeaseRevoke(r, DeadlineIn(seconds(5)), cb); });
+  ASSERT_TRUE(revoked.ok()) << revoked.status();
+  pb::RangeRequest get;
+  get.set_key("/t/leased");
+  EXPECT_EQ(client_->RangeSync(get, DeadlineIn(seconds(5)))->kvs_size(), 0);
+  auto gone = Await<pb::LeaseKeepAliveResponse>(
+      [&](auto cb) { client_->KeepAlive(lease->id(), DeadlineIn(seconds(5)), cb); });
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_EQ(gone->ttl(), 0);  // etcd answers TTL 0 for a lease it does not know
+}
+
+TEST_F(EtcdClientTest, ManyWatchersOneStreamWithPrevKv) {
+  auto base = Put("/t/w/x", "0").header().revision();
+  std::promise<WatchBatch> got_x, got_y;
+  auto& hub = client_->watches();
+  WatchSpec sx;
+  sx.key = "/t/w/x";
+  sx.start_revision = base + 1;
+  sx.prev_kv = true;
+  bool x_done = false, y_done = false;
+  hub.Watch(sx, [&](absl::StatusOr<WatchBatch> b) {
+    if (!x_done && b.ok()) {
+      x_done = true;
+      got_x.set_value(*b);
+    }
+  });
+  WatchSpec sy;
+  sy.key = "/t/w/";
+  sy.range_end = "/t/w0";
+  sy.start_revision = base + 1;
+  hub.Watch(sy, [&](absl::StatusOr<WatchBatch> b) {
+    if (!y_done && b.ok()) {
+      y_done = true;
+      got_y.set_value(*b);
+    }
+  });
+  Put("/t/w/x", "1");
+  auto fx = got_x.get_future();
+  auto fy = got_y.get_future();
+  ASSERT_EQ(fx.wait_for(seconds(10)), std::future_status::ready);
+  ASSERT_EQ(fy.wait_for(seconds(10)), std::future_status::ready);
+  auto bx = fx.get();
+  ASSERT_EQ(bx.events.size(), 1u);
+  EXPECT_EQ(bx.events[0].kv().value(), "1");
+  EXPECT_EQ(bx.events[0].prev_kv().value(), "0");
+  EXPECT_EQ(fy.get().events.size(), 1u);
+  EXPECT_EQ(hub.size(), 2u);
+}
+
+TEST_F(EtcdClientTest, WatchResumesFromARevisionAcrossAnEtcdRestart) {
+  auto base = Put("/t/r", "0").header().revision();
+  std::mutex mu;
+  std::vector<std::string> seen;
+  std::condition_variable cv;
+  WatchSpec s;
+  s.key = "/t/r";
+  s.start_revision = base + 1;
+  client_->watches().Watch(s, [&](absl::StatusOr<WatchBatch> b) {
+    if (!b.ok()) return;
+    std::lock_guard<std::mutex> l(mu);
+    for (auto& e : b->events) seen.push_back(e.kv().value());
+    cv.notify_all();
+  });
+  Put("/t/r", "1");
+  {
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(cv.wait_for(l, seconds(10), [&] { return seen.size() >= 1; }));
+  }
+  ASSERT_TRUE(etcd_->Restart().ok());
+  // Writes after the restart reach the watcher through a new stream, none twice.
+  for (int i = 2; i <= 3; ++i) {
+    for (int attempt = 0; attempt < 50; ++attempt) {
+      pb::PutRequest p;
+      p.set_key("/t/r");
+      p.set_value(std::to_string(i));
+      if (client_->PutSync(p, DeadlineIn(seconds(2))).ok()) break;
+    }
+  }
+  std::unique_lock<std::mutex> l(mu);
+  ASSERT_TRUE(cv.wait_for(l, seconds(20), [&] { return seen.size() >= 3; }));
+  EXPECT_EQ(seen, (std::vector<std::string>{"1", "2", "3"}));
+}
+
+TEST_F(EtcdClientTest, CompactedStartRevisionIsAnError) {
+  Put("/t/c", "0");
+  auto last = Put("/t/c", "1").header().revision();
+  pb::CompactionRequest c;
+  c.set_revision(last);
+  ASSERT_TRUE(Await<pb::CompactionResponse>([&](auto cb) {
+                client_->Compact(c, DeadlineIn(seconds(5)), cb);
+              }).ok());
+  std::promise<absl::Status> err;
+  WatchSpec s;
+  s.key = "/t/c";
+  s.start_revision = 1;
+  client_->watches().Watch(s, [&](absl::StatusOr<WatchBatch> b) {
+    if (!b.ok()) err.set_value(b.status());
+  });
+  auto f = err.get_future();
+  ASSERT_EQ(f.wait_for(seconds(10)), std::future_status::ready);
+  auto st = f.get();
+  EXPECT_EQ(st.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(st.message().find("compacted"), std::string::npos);
+}
+
+TEST_F(EtcdClientTest, FailsOverToAnotherEndpoint) {
+  ClientOptions co;
+  co.endpoints = {"127.0.0.1:1", etcd_->endpoint()};  // the first refuses connections
+  auto c = Client::Create(co, timers_);
+  ASSERT_TRUE(c.ok());
+  pb::RangeRequest r;
+  r.set_key("/t/none");
+  // Reads retry once on the next endpoint.
+  auto resp = (*c)->RangeSync(r, DeadlineIn(seconds(5)));
+  EXPECT_TRUE(resp.ok()) << resp.status();
+  // And later calls start there.
+  EXPECT_EQ((*c)->PickEndpoint().second, 1u);
+}
+
+TEST_F(EtcdClientTest, DeadlineIsEnforced) {
+  etcd_->process()->Signal(SIGSTOP);
+  pb::PutRequest p;
+  p.set_key("/t/d");
+  auto r = client_->PutSync(p, DeadlineIn(milliseconds(300)));
+  etcd_->process()->Signal(SIGCONT);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded);
+}
+
+}  // namespace
+}  // namespace holdfast::etcd

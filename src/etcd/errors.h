@@ -1,0 +1,20 @@
+// The boundary between etcd's gRPC errors and holdfast's absl::Status.
+#pragma once
+
+#include <grpcpp/support/status.h>
+
+#include "absl/status/status.h"
+
+namespace holdfast::etcd {
+
+// Keeps the canonical code and prefixes the message with "etcd: ", so a caller's
+// error says which hop failed. etcd reports "no leader" and "leader changed" as
+// UNAVAILABLE, a compacted revision as OUT_OF_RANGE, an unknown lease as NOT_FOUND.
+absl::Status FromEtcd(const grpc::Status& s);
+
+// True for answers that mean "this endpoint cannot serve now".
+inline bool EndpointUnavailable(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable;
+}
+
+}  // namespace holdfast::etcd

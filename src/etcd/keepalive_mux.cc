@@ -1,0 +1,151 @@
+#include "etcd/keepalive_mux.h"
+
+#include <vector>
+
+#include "etcd/errors.h"
+
+namespace holdfast::etcd {
+
+class KeepAliveMux::Stream
+    : public BidiStream<pb::LeaseKeepAliveRequest, pb::LeaseKeepAliveResponse> {
+ public:
+  Stream(KeepAliveMux* mux, size_t index) : mux_(mux), index_(index) {}
+
+ protected:
+  void OnResponse(const pb::LeaseKeepAliveResponse& resp) override {
+    mux_->OnResponse(this, resp);
+  }
+  void OnFinished(const grpc::Status& status) override {
+    mux_->OnFinished(this, status, index_);
+  }
+
+ private:
+  KeepAliveMux* const mux_;
+  const size_t index_;
+};
+
+KeepAliveMux::KeepAliveMux(Client* client) : client_(client) {}
+
+KeepAliveMux::~KeepAliveMux() {
+  std::shared_ptr<Stream> s;
+  {
+    absl::MutexLock l(&mu_);
+    shutting_down_ = true;
+    s = std::move(current_);
+  }
+  if (s) s->Cancel();
+  s.reset();  // our reference must not keep it from being destroyed
+  absl::MutexLock l(&mu_);
+  mu_.Await(absl::Condition(+[](int* live) { return *live == 0; }, &live_streams_));
+}
+
+void KeepAliveMux::KeepAlive(int64_t lease_id, Deadline d,
+                             Callback<pb::LeaseKeepAliveResponse> cb) {
+  std::shared_ptr<Stream> stream;
+  bool fresh = false;
+  size_t index = 0;
+  uint64_t id = 0;
+  {
+    absl::MutexLock l(&mu_);
+    if (!shutting_down_) {
+      if (current_ == nullptr) {
+        Client::Endpoint* endpoint;
+        std::tie(endpoint, index) = client_->PickEndpoint();
+        current_ = std::make_shared<Stream>(this, index);
+        ++live_streams_;
+        current_->OnDestroyed([this] {
+          absl::MutexLock l(&mu_);
+          --live_streams_;
+        });
+        fresh = true;
+        current_->Prepare([endpoint](grpc::ClientContext* ctx, Stream::Reactor* r) {
+          endpoint->lease->async()->LeaseKeepAlive(ctx, r);
+        });
+      }
+      stream = current_;
+      id = next_id_++;
+      auto now_steady = std::chrono::steady_clock::now();
+      auto timer = client_->timers().Schedule(
+          now_steady + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                           d - std::chrono::system_clock::now()),
+          [this, lease_id, id] { OnTimeout(lease_id, id); });
+      pending_[stream.get()][lease_id].push_back(Pending{id, std::move(cb), timer});
+      by_id_[id] = stream;
+    }
+  }
+  if (fresh) stream->Go();
+  if (!stream) {
+    cb(absl::UnavailableError("etcd client is shutting down"));
+    return;
+  }
+  pb::LeaseKeepAliveRequest req;
+  req.set_id(lease_id);
+  stream->Send(std::move(req));  // a refused send is failed by OnFinished
+}
+
+void KeepAliveMux::OnResponse(Stream* s, const pb::LeaseKeepAliveResponse& resp) {
+  Callback<pb::LeaseKeepAliveResponse> cb;
+  {
+    absl::MutexLock l(&mu_);
+    auto& per_lease = pending_[s];
+    auto it = per_lease.find(resp.id());
+    if (it != per_lease.end() && !it->second.empty()) {
+      Pending p = std::move(it->second.front());
+      it->second.pop_front();
+      if (it->second.empty()) per_lease.erase(it);
+      by_id_.erase(p.id);
+      if (p.cb) {
+        client_->timers().Cancel(p.timer);
+        cb = std::move(p.cb);
+      }
+    }
+  }
+  client_->ObserveHeader(resp.header());
+  if (cb) cb(resp);
+}
+
+void KeepAliveMux::OnFinished(Stream* s, const grpc::Status& status, size_t endpoint_index) {
+  absl::Status why = status.ok() ? absl::UnavailableError("etcd: keepalive stream ended")
+                                 : FromEtcd(status);
+  bool cancelled = why.code() == absl::StatusCode::kCancelled;
+  if (cancelled) why = absl::UnavailableError("etcd: keepalive stream reset");
+  std::vector<Callback<pb::LeaseKeepAliveResponse>> failed;
+  {
+    absl::MutexLock l(&mu_);
+    if (current_.get() == s) current_.reset();
+    auto node = pending_.extract(s);
+    if (!node.empty()) {
+      for (auto& [lease, q] : node.mapped()) {
+        for (auto& p : q) {
+          by_id_.erase(p.id);
+          if (p.cb) {
+            client_->timers().Cancel(p.timer);
+            failed.push_back(std::move(p.cb));
+          }
+        }
+      }
+    }
+    if (!cancelled) client_->ReportUnavailable(endpoint_index);
+  }
+  for (auto& cb : failed) cb(why);
+}
+
+void KeepAliveMux::OnTimeout(int64_t lease_id, uint64_t id) {
+  Callback<pb::LeaseKeepAliveResponse> cb;
+  std::shared_ptr<Stream> suspect;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) return;
+    suspect = it->second;
+    auto& q = pending_[suspect.get()][lease_id];
+    for (auto& p : q) {
+      if (p.id == id) cb = std::move(p.cb);  // the slot stays to absorb a late answer
+    }
+    if (current_ == suspect) current_.reset();
+  }
+  suspect->Cancel();
+  if (cb) cb(absl::DeadlineExceededError("etcd: no keepalive answer before the deadline"));
+}
+
+}  // namespace holdfast::etcd

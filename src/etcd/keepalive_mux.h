@@ -1,0 +1,57 @@
+// All lease renewals of one etcd client over one LeaseKeepAlive stream.
+//
+// Thread-safe. Each KeepAlive() sends one request and gets exactly one callback:
+// etcd's answer, or DEADLINE_EXCEEDED when none came before the deadline, or
+// UNAVAILABLE when the stream broke. Answers for one lease come back in request
+// order, so they are matched first-in first-out. A request that times out makes
+// the stream suspect: it is cancelled and the next request opens a new stream on
+// the client's current endpoint (which the failure may have moved on).
+// Callbacks run on a gRPC or timer thread, never under mu_.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "etcd/bidi_stream.h"
+#include "etcd/client.h"
+
+namespace holdfast::etcd {
+
+class KeepAliveMux {
+ public:
+  explicit KeepAliveMux(Client* client);
+  // Cancels the stream and waits until gRPC has finished with it.
+  ~KeepAliveMux();
+
+  void KeepAlive(int64_t lease_id, Deadline d, Callback<pb::LeaseKeepAliveResponse> cb);
+
+ private:
+  class Stream;
+  struct Pending {
+    uint64_t id;
+    Callback<pb::LeaseKeepAliveResponse> cb;  // empty once answered by the timer
+    TimerQueue::TimerId timer;
+  };
+  // Requests sent on one stream and not answered yet, per lease, in send order.
+  using PendingMap = std::map<int64_t, std::deque<Pending>>;
+
+  void OnResponse(Stream* s, const pb::LeaseKeepAliveResponse& resp);
+  void OnFinished(Stream* s, const grpc::Status& status, size_t endpoint_index);
+  void OnTimeout(int64_t lease_id, uint64_t id);
+
+  Client* const client_;
+  absl::Mutex mu_;
+  std::shared_ptr<Stream> current_ ABSL_GUARDED_BY(mu_);
+  std::map<Stream*, PendingMap> pending_ ABSL_GUARDED_BY(mu_);
+  // The stream each unanswered request went out on.
+  std::map<uint64_t, std::shared_ptr<Stream>> by_id_ ABSL_GUARDED_BY(mu_);
+  int live_streams_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
+  bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace holdfast::etcd

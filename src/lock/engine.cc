@@ -1,0 +1,305 @@
+#include "lock/engine.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "lock/keyspace.h"
+#include "lock/records.pb.h"
+#include "lock/snapshot.h"
+#include "lock/token.h"
+
+namespace holdfast::lock {
+
+namespace pb = ::etcdserverpb;
+using std::chrono::milliseconds;
+
+namespace {
+
+int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
+
+pb::Compare* AddCompare(pb::TxnRequest* txn, std::string key, pb::Compare::CompareTarget target,
+                        pb::Compare::CompareResult result) {
+  auto* c = txn->add_compare();
+  c->set_key(std::move(key));
+  c->set_target(target);
+  c->set_result(result);
+  return c;
+}
+
+absl::Status ValidateSessionRef(const std::string& ns, int64_t session) {
+  if (auto s = keyspace::ValidateNamespaceName(ns); !s.ok()) return s;
+  if (session <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("session id ", session, " is invalid"));
+  }
+  return absl::OkStatus();
+}
+
+std::string FormatMs(int64_t ms) {
+  if (ms % 3'600'000 == 0) return absl::StrCat(ms / 3'600'000, "h");
+  if (ms % 60'000 == 0) return absl::StrCat(ms / 60'000, "m");
+  if (ms % 1000 == 0) return absl::StrCat(ms / 1000, "s");
+  return absl::StrCat(ms, "ms");
+}
+
+}  // namespace
+
+Engine::Engine(etcd::Client* etcd, EngineOptions options)
+    : etcd_(etcd), options_(std::move(options)) {}
+
+Deadline Engine::EtcdDeadline(Deadline d) const {
+  return std::min(d, etcd::DeadlineIn(options_.etcd_timeout));
+}
+
+absl::Status Engine::Bootstrap(Deadline d) {
+  // Learn the cluster id from any answer, then create the record only if absent.
+  auto status = etcd_->StatusSync(d);
+  if (!status.ok()) return status.status();
+  uint64_t cluster_id = status->header().cluster_id();
+  records::EpochRecord rec;
+  rec.set_epoch(1);
+  rec.set_etcd_cluster_id(cluster_id);
+  rec.set_advanced_at_unix_ms(NowUnixMs());
+  rec.set_reason("init");
+  pb::TxnRequest txn;
+  AddCompare(&txn, keyspace::EpochKey(), pb::Compare::CREATE, pb::Compare::EQUAL)
+      ->set_create_revision(0);
+  auto* put = txn.add_success()->mutable_request_put();
+  put->set_key(keyspace::EpochKey());
+  put->set_value(rec.SerializeAsString());
+  auto resp = etcd_->TxnSync(std::move(txn), d);
+  return resp.status();
+}
+
+// --- sessions ---------------------------------------------------------------
+
+void Engine::OpenSession(const Caller& caller, const v1::OpenSessionRequest& req, Deadline d,
+                         Done<v1::OpenSessionResponse> done) {
+  if (auto s = keyspace::ValidateNamespaceName(req.namespace_()); !s.ok()) return done(s);
+  const int64_t min_ms = options_.session_ttl_min.count(), max_ms = options_.session_ttl_max.count();
+  if (req.ttl_ms() < min_ms || req.ttl_ms() > max_ms) {
+    return done(absl::InvalidArgumentError(absl::StrCat(
+        "session ttl ", req.ttl_ms(), "ms is outside [", FormatMs(min_ms), ", ",
+        FormatMs(max_ms), "]")));
+  }
+  const int64_t ttl_s = (req.ttl_ms() + 999) / 1000;
+  pb::LeaseGrantRequest grant;
+  grant.set_ttl(ttl_s);
+  std::string ns = req.namespace_();
+  std::string identity = caller.identity;
+  etcd_->LeaseGrant(grant, EtcdDeadline(d), [this, ns, identity, ttl_s, d,
+                                            done](absl::StatusOr<pb::LeaseGrantResponse> g) {
+    if (!g.ok()) return done(g.status());
+    if (!g->error().empty()) return done(absl::UnavailableError("etcd: " + g->error()));
+    const int64_t lease = g->id();
+    records::SessionRecord rec;
+    rec.set_identity(identity);
+    rec.set_ttl_ms(ttl_s * 1000);
+    rec.set_opened_at_unix_ms(NowUnixMs());
+    // The session record exists only inside an existing namespace.
+    pb::TxnRequest txn;
+    AddCompare(&txn, keyspace::NamespaceKey(ns), pb::Compare::CREATE, pb::Compare::GREATER)
+        ->set_create_revision(0);
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(keyspace::SessionKey(ns, lease));
+    put->set_value(rec.SerializeAsString());
+    put->set_lease(lease);
+    etcd_->Txn(std::move(txn), EtcdDeadline(d), [this, ns, lease, ttl_s,
+                                                 done](absl::StatusOr<pb::TxnResponse> t) {
+      auto revoke = [this, lease] {
+        pb::LeaseRevokeRequest r;
+        r.set_id(lease);
+        etcd_->LeaseRevoke(r, etcd::DeadlineIn(options_.etcd_timeout), [](auto) {});
+      };
+      if (!t.ok()) {
+        revoke();  // best effort; the lease expires by itself otherwise
+        return done(t.status());
+      }
+      if (!t->succeeded()) {
+        revoke();
+        return done(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
+      }
+      v1::OpenSessionResponse out;
+      out.set_session_id(lease);
+      out.set_ttl_ms(ttl_s * 1000);
+      out.set_opened_revision(t->header().revision());
+      done(std::move(out));
+    });
+  });
+}
+
+void Engine::VerifySession(const Caller& caller, const std::string& ns, int64_t session,
+                           Deadline d, Done<bool> done) {
+  if (auto s = ValidateSessionRef(ns, session); !s.ok()) return done(s);
+  pb::RangeRequest r;
+  r.set_key(keyspace::SessionKey(ns, session));
+  etcd_->Range(r, EtcdDeadline(d), [ns, session, done](absl::StatusOr<pb::RangeResponse> resp) {
+    if (!resp.ok()) return done(resp.status());
+    if (resp->kvs_size() == 0) {
+      return done(absl::NotFoundError(
+          absl::StrCat("session ", session, " not found in namespace \"", ns,
+                       "\" (it expired or was closed)")));
+    }
+    done(true);
+  });
+}
+
+void Engine::Renew(const v1::KeepAliveRequest& req, Deadline d, Done<v1::KeepAliveResponse> done) {
+  v1::KeepAliveResponse base;
+  base.set_session_id(req.session_id());
+  base.set_sequence(req.sequence());
+  etcd_->KeepAlive(req.session_id(), EtcdDeadline(d),
+                   [base, done](absl::StatusOr<pb::LeaseKeepAliveResponse> r) mutable {
+                     if (!r.ok()) {
+                       bool gone = r.status().code() == absl::StatusCode::kNotFound;
+                       base.set_lost(gone);
+                       base.set_etcd_unavailable(!gone);
+                       base.set_reason(std::string(r.status().message()));
+                     } else if (r->ttl() <= 0) {
+                       base.set_lost(true);
+                       base.set_reason("session expired: its etcd lease no longer exists");
+                     } else {
+                       base.set_ttl_ms(r->ttl() * 1000);
+                     }
+                     done(std::move(base));
+                   });
+}
+
+void Engine::CloseSession(const Caller& caller, const v1::CloseSessionRequest& req, Deadline d,
+                          Done<v1::CloseSessionResponse> done) {
+  if (auto s = ValidateSessionRef(req.namespace_(), req.session_id()); !s.ok()) return done(s);
+  // Only a lease that is a session of this namespace is revoked.
+  VerifySession(caller, req.namespace_(), req.session_id(), d,
+                [this, lease = req.session_id(), d, done](absl::StatusOr<bool> ok) {
+                  if (!ok.ok()) {
+                    if (ok.status().code() == absl::StatusCode::kNotFound) {
+                      return done(v1::CloseSessionResponse());  // already gone
+                    }
+                    return done(ok.status());
+                  }
+                  pb::LeaseRevokeRequest r;
+                  r.set_id(lease);
+                  etcd_->LeaseRevoke(r, EtcdDeadline(d),
+                                     [done](absl::StatusOr<pb::LeaseRevokeResponse> rr) {
+                                       if (!rr.ok() &&
+                                           rr.status().code() != absl::StatusCode::kNotFound) {
+                                         return done(rr.status());
+                                       }
+                                       done(v1::CloseSessionResponse());
+                                     });
+                });
+}
+
+// --- release, check, describe -----------------------------------------------
+
+void Engine::Release(const Caller& caller, const v1::ReleaseRequest& req, Deadline d,
+                     Done<v1::ReleaseResponse> done) {
+  if (auto s = ValidateSessionRef(req.namespace_(), req.session_id()); !s.ok()) return done(s);
+  if (auto s = keyspace::ValidateLockKey(req.lock_key()); !s.ok()) return done(s);
+  if (req.token() <= 0) {
+    return done(absl::InvalidArgumentError(absl::StrCat("token ", req.token(), " is invalid")));
+  }
+  ReleaseAttempt(req, d, /*attempts_left=*/2, std::move(done));
+}
+
+void Engine::ReleaseAttempt(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
+                            Done<v1::ReleaseResponse> done) {
+  const std::string ns = req.namespace_(), key = req.lock_key();
+  const int64_t session = req.session_id(), tok = req.token();
+  std::optional<EpochEntry> epoch = epochs_.Get();
+  // One guarded transaction: delete this session's hold of the key only if it is
+  // the grant the token names: same create_revision, and the epoch record is the
+  // one whose epoch the token carries (a restore can reuse revisions; an advance
+  // changes the record).
+  pb::TxnRequest txn;
+  const std::string hold_key = keyspace::HoldKey(ns, key, session);
+  AddCompare(&txn, hold_key, pb::Compare::CREATE, pb::Compare::EQUAL)
+      ->set_create_revision(token::RevisionOf(tok));
+  const bool epoch_matches = epoch && epoch->record.epoch() == token::EpochOf(tok);
+  AddCompare(&txn, keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
+      ->set_mod_revision(epoch_matches ? epoch->mod_revision : -1);
+  txn.add_success()->mutable_request_delete_range()->set_key(hold_key);
+  AddSnapshotReads(ns, session, key, txn.mutable_failure());
+  etcd_->Txn(std::move(txn), EtcdDeadline(d),
+             [this, req, d, attempts_left, ns, key, session, tok, epoch,
+              done](absl::StatusOr<pb::TxnResponse> t) {
+               if (!t.ok()) return done(t.status());
+               if (t->succeeded()) return done(v1::ReleaseResponse());
+               auto snap = ParseSnapshot(t->header(), t->responses());
+               if (!snap.ok()) return done(snap.status());
+               epochs_.Observe(snap->epoch);
+               if (!snap->namespace_exists) {
+                 return done(absl::NotFoundError(
+                     absl::StrCat("namespace \"", ns, "\" does not exist")));
+               }
+               for (const auto& h : snap->holds) {
+                 if (h.lease != session) continue;
+                 auto current = token::Make(h.record.epoch(), h.create_revision);
+                 int64_t current_token = current.ok() ? *current : 0;
+                 // Our epoch cache was behind: try once more with the fresh record.
+                 if (current_token == tok && attempts_left > 1) {
+                   return ReleaseAttempt(req, d, attempts_left - 1, done);
+                 }
+                 return done(absl::FailedPreconditionError(absl::StrCat(
+                     "stale token ", tok, ": the current hold of \"", key, "\" by session ",
+                     session, " has token ", current_token, "; nothing released")));
+               }
+               done(absl::FailedPreconditionError(
+                   absl::StrCat("stale token ", tok, ": session ", session,
+                                " holds no lock on \"", key, "\"; nothing released")));
+             });
+}
+
+namespace {
+// Reads every hold of a key (and the namespace and epoch) at one revision.
+void ReadHolds(Engine* engine, const std::string& ns, const std::string& key, Deadline d,
+               Done<KeySnapshot> done) {
+  pb::TxnRequest txn;
+  AddSnapshotReads(ns, /*session=*/0, key, txn.mutable_success());
+  engine->etcd().Txn(std::move(txn), engine->EtcdDeadline(d),
+                     [ns, done](absl::StatusOr<pb::TxnResponse> t) {
+                       if (!t.ok()) return done(t.status());
+                       auto snap = ParseSnapshot(t->header(), t->responses());
+                       if (!snap.ok()) return done(snap.status());
+                       if (!snap->namespace_exists) {
+                         return done(absl::NotFoundError(
+                             absl::StrCat("namespace \"", ns, "\" does not exist")));
+                       }
+                       done(std::move(*snap));
+                     });
+}
+}  // namespace
+
+void Engine::CheckToken(const v1::CheckTokenRequest& req, Deadline d,
+                        Done<v1::CheckTokenResponse> done) {
+  if (auto s = keyspace::ValidateNamespaceName(req.namespace_()); !s.ok()) return done(s);
+  if (auto s = keyspace::ValidateLockKey(req.lock_key()); !s.ok()) return done(s);
+  ReadHolds(this, req.namespace_(), req.lock_key(), d,
+            [tok = req.token(), key = req.lock_key(), done](absl::StatusOr<KeySnapshot> snap) {
+              if (!snap.ok()) return done(snap.status());
+              v1::CheckTokenResponse out;
+              for (const auto& h : snap->holds) {
+                int64_t t = MakeHoldInfo(key, h).token();
+                out.set_current_token(std::max(out.current_token(), t));
+                if (t == tok) out.set_current(true);
+              }
+              done(std::move(out));
+            });
+}
+
+void Engine::Describe(const v1::DescribeRequest& req, Deadline d,
+                      Done<v1::DescribeResponse> done) {
+  if (auto s = keyspace::ValidateNamespaceName(req.namespace_()); !s.ok()) return done(s);
+  if (auto s = keyspace::ValidateLockKey(req.lock_key()); !s.ok()) return done(s);
+  ReadHolds(this, req.namespace_(), req.lock_key(), d,
+            [key = req.lock_key(), done](absl::StatusOr<KeySnapshot> snap) {
+              if (!snap.ok()) return done(snap.status());
+              v1::DescribeResponse out;
+              for (const auto& h : snap->holds) *out.add_holders() = MakeHoldInfo(key, h);
+              if (snap->epoch) out.set_epoch(snap->epoch->record.epoch());
+              out.set_revision(snap->revision);
+              done(std::move(out));
+            });
+}
+
+}  // namespace holdfast::lock

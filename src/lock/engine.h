@@ -1,0 +1,98 @@
+// The lock engine: sessions, acquire, release, token checks and descriptions on
+// etcd, for one holdfastd replica. Replicas share nothing but etcd: every grant
+// and release is one guarded etcd transaction whose compares make a double grant
+// impossible however replicas interleave (ARCHITECTURE §4, §12).
+//
+// Thread-safe and asynchronous. Each operation returns at once and calls `done`
+// exactly once, on a gRPC or timer thread, never under a lock of the engine. No
+// thread is held while an Acquire waits: the wait is an etcd watch plus a timer.
+//
+// Deadlines flow down: every etcd call gets min(rpc deadline, now + etcd_timeout).
+#pragma once
+
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "etcd/client.h"
+#include "holdfast/v1/lock.pb.h"
+#include "holdfast/v1/session.pb.h"
+#include "lock/epoch_cache.h"
+
+namespace holdfast::lock {
+
+template <class T>
+using Done = std::function<void(absl::StatusOr<T>)>;
+using Deadline = etcd::Deadline;
+
+// Who is calling. Filled by the server's authentication layer.
+struct Caller {
+  std::string identity;  // SPIFFE ID
+};
+
+struct EngineOptions {
+  // Upper bound of one etcd round trip.
+  std::chrono::milliseconds etcd_timeout{5000};
+  // Session TTL bounds accepted by Open (each acquire also checks its class).
+  std::chrono::milliseconds session_ttl_min{1000};
+  std::chrono::milliseconds session_ttl_max{24 * 3600 * 1000};
+  // Longest Acquire wait.
+  std::chrono::milliseconds max_wait{3600 * 1000};
+  size_t max_holder_meta_bytes = 1024;
+};
+
+// A waiting operation that its caller may abandon (the RPC was cancelled).
+class Cancellable {
+ public:
+  virtual ~Cancellable() = default;
+  // Ends the operation with CANCELLED unless it has finished. Idempotent.
+  virtual void Cancel() = 0;
+};
+
+class Engine {
+ public:
+  Engine(etcd::Client* etcd, EngineOptions options);
+
+  // Makes sure /holdfast/epoch exists: creates {epoch 1, the answering cluster's
+  // id} when absent (by compare-and-swap, so racing replicas agree). Blocking;
+  // call once at start-up, not from a gRPC thread.
+  absl::Status Bootstrap(Deadline d);
+
+  void OpenSession(const Caller& caller, const v1::OpenSessionRequest& req, Deadline d,
+                   Done<v1::OpenSessionResponse> done);
+  // Checks that `session` is a live session of `ns` (before renewing it on a stream).
+  void VerifySession(const Caller& caller, const std::string& ns, int64_t session, Deadline d,
+                     Done<bool> done);
+  // Renews the session's lease once. Never fails: etcd errors are reported in the
+  // answer (etcd_unavailable), a vanished lease as lost.
+  void Renew(const v1::KeepAliveRequest& req, Deadline d, Done<v1::KeepAliveResponse> done);
+  void CloseSession(const Caller& caller, const v1::CloseSessionRequest& req, Deadline d,
+                    Done<v1::CloseSessionResponse> done);
+
+  // The returned handle cancels a waiting acquire.
+  std::shared_ptr<Cancellable> Acquire(const Caller& caller, const v1::AcquireRequest& req,
+                                       Deadline d, Done<v1::AcquireResponse> done);
+  void Release(const Caller& caller, const v1::ReleaseRequest& req, Deadline d,
+               Done<v1::ReleaseResponse> done);
+  void CheckToken(const v1::CheckTokenRequest& req, Deadline d,
+                  Done<v1::CheckTokenResponse> done);
+  void Describe(const v1::DescribeRequest& req, Deadline d, Done<v1::DescribeResponse> done);
+
+  etcd::Client& etcd() { return *etcd_; }
+  const EngineOptions& options() const { return options_; }
+  // Deadline of one etcd call under the caller's deadline `d`.
+  Deadline EtcdDeadline(Deadline d) const;
+
+ private:
+  friend class AcquireOp;
+  void ReleaseAttempt(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
+                      Done<v1::ReleaseResponse> done);
+
+  etcd::Client* const etcd_;
+  const EngineOptions options_;
+  EpochCache epochs_;
+};
+
+}  // namespace holdfast::lock

@@ -1,0 +1,76 @@
+// etcd key space, version 1. DO NOT CHANGE without a migration: these keys are
+// persisted. The one place where holdfast builds or parses etcd keys.
+//
+//   /holdfast/epoch                                  EpochRecord
+//   /holdfast/ns/<ns>                                NamespaceRecord
+//   /holdfast/ns/<ns>/class/<class_id>               ClassRecord
+//   /holdfast/ns/<ns>/session/<lease:016x>           SessionRecord, on <lease>
+//   /holdfast/ns/<ns>/hold/<lock_key>\0<lease:016x>  HoldRecord, on <lease>
+//   /holdfast/ns/<ns>/wait/<lock_key>\0<lease:016x>  (queue issue), on <lease>
+//
+// <ns> and <class_id> match [a-z0-9][a-z0-9._-]{0,62}, so they hold no '/'.
+// <lock_key> is 1..512 bytes of UTF-8 without control characters (no NUL), stored
+// raw; NUL (0x00) separates it from the lease. <lease> is 16 lower-case hex digits.
+//
+// Invariants (keyspace_test pins the encoding):
+//   K1. lock keys "a" and "a/b" never share a range: the holds of "a" are exactly
+//       [hold/a\0, hold/a\1), and no other lock key's hold starts with "a\0".
+//   K2. every session, hold and waiter key is attached to the lease it names.
+//   K3. a hold's token is epoch<<48 | its create_revision; successive holds of a
+//       key have increasing tokens (revisions only grow, epochs only grow).
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include "absl/strings/string_view.h"
+
+#include "absl/status/status.h"
+
+namespace holdfast::keyspace {
+
+inline constexpr absl::string_view kRoot = "/holdfast/";
+inline constexpr size_t kMaxLockKeyBytes = 512;
+inline constexpr size_t kMaxNameBytes = 63;
+inline constexpr char kLeaseSeparator = '\0';
+
+// --- validation (INVALID_ARGUMENT with the reason; nothing is encoded otherwise)
+absl::Status ValidateNamespaceName(absl::string_view ns);
+absl::Status ValidateClassId(absl::string_view class_id);
+absl::Status ValidateLockKey(absl::string_view key);
+// A class key_prefix: like a lock key, but may be empty (the catch-all class).
+absl::Status ValidateKeyPrefix(absl::string_view prefix);
+
+// --- keys
+std::string EpochKey();
+std::string NamespaceKey(absl::string_view ns);
+// Everything under one namespace: [NamespacePrefix, PrefixEnd(NamespacePrefix)).
+std::string NamespacePrefix(absl::string_view ns);
+// The first key after every namespace record and subtree ("/holdfast/ns0").
+std::string NamespacesBegin();
+std::string NamespacesEnd();
+std::string ClassKey(absl::string_view ns, absl::string_view class_id);
+std::string ClassPrefix(absl::string_view ns);
+std::string SessionKey(absl::string_view ns, int64_t lease);
+std::string SessionPrefix(absl::string_view ns);
+std::string HoldKey(absl::string_view ns, absl::string_view lock_key, int64_t lease);
+// All holds of one lock key: [HoldRangeBegin, HoldRangeEnd).
+std::string HoldRangeBegin(absl::string_view ns, absl::string_view lock_key);
+std::string HoldRangeEnd(absl::string_view ns, absl::string_view lock_key);
+
+// The smallest key greater than every key with this prefix (etcd's range_end).
+std::string PrefixEnd(absl::string_view prefix);
+
+// --- parsing
+// The namespace name a key under /holdfast/ns/ belongs to (nullopt otherwise).
+std::optional<std::string> NamespaceOfKey(absl::string_view key);
+struct ParsedHoldKey {
+  std::string ns;
+  std::string lock_key;
+  int64_t lease;
+};
+std::optional<ParsedHoldKey> ParseHoldKey(absl::string_view key);
+std::optional<int64_t> ParseSessionKey(absl::string_view key, absl::string_view ns);
+std::optional<std::string> ParseClassKey(absl::string_view key, absl::string_view ns);
+
+}  // namespace holdfast::keyspace

@@ -1,0 +1,102 @@
+#include "lock/keyspace.h"
+
+#include <gtest/gtest.h>
+
+namespace holdfast::keyspace {
+namespace {
+
+using std::string_literals::operator""s;
+
+// Golden: these bytes are persisted. A change here needs a migration.
+TEST(KeyspaceTest, GoldenEncoding) {
+  EXPECT_EQ(EpochKey(), "/holdfast/epoch");
+  EXPECT_EQ(NamespaceKey("payments"), "/holdfast/ns/payments");
+  EXPECT_EQ(ClassKey("payments", "db"), "/holdfast/ns/payments/class/db");
+  EXPECT_EQ(SessionKey("payments", 0x694d7f2a1b3c4d5e), "/holdfast/ns/payments/session/694d7f2a1b3c4d5e");
+  EXPECT_EQ(HoldKey("payments", "db/primary", 0x1f),
+            "/holdfast/ns/payments/hold/db/primary"s + '\0' + "000000000000001f");
+  EXPECT_EQ(HoldRangeBegin("p", "a"), "/holdfast/ns/p/hold/a\0"s);
+  EXPECT_EQ(HoldRangeEnd("p", "a"), "/holdfast/ns/p/hold/a\1"s);
+}
+
+bool InRange(const std::string& k, const std::string& begin, const std::string& end) {
+  return k >= begin && k < end;
+}
+
+TEST(KeyspaceTest, LockKeyAAndABNeverShareARange) {
+  const std::string a_begin = HoldRangeBegin("ns", "a"), a_end = HoldRangeEnd("ns", "a");
+  for (const char* other : {"a/b", "a0", "a ", "ab", "a\x7e", "a\xc3\xa9", "b"}) {
+    EXPECT_FALSE(InRange(HoldKey("ns", other, 1), a_begin, a_end)) << other;
+    EXPECT_FALSE(InRange(HoldKey("ns", "a", 1), HoldRangeBegin("ns", other),
+                         HoldRangeEnd("ns", other)))
+        << other;
+  }
+  EXPECT_TRUE(InRange(HoldKey("ns", "a", 1), a_begin, a_end));
+  EXPECT_TRUE(InRange(HoldKey("ns", "a", -1), a_begin, a_end));  // any lease
+}
+
+TEST(KeyspaceTest, HoldKeysRoundTripWithOddBytes) {
+  for (std::string key : {"a", "a/b", "with space", "日本/ロック", "%00", "semi;colon", "x\xf0\x9f\x94\x92"}) {
+    auto parsed = ParseHoldKey(HoldKey("t-1", key, 0x7fffffffffffffff));
+    ASSERT_TRUE(parsed.has_value()) << key;
+    EXPECT_EQ(parsed->ns, "t-1");
+    EXPECT_EQ(parsed->lock_key, key);
+    EXPECT_EQ(parsed->lease, 0x7fffffffffffffff);
+  }
+}
+
+TEST(KeyspaceTest, ValidatesLockKeys) {
+  EXPECT_TRUE(ValidateLockKey("jobs/nightly").ok());
+  EXPECT_TRUE(ValidateLockKey("日本").ok());
+  EXPECT_TRUE(ValidateLockKey(std::string(kMaxLockKeyBytes, 'k')).ok());
+  struct Case {
+    std::string key;
+    std::string reason;
+  } cases[] = {
+      {"", "lock key is empty"},
+      {std::string(kMaxLockKeyBytes + 1, 'k'), "lock key is 513 bytes; at most 512"},
+      {"a\0b"s, "control character (U+0000) at byte 1"},
+      {"a\nb", "control character (U+000A)"},
+      {"a\x7f", "control character (U+007F)"},
+      {"\xc2\x85", "control character (U+0085)"},
+      {"\xff", "not valid UTF-8 at byte 0"},
+      {"ok\xc3", "not valid UTF-8 at byte 2"},
+      {"\xc0\xaf", "not valid UTF-8"},       // overlong '/'
+      {"\xed\xa0\x80", "not valid UTF-8"},   // surrogate
+  };
+  for (const auto& c : cases) {
+    auto s = ValidateLockKey(c.key);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << c.reason;
+    EXPECT_NE(s.message().find(c.reason), std::string::npos) << s.message();
+  }
+}
+
+TEST(KeyspaceTest, ValidatesNames) {
+  EXPECT_TRUE(ValidateNamespaceName("default").ok());
+  EXPECT_TRUE(ValidateNamespaceName("team-a.prod_1").ok());
+  for (const char* bad : {"", "Upper", "-lead", "has/slash", "sp ace", "a\n"}) {
+    auto s = ValidateNamespaceName(bad);
+    EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << bad;
+  }
+  EXPECT_NE(ValidateNamespaceName(std::string(64, 'a')).message().find("at most 63"),
+            std::string::npos);
+  EXPECT_TRUE(ValidateKeyPrefix("").ok());
+  EXPECT_FALSE(ValidateKeyPrefix("\x01").ok());
+}
+
+TEST(KeyspaceTest, PrefixEnd) {
+  EXPECT_EQ(PrefixEnd("/holdfast/ns/"), "/holdfast/ns0");
+  EXPECT_EQ(PrefixEnd("a\xff"), "b");
+  EXPECT_EQ(PrefixEnd(""), std::string(1, '\0'));
+}
+
+TEST(KeyspaceTest, ParsesSessionAndClassKeys) {
+  EXPECT_EQ(ParseSessionKey(SessionKey("n", 42), "n"), 42);
+  EXPECT_FALSE(ParseSessionKey("/holdfast/ns/n/session/xyz", "n").has_value());
+  EXPECT_EQ(ParseClassKey(ClassKey("n", "db"), "n"), "db");
+  EXPECT_EQ(NamespaceOfKey("/holdfast/ns/n/hold/x"), "n");
+  EXPECT_FALSE(NamespaceOfKey("/holdfast/epoch").has_value());
+}
+
+}  // namespace
+}  // namespace holdfast::keyspace

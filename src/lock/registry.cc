@@ -1,0 +1,333 @@
+#include "lock/registry.h"
+
+#include "absl/strings/str_cat.h"
+#include "lock/keyspace.h"
+#include "lock/records.pb.h"
+
+namespace holdfast::lock {
+
+namespace pb = ::etcdserverpb;
+
+namespace {
+
+constexpr int64_t kTtlFloorMs = 1000;
+constexpr int64_t kTtlCeilingMs = 24 * 3600 * 1000;
+
+v1::Namespace NamespaceFromRecord(const std::string& name, const mvccpb::KeyValue& kv,
+                                  const records::NamespaceRecord& r) {
+  v1::Namespace n;
+  n.set_name(name);
+  n.set_tenant_id(r.tenant_id());
+  n.set_held_lease_quota(r.held_lease_quota());
+  n.set_op_rate_quota(r.op_rate_quota());
+  n.set_cluster_tier(r.cluster_tier());
+  n.set_create_revision(kv.create_revision());
+  return n;
+}
+
+records::ClassRecord RecordFromClass(const v1::LockClass& c) {
+  records::ClassRecord r;
+  r.set_key_prefix(c.key_prefix());
+  r.set_ttl_min_ms(c.ttl_min_ms());
+  r.set_ttl_max_ms(c.ttl_max_ms());
+  r.set_mode(c.mode());
+  r.set_enforcement(c.enforcement());
+  r.set_on_quorum_loss(c.on_quorum_loss());
+  return r;
+}
+
+absl::StatusOr<v1::LockClass> ClassFromKv(const std::string& ns, const std::string& id,
+                                          const mvccpb::KeyValue& kv) {
+  records::ClassRecord r;
+  if (!r.ParseFromString(kv.value())) {
+    return absl::DataLossError(absl::StrCat("corrupt class record at ", kv.key()));
+  }
+  v1::LockClass c;
+  c.set_namespace_(ns);
+  c.set_class_id(id);
+  c.set_key_prefix(r.key_prefix());
+  c.set_ttl_min_ms(r.ttl_min_ms());
+  c.set_ttl_max_ms(r.ttl_max_ms());
+  c.set_mode(static_cast<v1::LockMode>(r.mode()));
+  c.set_enforcement(static_cast<v1::Enforcement>(r.enforcement()));
+  c.set_on_quorum_loss(static_cast<v1::OnQuorumLoss>(r.on_quorum_loss()));
+  c.set_create_revision(kv.create_revision());
+  return c;
+}
+
+pb::Compare* AddCompare(pb::TxnRequest* txn, std::string key, pb::Compare::CompareTarget t,
+                        pb::Compare::CompareResult r) {
+  auto* c = txn->add_compare();
+  c->set_key(std::move(key));
+  c->set_target(t);
+  c->set_result(r);
+  return c;
+}
+
+absl::Status NamespaceNotFound(const std::string& ns) {
+  return absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist"));
+}
+
+}  // namespace
+
+absl::StatusOr<v1::LockClass> Registry::NormalizeClass(v1::LockClass c) {
+  if (auto s = keyspace::ValidateNamespaceName(c.namespace_()); !s.ok()) return s;
+  if (auto s = keyspace::ValidateClassId(c.class_id()); !s.ok()) return s;
+  if (auto s = keyspace::ValidateKeyPrefix(c.key_prefix()); !s.ok()) return s;
+  if (c.mode() == v1::LOCK_MODE_UNSPECIFIED) c.set_mode(v1::LOCK_MODE_EXCLUSIVE);
+  if (c.enforcement() == v1::ENFORCEMENT_UNSPECIFIED) c.set_enforcement(v1::ENFORCEMENT_FENCED);
+  if (c.on_quorum_loss() == v1::ON_QUORUM_LOSS_UNSPECIFIED) {
+    c.set_on_quorum_loss(v1::ON_QUORUM_LOSS_CLOSED);
+  }
+  if (!v1::LockMode_IsValid(c.mode()) || !v1::Enforcement_IsValid(c.enforcement()) ||
+      !v1::OnQuorumLoss_IsValid(c.on_quorum_loss())) {
+    return absl::InvalidArgumentError("class has an unknown mode, enforcement or on_quorum_loss");
+  }
+  if (c.ttl_min_ms() == 0) c.set_ttl_min_ms(kTtlFloorMs);
+  if (c.ttl_max_ms() == 0) c.set_ttl_max_ms(3600 * 1000);
+  if (c.ttl_min_ms() < kTtlFloorMs || c.ttl_max_ms() > kTtlCeilingMs ||
+      c.ttl_min_ms() > c.ttl_max_ms()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "class ttl bounds [", c.ttl_min_ms(), "ms, ", c.ttl_max_ms(),
+        "ms] are invalid: need 1000ms <= ttl_min <= ttl_max <= ", kTtlCeilingMs, "ms"));
+  }
+  c.set_create_revision(0);
+  return c;
+}
+
+absl::StatusOr<v1::Namespace> Registry::CreateNamespace(const v1::CreateNamespaceRequest& req,
+                                                        etcd::Deadline d) {
+  const v1::Namespace& n = req.namespace_();
+  if (auto s = keyspace::ValidateNamespaceName(n.name()); !s.ok()) return s;
+  if (n.held_lease_quota() < 0 || n.op_rate_quota() < 0) {
+    return absl::InvalidArgumentError("quotas must be >= 0 (0 = unlimited)");
+  }
+  if (n.tenant_id().size() > 256 || n.cluster_tier().size() > 63) {
+    return absl::InvalidArgumentError("tenant_id (256) or cluster_tier (63 bytes) too long");
+  }
+  v1::LockClass def = req.default_class();
+  def.set_namespace_(n.name());
+  def.set_class_id(kCatchAllClassId);
+  def.set_key_prefix("");
+  auto cls = NormalizeClass(def);
+  if (!cls.ok()) return cls.status();
+
+  records::NamespaceRecord rec;
+  rec.set_tenant_id(n.tenant_id());
+  rec.set_held_lease_quota(n.held_lease_quota());
+  rec.set_op_rate_quota(n.op_rate_quota());
+  rec.set_cluster_tier(n.cluster_tier());
+  pb::TxnRequest txn;
+  AddCompare(&txn, keyspace::NamespaceKey(n.name()), pb::Compare::CREATE, pb::Compare::EQUAL)
+      ->set_create_revision(0);
+  auto* put_ns = txn.add_success()->mutable_request_put();
+  put_ns->set_key(keyspace::NamespaceKey(n.name()));
+  put_ns->set_value(rec.SerializeAsString());
+  auto* put_cls = txn.add_success()->mutable_request_put();
+  put_cls->set_key(keyspace::ClassKey(n.name(), kCatchAllClassId));
+  put_cls->set_value(RecordFromClass(*cls).SerializeAsString());
+  auto t = etcd_->TxnSync(std::move(txn), d);
+  if (!t.ok()) return t.status();
+  if (!t->succeeded()) {
+    return absl::AlreadyExistsError(absl::StrCat("namespace \"", n.name(), "\" already exists"));
+  }
+  v1::Namespace out = n;
+  out.set_create_revision(t->header().revision());
+  return out;
+}
+
+absl::StatusOr<v1::Namespace> Registry::GetNamespace(const std::string& name, etcd::Deadline d) {
+  if (auto s = keyspace::ValidateNamespaceName(name); !s.ok()) return s;
+  pb::RangeRequest r;
+  r.set_key(keyspace::NamespaceKey(name));
+  auto resp = etcd_->RangeSync(r, d);
+  if (!resp.ok()) return resp.status();
+  if (resp->kvs_size() == 0) return NamespaceNotFound(name);
+  records::NamespaceRecord rec;
+  if (!rec.ParseFromString(resp->kvs(0).value())) {
+    return absl::DataLossError(absl::StrCat("corrupt namespace record for ", name));
+  }
+  return NamespaceFromRecord(name, resp->kvs(0), rec);
+}
+
+absl::StatusOr<std::vector<v1::Namespace>> Registry::ListNamespaces(etcd::Deadline d) {
+  // Skip-scan: one range of one key per namespace, jumping over each subtree, so
+  // the cost does not grow with the number of sessions and holds.
+  std::vector<v1::Namespace> out;
+  std::string from = keyspace::NamespacesBegin();
+  const std::string end = keyspace::NamespacesEnd();
+  int64_t revision = 0;
+  while (true) {
+    pb::RangeRequest r;
+    r.set_key(from);
+    r.set_range_end(end);
+    r.set_limit(1);
+    r.set_revision(revision);  // every step reads the same revision
+    auto resp = etcd_->RangeSync(r, d);
+    if (!resp.ok()) return resp.status();
+    if (revision == 0) revision = resp->header().revision();
+    if (resp->kvs_size() == 0) break;
+    const auto& kv = resp->kvs(0);
+    auto ns = keyspace::NamespaceOfKey(kv.key());
+    if (!ns) break;
+    if (kv.key() == keyspace::NamespaceKey(*ns)) {
+      records::NamespaceRecord rec;
+      if (rec.ParseFromString(kv.value())) out.push_back(NamespaceFromRecord(*ns, kv, rec));
+    }
+    from = keyspace::PrefixEnd(keyspace::NamespacePrefix(*ns));  // past "<ns>/..."
+  }
+  return out;
+}
+
+absl::Status Registry::DeleteNamespace(const std::string& name, etcd::Deadline d) {
+  if (auto s = keyspace::ValidateNamespaceName(name); !s.ok()) return s;
+  pb::TxnRequest txn;
+  AddCompare(&txn, keyspace::NamespaceKey(name), pb::Compare::CREATE, pb::Compare::GREATER)
+      ->set_create_revision(0);
+  const std::string sessions = keyspace::SessionPrefix(name);
+  auto* no_sessions =
+      AddCompare(&txn, sessions, pb::Compare::CREATE, pb::Compare::EQUAL);
+  no_sessions->set_create_revision(0);
+  no_sessions->set_range_end(keyspace::PrefixEnd(sessions));
+  txn.add_success()->mutable_request_delete_range()->set_key(keyspace::NamespaceKey(name));
+  auto* sub = txn.add_success()->mutable_request_delete_range();
+  sub->set_key(keyspace::NamespacePrefix(name));
+  sub->set_range_end(keyspace::PrefixEnd(keyspace::NamespacePrefix(name)));
+  auto* probe = txn.add_failure()->mutable_request_range();
+  probe->set_key(keyspace::NamespaceKey(name));
+  probe->set_count_only(true);
+  auto t = etcd_->TxnSync(std::move(txn), d);
+  if (!t.ok()) return t.status();
+  if (t->succeeded()) return absl::OkStatus();
+  if (t->responses(0).response_range().count() == 0) return NamespaceNotFound(name);
+  return absl::FailedPreconditionError(absl::StrCat(
+      "namespace \"", name, "\" has live sessions; close them (or let them expire) first"));
+}
+
+absl::StatusOr<v1::LockClass> Registry::CreateClass(const v1::LockClass& in, etcd::Deadline d) {
+  auto cls = NormalizeClass(in);
+  if (!cls.ok()) return cls.status();
+  const std::string& ns = cls->namespace_();
+  // Read the namespace's classes, check the prefix is new, then write guarded by
+  // "no class changed since the read" so two admins cannot both pass the check.
+  pb::TxnRequest read;
+  auto* rn = read.add_success()->mutable_request_range();
+  rn->set_key(keyspace::NamespaceKey(ns));
+  auto* rc = read.add_success()->mutable_request_range();
+  rc->set_key(keyspace::ClassPrefix(ns));
+  rc->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
+  auto snap = etcd_->TxnSync(std::move(read), d);
+  if (!snap.ok()) return snap.status();
+  if (snap->responses(0).response_range().kvs_size() == 0) return NamespaceNotFound(ns);
+  for (const auto& kv : snap->responses(1).response_range().kvs()) {
+    auto id = keyspace::ParseClassKey(kv.key(), ns).value_or("");
+    if (id == cls->class_id()) {
+      return absl::AlreadyExistsError(
+          absl::StrCat("class \"", id, "\" already exists in namespace \"", ns, "\""));
+    }
+    records::ClassRecord r;
+    if (r.ParseFromString(kv.value()) && r.key_prefix() == cls->key_prefix()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "class \"", id, "\" already has key prefix \"", r.key_prefix(), "\""));
+    }
+  }
+  const int64_t rev = snap->header().revision();
+  pb::TxnRequest txn;
+  AddCompare(&txn, keyspace::NamespaceKey(ns), pb::Compare::MOD, pb::Compare::LESS)
+      ->set_mod_revision(rev + 1);
+  AddCompare(&txn, keyspace::NamespaceKey(ns), pb::Compare::CREATE, pb::Compare::GREATER)
+      ->set_create_revision(0);
+  auto* unchanged = AddCompare(&txn, keyspace::ClassPrefix(ns), pb::Compare::MOD,
+                               pb::Compare::LESS);
+  unchanged->set_mod_revision(rev + 1);
+  unchanged->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
+  auto* unchanged_count = AddCompare(&txn, keyspace::ClassKey(ns, cls->class_id()),
+                                     pb::Compare::CREATE, pb::Compare::EQUAL);
+  unchanged_count->set_create_revision(0);
+  auto* put = txn.add_success()->mutable_request_put();
+  put->set_key(keyspace::ClassKey(ns, cls->class_id()));
+  put->set_value(RecordFromClass(*cls).SerializeAsString());
+  auto t = etcd_->TxnSync(std::move(txn), d);
+  if (!t.ok()) return t.status();
+  if (!t->succeeded()) {
+    return absl::AbortedError("the namespace's classes changed meanwhile; try again");
+  }
+  v1::LockClass out = *cls;
+  out.set_create_revision(t->header().revision());
+  return out;
+}
+
+absl::StatusOr<v1::LockClass> Registry::GetClass(const std::string& ns, const std::string& id,
+                                                 etcd::Deadline d) {
+  if (auto s = keyspace::ValidateNamespaceName(ns); !s.ok()) return s;
+  if (auto s = keyspace::ValidateClassId(id); !s.ok()) return s;
+  pb::RangeRequest r;
+  r.set_key(keyspace::ClassKey(ns, id));
+  auto resp = etcd_->RangeSync(r, d);
+  if (!resp.ok()) return resp.status();
+  if (resp->kvs_size() == 0) {
+    return absl::NotFoundError(
+        absl::StrCat("class \"", id, "\" does not exist in namespace \"", ns, "\""));
+  }
+  return ClassFromKv(ns, id, resp->kvs(0));
+}
+
+absl::StatusOr<std::vector<v1::LockClass>> Registry::ListClasses(const std::string& ns,
+                                                                 etcd::Deadline d) {
+  if (auto s = keyspace::ValidateNamespaceName(ns); !s.ok()) return s;
+  pb::TxnRequest read;
+  read.add_success()->mutable_request_range()->set_key(keyspace::NamespaceKey(ns));
+  auto* rc = read.add_success()->mutable_request_range();
+  rc->set_key(keyspace::ClassPrefix(ns));
+  rc->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
+  auto t = etcd_->TxnSync(std::move(read), d);
+  if (!t.ok()) return t.status();
+  if (t->responses(0).response_range().kvs_size() == 0) return NamespaceNotFound(ns);
+  std::vector<v1::LockClass> out;
+  for (const auto& kv : t->responses(1).response_range().kvs()) {
+    auto c = ClassFromKv(ns, keyspace::ParseClassKey(kv.key(), ns).value_or(""), kv);
+    if (!c.ok()) return c.status();
+    out.push_back(std::move(*c));
+  }
+  return out;
+}
+
+absl::Status Registry::DeleteClass(const std::string& ns, const std::string& id,
+                                   etcd::Deadline d) {
+  auto cls = GetClass(ns, id, d);
+  if (!cls.ok()) return cls.status();
+  if (cls->key_prefix().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "class \"", id, "\" is the catch-all class of \"", ns, "\" and cannot be deleted"));
+  }
+  pb::TxnRequest txn;
+  AddCompare(&txn, keyspace::ClassKey(ns, id), pb::Compare::CREATE, pb::Compare::EQUAL)
+      ->set_create_revision(cls->create_revision());
+  txn.add_success()->mutable_request_delete_range()->set_key(keyspace::ClassKey(ns, id));
+  auto t = etcd_->TxnSync(std::move(txn), d);
+  if (!t.ok()) return t.status();
+  if (!t->succeeded()) return absl::AbortedError("the class changed meanwhile; try again");
+  return absl::OkStatus();
+}
+
+absl::StatusOr<v1::Epoch> Registry::GetEpoch(etcd::Deadline d) {
+  pb::RangeRequest r;
+  r.set_key(keyspace::EpochKey());
+  auto resp = etcd_->RangeSync(r, d);
+  if (!resp.ok()) return resp.status();
+  v1::Epoch out;
+  out.set_observed_cluster_id(absl::StrCat(resp->header().cluster_id()));
+  if (resp->kvs_size() > 0) {
+    records::EpochRecord rec;
+    if (!rec.ParseFromString(resp->kvs(0).value())) {
+      return absl::DataLossError("corrupt epoch record (/holdfast/epoch)");
+    }
+    out.set_epoch(rec.epoch());
+    out.set_etcd_cluster_id(absl::StrCat(rec.etcd_cluster_id()));
+    out.set_advanced_at_unix_ms(rec.advanced_at_unix_ms());
+    out.set_reason(rec.reason());
+  }
+  return out;
+}
+
+}  // namespace holdfast::lock

@@ -1,0 +1,47 @@
+// Namespaces and lock classes in etcd (the Admin API's store).
+//
+// Thread-safe; every method blocks on etcd and must run on a thread that may
+// block (holdfastd serves Admin on its synchronous thread pool). Writes are
+// guarded transactions, so concurrent admins cannot create duplicates.
+#pragma once
+
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "etcd/client.h"
+#include "holdfast/v1/admin.pb.h"
+
+namespace holdfast::lock {
+
+class Registry {
+ public:
+  explicit Registry(etcd::Client* etcd) : etcd_(etcd) {}
+
+  // Also creates the catch-all class "default" (prefix "") from `default_class`.
+  absl::StatusOr<v1::Namespace> CreateNamespace(const v1::CreateNamespaceRequest& req,
+                                                etcd::Deadline d);
+  absl::StatusOr<v1::Namespace> GetNamespace(const std::string& name, etcd::Deadline d);
+  absl::StatusOr<std::vector<v1::Namespace>> ListNamespaces(etcd::Deadline d);
+  // FAILED_PRECONDITION while the namespace has live sessions.
+  absl::Status DeleteNamespace(const std::string& name, etcd::Deadline d);
+
+  absl::StatusOr<v1::LockClass> CreateClass(const v1::LockClass& cls, etcd::Deadline d);
+  absl::StatusOr<v1::LockClass> GetClass(const std::string& ns, const std::string& id,
+                                         etcd::Deadline d);
+  absl::StatusOr<std::vector<v1::LockClass>> ListClasses(const std::string& ns, etcd::Deadline d);
+  // The catch-all class cannot be deleted (FAILED_PRECONDITION).
+  absl::Status DeleteClass(const std::string& ns, const std::string& id, etcd::Deadline d);
+
+  absl::StatusOr<v1::Epoch> GetEpoch(etcd::Deadline d);
+
+  // Checks a class's fields (id, prefix, TTL bounds, enums); fills defaults for
+  // UNSPECIFIED enums (exclusive, fenced, closed) and TTL bounds (1 s, 1 h).
+  static absl::StatusOr<v1::LockClass> NormalizeClass(v1::LockClass cls);
+
+  static constexpr const char* kCatchAllClassId = "default";
+
+ private:
+  etcd::Client* const etcd_;
+};
+
+}  // namespace holdfast::lock

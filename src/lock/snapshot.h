@@ -1,0 +1,65 @@
+// What the lock engine reads about one lock key in one etcd round trip, and how it
+// decides from it. The same five ranges are the read transaction and the else
+// branch of every grant transaction, so a lost race re-decides without re-reading.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "etcd/etcdserver/etcdserverpb/rpc.pb.h"
+#include "holdfast/v1/types.pb.h"
+#include "lock/records.pb.h"
+
+namespace holdfast::lock {
+
+struct HoldEntry {
+  int64_t lease = 0;
+  int64_t create_revision = 0;
+  records::HoldRecord record;
+};
+
+struct ClassEntry {
+  std::string class_id;
+  int64_t mod_revision = 0;
+  records::ClassRecord record;
+};
+
+struct EpochEntry {
+  records::EpochRecord record;
+  int64_t mod_revision = 0;
+};
+
+// The state of one (namespace, session, lock key) at one etcd revision.
+struct KeySnapshot {
+  int64_t revision = 0;        // the read's header revision
+  uint64_t cluster_id = 0;     // the read's header cluster id
+  bool namespace_exists = false;
+  std::optional<records::SessionRecord> session;
+  std::optional<EpochEntry> epoch;
+  std::vector<ClassEntry> classes;
+  std::vector<HoldEntry> holds;  // every hold of the lock key, in key order
+};
+
+// Appends the snapshot's range requests to a txn branch (success or failure).
+void AddSnapshotReads(const std::string& ns, int64_t session, const std::string& lock_key,
+                      google::protobuf::RepeatedPtrField<etcdserverpb::RequestOp>* ops);
+// Parses the responses that AddSnapshotReads asked for, starting at `first`.
+absl::StatusOr<KeySnapshot> ParseSnapshot(const etcdserverpb::ResponseHeader& header,
+                                          const google::protobuf::RepeatedPtrField<
+                                              etcdserverpb::ResponseOp>& responses,
+                                          int first = 0);
+
+// The class whose key_prefix is the longest prefix of `lock_key` (nullptr: none).
+const ClassEntry* ResolveClass(const std::vector<ClassEntry>& classes, const std::string& lock_key);
+
+// FAILED_PRECONDITION unless the epoch record exists, is usable, and belongs to
+// the etcd cluster that answered (ARCHITECTURE §6, invariant 8).
+absl::Status CheckEpoch(const std::optional<EpochEntry>& epoch, uint64_t answering_cluster_id);
+
+// Builds the public view of a hold.
+v1::HoldInfo MakeHoldInfo(const std::string& lock_key, const HoldEntry& hold);
+
+}  // namespace holdfast::lock

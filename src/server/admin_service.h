@@ -1,0 +1,43 @@
+// The Admin service: namespaces, classes and the epoch. Runs on gRPC's
+// synchronous thread pool (admin calls are rare and each is a few etcd round
+// trips), so its handlers may block.
+//
+// Thread-safe.
+#pragma once
+
+#include "holdfast/v1/admin.grpc.pb.h"
+#include "lock/registry.h"
+#include "server/auth.h"
+
+namespace holdfast::server {
+
+class AdminService final : public v1::Admin::Service {
+ public:
+  AdminService(lock::Registry* registry, const Authenticator* auth)
+      : registry_(registry), auth_(auth) {}
+
+  grpc::Status CreateNamespace(grpc::ServerContext* ctx, const v1::CreateNamespaceRequest* req,
+                               v1::Namespace* resp) override;
+  grpc::Status GetNamespace(grpc::ServerContext* ctx, const v1::GetNamespaceRequest* req,
+                            v1::Namespace* resp) override;
+  grpc::Status ListNamespaces(grpc::ServerContext* ctx, const v1::ListNamespacesRequest* req,
+                              v1::ListNamespacesResponse* resp) override;
+  grpc::Status DeleteNamespace(grpc::ServerContext* ctx, const v1::DeleteNamespaceRequest* req,
+                               v1::DeleteNamespaceResponse* resp) override;
+  grpc::Status CreateClass(grpc::ServerContext* ctx, const v1::CreateClassRequest* req,
+                           v1::LockClass* resp) override;
+  grpc::Status GetClass(grpc::ServerContext* ctx, const v1::GetClassRequest* req,
+                        v1::LockClass* resp) override;
+  grpc::Status ListClasses(grpc::ServerContext* ctx, const v1::ListClassesRequest* req,
+                           v1::ListClassesResponse* resp) override;
+  grpc::Status DeleteClass(grpc::ServerContext* ctx, const v1::DeleteClassRequest* req,
+                           v1::DeleteClassResponse* resp) override;
+  grpc::Status GetEpoch(grpc::ServerContext* ctx, const v1::GetEpochRequest* req,
+                        v1::Epoch* resp) override;
+
+ private:
+  lock::Registry* const registry_;
+  const Authenticator* const auth_;
+};
+
+}  // namespace holdfast::server

@@ -1,0 +1,167 @@
+#include "server/config.h"
+
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include <yaml-cpp/yaml.h>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "common/duration.h"
+
+namespace holdfast::server {
+
+namespace {
+
+absl::Status Unknown(const YAML::Node& map, const std::string& where,
+                     const std::set<std::string>& known) {
+  for (const auto& kv : map) {
+    std::string k = kv.first.as<std::string>();
+    if (!known.count(k)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: unknown key \"", where, k, "\" (known: ", absl::StrJoin(known, ", "), ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadDuration(const YAML::Node& n, const std::string& name,
+                          std::chrono::milliseconds* out) {
+  if (!n) return absl::OkStatus();
+  if (!n.IsScalar()) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", name, " must be a duration"));
+  }
+  auto d = ParseDuration(n.as<std::string>());
+  if (!d.ok()) return absl::InvalidArgumentError(absl::StrCat("config: ", name, ": ", d.status().message()));
+  *out = *d;
+  return absl::OkStatus();
+}
+
+absl::Status ReadInt(const YAML::Node& n, const std::string& name, int* out) {
+  if (!n) return absl::OkStatus();
+  try {
+    *out = n.as<int>();
+  } catch (const YAML::Exception&) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", name, " must be an integer"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ReadString(const YAML::Node& n, const std::string& name, std::string* out) {
+  if (!n) return absl::OkStatus();
+  if (!n.IsScalar()) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", name, " must be a string"));
+  }
+  *out = n.as<std::string>();
+  return absl::OkStatus();
+}
+
+absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
+  Config c;
+  if (!root || root.IsNull()) return c;
+  if (!root.IsMap()) return absl::InvalidArgumentError("config: the top level must be a map");
+  if (auto s = Unknown(root, "", {"listen", "etcd", "sessions", "acquire", "dev_identity", "limits"});
+      !s.ok()) {
+    return s;
+  }
+  if (auto s = ReadString(root["listen"], "listen", &c.listen); !s.ok()) return s;
+  if (auto s = ReadString(root["dev_identity"], "dev_identity", &c.dev_identity); !s.ok()) return s;
+  if (auto etcd = root["etcd"]) {
+    if (!etcd.IsMap()) return absl::InvalidArgumentError("config: etcd must be a map");
+    if (auto s = Unknown(etcd, "etcd.", {"endpoints", "timeout"}); !s.ok()) return s;
+    if (auto eps = etcd["endpoints"]) {
+      if (!eps.IsSequence()) {
+        return absl::InvalidArgumentError("config: etcd.endpoints must be a list of host:port");
+      }
+      c.etcd_endpoints.clear();
+      for (const auto& e : eps) c.etcd_endpoints.push_back(e.as<std::string>());
+    }
+    if (auto s = ReadDuration(etcd["timeout"], "etcd.timeout", &c.etcd_timeout); !s.ok()) return s;
+  }
+  if (auto sessions = root["sessions"]) {
+    if (auto s = Unknown(sessions, "sessions.", {"ttl_min", "ttl_max"}); !s.ok()) return s;
+    if (auto s = ReadDuration(sessions["ttl_min"], "sessions.ttl_min", &c.session_ttl_min); !s.ok()) return s;
+    if (auto s = ReadDuration(sessions["ttl_max"], "sessions.ttl_max", &c.session_ttl_max); !s.ok()) return s;
+  }
+  if (auto acquire = root["acquire"]) {
+    if (auto s = Unknown(acquire, "acquire.", {"max_wait"}); !s.ok()) return s;
+    if (auto s = ReadDuration(acquire["max_wait"], "acquire.max_wait", &c.max_wait); !s.ok()) return s;
+  }
+  if (auto limits = root["limits"]) {
+    if (auto s = Unknown(limits, "limits.", {"max_message_bytes", "max_concurrent_streams"}); !s.ok()) {
+      return s;
+    }
+    if (auto s = ReadInt(limits["max_message_bytes"], "limits.max_message_bytes", &c.max_message_bytes); !s.ok()) return s;
+    if (auto s = ReadInt(limits["max_concurrent_streams"], "limits.max_concurrent_streams", &c.max_concurrent_streams); !s.ok()) return s;
+  }
+  return c;
+}
+
+}  // namespace
+
+absl::StatusOr<Config> ParseConfig(const std::string& yaml_text) {
+  YAML::Node root;
+  try {
+    root = YAML::Load(yaml_text);
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config: not valid YAML: ", e.what()));
+  }
+  try {
+    auto c = FromYaml(root);
+    if (!c.ok()) return c;
+    if (auto s = ValidateConfig(*c); !s.ok()) return s;
+    return c;
+  } catch (const YAML::Exception& e) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", e.what()));
+  }
+}
+
+absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("config: cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ParseConfig(ss.str());
+}
+
+absl::Status ValidateConfig(const Config& c) {
+  auto host_port = [](const std::string& what, const std::string& v) -> absl::Status {
+    auto colon = v.rfind(':');
+    if (v.empty() || colon == std::string::npos || colon + 1 == v.size() || colon == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: ", what, " \"", v, "\" is not host:port"));
+    }
+    for (size_t i = colon + 1; i < v.size(); ++i) {
+      if (!isdigit(static_cast<unsigned char>(v[i]))) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config: ", what, " \"", v, "\" has a bad port"));
+      }
+    }
+    return absl::OkStatus();
+  };
+  if (auto s = host_port("listen", c.listen); !s.ok()) return s;
+  if (c.etcd_endpoints.empty()) {
+    return absl::InvalidArgumentError("config: etcd.endpoints is empty");
+  }
+  for (const auto& e : c.etcd_endpoints) {
+    if (auto s = host_port("etcd endpoint", e); !s.ok()) return s;
+  }
+  if (c.etcd_timeout < std::chrono::milliseconds(100)) {
+    return absl::InvalidArgumentError("config: etcd.timeout must be at least 100ms");
+  }
+  if (c.session_ttl_min < std::chrono::seconds(1) || c.session_ttl_min > c.session_ttl_max) {
+    return absl::InvalidArgumentError(
+        "config: need 1s <= sessions.ttl_min <= sessions.ttl_max");
+  }
+  if (c.max_message_bytes < 4096 || c.max_concurrent_streams < 1) {
+    return absl::InvalidArgumentError(
+        "config: limits.max_message_bytes must be >= 4096 and max_concurrent_streams >= 1");
+  }
+  if (c.dev_identity.rfind("spiffe://", 0) != 0) {
+    return absl::InvalidArgumentError("config: dev_identity must be a spiffe:// ID");
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace holdfast::server

@@ -1,0 +1,46 @@
+// holdfastd configuration: a YAML file, then command-line flags over it.
+//
+//   listen: 127.0.0.1:7420          # gRPC API
+//   etcd:
+//     endpoints: [127.0.0.1:2379]   # members of the cluster
+//     timeout: 5s                   # upper bound of one etcd round trip
+//   sessions:
+//     ttl_min: 1s                   # bounds on session TTLs (classes narrow them)
+//     ttl_max: 24h
+//   acquire:
+//     max_wait: 1h
+//   dev_identity: spiffe://holdfast.dev/dev   # identity of every caller while TLS is off
+//   limits:
+//     max_message_bytes: 65536
+//     max_concurrent_streams: 1000  # per connection
+//
+// Unknown keys are errors (a typo must not silently keep a default).
+#pragma once
+
+#include <chrono>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+
+namespace holdfast::server {
+
+struct Config {
+  std::string listen = "127.0.0.1:7420";
+  std::vector<std::string> etcd_endpoints = {"127.0.0.1:2379"};
+  std::chrono::milliseconds etcd_timeout{5000};
+  std::chrono::milliseconds session_ttl_min{1000};
+  std::chrono::milliseconds session_ttl_max{24 * 3600 * 1000};
+  std::chrono::milliseconds max_wait{3600 * 1000};
+  std::string dev_identity = "spiffe://holdfast.dev/dev";
+  int max_message_bytes = 64 * 1024;
+  int max_concurrent_streams = 1000;
+};
+
+// Parses YAML text. Errors: INVALID_ARGUMENT naming the key and the problem.
+absl::StatusOr<Config> ParseConfig(const std::string& yaml_text);
+absl::StatusOr<Config> LoadConfigFile(const std::string& path);
+// Checks cross-field rules (bounds, non-empty endpoints, listen address form).
+absl::Status ValidateConfig(const Config& c);
+
+}  // namespace holdfast::server

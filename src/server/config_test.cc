@@ -1,0 +1,66 @@
+#include "server/config.h"
+
+#include <gtest/gtest.h>
+
+namespace holdfast::server {
+namespace {
+
+TEST(ConfigTest, EmptyIsDefaults) {
+  auto c = ParseConfig("");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->listen, "127.0.0.1:7420");
+  EXPECT_EQ(c->etcd_endpoints, std::vector<std::string>{"127.0.0.1:2379"});
+}
+
+TEST(ConfigTest, ReadsEveryField) {
+  auto c = ParseConfig(R"(
+listen: 0.0.0.0:9000
+etcd:
+  endpoints: [10.0.0.1:2379, 10.0.0.2:2379]
+  timeout: 2s
+sessions: {ttl_min: 2s, ttl_max: 1h}
+acquire: {max_wait: 10m}
+limits: {max_message_bytes: 8192, max_concurrent_streams: 50}
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->listen, "0.0.0.0:9000");
+  EXPECT_EQ(c->etcd_endpoints.size(), 2u);
+  EXPECT_EQ(c->etcd_timeout, std::chrono::seconds(2));
+  EXPECT_EQ(c->session_ttl_min, std::chrono::seconds(2));
+  EXPECT_EQ(c->max_wait, std::chrono::minutes(10));
+  EXPECT_EQ(c->max_concurrent_streams, 50);
+}
+
+TEST(ConfigTest, ErrorsNameTheProblem) {
+  struct Case {
+    const char* yaml;
+    const char* reason;
+  } cases[] = {
+      {"listen: [", "not valid YAML"},
+      {"lisen: 1.2.3.4:5", "unknown key \"lisen\""},
+      {"etcd: {endpoint: [a:1]}", "unknown key \"etcd.endpoint\""},
+      {"etcd: {timeout: 5}", "etcd.timeout: invalid duration"},
+      {"etcd: {endpoints: []}", "etcd.endpoints is empty"},
+      {"etcd: {endpoints: [nohost]}", "\"nohost\" is not host:port"},
+      {"listen: localhost:http", "has a bad port"},
+      {"sessions: {ttl_min: 10s, ttl_max: 5s}", "ttl_min <= sessions.ttl_max"},
+      {"limits: {max_message_bytes: many}", "must be an integer"},
+      {"dev_identity: bob", "spiffe://"},
+      {"- a\n- b", "top level must be a map"},
+  };
+  for (const auto& c : cases) {
+    auto r = ParseConfig(c.yaml);
+    ASSERT_FALSE(r.ok()) << c.yaml;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << c.yaml;
+    EXPECT_NE(r.status().message().find(c.reason), std::string::npos)
+        << c.yaml << " -> " << r.status().message();
+  }
+}
+
+TEST(ConfigTest, MissingFileIsNotFound) {
+  EXPECT_EQ(LoadConfigFile("/nonexistent/holdfast.yaml").status().code(),
+            absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace holdfast::server

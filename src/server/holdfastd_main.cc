@@ -1,0 +1,57 @@
+// holdfastd: the lock server. Everything but flag parsing lives in server/.
+#include <signal.h>
+
+#include <cstdio>
+#include <string>
+
+#include <CLI/CLI.hpp>
+
+#include "absl/strings/str_split.h"
+#include "server/config.h"
+#include "server/server.h"
+
+int main(int argc, char** argv) {
+  CLI::App app{"holdfastd: the holdfast lock server"};
+  std::string config_path, listen, etcd;
+  app.add_option("--config", config_path, "YAML config file");
+  app.add_option("--listen", listen, "gRPC listen address host:port (default 127.0.0.1:7420)");
+  app.add_option("--etcd", etcd, "etcd endpoints, comma-separated host:port");
+  CLI11_PARSE(app, argc, argv);
+
+  holdfast::server::Config config;
+  if (!config_path.empty()) {
+    auto loaded = holdfast::server::LoadConfigFile(config_path);
+    if (!loaded.ok()) {
+      std::fprintf(stderr, "holdfastd: %s\n", std::string(loaded.status().message()).c_str());
+      return 2;
+    }
+    config = *loaded;
+  }
+  if (!listen.empty()) config.listen = listen;
+  if (!etcd.empty()) config.etcd_endpoints = absl::StrSplit(etcd, ',', absl::SkipEmpty());
+  if (auto s = holdfast::server::ValidateConfig(config); !s.ok()) {
+    std::fprintf(stderr, "holdfastd: %s\n", std::string(s.message()).c_str());
+    return 2;
+  }
+
+  // Signals are taken by sigwait on the main thread, never by a handler.
+  sigset_t stop;
+  sigemptyset(&stop);
+  sigaddset(&stop, SIGINT);
+  sigaddset(&stop, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &stop, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  holdfast::server::Server server(config);
+  if (auto s = server.Start(); !s.ok()) {
+    std::fprintf(stderr, "holdfastd: %s\n", s.ToString().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "holdfastd: serving on %s (etcd %s)\n", server.bound_address().c_str(),
+               config.etcd_endpoints.front().c_str());
+  int sig = 0;
+  sigwait(&stop, &sig);
+  std::fprintf(stderr, "holdfastd: signal %d, shutting down\n", sig);
+  server.Shutdown();
+  return 0;
+}

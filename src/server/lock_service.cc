@@ -1,0 +1,89 @@
+#include "server/lock_service.h"
+
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "server/rpc_util.h"
+
+namespace holdfast::server {
+
+namespace {
+
+// The cancellable part of one Acquire call. Shared between the reactor and the
+// code that starts the engine operation, so neither outlives what it touches.
+struct AcquireCall {
+  absl::Mutex mu;
+  std::shared_ptr<lock::Cancellable> op ABSL_GUARDED_BY(mu);
+  bool cancelled ABSL_GUARDED_BY(mu) = false;
+
+  void SetOp(std::shared_ptr<lock::Cancellable> o) {
+    bool cancel;
+    {
+      absl::MutexLock l(&mu);
+      op = o;
+      cancel = cancelled;
+    }
+    if (cancel) o->Cancel();
+  }
+  void Cancel() {
+    std::shared_ptr<lock::Cancellable> o;
+    {
+      absl::MutexLock l(&mu);
+      cancelled = true;
+      o = op;
+    }
+    if (o) o->Cancel();
+  }
+};
+
+class AcquireReactor : public grpc::ServerUnaryReactor {
+ public:
+  explicit AcquireReactor(std::shared_ptr<AcquireCall> call) : call_(std::move(call)) {}
+  void OnCancel() override { call_->Cancel(); }
+  void OnDone() override { delete this; }
+
+ private:
+  std::shared_ptr<AcquireCall> call_;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* LockService::Acquire(grpc::CallbackServerContext* ctx,
+                                               const v1::AcquireRequest* req,
+                                               v1::AcquireResponse* resp) {
+  auto call = std::make_shared<AcquireCall>();
+  auto* reactor = new AcquireReactor(call);
+  // Work may go on for the wait plus a margin for the grant itself.
+  auto deadline = RpcDeadline(*ctx, std::chrono::milliseconds(std::max<int64_t>(req->wait_ms(), 0)) + kUnaryCap);
+  // The reactor may be gone once the engine finishes it; keep `call` alive here.
+  call->SetOp(engine_->Acquire(auth_->CallerOf(*ctx), *req, deadline, FinishInto(reactor, resp)));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* LockService::Release(grpc::CallbackServerContext* ctx,
+                                               const v1::ReleaseRequest* req,
+                                               v1::ReleaseResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  engine_->Release(auth_->CallerOf(*ctx), *req, RpcDeadline(*ctx, kUnaryCap),
+                   FinishInto(reactor, resp));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* LockService::CheckToken(grpc::CallbackServerContext* ctx,
+                                                  const v1::CheckTokenRequest* req,
+                                                  v1::CheckTokenResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  engine_->CheckToken(*req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  return reactor;
+}
+
+grpc::ServerUnaryReactor* LockService::Describe(grpc::CallbackServerContext* ctx,
+                                                const v1::DescribeRequest* req,
+                                                v1::DescribeResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  engine_->Describe(*req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  return reactor;
+}
+
+}  // namespace holdfast::server

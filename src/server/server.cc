@@ -1,0 +1,86 @@
+#include "server/server.h"
+
+#include <thread>
+
+#include <grpcpp/health_check_service_interface.h>
+
+#include "absl/strings/str_cat.h"
+
+namespace holdfast::server {
+
+Server::Server(Config config) : config_(std::move(config)) {}
+
+Server::~Server() { Shutdown(std::chrono::milliseconds(0)); }
+
+absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
+  timers_ = std::make_shared<TimerQueue>();
+  etcd::ClientOptions eo;
+  eo.endpoints = config_.etcd_endpoints;
+  eo.internal_timeout = config_.etcd_timeout;
+  auto etcd = etcd::Client::Create(eo, timers_);
+  if (!etcd.ok()) return etcd.status();
+  etcd_ = std::move(*etcd);
+
+  lock::EngineOptions lo;
+  lo.etcd_timeout = config_.etcd_timeout;
+  lo.session_ttl_min = config_.session_ttl_min;
+  lo.session_ttl_max = config_.session_ttl_max;
+  lo.max_wait = config_.max_wait;
+  engine_ = std::make_unique<lock::Engine>(etcd_.get(), lo);
+  registry_ = std::make_unique<lock::Registry>(etcd_.get());
+
+  // etcd may come up after us (or be between leaders): retry the bootstrap.
+  auto until = std::chrono::steady_clock::now() + etcd_wait;
+  absl::Status boot;
+  do {
+    boot = engine_->Bootstrap(etcd::DeadlineIn(config_.etcd_timeout));
+    if (boot.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  } while (std::chrono::steady_clock::now() < until);
+  if (!boot.ok()) {
+    return absl::Status(boot.code(), absl::StrCat("epoch bootstrap failed: ", boot.message()));
+  }
+
+  auth_ = std::make_unique<Authenticator>(config_.dev_identity);
+  session_service_ = std::make_unique<SessionService>(engine_.get(), auth_.get());
+  lock_service_ = std::make_unique<LockService>(engine_.get(), auth_.get());
+  admin_service_ = std::make_unique<AdminService>(registry_.get(), auth_.get());
+
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  int port = 0;
+  // TLS and SPIFFE identities are the identity issue's; until then, plaintext.
+  builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.RegisterService(session_service_.get());
+  builder.RegisterService(lock_service_.get());
+  builder.RegisterService(admin_service_.get());
+  // gRPC 1.51 predates the HTTP/2 rapid-reset and HPACK fixes: bound what one
+  // connection can ask of us (ARCHITECTURE §12).
+  builder.SetMaxReceiveMessageSize(config_.max_message_bytes);
+  builder.SetMaxSendMessageSize(4 << 20);
+  builder.AddChannelArgument(GRPC_ARG_MAX_CONCURRENT_STREAMS, config_.max_concurrent_streams);
+  builder.AddChannelArgument(GRPC_ARG_MAX_METADATA_SIZE, 16 * 1024);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
+  builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
+  builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  grpc_server_ = builder.BuildAndStart();
+  if (!grpc_server_ || port == 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.listen));
+  }
+  auto colon = config_.listen.rfind(':');
+  bound_address_ = absl::StrCat(config_.listen.substr(0, colon), ":", port);
+  return absl::OkStatus();
+}
+
+void Server::Shutdown(std::chrono::milliseconds grace) {
+  if (grpc_server_) {
+    grpc_server_->Shutdown(std::chrono::system_clock::now() + grace);
+    grpc_server_->Wait();
+    grpc_server_.reset();
+  }
+  // The engine's pending callbacks end with the etcd client's streams.
+  etcd_.reset();
+  timers_.reset();
+}
+
+}  // namespace holdfast::server

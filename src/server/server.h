@@ -1,0 +1,52 @@
+// holdfastd as a library: wires the etcd client, the lock engine and the gRPC
+// services together. holdfastd_main.cc only parses flags and waits for a signal.
+//
+// Thread-compatible: Start() and Shutdown() from one thread.
+#pragma once
+
+#include <memory>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/status.h"
+#include "common/timer_queue.h"
+#include "etcd/client.h"
+#include "lock/engine.h"
+#include "lock/registry.h"
+#include "server/admin_service.h"
+#include "server/auth.h"
+#include "server/config.h"
+#include "server/lock_service.h"
+#include "server/session_service.h"
+
+namespace holdfast::server {
+
+class Server {
+ public:
+  explicit Server(Config config);
+  ~Server();
+
+  // Connects to etcd, makes sure the epoch record exists (retrying while etcd is
+  // not reachable, up to `etcd_wait`), then serves. Errors: what etcd or the
+  // listener reported.
+  absl::Status Start(std::chrono::milliseconds etcd_wait = std::chrono::seconds(60));
+  // Stops accepting calls; in-flight calls get `grace` to finish.
+  void Shutdown(std::chrono::milliseconds grace = std::chrono::seconds(5));
+  // The address actually bound (resolves port 0).
+  std::string bound_address() const { return bound_address_; }
+
+ private:
+  Config config_;
+  std::shared_ptr<TimerQueue> timers_;
+  std::unique_ptr<etcd::Client> etcd_;
+  std::unique_ptr<lock::Engine> engine_;
+  std::unique_ptr<lock::Registry> registry_;
+  std::unique_ptr<Authenticator> auth_;
+  std::unique_ptr<SessionService> session_service_;
+  std::unique_ptr<LockService> lock_service_;
+  std::unique_ptr<AdminService> admin_service_;
+  std::unique_ptr<grpc::Server> grpc_server_;
+  std::string bound_address_;
+};
+
+}  // namespace holdfast::server

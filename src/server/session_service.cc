@@ -1,0 +1,173 @@
+#include "server/session_service.h"
+
+#include <deque>
+#include <set>
+#include <utility>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "server/rpc_util.h"
+
+namespace holdfast::server {
+
+namespace {
+
+// One KeepAlive stream. Requests are read one after another; each is answered
+// once etcd has. A session is checked (it exists in the namespace named) the
+// first time it appears on the stream. The reactor finishes only when reads are
+// over and no engine callback is outstanding, so no callback outlives it.
+class KeepAliveReactor
+    : public grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse> {
+ public:
+  KeepAliveReactor(lock::Engine* engine, lock::Caller caller)
+      : engine_(engine), caller_(std::move(caller)) {
+    StartRead(&req_);
+  }
+
+  void OnReadDone(bool ok) override {
+    if (!ok) {
+      bool finish;
+      {
+        absl::MutexLock l(&mu_);
+        reads_done_ = true;
+        finish = ShouldFinishLocked();
+      }
+      if (finish) Finish(grpc::Status::OK);
+      return;
+    }
+    v1::KeepAliveRequest req = req_;
+    {
+      absl::MutexLock l(&mu_);
+      ++outstanding_;
+    }
+    StartRead(&req_);  // pipelined: the next request may come before this answer
+    Handle(std::move(req));
+  }
+
+  void OnWriteDone(bool ok) override {
+    bool more = false, finish = false;
+    {
+      absl::MutexLock l(&mu_);
+      if (!ok) {
+        broken_ = true;
+        writes_.clear();
+      }
+      if (!broken_ && !writes_.empty()) {
+        write_buf_ = std::move(writes_.front());
+        writes_.pop_front();
+        more = true;
+      } else {
+        writing_ = false;
+        finish = ShouldFinishLocked();
+      }
+    }
+    if (more) StartWrite(&write_buf_);
+    if (finish) Finish(grpc::Status::OK);
+  }
+
+  void OnDone() override { delete this; }
+
+ private:
+  void Handle(v1::KeepAliveRequest req) {
+    auto key = std::make_pair(req.namespace_(), req.session_id());
+    bool verified;
+    {
+      absl::MutexLock l(&mu_);
+      verified = verified_.count(key) > 0;
+    }
+    auto deadline = lock::Deadline(std::chrono::system_clock::now() +
+                                   engine_->options().etcd_timeout);
+    if (verified) return Renew(std::move(req), deadline);
+    engine_->VerifySession(caller_, req.namespace_(), req.session_id(), deadline,
+                           [this, req, key, deadline](absl::StatusOr<bool> ok) mutable {
+                             if (ok.ok()) {
+                               {
+                                 absl::MutexLock l(&mu_);
+                                 verified_.insert(key);
+                               }
+                               return Renew(std::move(req), deadline);
+                             }
+                             v1::KeepAliveResponse resp;
+                             resp.set_session_id(req.session_id());
+                             resp.set_sequence(req.sequence());
+                             bool gone = ok.status().code() == absl::StatusCode::kNotFound ||
+                                         ok.status().code() == absl::StatusCode::kInvalidArgument;
+                             resp.set_lost(gone);
+                             resp.set_etcd_unavailable(!gone);
+                             resp.set_reason(std::string(ok.status().message()));
+                             Answer(std::move(resp));
+                           });
+  }
+
+  void Renew(v1::KeepAliveRequest req, lock::Deadline deadline) {
+    engine_->Renew(req, deadline, [this](absl::StatusOr<v1::KeepAliveResponse> r) {
+      Answer(*std::move(r));  // Renew never fails; errors are in the answer
+    });
+  }
+
+  void Answer(v1::KeepAliveResponse resp) {
+    bool start = false, finish = false;
+    {
+      absl::MutexLock l(&mu_);
+      --outstanding_;
+      if (!broken_) {
+        if (writing_) {
+          writes_.push_back(std::move(resp));
+        } else {
+          writing_ = true;
+          write_buf_ = std::move(resp);
+          start = true;
+        }
+      }
+      finish = !start && ShouldFinishLocked();
+    }
+    if (start) StartWrite(&write_buf_);
+    if (finish) Finish(grpc::Status::OK);
+  }
+
+  bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (finished_ || !reads_done_ || outstanding_ > 0 || writing_) return false;
+    finished_ = true;
+    return true;
+  }
+
+  lock::Engine* const engine_;
+  const lock::Caller caller_;
+  v1::KeepAliveRequest req_;              // owned by the read chain
+  v1::KeepAliveResponse write_buf_;       // owned by the write in flight
+  absl::Mutex mu_;
+  std::deque<v1::KeepAliveResponse> writes_ ABSL_GUARDED_BY(mu_);
+  std::set<std::pair<std::string, int64_t>> verified_ ABSL_GUARDED_BY(mu_);
+  int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
+  bool writing_ ABSL_GUARDED_BY(mu_) = false;
+  bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
+  bool broken_ ABSL_GUARDED_BY(mu_) = false;
+  bool finished_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+}  // namespace
+
+grpc::ServerUnaryReactor* SessionService::Open(grpc::CallbackServerContext* ctx,
+                                               const v1::OpenSessionRequest* req,
+                                               v1::OpenSessionResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  engine_->OpenSession(auth_->CallerOf(*ctx), *req, RpcDeadline(*ctx, kUnaryCap),
+                       FinishInto(reactor, resp));
+  return reactor;
+}
+
+grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>* SessionService::KeepAlive(
+    grpc::CallbackServerContext* ctx) {
+  return new KeepAliveReactor(engine_, auth_->CallerOf(*ctx));
+}
+
+grpc::ServerUnaryReactor* SessionService::Close(grpc::CallbackServerContext* ctx,
+                                                const v1::CloseSessionRequest* req,
+                                                v1::CloseSessionResponse* resp) {
+  auto* reactor = ctx->DefaultReactor();
+  engine_->CloseSession(auth_->CallerOf(*ctx), *req, RpcDeadline(*ctx, kUnaryCap),
+                        FinishInto(reactor, resp));
+  return reactor;
+}
+
+}  // namespace holdfast::server

@@ -1,0 +1,32 @@
+// The Session service (Open, KeepAlive, Close) on gRPC's callback API: no RPC
+// holds a thread while etcd answers.
+//
+// Thread-safe.
+#pragma once
+
+#include "holdfast/v1/session.grpc.pb.h"
+#include "lock/engine.h"
+#include "server/auth.h"
+
+namespace holdfast::server {
+
+class SessionService final : public v1::Session::CallbackService {
+ public:
+  SessionService(lock::Engine* engine, const Authenticator* auth)
+      : engine_(engine), auth_(auth) {}
+
+  grpc::ServerUnaryReactor* Open(grpc::CallbackServerContext* ctx,
+                                 const v1::OpenSessionRequest* req,
+                                 v1::OpenSessionResponse* resp) override;
+  grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>* KeepAlive(
+      grpc::CallbackServerContext* ctx) override;
+  grpc::ServerUnaryReactor* Close(grpc::CallbackServerContext* ctx,
+                                  const v1::CloseSessionRequest* req,
+                                  v1::CloseSessionResponse* resp) override;
+
+ private:
+  lock::Engine* const engine_;
+  const Authenticator* const auth_;
+};
+
+}  // namespace holdfast::server

@@ -1,0 +1,159 @@
+#include "harness/cluster.h"
+
+#include <stdlib.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace holdfast::testing {
+
+TempDir::TempDir() {
+  const char* base = std::getenv("TMPDIR");
+  std::string tmpl = absl::StrCat(base && *base ? base : "/tmp", "/holdfast-test-XXXXXX");
+  char* made = ::mkdtemp(tmpl.data());
+  path_ = made ? made : "";
+}
+
+TempDir::~TempDir() {
+  std::error_code ec;
+  if (!path_.empty()) std::filesystem::remove_all(path_, ec);
+}
+
+std::string BinDir() {
+  if (const char* env = std::getenv("HOLDFAST_BIN_DIR"); env && *env) return env;
+#ifdef HOLDFAST_BIN_DIR
+  return HOLDFAST_BIN_DIR;
+#else
+  return dev::SelfDir();
+#endif
+}
+
+absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::milliseconds timeout) {
+  ClientOptions o;
+  o.endpoints = {endpoint};
+  o.rpc_timeout = std::chrono::milliseconds(500);
+  auto client = Client::Connect(o);
+  if (!client.ok()) return client.status();
+  auto until = std::chrono::steady_clock::now() + timeout;
+  absl::Status last = absl::DeadlineExceededError("not tried");
+  while (std::chrono::steady_clock::now() < until) {
+    auto e = (*client)->GetEpoch();
+    if (e.ok()) return absl::OkStatus();
+    last = e.status();
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return absl::DeadlineExceededError(
+      absl::StrCat("holdfastd at ", endpoint, " did not answer in time: ", last.ToString()));
+}
+
+absl::StatusOr<std::unique_ptr<HoldfastdProcess>> HoldfastdProcess::Start(
+    std::vector<std::string> etcd_endpoints, const std::string& log_file, int port,
+    std::vector<std::string> extra_args) {
+  std::unique_ptr<HoldfastdProcess> p(new HoldfastdProcess());
+  p->etcd_endpoints_ = std::move(etcd_endpoints);
+  p->extra_args_ = std::move(extra_args);
+  p->log_file_ = log_file;
+  if (port == 0) {
+    auto free = dev::PickFreePort();
+    if (!free.ok()) return free.status();
+    port = *free;
+  }
+  p->port_ = port;
+  if (auto s = p->Launch(); !s.ok()) return s;
+  return p;
+}
+
+HoldfastdProcess::~HoldfastdProcess() { Kill(); }
+
+std::string HoldfastdProcess::endpoint() const { return absl::StrCat("127.0.0.1:", port_); }
+
+absl::Status HoldfastdProcess::Launch() {
+  dev::SpawnOptions so;
+  so.argv = {BinDir() + "/holdfastd", "--listen", endpoint(), "--etcd",
+             absl::StrJoin(etcd_endpoints_, ",")};
+  for (const auto& a : extra_args_) so.argv.push_back(a);
+  so.log_file = log_file_;
+  auto proc = dev::Subprocess::Spawn(std::move(so));
+  if (!proc.ok()) return proc.status();
+  process_ = std::move(*proc);
+  auto s = WaitForHoldfastd(endpoint(), std::chrono::seconds(20));
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat(s.message(), "; see ", log_file_));
+  return absl::OkStatus();
+}
+
+void HoldfastdProcess::Kill() {
+  if (process_) {
+    process_->Signal(SIGKILL);
+    process_->Wait();
+    process_.reset();
+  }
+}
+
+void HoldfastdProcess::Stop() {
+  if (process_) {
+    process_->Stop(std::chrono::seconds(10));
+    process_.reset();
+  }
+}
+
+absl::Status HoldfastdProcess::Restart() {
+  Stop();
+  return Launch();
+}
+
+absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(Options options) {
+  std::unique_ptr<TestCluster> c(new TestCluster());
+  if (c->dir_.path().empty()) return absl::InternalError("cannot make a temp dir");
+  dev::EtcdOptions eo;
+  eo.data_dir = c->dir_.path() + "/etcd";
+  auto etcd = dev::EtcdProcess::Start(eo);
+  if (!etcd.ok()) return etcd.status();
+  c->etcd_ = std::move(*etcd);
+  for (int i = 0; i < options.replicas; ++i) {
+    auto h = HoldfastdProcess::Start({c->etcd_->endpoint()},
+                                     absl::StrCat(c->dir_.path(), "/holdfastd-", i, ".log"), 0,
+                                     options.holdfastd_args);
+    if (!h.ok()) return h.status();
+    c->holdfastd_.push_back(std::move(*h));
+  }
+  c->timers_ = std::make_shared<TimerQueue>();
+  etcd::ClientOptions co;
+  co.endpoints = {c->etcd_->endpoint()};
+  auto ec = etcd::Client::Create(co, c->timers_);
+  if (!ec.ok()) return ec.status();
+  c->etcd_client_ = std::move(*ec);
+  return c;
+}
+
+TestCluster::~TestCluster() {
+  etcd_client_.reset();
+  holdfastd_.clear();
+  etcd_.reset();
+}
+
+absl::StatusOr<std::unique_ptr<Client>> TestCluster::NewClient(int i) {
+  ClientOptions o;
+  o.endpoints = {endpoint(i)};
+  return Client::Connect(o);
+}
+
+absl::Status TestCluster::CreateNamespace(const std::string& ns) {
+  auto client = NewClient();
+  if (!client.ok()) return client.status();
+  v1::CreateNamespaceRequest req;
+  req.mutable_namespace_()->set_name(ns);
+  auto* cls = req.mutable_default_class();
+  cls->set_mode(v1::LOCK_MODE_SHARED);
+  cls->set_enforcement(v1::ENFORCEMENT_FENCED);
+  cls->set_on_quorum_loss(v1::ON_QUORUM_LOSS_CLOSED);
+  cls->set_ttl_min_ms(1000);
+  cls->set_ttl_max_ms(3'600'000);
+  auto r = (*client)->CreateNamespace(req);
+  return r.status();
+}
+
+}  // namespace holdfast::testing

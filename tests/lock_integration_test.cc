@@ -1,0 +1,613 @@
+// Locks end to end: libholdfast -> holdfastd -> a real etcd, all as processes.
+// Safety is checked from etcd directly, never from what holdfast says of itself.
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <future>
+#include <map>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "etcd/watch_hub.h"
+#include "harness/cluster.h"
+#include "lock/keyspace.h"
+#include "lock/records.pb.h"
+
+namespace holdfast {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+namespace pb = ::etcdserverpb;
+
+class LockTest : public ::testing::Test {
+ protected:
+  void StartCluster(int replicas = 1) {
+    testing::TestCluster::Options o;
+    o.replicas = replicas;
+    auto c = testing::TestCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = std::move(*c);
+    ASSERT_TRUE(cluster_->CreateNamespace("default").ok());
+    auto client = cluster_->NewClient();
+    ASSERT_TRUE(client.ok());
+    client_ = std::move(*client);
+  }
+  void SetUp() override { StartCluster(); }
+  void TearDown() override {
+    client_.reset();
+    cluster_.reset();
+  }
+
+  std::unique_ptr<Session> Open(milliseconds ttl = seconds(10), Client* c = nullptr) {
+    SessionOptions o;
+    o.ttl = ttl;
+    auto s = (c ? c : client_.get())->OpenSession("default", o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  // Every hold key of `key` in etcd, read directly.
+  std::vector<mvccpb::KeyValue> HoldsInEtcd(const std::string& key, const std::string& ns = "default") {
+    pb::RangeRequest r;
+    r.set_key(keyspace::HoldRangeBegin(ns, key));
+    r.set_range_end(keyspace::HoldRangeEnd(ns, key));
+    auto resp = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    if (!resp.ok()) return {};
+    return {resp->kvs().begin(), resp->kvs().end()};
+  }
+
+  // etcd's current revision: unchanged means nothing was written.
+  int64_t Revision() {
+    pb::RangeRequest r;
+    r.set_key("/holdfast/epoch");
+    auto resp = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    EXPECT_TRUE(resp.ok());
+    return resp.ok() ? resp->header().revision() : -1;
+  }
+
+  int64_t KeysUnder(const std::string& prefix) {
+    pb::RangeRequest r;
+    r.set_key(prefix);
+    r.set_range_end(keyspace::PrefixEnd(prefix));
+    r.set_count_only(true);
+    auto resp = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    EXPECT_TRUE(resp.ok());
+    return resp.ok() ? resp->count() : -1;
+  }
+
+  std::unique_ptr<testing::TestCluster> cluster_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(LockTest, TwoSessionsContendExactlyOneHolds) {
+  auto a = Open(), b = Open();
+  auto ha = a->Acquire("db/primary");
+  ASSERT_TRUE(ha.ok()) << ha.status();
+  auto hb = b->Acquire("db/primary");
+  ASSERT_FALSE(hb.ok());
+  EXPECT_EQ(hb.status().code(), absl::StatusCode::kAborted);
+  EXPECT_NE(hb.status().message().find("is held by session"), std::string::npos);
+  auto holds = HoldsInEtcd("db/primary");
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_EQ(holds[0].lease(), a->id());
+  EXPECT_GT(ha->token(), 0);
+  EXPECT_EQ(ha->token() >> 48, 1);  // epoch 1
+  EXPECT_EQ(ha->token() & ((int64_t{1} << 48) - 1), holds[0].create_revision());
+}
+
+TEST_F(LockTest, KeysAAndABAreIndependentLocks) {
+  auto a = Open(), b = Open();
+  auto ha = a->Acquire("a");
+  auto hb = b->Acquire("a/b");
+  ASSERT_TRUE(ha.ok()) << ha.status();
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_EQ(HoldsInEtcd("a").size(), 1u);
+  EXPECT_EQ(HoldsInEtcd("a/b").size(), 1u);
+}
+
+TEST_F(LockTest, TokensStrictlyIncreaseAcross50Rounds) {
+  auto a = Open(), b = Open();
+  int64_t last = 0;
+  for (int i = 0; i < 50; ++i) {
+    Session* s = (i % 2 == 0) ? a.get() : b.get();
+    auto h = s->Acquire("jobs/nightly");
+    ASSERT_TRUE(h.ok()) << "round " << i << ": " << h.status();
+    EXPECT_GT(h->token(), last) << "round " << i;
+    last = h->token();
+    ASSERT_TRUE(h->Release().ok());
+  }
+  EXPECT_TRUE(HoldsInEtcd("jobs/nightly").empty());
+}
+
+TEST_F(LockTest, AcquireIsIdempotentPerSession) {
+  auto a = Open();
+  auto h1 = a->Acquire("k");
+  ASSERT_TRUE(h1.ok());
+  int64_t rev = Revision();
+  auto h2 = a->Acquire("k");
+  ASSERT_TRUE(h2.ok()) << h2.status();
+  EXPECT_EQ(h1->token(), h2->token());
+  EXPECT_EQ(Revision(), rev);  // no write
+}
+
+TEST_F(LockTest, StaleTokenReleaseFailsAndChangesNothing) {
+  auto a = Open();
+  int64_t old_token;
+  {
+    auto h = a->Acquire("k");
+    ASSERT_TRUE(h.ok());
+    old_token = h->token();
+  }  // released
+  auto h = a->Acquire("k");
+  ASSERT_TRUE(h.ok());
+  ASSERT_GT(h->token(), old_token);
+
+  // Release with the old token through the raw API.
+  ClientOptions co;
+  co.endpoints = {cluster_->endpoint()};
+  auto raw = Client::Connect(co);
+  ASSERT_TRUE(raw.ok());
+  int64_t rev = Revision();
+  // Hold::Release uses the hold's own token; send the stale one by hand.
+  grpc::ClientContext ctx;
+  auto channel = grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Lock::NewStub(channel);
+  v1::ReleaseRequest req;
+  req.set_namespace_("default");
+  req.set_session_id(a->id());
+  req.set_lock_key("k");
+  req.set_token(old_token);
+  v1::ReleaseResponse resp;
+  auto st = stub->Release(&ctx, req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_NE(st.error_message().find(absl::StrCat("stale token ", old_token)), std::string::npos)
+      << st.error_message();
+  EXPECT_NE(st.error_message().find("nothing released"), std::string::npos);
+  EXPECT_EQ(Revision(), rev);
+  auto holds = HoldsInEtcd("k");
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_EQ(holds[0].create_revision(), h->token() & ((int64_t{1} << 48) - 1));
+  // Another session cannot release it with the right token either.
+  auto b = Open();
+  grpc::ClientContext ctx2;
+  req.set_session_id(b->id());
+  req.set_token(h->token());
+  EXPECT_EQ(stub->Release(&ctx2, req, &resp).error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_EQ(HoldsInEtcd("k").size(), 1u);
+}
+
+TEST_F(LockTest, WaitingAcquireIsGrantedOnRelease) {
+  auto a = Open(), b = Open();
+  auto ha = a->Acquire("q");
+  ASSERT_TRUE(ha.ok());
+  auto waiter = std::async(std::launch::async, [&] {
+    AcquireOptions o;
+    o.wait = seconds(30);
+    return b->Acquire("q", o);
+  });
+  // The waiter is parked on the server (no hold yet).
+  EXPECT_EQ(waiter.wait_for(milliseconds(300)), std::future_status::timeout);
+  int64_t first = ha->token();
+  ASSERT_TRUE(ha->Release().ok());
+  ASSERT_EQ(waiter.wait_for(seconds(20)), std::future_status::ready);
+  auto hb = waiter.get();
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  EXPECT_GT(hb->token(), first);
+  auto holds = HoldsInEtcd("q");
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_EQ(holds[0].lease(), b->id());
+}
+
+TEST_F(LockTest, WaitDeadlinePassesAndLeavesNothingBehind) {
+  auto a = Open(), b = Open();
+  auto ha = a->Acquire("q");
+  ASSERT_TRUE(ha.ok());
+  AcquireOptions o;
+  o.wait = milliseconds(400);
+  auto hb = b->Acquire("q", o);
+  ASSERT_FALSE(hb.ok());
+  EXPECT_EQ(hb.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(hb.status().message().find("was not granted within 400ms"), std::string::npos)
+      << hb.status();
+  auto holds = HoldsInEtcd("q");
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_EQ(holds[0].lease(), a->id());
+}
+
+TEST_F(LockTest, CheckTokenAndDescribe) {
+  auto a = Open();
+  AcquireOptions o;
+  o.holder_meta = "host-7";
+  auto h = a->Acquire("svc/leader", o);
+  ASSERT_TRUE(h.ok());
+  auto check = client_->CheckToken("default", "svc/leader", h->token());
+  ASSERT_TRUE(check.ok());
+  EXPECT_TRUE(check->current());
+  EXPECT_EQ(check->current_token(), h->token());
+  auto d = client_->Describe("default", "svc/leader");
+  ASSERT_TRUE(d.ok());
+  ASSERT_EQ(d->holders_size(), 1);
+  EXPECT_EQ(d->holders(0).token(), h->token());
+  EXPECT_EQ(d->holders(0).session_id(), a->id());
+  EXPECT_EQ(d->holders(0).holder_meta(), "host-7");
+  EXPECT_EQ(d->holders(0).identity(), "spiffe://holdfast.dev/dev");
+  EXPECT_EQ(d->epoch(), 1);
+  int64_t tok = h->token();
+  ASSERT_TRUE(h->Release().ok());
+  check = client_->CheckToken("default", "svc/leader", tok);
+  ASSERT_TRUE(check.ok());
+  EXPECT_FALSE(check->current());
+  EXPECT_EQ(check->current_token(), 0);
+}
+
+TEST_F(LockTest, SessionCloseReleasesEverything) {
+  auto a = Open();
+  auto h1 = a->Acquire("x");
+  auto h2 = a->Acquire("y");
+  ASSERT_TRUE(h1.ok() && h2.ok());
+  ASSERT_TRUE(a->Close().ok());
+  EXPECT_TRUE(HoldsInEtcd("x").empty());
+  EXPECT_TRUE(HoldsInEtcd("y").empty());
+  EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("default")), 0);
+  auto again = a->Acquire("x");
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// --- bad input: a clear error, and nothing changes --------------------------
+
+TEST_F(LockTest, BadSessionTtlIsRefused) {
+  int64_t rev = Revision();
+  for (auto ttl : {milliseconds(0), milliseconds(500), milliseconds(25LL * 3600 * 1000)}) {
+    SessionOptions o;
+    o.ttl = ttl;
+    auto s = client_->OpenSession("default", o);
+    ASSERT_FALSE(s.ok());
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(s.status().message().find("is outside [1s, 24h]"), std::string::npos)
+        << s.status();
+  }
+  EXPECT_EQ(Revision(), rev);
+  EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("default")), 0);
+}
+
+TEST_F(LockTest, SessionTtlOutsideTheClassBoundsIsRefused) {
+  v1::LockClass cls;
+  cls.set_namespace_("default");
+  cls.set_class_id("slow");
+  cls.set_key_prefix("slow/");
+  cls.set_ttl_min_ms(5000);
+  cls.set_ttl_max_ms(60000);
+  ASSERT_TRUE(client_->CreateClass(cls).ok());
+  auto a = Open(seconds(2));
+  int64_t rev = Revision();
+  auto h = a->Acquire("slow/job");
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(h.status().message().find("outside the bounds of class \"slow\": [5000ms, 60000ms]"),
+            std::string::npos)
+      << h.status();
+  EXPECT_EQ(Revision(), rev);
+  EXPECT_TRUE(a->Acquire("fast/job").ok());  // the catch-all class allows 2 s
+}
+
+TEST_F(LockTest, MalformedKeysAreRefused) {
+  auto a = Open();
+  int64_t rev = Revision();
+  struct Case {
+    std::string key;
+    const char* reason;
+  } cases[] = {
+      {"", "lock key is empty"},
+      {std::string(513, 'k'), "at most 512"},
+      {std::string("a\0b", 3), "control character"},
+      {"bad\xff", "not valid UTF-8"},
+  };
+  for (const auto& c : cases) {
+    auto h = a->Acquire(c.key);
+    ASSERT_FALSE(h.ok());
+    EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(h.status().message().find(c.reason), std::string::npos) << h.status();
+  }
+  AcquireOptions big;
+  big.holder_meta = std::string(2000, 'm');
+  auto h = a->Acquire("k", big);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(h.status().message().find("holder_meta is 2000 bytes"), std::string::npos);
+  AcquireOptions too_long;
+  too_long.wait = milliseconds(2LL * 3600 * 1000);
+  h = a->Acquire("k", too_long);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(h.status().message().find("wait 7200000ms is outside"), std::string::npos);
+  EXPECT_EQ(Revision(), rev);
+  EXPECT_EQ(KeysUnder("/holdfast/ns/default/hold/"), 0);
+}
+
+TEST_F(LockTest, UnknownNamespaceIsNotFound) {
+  int64_t rev = Revision();
+  auto s = client_->OpenSession("nope");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(s.status().message().find("namespace \"nope\" does not exist"), std::string::npos);
+  auto bad = client_->OpenSession("Not Valid");
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Revision(), rev);
+  EXPECT_EQ(KeysUnder("/holdfast/ns/nope"), 0);
+  auto d = client_->Describe("nope", "k");
+  EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST_F(LockTest, SharedInAnExclusiveClassIsRefused) {
+  v1::LockClass cls;
+  cls.set_namespace_("default");
+  cls.set_class_id("x-only");
+  cls.set_key_prefix("x/");
+  cls.set_mode(v1::LOCK_MODE_EXCLUSIVE);
+  ASSERT_TRUE(client_->CreateClass(cls).ok());
+  auto a = Open();
+  int64_t rev = Revision();
+  AcquireOptions o;
+  o.shared = true;
+  auto h = a->Acquire("x/1", o);
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(h.status().message().find("is exclusive (mode X)"), std::string::npos);
+  EXPECT_EQ(Revision(), rev);
+}
+
+TEST_F(LockTest, SharedHoldsCoexistButNotWithExclusive) {
+  auto a = Open(), b = Open(), c = Open();
+  AcquireOptions shared;
+  shared.shared = true;
+  auto ra = a->Acquire("cfg", shared);
+  auto rb = b->Acquire("cfg", shared);
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  EXPECT_NE(ra->token(), rb->token());  // each shared holder has its own token
+  auto w = c->Acquire("cfg");
+  EXPECT_EQ(w.status().code(), absl::StatusCode::kAborted);
+  EXPECT_EQ(HoldsInEtcd("cfg").size(), 2u);
+}
+
+// --- failures ----------------------------------------------------------------
+
+TEST_F(LockTest, KilledHolderLosesItsHoldWithinTtlAndAWaiterGetsIt) {
+  const auto ttl = seconds(2);
+  auto log = cluster_->dir() + "/holder.log";
+  dev::SpawnOptions so;
+  so.argv = {testing::BinDir() + "/hf_test_holder", cluster_->endpoint(), "default", "victim",
+             std::to_string(std::chrono::duration_cast<milliseconds>(ttl).count())};
+  so.log_file = log;
+  auto holder = dev::Subprocess::Spawn(so);
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  // Wait (bounded) until the holder has the lock.
+  std::string out;
+  for (int i = 0; i < 400 && out.find("TOKEN") == std::string::npos; ++i) {
+    std::this_thread::sleep_for(milliseconds(25));
+    std::ifstream f(log);
+    out.assign(std::istreambuf_iterator<char>(f), {});
+  }
+  ASSERT_NE(out.find("TOKEN"), std::string::npos) << out;
+  ASSERT_EQ(HoldsInEtcd("victim").size(), 1u);
+
+  auto b = Open();
+  auto waiter = std::async(std::launch::async, [&] {
+    AcquireOptions o;
+    o.wait = seconds(30);
+    return b->Acquire("victim", o);
+  });
+  auto killed_at = std::chrono::steady_clock::now();
+  (*holder)->Signal(SIGKILL);
+  (*holder)->Wait();
+  ASSERT_EQ(waiter.wait_for(seconds(30)), std::future_status::ready);
+  auto hb = waiter.get();
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  auto took = std::chrono::steady_clock::now() - killed_at;
+  // Within TTL (etcd may grant a lease up to one TTL more after a leader change;
+  // a single member has none) plus a generous slack for a slow machine.
+  EXPECT_LT(took, ttl + seconds(10));
+  EXPECT_EQ(HoldsInEtcd("victim").size(), 1u);
+  EXPECT_EQ(HoldsInEtcd("victim")[0].lease(), b->id());
+}
+
+TEST_F(LockTest, HoldfastdRestartKeepsSessionAndHold) {
+  auto a = Open(seconds(3));
+  auto h = a->Acquire("survivor");
+  ASSERT_TRUE(h.ok());
+  cluster_->holdfastd().Stop();
+  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+  // Longer than the TTL: only renewals through the new process keep the lease.
+  int64_t before = a->renewals();
+  auto until = std::chrono::steady_clock::now() + seconds(5);
+  while (std::chrono::steady_clock::now() < until) {
+    ASSERT_FALSE(a->lost()) << a->lost_reason();
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_GT(a->renewals(), before);
+  EXPECT_FALSE(h->lost());
+  auto holds = HoldsInEtcd("survivor");
+  ASSERT_EQ(holds.size(), 1u);
+  EXPECT_EQ(holds[0].lease(), a->id());
+  EXPECT_TRUE(h->Release().ok());
+}
+
+TEST_F(LockTest, ServerRefusesGrantsWhenTheEpochRecordNamesAnotherCluster) {
+  // Make the epoch record name another cluster, as after a restore.
+  pb::RangeRequest get;
+  get.set_key(keyspace::EpochKey());
+  auto cur = cluster_->etcd_client().RangeSync(get, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(cur.ok());
+  ASSERT_EQ(cur->kvs_size(), 1);
+  records::EpochRecord rec;
+  ASSERT_TRUE(rec.ParseFromString(cur->kvs(0).value()));
+  rec.set_etcd_cluster_id(rec.etcd_cluster_id() ^ 0x5a5a);
+  pb::PutRequest put;
+  put.set_key(keyspace::EpochKey());
+  put.set_value(rec.SerializeAsString());
+  ASSERT_TRUE(cluster_->etcd_client().PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+
+  auto a = Open();
+  int64_t rev = Revision();
+  auto h = a->Acquire("k");
+  ASSERT_FALSE(h.ok());
+  EXPECT_EQ(h.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(h.status().message().find("holdfast epoch advance"), std::string::npos) << h.status();
+  EXPECT_EQ(Revision(), rev);
+  EXPECT_TRUE(HoldsInEtcd("k").empty());
+}
+
+TEST_F(LockTest, WaitersHoldNoServerThread) {
+  auto a = Open();
+  auto held = a->Acquire("busy");
+  ASSERT_TRUE(held.ok());
+  auto threads_of = [](pid_t pid) {
+    std::ifstream f(absl::StrCat("/proc/", pid, "/status"));
+    std::string line;
+    while (std::getline(f, line)) {
+      if (line.rfind("Threads:", 0) == 0) return std::stoi(line.substr(8));
+    }
+    return -1;
+  };
+  pid_t pid = cluster_->holdfastd().process()->pid();
+  const int before = threads_of(pid);
+  constexpr int kWaiters = 200;
+  // One session per waiter, all waiting at once through async gRPC calls.
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (int i = 0; i < kWaiters; ++i) sessions.push_back(Open());
+  auto channel = grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Lock::NewStub(channel);
+  struct Call {
+    grpc::ClientContext ctx;
+    v1::AcquireRequest req;
+    v1::AcquireResponse resp;
+    std::promise<grpc::Status> done;
+  };
+  std::vector<std::unique_ptr<Call>> calls;
+  for (int i = 0; i < kWaiters; ++i) {
+    auto c = std::make_unique<Call>();
+    c->req.set_namespace_("default");
+    c->req.set_session_id(sessions[i]->id());
+    c->req.set_lock_key("busy");
+    c->req.set_wait_ms(60'000);
+    Call* raw = c.get();
+    stub->async()->Acquire(&c->ctx, &c->req, &c->resp,
+                           [raw](grpc::Status s) { raw->done.set_value(s); });
+    calls.push_back(std::move(c));
+  }
+  std::this_thread::sleep_for(seconds(1));  // let them all park
+  const int during = threads_of(pid);
+  EXPECT_LT(during - before, kWaiters / 4) << "before " << before << ", during " << during;
+  EXPECT_EQ(HoldsInEtcd("busy").size(), 1u);
+  for (auto& c : calls) c->ctx.TryCancel();
+  for (auto& c : calls) {
+    auto f = c->done.get_future();
+    ASSERT_EQ(f.wait_for(seconds(20)), std::future_status::ready);
+  }
+}
+
+// Invariant 1 under two replicas: never two holders, checked from etcd's own
+// history of the key's hold range.
+TEST(LockReplicasTest, TwoReplicas200ConcurrentAcquiresNeverTwoHolders) {
+  testing::TestCluster::Options o;
+  o.replicas = 2;
+  auto cluster = testing::TestCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto& c = **cluster;
+  ASSERT_TRUE(c.CreateNamespace("default").ok());
+
+  pb::RangeRequest probe;
+  probe.set_key("/");
+  auto start = c.etcd_client().RangeSync(probe, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(start.ok());
+  const int64_t from = start->header().revision() + 1;
+
+  constexpr int kAcquires = 200;
+  constexpr int kWorkers = 20;
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < 2; ++r) {
+    auto cl = c.NewClient(r);
+    ASSERT_TRUE(cl.ok());
+    clients.push_back(std::move(*cl));
+  }
+  std::atomic<int> next{0}, granted{0};
+  std::atomic<int> failures{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < kWorkers; ++w) {
+    workers.emplace_back([&, w] {
+      SessionOptions so;
+      so.ttl = seconds(10);
+      auto s = clients[w % 2]->OpenSession("default", so);
+      if (!s.ok()) {
+        failures++;
+        return;
+      }
+      while (next.fetch_add(1) < kAcquires) {
+        AcquireOptions ao;
+        ao.wait = seconds(60);
+        auto h = (*s)->Acquire("contended", ao);
+        if (!h.ok()) {
+          failures++;
+          continue;
+        }
+        granted++;
+        if (!h->Release().ok()) failures++;
+      }
+    });
+  }
+  for (auto& t : workers) t.join();
+  EXPECT_EQ(failures.load(), 0);
+  EXPECT_EQ(granted.load(), kAcquires);
+
+  // Replay etcd's history of the hold range: at no revision two hold keys.
+  pb::RangeRequest end_probe;
+  end_probe.set_key("/");
+  auto end = c.etcd_client().RangeSync(end_probe, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(end.ok());
+  const int64_t to = end->header().revision();
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<mvccpb::Event> events;
+  int64_t seen_to = 0;
+  etcd::WatchSpec spec;
+  spec.key = keyspace::HoldRangeBegin("default", "contended");
+  spec.range_end = keyspace::HoldRangeEnd("default", "contended");
+  spec.start_revision = from;
+  c.etcd_client().watches().Watch(spec, [&](absl::StatusOr<etcd::WatchBatch> b) {
+    if (!b.ok()) return;
+    std::lock_guard<std::mutex> l(mu);
+    for (auto& e : b->events) events.push_back(e);
+    seen_to = std::max(seen_to, b->header_revision);
+    cv.notify_all();
+  });
+  {
+    std::unique_lock<std::mutex> l(mu);
+    ASSERT_TRUE(cv.wait_for(l, seconds(30), [&] {
+      return static_cast<int>(events.size()) >= 2 * kAcquires;
+    }));
+  }
+  std::set<std::string> live;
+  int max_live = 0, puts = 0;
+  int64_t last_create = 0;
+  for (const auto& e : events) {
+    ASSERT_LE(e.kv().mod_revision(), to);
+    if (e.type() == mvccpb::Event::PUT) {
+      live.insert(e.kv().key());
+      ++puts;
+      EXPECT_GT(e.kv().create_revision(), last_create);  // tokens strictly increase
+      last_create = e.kv().create_revision();
+    } else {
+      live.erase(e.kv().key());
+    }
+    max_live = std::max<int>(max_live, live.size());
+  }
+  EXPECT_EQ(puts, kAcquires);
+  EXPECT_EQ(max_live, 1);
+}
+
+}  // namespace
+}  // namespace holdfast
