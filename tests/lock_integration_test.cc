@@ -16,6 +16,7 @@
 #include "absl/strings/str_cat.h"
 #include "etcd/watch_hub.h"
 #include "harness/cluster.h"
+#include "holdfast/v1/lock.grpc.pb.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
 

@@ -6,6 +6,7 @@
 #include "absl/strings/str_join.h"
 #include "client/internal.h"
 #include "common/grpc_status.h"
+#include "common/names.h"
 
 namespace holdfast {
 
@@ -32,7 +33,6 @@ ClientCore::ClientCore(ClientOptions options) : options_(std::move(options)) {
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
-  args.SetInt(GRPC_ARG_MIN_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1'000);
   channel_ = grpc::CreateCustomChannel(ChannelTarget(options_.endpoints),
                                        grpc::InsecureChannelCredentials(), args);
@@ -173,6 +173,9 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
     return absl::FailedPreconditionError(
         absl::StrCat("session is lost: ", state_->lost_reason().message()));
   }
+  // Bad keys never leave the process (and a string field cannot carry invalid
+  // UTF-8 anyway): the same rules and messages as the server's.
+  if (auto s = names::ValidateLockKey(lock_key); !s.ok()) return s;
   v1::AcquireRequest req;
   req.set_namespace_(state_->ns());
   req.set_session_id(state_->id());
@@ -213,6 +216,7 @@ Client::~Client() { core_->pump().Stop(); }
 
 absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const std::string& ns,
                                                              const SessionOptions& options) {
+  if (auto s = names::ValidateNamespaceName(ns); !s.ok()) return s;
   v1::OpenSessionRequest req;
   req.set_namespace_(ns);
   req.set_ttl_ms(options.ttl.count());

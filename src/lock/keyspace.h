@@ -26,20 +26,20 @@
 #include "absl/strings/string_view.h"
 
 #include "absl/status/status.h"
+#include "common/names.h"
 
 namespace holdfast::keyspace {
 
 inline constexpr absl::string_view kRoot = "/holdfast/";
-inline constexpr size_t kMaxLockKeyBytes = 512;
-inline constexpr size_t kMaxNameBytes = 63;
 inline constexpr char kLeaseSeparator = '\0';
 
-// --- validation (INVALID_ARGUMENT with the reason; nothing is encoded otherwise)
-absl::Status ValidateNamespaceName(absl::string_view ns);
-absl::Status ValidateClassId(absl::string_view class_id);
-absl::Status ValidateLockKey(absl::string_view key);
-// A class key_prefix: like a lock key, but may be empty (the catch-all class).
-absl::Status ValidateKeyPrefix(absl::string_view prefix);
+// --- validation (INVALID_ARGUMENT with the reason; see common/names.h)
+using names::kMaxLockKeyBytes;
+using names::kMaxNameBytes;
+using names::ValidateClassId;
+using names::ValidateKeyPrefix;
+using names::ValidateLockKey;
+using names::ValidateNamespaceName;
 
 // --- keys
 std::string EpochKey();

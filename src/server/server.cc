@@ -29,11 +29,14 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   engine_ = std::make_unique<lock::Engine>(etcd_.get(), lo);
   registry_ = std::make_unique<lock::Registry>(etcd_.get());
 
-  // etcd may come up after us (or be between leaders): retry the bootstrap.
+  // etcd may come up after us (or be between leaders): retry the bootstrap. Short
+  // attempts: a connection made while etcd is still starting can stall until its
+  // deadline, and the next attempt gets a fresh one.
   auto until = std::chrono::steady_clock::now() + etcd_wait;
+  auto attempt = std::min<std::chrono::milliseconds>(config_.etcd_timeout, std::chrono::seconds(1));
   absl::Status boot;
   do {
-    boot = engine_->Bootstrap(etcd::DeadlineIn(config_.etcd_timeout));
+    boot = engine_->Bootstrap(etcd::DeadlineIn(attempt));
     if (boot.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   } while (std::chrono::steady_clock::now() < until);

@@ -1,5 +1,10 @@
 #include "harness/cluster.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <stdlib.h>
 
 #include <cstdlib>
@@ -32,13 +37,33 @@ std::string BinDir() {
 #endif
 }
 
+namespace {
+// True once something accepts TCP connections on host:port (IPv4 literal).
+bool PortOpen(const std::string& endpoint) {
+  auto colon = endpoint.rfind(':');
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(std::atoi(endpoint.c_str() + colon + 1));
+  if (inet_pton(AF_INET, endpoint.substr(0, colon).c_str(), &addr.sin_addr) != 1) return true;
+  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  bool open = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
+  ::close(fd);
+  return open;
+}
+}  // namespace
+
 absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::milliseconds timeout) {
+  // Wait for the listener before making a channel: a gRPC channel whose first
+  // connection was refused backs off for seconds before it tries again.
+  auto until = std::chrono::steady_clock::now() + timeout;
+  while (!PortOpen(endpoint) && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
   ClientOptions o;
   o.endpoints = {endpoint};
   o.rpc_timeout = std::chrono::milliseconds(500);
   auto client = Client::Connect(o);
   if (!client.ok()) return client.status();
-  auto until = std::chrono::steady_clock::now() + timeout;
   absl::Status last = absl::DeadlineExceededError("not tried");
   while (std::chrono::steady_clock::now() < until) {
     auto e = (*client)->GetEpoch();
