@@ -45,7 +45,9 @@ class SessionState;
 struct ClientOptions {
   // holdfastd endpoints (host:port). Calls go to the first that answers.
   std::vector<std::string> endpoints = {"127.0.0.1:7420"};
-  // Deadline of calls that do not wait for a lock.
+  // Deadline of calls that do not wait for a lock. While no holdfastd is
+  // reachable, a call waits for one up to this deadline (then DEADLINE_EXCEEDED)
+  // instead of failing at once, so a holdfastd restart is invisible to callers.
   std::chrono::milliseconds rpc_timeout{10'000};
 };
 

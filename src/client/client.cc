@@ -46,6 +46,9 @@ ClientCore::~ClientCore() { pump_.reset(); }
 
 void ClientCore::SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds extra) const {
   ctx->set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout + extra);
+  // gRPC 1.51 reconnects a channel whose connection was refused only slowly (up
+  // to ~10 s) unless a call waits for it; these calls all carry a deadline.
+  ctx->set_wait_for_ready(true);
 }
 
 SessionState::SessionState(std::shared_ptr<ClientCore> core, std::string ns, int64_t id,

@@ -38,7 +38,9 @@ class ClientCore {
   v1::Lock::Stub& lock_stub() { return *lock_; }
   v1::Admin::Stub& admin_stub() { return *admin_; }
   KeepAlivePump& pump() { return *pump_; }
-  // A context whose deadline is `extra` past the rpc timeout.
+  grpc::Channel& channel() { return *channel_; }
+  // Prepares a unary call: deadline `extra` past the rpc timeout, and wait for a
+  // connection within it instead of failing at once while holdfastd restarts.
   void SetDeadline(grpc::ClientContext* ctx,
                    std::chrono::milliseconds extra = std::chrono::milliseconds(0)) const;
 

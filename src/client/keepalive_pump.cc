@@ -47,7 +47,11 @@ void KeepAlivePump::Run() {
       absl::MutexLock l(&mu_);
       want_stream = !sessions_.empty();
     }
-    if (!stream_ && want_stream && now >= next_connect_) {
+    // Open a stream only on a connected channel: waiting briefly here also makes
+    // gRPC reconnect promptly after holdfastd restarts. The wait is short so that
+    // local deadlines are still checked often.
+    if (!stream_ && want_stream && now >= next_connect_ &&
+        core_->channel().WaitForConnected(std::chrono::system_clock::now() + kIdleWait)) {
       auto s = std::make_unique<Stream>();
       s->rw = core_->session_stub().KeepAlive(&s->ctx);
       Stream* raw = s.get();

@@ -1,0 +1,301 @@
+// `holdfast lock [--ttl DUR] [--wait DUR] [--shared] [--meta TEXT] [--grace DUR]
+//                NS/KEY -- CMD [ARGS...]`
+//
+// Opens a session, acquires NS/KEY, runs CMD in its own process group with
+// HOLDFAST_TOKEN and HOLDFAST_LOCK in its environment, releases when CMD exits
+// and exits with CMD's code. If the hold is lost while CMD runs, CMD's group
+// gets SIGTERM, then SIGKILL after --grace, and holdfast exits 74. SIGINT,
+// SIGTERM and SIGHUP received by holdfast are forwarded to CMD's group.
+//
+// The main thread waits for everything (signals, CMD's exit, the session's
+// lost signal, the end of the acquire call) through one SignalWaiter.
+#include <signal.h>
+
+#include <atomic>
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "cli/common.h"
+#include "cli/signal_waiter.h"
+#include "dev/subprocess.h"
+
+namespace holdfast::cli {
+
+namespace {
+
+using std::chrono::milliseconds;
+
+constexpr milliseconds kMaxWait = std::chrono::hours(1);  // Lock.Acquire's bound
+constexpr size_t kMaxMetaBytes = 1024;
+
+// Signals holdfast passes on to CMD's process group.
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP};
+
+// Flag values as CLI11 fills them in.
+struct LockFlags {
+  std::string lock;
+  std::vector<std::string> command;
+  std::string ttl = "15s";
+  std::string wait = "0";
+  std::string grace = "5s";
+  bool shared = false;
+  std::string meta;
+};
+
+// The validated request.
+struct LockRequest {
+  LockRef ref;
+  milliseconds ttl{};
+  milliseconds grace{};
+  AcquireOptions acquire;
+  std::vector<std::string> command;
+};
+
+bool IsForwarded(int sig) {
+  for (int s : kForwardedSignals) {
+    if (s == sig) return true;
+  }
+  return false;
+}
+
+std::string SignalName(int sig) {
+  const char* abbrev = sigabbrev_np(sig);
+  return abbrev ? absl::StrCat("SIG", abbrev) : absl::StrCat("signal ", sig);
+}
+
+absl::StatusOr<LockRequest> Validate(const LockFlags& flags) {
+  LockRequest r;
+  auto ref = ParseLockRef(flags.lock);
+  if (!ref.ok()) return ref.status();
+  r.ref = *std::move(ref);
+  auto ttl = ParseDurationFlag("--ttl", flags.ttl);
+  if (!ttl.ok()) return ttl.status();
+  if (*ttl < std::chrono::seconds(1)) {
+    return absl::InvalidArgumentError("--ttl must be at least 1s");
+  }
+  r.ttl = *ttl;
+  auto wait = ParseDurationFlag("--wait", flags.wait);
+  if (!wait.ok()) return wait.status();
+  if (*wait > kMaxWait) return absl::InvalidArgumentError("--wait must be at most 1h");
+  auto grace = ParseDurationFlag("--grace", flags.grace);
+  if (!grace.ok()) return grace.status();
+  r.grace = *grace;
+  if (flags.meta.size() > kMaxMetaBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("--meta is ", flags.meta.size(), " bytes, at most ", kMaxMetaBytes));
+  }
+  if (flags.command.empty()) {
+    return absl::InvalidArgumentError("no command given: holdfast lock NS/KEY -- CMD [ARGS...]");
+  }
+  r.acquire.wait = *wait;
+  r.acquire.shared = flags.shared;
+  r.acquire.holder_meta = flags.meta;
+  r.command = flags.command;
+  return r;
+}
+
+// Leaves at once: an acquire call is still running on another thread and
+// cannot be cancelled, so the process must not unwind past it. Closing the
+// session first removes anything the call has made in etcd.
+[[noreturn]] void AbandonAcquire(Session& session, absl::string_view why, int exit_code) {
+  PrintMessage(why);
+  (void)session.Close();
+  std::fflush(nullptr);
+  std::_Exit(exit_code);
+}
+
+// Runs the (blocking) Acquire on a helper thread so that the main thread keeps
+// answering signals. Returns the hold or the acquire's error. A signal to
+// forward that arrives while the call runs, or the session's loss, ends the
+// wait at once (the function does not return). One that arrives together with
+// the answer is returned in *signal_received, and the command must not start.
+absl::StatusOr<Hold> AcquireInterruptibly(Session& session, const LockRequest& request,
+                                          SignalWaiter& waiter, int* signal_received) {
+  std::optional<absl::StatusOr<Hold>> result;  // written by `acquirer` before `done`
+  std::atomic<bool> done{false};
+  std::thread acquirer([&] {
+    result.emplace(session.Acquire(request.ref.key, request.acquire));
+    done.store(true, std::memory_order_release);
+    waiter.Wake();
+  });
+  *signal_received = 0;
+  for (;;) {
+    auto event = waiter.Wait(std::nullopt);
+    bool finished = done.load(std::memory_order_acquire);
+    if (event.kind == SignalWaiter::Event::Kind::kSignal && IsForwarded(event.signal)) {
+      if (finished) {
+        *signal_received = event.signal;
+        break;
+      }
+      AbandonAcquire(session,
+                     absl::StrCat(SignalName(event.signal), " while waiting for ",
+                                  request.ref.ToString(), "; not acquired"),
+                     128 + event.signal);
+    }
+    if (finished) break;
+    if (session.lost()) {
+      AbandonAcquire(session,
+                     absl::StrCat("session lost while waiting for ", request.ref.ToString(),
+                                  ": ", session.lost_reason().ToString()),
+                     kExitError);
+    }
+  }
+  acquirer.join();
+  return *std::move(result);
+}
+
+int ReportAcquireError(const absl::Status& status, const LockRequest& request) {
+  std::string lock = request.ref.ToString();
+  if (status.code() == absl::StatusCode::kAborted) {
+    PrintMessage(absl::StrCat(lock, " is held by another session; not acquired (",
+                              status.ToString(), ")"));
+    return kExitNotAcquired;
+  }
+  if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+    PrintMessage(absl::StrCat(lock, " was not granted within --wait; not acquired (",
+                              status.ToString(), ")"));
+    return kExitNotAcquired;
+  }
+  return ReportError(status, absl::StrCat("acquire ", lock));
+}
+
+absl::StatusOr<std::unique_ptr<dev::Subprocess>> StartCommand(const LockRequest& request,
+                                                              const Hold& hold) {
+  dev::SpawnOptions options;
+  options.argv = request.command;
+  options.env = {{"HOLDFAST_TOKEN", absl::StrCat(hold.token())},
+                 {"HOLDFAST_LOCK", request.ref.ToString()}};
+  options.new_process_group = true;
+  options.kill_on_destroy = true;
+  return dev::Subprocess::Spawn(std::move(options));
+}
+
+struct CommandOutcome {
+  int exit_code = 0;
+  bool hold_lost = false;
+};
+
+// Waits for CMD to exit, forwarding signals to its group, and stops it when the
+// session is lost: SIGTERM, then SIGKILL once `request.grace` has passed.
+CommandOutcome Supervise(dev::Subprocess& child, const Session& session,
+                         const LockRequest& request, SignalWaiter& waiter) {
+  using Clock = std::chrono::steady_clock;
+  std::optional<Clock::time_point> kill_at;  // set once the loss is handled
+  bool killed = false;
+  while (child.Running()) {
+    if (!kill_at && session.lost()) {
+      PrintMessage(absl::StrCat("lost the hold on ", request.ref.ToString(), " (",
+                                session.lost_reason().ToString(),
+                                "); stopping the command: SIGTERM, SIGKILL after ",
+                                request.grace.count(), "ms"));
+      child.Signal(SIGTERM);
+      kill_at = Clock::now() + request.grace;
+    }
+    std::optional<milliseconds> timeout;
+    if (kill_at && !killed) {
+      timeout = std::max(milliseconds(0),
+                         std::chrono::ceil<milliseconds>(*kill_at - Clock::now()));
+    }
+    auto event = waiter.Wait(timeout);
+    if (event.kind == SignalWaiter::Event::Kind::kSignal && IsForwarded(event.signal)) {
+      child.Signal(event.signal);
+    } else if (event.kind == SignalWaiter::Event::Kind::kTimeout && kill_at && !killed &&
+               Clock::now() >= *kill_at && child.Running()) {
+      child.Signal(SIGKILL);
+      killed = true;
+    }
+  }
+  CommandOutcome outcome;
+  outcome.exit_code = *child.Wait();
+  outcome.hold_lost = kill_at.has_value();
+  if (!outcome.hold_lost && session.lost()) {
+    // Lost at about the time CMD ended: it may have run unprotected at the end.
+    PrintMessage(absl::StrCat("lost the hold on ", request.ref.ToString(),
+                              " before the command's exit was seen (",
+                              session.lost_reason().ToString(), ")"));
+    outcome.hold_lost = true;
+  }
+  return outcome;
+}
+
+void ReleaseAndClose(Hold& hold, Session& session, const LockRequest& request) {
+  if (auto s = hold.Release(); !s.ok()) {
+    PrintMessage(absl::StrCat("warning: release of ", request.ref.ToString(),
+                              " failed (", s.ToString(), "); closing the session ends it"));
+  }
+  if (auto s = session.Close(); !s.ok()) {
+    PrintMessage(absl::StrCat("warning: closing the session failed (", s.ToString(),
+                              "); its holds end when its TTL runs out"));
+  }
+}
+
+int RunLock(const GlobalOptions& global, const LockFlags& flags) {
+  auto request = Validate(flags);
+  if (!request.ok()) return ReportUsageError(request.status());
+  // Before any thread exists (the client starts some).
+  auto waiter = SignalWaiter::Create({SIGINT, SIGTERM, SIGHUP, SIGCHLD});
+  if (!waiter.ok()) return ReportError(waiter.status());
+
+  int exit_code = kExitOk;
+  std::unique_ptr<Client> client = ConnectOrReport(global, &exit_code);
+  if (!client) return exit_code;
+  SessionOptions session_options;
+  session_options.ttl = request->ttl;
+  session_options.on_lost = [w = waiter->get()](const absl::Status&) { w->Wake(); };
+  auto session = client->OpenSession(request->ref.ns, session_options);
+  if (!session.ok()) {
+    return ReportError(session.status(),
+                       absl::StrCat("open a session in namespace ", request->ref.ns));
+  }
+  int signal_received = 0;
+  auto hold = AcquireInterruptibly(**session, *request, **waiter, &signal_received);
+  if (!hold.ok()) return ReportAcquireError(hold.status(), *request);
+  if (signal_received != 0) {
+    PrintMessage(absl::StrCat(SignalName(signal_received), " as ", request->ref.ToString(),
+                              " was granted; released without running the command"));
+    ReleaseAndClose(*hold, **session, *request);
+    return 128 + signal_received;
+  }
+  if (hold->lost()) {
+    PrintMessage(absl::StrCat("the session was lost as ", request->ref.ToString(),
+                              " was granted (", (*session)->lost_reason().ToString(),
+                              "); the command was not run"));
+    return kExitError;
+  }
+
+  auto child = StartCommand(*request, *hold);
+  if (!child.ok()) return ReportError(child.status(), "run the command");
+  CommandOutcome outcome = Supervise(**child, **session, *request, **waiter);
+  if (outcome.hold_lost) return kExitHoldLost;
+  ReleaseAndClose(*hold, **session, *request);
+  return outcome.exit_code;
+}
+
+}  // namespace
+
+void RegisterLockCommand(CLI::App& app, CommandContext& ctx) {
+  auto flags = std::make_shared<LockFlags>();
+  CLI::App* cmd = app.add_subcommand(
+      "lock", "Run a command while holding a lock: holdfast lock NS/KEY -- CMD [ARGS...]");
+  cmd->add_option("--ttl", flags->ttl, "session TTL: how long the hold outlives a crash")
+      ->capture_default_str();
+  cmd->add_option("--wait", flags->wait, "how long to wait for the lock; 0 tries once")
+      ->capture_default_str();
+  cmd->add_flag("--shared", flags->shared, "take a shared hold (classes of mode S)");
+  cmd->add_option("--meta", flags->meta, "text shown to operators by `holdfast holders`");
+  cmd->add_option("--grace", flags->grace,
+                  "after the hold is lost: time between SIGTERM and SIGKILL to the command")
+      ->capture_default_str();
+  cmd->add_option("lock", flags->lock, "NS/KEY: namespace, '/', lock key")->required();
+  cmd->add_option("command", flags->command, "the command to run (after --) and its arguments")
+      ->required();
+  SetAction(cmd, ctx, flags, RunLock);
+}
+
+}  // namespace holdfast::cli

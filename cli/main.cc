@@ -1,0 +1,62 @@
+// holdfast: the command-line client of holdfast (docs/cli.md).
+//
+//   holdfast dev                           etcd + holdfastd in the foreground
+//   holdfast lock NS/KEY -- CMD [ARGS...]  run CMD while holding a lock
+//   holdfast holders NS/KEY                who holds a lock
+//   holdfast ns|class create|get|list|delete
+//
+// Exit codes: 0 ok (or CMD's code for `lock`), 1 error, 2 usage, 74 hold lost,
+// 75 not acquired.
+#include <exception>
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "cli/common.h"
+
+namespace {
+
+using holdfast::cli::CommandContext;
+
+void BuildApp(CLI::App& app, CommandContext& ctx) {
+  app.add_option("--endpoint", ctx.global.endpoint,
+                 "holdfastd address HOST:PORT (several: comma separated)")
+      ->envname(holdfast::cli::kEndpointEnv)
+      ->capture_default_str();
+  app.require_subcommand(1);
+  // Subcommands inherit this: `holdfast lock --endpoint X ...` works too.
+  app.fallthrough();
+  holdfast::cli::RegisterDevCommand(app, ctx);
+  holdfast::cli::RegisterLockCommand(app, ctx);
+  holdfast::cli::RegisterHoldersCommand(app, ctx);
+  holdfast::cli::RegisterNamespaceCommand(app, ctx);
+  holdfast::cli::RegisterClassCommand(app, ctx);
+}
+
+// CLI11 reports parse problems by throwing: turn them into exit codes here.
+int Parse(CLI::App& app, int argc, char** argv) {
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    holdfast::cli::PrintMessage(
+        absl::StrCat(e.what(), "\n  (run `holdfast --help` or `holdfast COMMAND --help`)"));
+    return holdfast::cli::kExitUsage;
+  }
+  return -1;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CommandContext ctx;
+  CLI::App app("holdfast: distributed locks with fencing tokens, on etcd", "holdfast");
+  BuildApp(app, ctx);
+  if (int code = Parse(app, argc, argv); code >= 0) return code;
+  if (!ctx.action) return holdfast::cli::kExitUsage;
+  try {
+    return ctx.action();
+  } catch (const std::exception& e) {
+    holdfast::cli::PrintMessage(absl::StrCat("INTERNAL: ", e.what()));
+    return holdfast::cli::kExitError;
+  }
+}

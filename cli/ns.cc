@@ -1,0 +1,166 @@
+// `holdfast ns create|get|list|delete`: namespaces (Admin API).
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "cli/common.h"
+#include "cli/output.h"
+#include "common/names.h"
+
+namespace holdfast::cli {
+
+namespace {
+
+struct CreateFlags {
+  std::string name;
+  std::string tenant;
+  int64_t held_lease_quota = 0;
+  int64_t op_rate_quota = 0;
+  std::string tier;
+  ClassFlags default_class;
+  OutputFormat output = OutputFormat::kTable;
+};
+
+struct NameFlags {
+  std::string name;
+  OutputFormat output = OutputFormat::kTable;
+};
+
+struct ListFlags {
+  OutputFormat output = OutputFormat::kTable;
+};
+
+// Prints a namespace as asked; returns the exit code.
+int PrintOne(const v1::Namespace& ns, OutputFormat output) {
+  if (output == OutputFormat::kJson) {
+    if (auto s = PrintJson(ns, std::cout); !s.ok()) return ReportError(s);
+  } else {
+    PrintNamespace(ns, std::cout);
+  }
+  return kExitOk;
+}
+
+absl::StatusOr<v1::CreateNamespaceRequest> BuildCreateRequest(const CreateFlags& flags) {
+  if (auto s = names::ValidateNamespaceName(flags.name); !s.ok()) return s;
+  v1::CreateNamespaceRequest request;
+  v1::Namespace* ns = request.mutable_namespace_();
+  ns->set_name(flags.name);
+  ns->set_tenant_id(flags.tenant);
+  ns->set_held_lease_quota(flags.held_lease_quota);
+  ns->set_op_rate_quota(flags.op_rate_quota);
+  ns->set_cluster_tier(flags.tier);
+  // Without class flags the server's documented defaults apply.
+  if (flags.default_class.AnyGiven()) {
+    if (auto s = ApplyClassFlags(flags.default_class, request.mutable_default_class()); !s.ok()) {
+      return s;
+    }
+  }
+  return request;
+}
+
+int RunCreate(const GlobalOptions& global, const CreateFlags& flags) {
+  auto request = BuildCreateRequest(flags);
+  if (!request.ok()) return ReportUsageError(request.status());
+  int exit_code = kExitOk;
+  std::unique_ptr<Client> client = ConnectOrReport(global, &exit_code);
+  if (!client) return exit_code;
+  auto ns = client->CreateNamespace(*request);
+  if (!ns.ok()) return ReportError(ns.status(), "ns create " + flags.name);
+  return PrintOne(*ns, flags.output);
+}
+
+int RunGet(const GlobalOptions& global, const NameFlags& flags) {
+  if (auto s = names::ValidateNamespaceName(flags.name); !s.ok()) return ReportUsageError(s);
+  int exit_code = kExitOk;
+  std::unique_ptr<Client> client = ConnectOrReport(global, &exit_code);
+  if (!client) return exit_code;
+  auto ns = client->GetNamespace(flags.name);
+  if (!ns.ok()) return ReportError(ns.status(), "ns get " + flags.name);
+  return PrintOne(*ns, flags.output);
+}
+
+int RunList(const GlobalOptions& global, const ListFlags& flags) {
+  int exit_code = kExitOk;
+  std::unique_ptr<Client> client = ConnectOrReport(global, &exit_code);
+  if (!client) return exit_code;
+  auto list = client->ListNamespaces();
+  if (!list.ok()) return ReportError(list.status(), "ns list");
+  if (flags.output == OutputFormat::kJson) {
+    v1::ListNamespacesResponse response;
+    for (auto& ns : *list) *response.add_namespaces() = std::move(ns);
+    if (auto s = PrintJson(response, std::cout); !s.ok()) return ReportError(s);
+    return kExitOk;
+  }
+  Table table({"NAME", "TENANT", "HELD_LEASE_QUOTA", "OP_RATE_QUOTA", "TIER", "CREATE_REV"});
+  for (const auto& ns : *list) {
+    table.AddRow({ns.name(), OrDash(ns.tenant_id()), absl::StrCat(ns.held_lease_quota()),
+                  absl::StrCat(ns.op_rate_quota()), OrDash(ns.cluster_tier()),
+                  absl::StrCat(ns.create_revision())});
+  }
+  table.Print(std::cout);
+  return kExitOk;
+}
+
+int RunDelete(const GlobalOptions& global, const NameFlags& flags) {
+  if (auto s = names::ValidateNamespaceName(flags.name); !s.ok()) return ReportUsageError(s);
+  int exit_code = kExitOk;
+  std::unique_ptr<Client> client = ConnectOrReport(global, &exit_code);
+  if (!client) return exit_code;
+  if (auto s = client->DeleteNamespace(flags.name); !s.ok()) {
+    return ReportError(s, "ns delete " + flags.name);
+  }
+  std::cout << "deleted namespace " << flags.name << "\n";
+  return kExitOk;
+}
+
+void AddCreate(CLI::App* ns, CommandContext& ctx) {
+  auto flags = std::make_shared<CreateFlags>();
+  CLI::App* cmd = ns->add_subcommand("create", "Create a namespace and its catch-all class");
+  cmd->add_option("name", flags->name, "namespace name: [a-z0-9][a-z0-9._-]{0,62}")->required();
+  cmd->add_option("--tenant", flags->tenant, "tenant id");
+  cmd->add_option("--held-lease-quota", flags->held_lease_quota,
+                  "live sessions the namespace may hold at once; 0 = unlimited")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--op-rate-quota", flags->op_rate_quota,
+                  "operations per second across all replicas; 0 = unlimited")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--tier", flags->tier, "etcd cluster tier; empty = the default cluster");
+  AddClassFlags(cmd, &flags->default_class);
+  AddOutputOption(cmd, &flags->output);
+  SetAction(cmd, ctx, flags, RunCreate);
+}
+
+void AddGet(CLI::App* ns, CommandContext& ctx) {
+  auto flags = std::make_shared<NameFlags>();
+  CLI::App* cmd = ns->add_subcommand("get", "Show a namespace");
+  cmd->add_option("name", flags->name, "namespace name")->required();
+  AddOutputOption(cmd, &flags->output);
+  SetAction(cmd, ctx, flags, RunGet);
+}
+
+void AddList(CLI::App* ns, CommandContext& ctx) {
+  auto flags = std::make_shared<ListFlags>();
+  CLI::App* cmd = ns->add_subcommand("list", "List the namespaces");
+  AddOutputOption(cmd, &flags->output);
+  SetAction(cmd, ctx, flags, RunList);
+}
+
+void AddDelete(CLI::App* ns, CommandContext& ctx) {
+  auto flags = std::make_shared<NameFlags>();
+  CLI::App* cmd = ns->add_subcommand(
+      "delete", "Delete a namespace and its classes (refused while it has live sessions)");
+  cmd->add_option("name", flags->name, "namespace name")->required();
+  SetAction(cmd, ctx, flags, RunDelete);
+}
+
+}  // namespace
+
+void RegisterNamespaceCommand(CLI::App& app, CommandContext& ctx) {
+  CLI::App* ns = app.add_subcommand("ns", "Manage namespaces: create, get, list, delete");
+  ns->require_subcommand(1);
+  AddCreate(ns, ctx);
+  AddGet(ns, ctx);
+  AddList(ns, ctx);
+  AddDelete(ns, ctx);
+}
+
+}  // namespace holdfast::cli
