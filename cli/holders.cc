@@ -1,7 +1,9 @@
-// `holdfast holders NS/KEY [-o table|json]`: the current holds of a lock key.
+// `holdfast holders NS/KEY [-o table|json]`: the current holds of a lock key and
+// its waiters in queue order.
 #include <iostream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "cli/common.h"
 #include "cli/output.h"
 
@@ -26,18 +28,35 @@ std::string MetaText(const std::string& meta) {
   return absl::StrCat(meta.substr(0, kMaxMetaShown - 3), "...");
 }
 
+// Milliseconds from now until a Unix-ms time, as "12s" (or "passed").
+std::string Until(int64_t unix_ms) {
+  int64_t now = absl::ToUnixMillis(absl::Now());
+  if (unix_ms <= now) return "passed";
+  return FormatMillis(unix_ms - now);
+}
+
 void PrintHoldersTable(const LockRef& ref, const v1::DescribeResponse& response) {
   if (response.holders().empty()) {
     std::cout << "no holders of " << ref.ToString() << "\n";
-    return;
+  } else {
+    Table table({"TOKEN", "SESSION", "IDENTITY", "MODE", "CLASS", "GRANT_REV", "META"});
+    for (const v1::HoldInfo& h : response.holders()) {
+      table.AddRow({absl::StrCat(h.token()), absl::StrCat(h.session_id()), OrDash(h.identity()),
+                    h.shared() ? "shared" : "exclusive", OrDash(h.class_id()),
+                    absl::StrCat(h.grant_revision()), MetaText(h.holder_meta())});
+    }
+    table.Print(std::cout);
   }
-  Table table({"TOKEN", "SESSION", "IDENTITY", "SHARED", "CLASS", "GRANT_REV", "META"});
-  for (const v1::HoldInfo& h : response.holders()) {
-    table.AddRow({absl::StrCat(h.token()), absl::StrCat(h.session_id()), OrDash(h.identity()),
-                  h.shared() ? "yes" : "no", OrDash(h.class_id()),
-                  absl::StrCat(h.grant_revision()), MetaText(h.holder_meta())});
+  if (response.waiters().empty()) return;
+  std::cout << "\nwaiters, in queue order:\n";
+  Table waiters({"#", "SESSION", "IDENTITY", "MODE", "DEADLINE_IN", "QUEUE_REV"});
+  int position = 1;
+  for (const v1::WaiterInfo& w : response.waiters()) {
+    waiters.AddRow({absl::StrCat(position++), absl::StrCat(w.session_id()), OrDash(w.identity()),
+                    w.shared() ? "shared" : "exclusive", Until(w.deadline_unix_ms()),
+                    absl::StrCat(w.create_revision())});
   }
-  table.Print(std::cout);
+  waiters.Print(std::cout);
 }
 
 int RunHolders(const GlobalOptions& global, const HoldersFlags& flags) {

@@ -1,30 +1,48 @@
-// Engine::Acquire: one state machine per call.
+// Engine::Acquire: one state machine per call (ARCHITECTURE §4, lock/queue.h).
 //
-//   Start ──▶ Read ──▶ Decide ──▶ Grant txn ──▶ done (hold)
-//                        │  ▲          │ compare failed: Decide on the else branch
-//                        │  └──────────┘
-//                        ├─ held, try ──▶ done (ABORTED)
-//                        └─ held, wait ──▶ Watch the key's holds from (read rev + 1)
-//                                           └─ a hold deleted ──▶ Read
-//   the wait deadline or a cancel ──▶ done (DEADLINE_EXCEEDED / CANCELLED)
+//   Start ─▶ Read ─▶ Decide ─┬─ held ───────────────────────────▶ done (the hold)
+//              ▲             ├─ grant ─▶ Grant txn ──────────────▶ done (new hold)
+//              │             │            └ compare failed: Decide on the else branch
+//              │             └─ blocked ─┬─ try ─────────────────▶ done (ABORTED)
+//              │                         ├─ not queued: Enqueue txn ─▶ Read
+//              │                         └─ queued: Wait on watches
+//              └──────────────── a watched key deleted, or a waiter ahead's deadline
+//   the wait deadline, or a cancel ─▶ End: remove the own waiter (guarded) ─▶ done
 //
-// A grant that commits after the call has ended (deadline, cancel) is released
-// again at once by a guarded delete, so a caller never holds a lock it was told it
-// did not get. Nothing blocks: every step is an etcd callback or a timer.
+// While waiting the call watches only the keys it depends on, each from the read's
+// revision + 1: its own waiter key (a release that hands it the lock deletes it),
+// the waiter just ahead of it, and, at the head, the key's holds. No thread is
+// held. One etcd step is in flight at a time; a deadline or cancel that arrives
+// during a step takes effect when the step completes. A grant that commits after
+// the call has ended is deleted again by a guarded delete.
 #include <atomic>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
 #include "etcd/watch_hub.h"
 #include "lock/engine.h"
 #include "lock/keyspace.h"
+#include "lock/queue.h"
 #include "lock/snapshot.h"
 #include "lock/token.h"
 
 namespace holdfast::lock {
 
 namespace pb = ::etcdserverpb;
+
+namespace {
+int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
+
+pb::Compare* AddCompare(pb::TxnRequest* txn, std::string key, pb::Compare::CompareTarget target,
+                        pb::Compare::CompareResult result) {
+  auto* c = txn->add_compare();
+  c->set_key(std::move(key));
+  c->set_target(target);
+  c->set_result(result);
+  return c;
+}
+}  // namespace
 
 class AcquireOp : public Cancellable, public std::enable_shared_from_this<AcquireOp> {
  public:
@@ -34,76 +52,132 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         caller_(std::move(caller)),
         req_(std::move(req)),
         rpc_deadline_(rpc_deadline),
+        deadline_unix_ms_(NowUnixMs() + req_.wait_ms()),
         done_(std::move(done)) {}
 
   void Start() {
-    const auto& o = engine_->options();
-    if (auto s = keyspace::ValidateNamespaceName(req_.namespace_()); !s.ok()) return Finish(s);
-    if (auto s = keyspace::ValidateLockKey(req_.lock_key()); !s.ok()) return Finish(s);
-    if (req_.session_id() <= 0) {
-      return Finish(absl::InvalidArgumentError(
-          absl::StrCat("session id ", req_.session_id(), " is invalid")));
-    }
-    if (req_.wait_ms() < 0 || req_.wait_ms() > o.max_wait.count()) {
-      return Finish(absl::InvalidArgumentError(absl::StrCat(
-          "wait ", req_.wait_ms(), "ms is outside [0, ", o.max_wait.count(), "ms]")));
-    }
-    if (req_.holder_meta().size() > o.max_holder_meta_bytes) {
-      return Finish(absl::InvalidArgumentError(absl::StrCat(
-          "holder_meta is ", req_.holder_meta().size(), " bytes; at most ",
-          o.max_holder_meta_bytes)));
-    }
+    if (auto s = Validate(); !s.ok()) return Finish(s);
     if (req_.wait_ms() > 0) {
       auto self = shared_from_this();
       absl::MutexLock l(&mu_);
       timer_ = engine_->etcd().timers().ScheduleAfter(
           std::chrono::milliseconds(req_.wait_ms()), [self] { self->OnWaitDeadline(); });
     }
-    Read();
+    if (BeginStep()) Read();
   }
 
-  void Cancel() override {
-    {
-      absl::MutexLock l(&mu_);
-      if (grant_in_flight_) {
-        ended_reason_ = absl::CancelledError("acquire cancelled by the caller");
-        return;  // the grant's callback finishes (and undoes a late grant)
-      }
-    }
-    Finish(absl::CancelledError("acquire cancelled by the caller"));
-  }
+  void Cancel() override { End(absl::CancelledError("acquire cancelled by the caller")); }
 
  private:
-  void OnWaitDeadline() {
-    absl::Status why;
-    {
-      absl::MutexLock l(&mu_);
-      why = absl::DeadlineExceededError(absl::StrCat(
-          "\"", req_.lock_key(), "\" was not granted within ", req_.wait_ms(), "ms",
-          holders_hint_.empty() ? "" : absl::StrCat(" (held by ", holders_hint_, ")")));
-      timer_ = 0;
-      if (grant_in_flight_) {
-        ended_reason_ = why;
-        return;
-      }
+  absl::Status Validate() const {
+    const auto& o = engine_->options();
+    if (auto s = keyspace::ValidateNamespaceName(req_.namespace_()); !s.ok()) return s;
+    if (auto s = keyspace::ValidateLockKey(req_.lock_key()); !s.ok()) return s;
+    if (req_.session_id() <= 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("session id ", req_.session_id(), " is invalid"));
     }
-    Finish(why);
+    if (req_.wait_ms() < 0 || req_.wait_ms() > o.max_wait.count()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "wait ", req_.wait_ms(), "ms is outside [0, ", o.max_wait.count(), "ms]"));
+    }
+    if (req_.holder_meta().size() > o.max_holder_meta_bytes) {
+      return absl::InvalidArgumentError(absl::StrCat("holder_meta is ", req_.holder_meta().size(),
+                                                     " bytes; at most ",
+                                                     o.max_holder_meta_bytes));
+    }
+    return absl::OkStatus();
   }
 
-  bool Ended() {
+  // --- step bookkeeping -------------------------------------------------------
+
+  // Marks an etcd step as started. False when the call is ending or over.
+  bool BeginStep() {
     absl::MutexLock l(&mu_);
-    return finished_;
+    if (finished_ || end_reason_) return false;
+    busy_ = true;
+    return true;
+  }
+
+  // Marks the step done. Returns the reason when the call is ending: the caller
+  // then ends it (its own way) instead of going on.
+  std::optional<absl::Status> StepDone() {
+    absl::MutexLock l(&mu_);
+    busy_ = false;
+    if (finished_) return absl::CancelledError("finished");
+    return end_reason_;
+  }
+
+  void OnWaitDeadline() {
+    std::string hint;
+    {
+      absl::MutexLock l(&mu_);
+      timer_ = 0;
+      hint = blocked_by_;
+    }
+    End(absl::DeadlineExceededError(
+        absl::StrCat("\"", req_.lock_key(), "\" was not granted within ", req_.wait_ms(), "ms",
+                     hint.empty() ? "" : absl::StrCat(" (blocked by ", hint, ")"))));
+  }
+
+  // The deadline passed or the caller cancelled.
+  void End(absl::Status why) {
+    {
+      absl::MutexLock l(&mu_);
+      if (finished_ || end_reason_) return;
+      end_reason_ = why;
+      if (busy_) return;  // the step in flight ends it
+      busy_ = true;
+    }
+    EndNow(why);
+  }
+
+  // Leaves the queue (a guarded delete of the own waiter), then finishes. If the
+  // waiter was handed the lock before that, the call returns the hold.
+  void EndNow(absl::Status why) {
+    StopWaiting();
+    int64_t own;
+    {
+      absl::MutexLock l(&mu_);
+      own = own_waiter_rev_;
+    }
+    if (own == 0) return Finish(why);
+    const std::string wait_key =
+        keyspace::WaitKey(req_.namespace_(), req_.lock_key(), req_.session_id());
+    pb::TxnRequest txn;
+    AddCompare(&txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)->set_create_revision(own);
+    txn.add_success()->mutable_request_delete_range()->set_key(wait_key);
+    AddSnapshotReads(req_.namespace_(), req_.session_id(), req_.lock_key(),
+                     txn.mutable_failure());
+    auto self = shared_from_this();
+    engine_->etcd().Txn(std::move(txn), etcd::DeadlineIn(engine_->options().etcd_timeout),
+                        [self, why](absl::StatusOr<pb::TxnResponse> t) {
+                          if (t.ok() && !t->succeeded()) {
+                            auto snap = ParseSnapshot(t->header(), t->responses());
+                            if (snap.ok()) {
+                              for (const auto& h : snap->holds) {
+                                if (h.lease == self->req_.session_id()) {
+                                  return self->Granted(MakeHoldInfo(self->req_.lock_key(), h,
+                                                                    snap->classes));
+                                }
+                              }
+                            }
+                          }
+                          self->Finish(why);
+                        });
   }
 
   Deadline EtcdDeadline() const { return engine_->EtcdDeadline(rpc_deadline_); }
 
+  // --- steps ------------------------------------------------------------------
+
   void Read() {
-    if (Ended()) return;
     pb::TxnRequest txn;
     AddSnapshotReads(req_.namespace_(), req_.session_id(), req_.lock_key(),
                      txn.mutable_success());
     auto self = shared_from_this();
     engine_->etcd().Txn(std::move(txn), EtcdDeadline(), [self](absl::StatusOr<pb::TxnResponse> t) {
+      if (auto end = self->StepDone()) return self->EndNow(*end);
       if (!t.ok()) return self->Finish(t.status());
       auto snap = ParseSnapshot(t->header(), t->responses());
       if (!snap.ok()) return self->Finish(snap.status());
@@ -111,8 +185,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     });
   }
 
+  // Called between steps (not busy); starts the next step, waits, or finishes.
   void Decide(KeySnapshot snap) {
-    if (Ended()) return;
     engine_->epochs_.Observe(snap.epoch);
     const std::string& ns = req_.namespace_();
     if (!snap.namespace_exists) {
@@ -123,7 +197,6 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
           "session ", req_.session_id(), " not found in namespace \"", ns,
           "\" (it expired or was closed)")));
     }
-    if (auto s = CheckEpoch(snap.epoch, snap.cluster_id); !s.ok()) return Finish(s);
     const ClassEntry* cls = ResolveClass(snap.classes, req_.lock_key());
     if (cls == nullptr) {
       return Finish(absl::FailedPreconditionError(absl::StrCat(
@@ -140,60 +213,109 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       return Finish(absl::InvalidArgumentError(absl::StrCat(
           "class \"", cls->class_id, "\" is exclusive (mode X): a shared hold cannot be asked")));
     }
-    // Idempotent: the session's existing hold is the answer.
-    std::vector<std::string> holders;
-    bool conflict = false;
-    for (const auto& h : snap.holds) {
-      if (h.lease == req_.session_id()) return Granted(MakeHoldInfo(req_.lock_key(), h));
-      holders.push_back(absl::StrCat("session ", h.lease, h.record.shared() ? " (shared)" : ""));
-      if (!req_.shared() || !h.record.shared()) conflict = true;
+    auto d = queue::DecideAcquire(snap, req_.session_id(), req_.shared(), NowUnixMs());
+    if (d.kind == queue::AcquireDecision::Kind::kHeld) {
+      return Granted(MakeHoldInfo(req_.lock_key(), *d.own_hold, snap.classes));
     }
-    if (conflict) {
-      std::string hint = absl::StrJoin(holders, ", ");
-      if (req_.wait_ms() == 0) {
-        return Finish(absl::AbortedError(
-            absl::StrCat("\"", req_.lock_key(), "\" is held by ", hint)));
+    if (auto s = CheckEpoch(snap.epoch, snap.cluster_id); !s.ok()) return Finish(s);
+    {
+      absl::MutexLock l(&mu_);
+      if (d.own_waiter) {
+        own_waiter_rev_ = d.own_waiter->create_revision;
+      } else if (own_waiter_rev_ != 0) {
+        own_waiter_rev_ = 0;  // removed meanwhile (found dead by another server)
       }
-      {
-        absl::MutexLock l(&mu_);
-        holders_hint_ = std::move(hint);
-      }
-      return Wait(snap.revision);
+      blocked_by_ = d.blocked_by;
     }
-    Grant(snap, *cls);
+    if (d.kind == queue::AcquireDecision::Kind::kGrant) return Grant(snap, *cls, d);
+    if (req_.wait_ms() == 0) {
+      return Finish(absl::AbortedError(
+          absl::StrCat("\"", req_.lock_key(), "\" is held by ", d.blocked_by)));
+    }
+    if (d.own_waiter == nullptr ||
+        d.own_waiter->record.deadline_unix_ms() < deadline_unix_ms_) {
+      return Enqueue(d.own_waiter);
+    }
+    Wait(snap, d);
   }
 
-  void Grant(const KeySnapshot& snap, const ClassEntry& cls) {
+  // Puts the own waiter key (new, or refreshed with this call's later deadline:
+  // a re-put keeps its create_revision, so its place in the queue).
+  void Enqueue(const WaiterEntry* existing) {
+    if (!BeginStep()) return;
+    const std::string& ns = req_.namespace_();
+    const int64_t lease = req_.session_id();
+    const std::string wait_key = keyspace::WaitKey(ns, req_.lock_key(), lease);
+    records::WaiterRecord rec;
+    rec.set_shared(req_.shared());
+    rec.set_deadline_unix_ms(deadline_unix_ms_);
+    rec.set_holder_meta(req_.holder_meta());
+    rec.set_identity(caller_.identity);
+    rec.set_enqueued_at_unix_ms(existing ? existing->record.enqueued_at_unix_ms() : NowUnixMs());
+    pb::TxnRequest txn;
+    AddCompare(&txn, keyspace::SessionKey(ns, lease), pb::Compare::VERSION, pb::Compare::GREATER)
+        ->set_version(0);
+    AddCompare(&txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)
+        ->set_create_revision(existing ? existing->create_revision : 0);
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(wait_key);
+    put->set_value(rec.SerializeAsString());
+    put->set_lease(lease);
+    auto self = shared_from_this();
+    engine_->etcd().Txn(std::move(txn), EtcdDeadline(),
+                        [self, existing_rev = existing ? existing->create_revision : 0](
+                            absl::StatusOr<pb::TxnResponse> t) {
+                          if (t.ok() && t->succeeded()) {
+                            absl::MutexLock l(&self->mu_);
+                            self->own_waiter_rev_ =
+                                existing_rev != 0 ? existing_rev : t->header().revision();
+                          }
+                          if (auto end = self->StepDone()) return self->EndNow(*end);
+                          // Success, a lost race, or an unknown outcome: read and
+                          // decide with the queue as it is now.
+                          if (!t.ok() && !self->RetryUnknown(t.status())) {
+                            return self->Finish(t.status());
+                          }
+                          if (self->BeginStep()) self->Read();
+                        });
+  }
+
+  void Grant(const KeySnapshot& snap, const ClassEntry& cls, const queue::AcquireDecision& d) {
+    if (!BeginStep()) return;
     const std::string& ns = req_.namespace_();
     const std::string& key = req_.lock_key();
     const int64_t lease = req_.session_id();
     pb::TxnRequest txn;
-    auto compare = [&](std::string k, pb::Compare::CompareTarget target,
-                       pb::Compare::CompareResult result) {
-      auto* c = txn.add_compare();
-      c->set_key(std::move(k));
-      c->set_target(target);
-      c->set_result(result);
-      return c;
-    };
     // The epoch the token will carry is still the current one.
-    compare(keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
+    AddCompare(&txn, keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
         ->set_mod_revision(snap.epoch->mod_revision);
     // The session (and so its lease) is alive.
-    compare(keyspace::SessionKey(ns, lease), pb::Compare::VERSION, pb::Compare::GREATER)
+    AddCompare(&txn, keyspace::SessionKey(ns, lease), pb::Compare::VERSION, pb::Compare::GREATER)
         ->set_version(0);
     // The class that decided is unchanged.
-    compare(keyspace::ClassKey(ns, cls.class_id), pb::Compare::MOD, pb::Compare::EQUAL)
+    AddCompare(&txn, keyspace::ClassKey(ns, cls.class_id), pb::Compare::MOD, pb::Compare::EQUAL)
         ->set_mod_revision(cls.mod_revision);
-    auto* holds = compare(keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,
-                          req_.shared() ? pb::Compare::LESS : pb::Compare::EQUAL);
+    // Exclusive: no hold at all. Shared: no hold created since the read (which
+    // had no exclusive one).
+    auto* holds = AddCompare(&txn, keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,
+                             req_.shared() ? pb::Compare::LESS : pb::Compare::EQUAL);
     holds->set_range_end(keyspace::HoldRangeEnd(ns, key));
-    if (req_.shared()) {
-      // No hold was created since the read (which had no exclusive one).
-      holds->set_create_revision(snap.revision + 1);
+    holds->set_create_revision(req_.shared() ? snap.revision + 1 : 0);
+    if (d.own_waiter) {
+      // Still queued (not handed the lock, not removed). Nobody can join ahead.
+      AddCompare(&txn, keyspace::WaitKey(ns, key, lease), pb::Compare::CREATE, pb::Compare::EQUAL)
+          ->set_create_revision(d.own_waiter->create_revision);
+      txn.add_success()->mutable_request_delete_range()->set_key(keyspace::WaitKey(ns, key, lease));
     } else {
-      // No hold at all.
-      holds->set_create_revision(0);
+      // Not queued: no waiter joined since the read (the ones seen were dead).
+      auto* waiters = AddCompare(&txn, keyspace::WaitRangeBegin(ns, key), pb::Compare::MOD,
+                                 pb::Compare::LESS);
+      waiters->set_range_end(keyspace::WaitRangeEnd(ns, key));
+      waiters->set_mod_revision(snap.revision + 1);
+    }
+    for (const WaiterEntry* dead : d.dead_ahead) {
+      txn.add_success()->mutable_request_delete_range()->set_key(
+          keyspace::WaitKey(ns, key, dead->lease));
     }
     records::HoldRecord rec;
     rec.set_class_id(cls.class_id);
@@ -201,47 +323,33 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     rec.set_holder_meta(req_.holder_meta());
     rec.set_identity(caller_.identity);
     rec.set_epoch(snap.epoch->record.epoch());
+    rec.set_granted_at_unix_ms(NowUnixMs());
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(keyspace::HoldKey(ns, key, lease));
     put->set_value(rec.SerializeAsString());
     put->set_lease(lease);
     AddSnapshotReads(ns, lease, key, txn.mutable_failure());
 
-    {
-      absl::MutexLock l(&mu_);
-      if (finished_) return;
-      grant_in_flight_ = true;
-    }
-    const int32_t epoch = snap.epoch->record.epoch();
     const uint64_t epoch_cluster = snap.epoch->record.etcd_cluster_id();
     auto self = shared_from_this();
-    engine_->etcd().Txn(std::move(txn), EtcdDeadline(), [self, epoch, epoch_cluster, rec](
-                                                            absl::StatusOr<pb::TxnResponse> t) {
-      self->OnGrantDone(std::move(t), epoch, epoch_cluster, rec);
-    });
+    auto classes = snap.classes;
+    engine_->etcd().Txn(std::move(txn), EtcdDeadline(),
+                        [self, epoch_cluster, rec, classes](absl::StatusOr<pb::TxnResponse> t) {
+                          self->OnGrantDone(std::move(t), epoch_cluster, rec, classes);
+                        });
   }
 
-  void OnGrantDone(absl::StatusOr<pb::TxnResponse> t, int32_t epoch, uint64_t epoch_cluster,
-                   const records::HoldRecord& rec) {
-    std::optional<absl::Status> ended;
-    {
-      absl::MutexLock l(&mu_);
-      grant_in_flight_ = false;
-      ended = ended_reason_;
-    }
+  void OnGrantDone(absl::StatusOr<pb::TxnResponse> t, uint64_t epoch_cluster,
+                   const records::HoldRecord& rec, const std::vector<ClassEntry>& classes) {
+    auto end = StepDone();
     if (!t.ok()) {
-      // Outcome unknown: converge by reading (Acquire is idempotent per session).
-      if (!ended && !retried_unknown_ &&
-          (t.status().code() == absl::StatusCode::kUnavailable ||
-           t.status().code() == absl::StatusCode::kDeadlineExceeded) &&
-          std::chrono::system_clock::now() < rpc_deadline_) {
-        retried_unknown_ = true;
-        return Read();
-      }
-      return Finish(ended ? *ended : t.status());
+      if (end) return EndNow(*end);
+      if (!RetryUnknown(t.status())) return Finish(t.status());
+      if (BeginStep()) Read();  // converge: Acquire is idempotent per session
+      return;
     }
     if (!t->succeeded()) {
-      if (ended) return Finish(*ended);
+      if (end) return EndNow(*end);
       auto snap = ParseSnapshot(t->header(), t->responses());
       if (!snap.ok()) return Finish(snap.status());
       return Decide(std::move(*snap));
@@ -250,21 +358,30 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     HoldEntry entry{req_.session_id(), grant_rev, rec};
     absl::Status refuse;
     if (t->header().cluster_id() != epoch_cluster) {
-      refuse = CheckEpoch(EpochEntry{[&] {
-                            records::EpochRecord r;
-                            r.set_epoch(epoch);
-                            r.set_etcd_cluster_id(epoch_cluster);
-                            return r;
-                          }(), 0},
-                          t->header().cluster_id());
-    } else if (auto tok = token::Make(epoch, grant_rev); !tok.ok()) {
+      EpochEntry seen;
+      seen.record.set_epoch(rec.epoch());
+      seen.record.set_etcd_cluster_id(epoch_cluster);
+      refuse = CheckEpoch(seen, t->header().cluster_id());
+    } else if (auto tok = token::Make(rec.epoch(), grant_rev); !tok.ok()) {
       refuse = tok.status();
     }
-    if (!refuse.ok() || ended) {
+    if (!refuse.ok() || end) {
       Undo(grant_rev);
-      return Finish(!refuse.ok() ? refuse : *ended);
+      return Finish(!refuse.ok() ? refuse : *end);
     }
-    Granted(MakeHoldInfo(req_.lock_key(), entry));
+    Granted(MakeHoldInfo(req_.lock_key(), entry, classes));
+  }
+
+  // An UNAVAILABLE or DEADLINE_EXCEEDED write has an unknown outcome: read once
+  // more (within the RPC's deadline) instead of failing.
+  bool RetryUnknown(const absl::Status& s) {
+    if (s.code() != absl::StatusCode::kUnavailable &&
+        s.code() != absl::StatusCode::kDeadlineExceeded) {
+      return false;
+    }
+    if (retries_left_ <= 0 || std::chrono::system_clock::now() >= rpc_deadline_) return false;
+    --retries_left_;
+    return true;
   }
 
   // Deletes the hold this call created at `grant_rev`, if it is still that one.
@@ -272,52 +389,90 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     pb::TxnRequest txn;
     const std::string hold_key =
         keyspace::HoldKey(req_.namespace_(), req_.lock_key(), req_.session_id());
-    auto* c = txn.add_compare();
-    c->set_key(hold_key);
-    c->set_target(pb::Compare::CREATE);
-    c->set_result(pb::Compare::EQUAL);
-    c->set_create_revision(grant_rev);
+    AddCompare(&txn, hold_key, pb::Compare::CREATE, pb::Compare::EQUAL)
+        ->set_create_revision(grant_rev);
     txn.add_success()->mutable_request_delete_range()->set_key(hold_key);
-    engine_->etcd().Txn(std::move(txn),
-                        etcd::DeadlineIn(engine_->options().etcd_timeout), [](auto) {});
+    engine_->etcd().Txn(std::move(txn), etcd::DeadlineIn(engine_->options().etcd_timeout),
+                        [](auto) {});
   }
 
-  void Wait(int64_t read_revision) {
-    etcd::WatchSpec spec;
-    spec.key = keyspace::HoldRangeBegin(req_.namespace_(), req_.lock_key());
-    spec.range_end = keyspace::HoldRangeEnd(req_.namespace_(), req_.lock_key());
-    // After the read: etcd serves watches at or before its current revision from
-    // a 100 ms sync loop, and events up to the read are already decided on.
-    spec.start_revision = read_revision + 1;
-    spec.no_put = true;  // only a deletion can free the lock
+  // Watches the few keys this waiter depends on, from the read's revision + 1.
+  void Wait(const KeySnapshot& snap, const queue::AcquireDecision& d) {
+    const std::string& ns = req_.namespace_();
+    const std::string& key = req_.lock_key();
+    std::vector<etcd::WatchSpec> specs;
+    auto deletes_of = [&](std::string k, std::string end = "") {
+      etcd::WatchSpec s;
+      s.key = std::move(k);
+      s.range_end = std::move(end);
+      s.start_revision = snap.revision + 1;
+      s.no_put = true;
+      specs.push_back(std::move(s));
+    };
+    deletes_of(keyspace::WaitKey(ns, key, req_.session_id()));  // handed the lock, or removed
+    if (d.predecessor != nullptr) {
+      deletes_of(keyspace::WaitKey(ns, key, d.predecessor->lease));
+    } else {
+      deletes_of(keyspace::HoldRangeBegin(ns, key), keyspace::HoldRangeEnd(ns, key));
+    }
+    uint64_t gen;
+    {
+      absl::MutexLock l(&mu_);
+      gen = ++wait_gen_;
+    }
     std::weak_ptr<AcquireOp> weak = weak_from_this();
     auto& hub = engine_->etcd().watches();
-    etcd::WatchId id = hub.Watch(spec, [weak](absl::StatusOr<etcd::WatchBatch>) {
-      // Any event or watch error: re-read and decide again (bounded by the deadline).
-      if (auto self = weak.lock()) self->OnWake();
-    });
-    bool cancel_now = false;
+    std::vector<etcd::WatchId> ids;
+    for (auto& s : specs) {
+      ids.push_back(hub.Watch(std::move(s), [weak, gen](absl::StatusOr<etcd::WatchBatch>) {
+        if (auto self = weak.lock()) self->OnWake(gen);
+      }));
+    }
+    TimerQueue::TimerId wake_timer = 0;
+    if (d.wake_at_ms > 0) {
+      // A waiter ahead whose own server is gone dies at its deadline: look again then.
+      auto in = std::chrono::milliseconds(std::max<int64_t>(d.wake_at_ms - NowUnixMs(), 0) + 1);
+      wake_timer = engine_->etcd().timers().ScheduleAfter(in, [weak, gen] {
+        if (auto self = weak.lock()) self->OnWake(gen);
+      });
+    }
+    bool stale = false;
     {
       absl::MutexLock l(&mu_);
-      if (finished_) {
-        cancel_now = true;
+      if (finished_ || end_reason_ || wait_gen_ != gen) {
+        stale = true;
       } else {
-        watch_ = id;
+        watches_ = ids;
+        wake_timer_ = wake_timer;
       }
     }
-    if (cancel_now) hub.Cancel(id);
+    if (stale) {  // ended meanwhile (EndNow has already stopped what was there)
+      for (auto id : ids) hub.Cancel(id);
+      if (wake_timer) engine_->etcd().timers().Cancel(wake_timer);
+    }
   }
 
-  void OnWake() {
-    etcd::WatchId id = 0;
+  void OnWake(uint64_t gen) {
     {
       absl::MutexLock l(&mu_);
-      if (finished_ || watch_ == 0) return;  // already woken or over
-      id = watch_;
-      watch_ = 0;
+      if (finished_ || end_reason_ || busy_ || gen != wait_gen_) return;
+      ++wait_gen_;  // later wakes of this wait are stale
+      busy_ = true;
     }
-    engine_->etcd().watches().Cancel(id);
+    StopWaiting();
     Read();
+  }
+
+  void StopWaiting() {
+    std::vector<etcd::WatchId> ids;
+    TimerQueue::TimerId wake = 0;
+    {
+      absl::MutexLock l(&mu_);
+      ids.swap(watches_);
+      std::swap(wake, wake_timer_);
+    }
+    for (auto id : ids) engine_->etcd().watches().Cancel(id);
+    if (wake) engine_->etcd().timers().Cancel(wake);
   }
 
   void Granted(v1::HoldInfo info) {
@@ -329,17 +484,15 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   void Finish(absl::StatusOr<v1::AcquireResponse> result) {
     Done<v1::AcquireResponse> done;
     TimerQueue::TimerId timer = 0;
-    etcd::WatchId watch = 0;
     {
       absl::MutexLock l(&mu_);
       if (finished_) return;
       finished_ = true;
       done = std::move(done_);
       std::swap(timer, timer_);
-      std::swap(watch, watch_);
     }
+    StopWaiting();
     if (timer != 0) engine_->etcd().timers().Cancel(timer);
-    if (watch != 0) engine_->etcd().watches().Cancel(watch);
     done(std::move(result));
   }
 
@@ -347,16 +500,20 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   const Caller caller_;
   const v1::AcquireRequest req_;
   const Deadline rpc_deadline_;
-  bool retried_unknown_ = false;  // touched by one step at a time
+  const int64_t deadline_unix_ms_;  // stored in the waiter record
+  int retries_left_ = 2;            // touched by one step at a time
 
   absl::Mutex mu_;
   Done<v1::AcquireResponse> done_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
-  std::string holders_hint_ ABSL_GUARDED_BY(mu_);  // for the deadline's message
-  bool grant_in_flight_ ABSL_GUARDED_BY(mu_) = false;
-  std::optional<absl::Status> ended_reason_ ABSL_GUARDED_BY(mu_);
+  bool busy_ ABSL_GUARDED_BY(mu_) = false;  // an etcd step is in flight
+  std::optional<absl::Status> end_reason_ ABSL_GUARDED_BY(mu_);
+  int64_t own_waiter_rev_ ABSL_GUARDED_BY(mu_) = 0;  // create_revision of the own waiter
+  std::string blocked_by_ ABSL_GUARDED_BY(mu_);       // for the deadline's message
+  uint64_t wait_gen_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<etcd::WatchId> watches_ ABSL_GUARDED_BY(mu_);
+  TimerQueue::TimerId wake_timer_ ABSL_GUARDED_BY(mu_) = 0;
   TimerQueue::TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;
-  etcd::WatchId watch_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 std::shared_ptr<Cancellable> Engine::Acquire(const Caller& caller, const v1::AcquireRequest& req,

@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
+#include "lock/queue.h"
 #include "lock/snapshot.h"
 #include "lock/token.h"
 
@@ -199,29 +200,49 @@ void Engine::Release(const Caller& caller, const v1::ReleaseRequest& req, Deadli
   if (req.token() <= 0) {
     return done(absl::InvalidArgumentError(absl::StrCat("token ", req.token(), " is invalid")));
   }
-  ReleaseAttempt(req, d, /*attempts_left=*/2, std::move(done));
+  ReleaseAttempt(req, d, /*attempts_left=*/5, std::move(done));
 }
 
+// Release, in at most a few transactions:
+//  1. the fast path: delete the hold if it is the token's and no waiter is queued;
+//  2. otherwise, with the else branch's snapshot, one transaction that deletes the
+//     hold and hands the key to the head of the queue (the head alone, or the run
+//     of shared waiters at the head) in the same commit, so the new holders'
+//     grant revision is the release's revision (no thundering herd, one commit per
+//     transfer). Its compares (the token's hold, the epoch, no new hold, each
+//     granted waiter still queued) make a double grant impossible; if they fail,
+//     the next attempt decides on the new else branch.
 void Engine::ReleaseAttempt(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
                             Done<v1::ReleaseResponse> done) {
+  ReleaseTxn(req, d, attempts_left, std::nullopt, std::move(done));
+}
+
+void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
+                        std::optional<KeySnapshot> snap, Done<v1::ReleaseResponse> done) {
   const std::string ns = req.namespace_(), key = req.lock_key();
   const int64_t session = req.session_id(), tok = req.token();
-  std::optional<EpochEntry> epoch = epochs_.Get();
-  // One guarded transaction: delete this session's hold of the key only if it is
-  // the grant the token names: same create_revision, and the epoch record is the
-  // one whose epoch the token carries (a restore can reuse revisions; an advance
-  // changes the record).
-  pb::TxnRequest txn;
   const std::string hold_key = keyspace::HoldKey(ns, key, session);
+  pb::TxnRequest txn;
   AddCompare(&txn, hold_key, pb::Compare::CREATE, pb::Compare::EQUAL)
       ->set_create_revision(token::RevisionOf(tok));
+  // The epoch record is the one whose epoch the token carries (a restore can
+  // reuse revisions; an advance changes the record).
+  std::optional<EpochEntry> epoch = snap ? snap->epoch : epochs_.Get();
   const bool epoch_matches = epoch && epoch->record.epoch() == token::EpochOf(tok);
   AddCompare(&txn, keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
       ->set_mod_revision(epoch_matches ? epoch->mod_revision : -1);
   txn.add_success()->mutable_request_delete_range()->set_key(hold_key);
+  if (!snap) {
+    auto* no_waiters = AddCompare(&txn, keyspace::WaitRangeBegin(ns, key), pb::Compare::CREATE,
+                                  pb::Compare::EQUAL);
+    no_waiters->set_range_end(keyspace::WaitRangeEnd(ns, key));
+    no_waiters->set_create_revision(0);
+  } else {
+    AddHandOver(*snap, ns, key, session, &txn);
+  }
   AddSnapshotReads(ns, session, key, txn.mutable_failure());
   etcd_->Txn(std::move(txn), EtcdDeadline(d),
-             [this, req, d, attempts_left, ns, key, session, tok, epoch,
+             [this, req, d, attempts_left, ns, key, session, tok,
               done](absl::StatusOr<pb::TxnResponse> t) {
                if (!t.ok()) return done(t.status());
                if (t->succeeded()) return done(v1::ReleaseResponse());
@@ -236,9 +257,14 @@ void Engine::ReleaseAttempt(const v1::ReleaseRequest& req, Deadline d, int attem
                  if (h.lease != session) continue;
                  auto current = token::Make(h.record.epoch(), h.create_revision);
                  int64_t current_token = current.ok() ? *current : 0;
-                 // Our epoch cache was behind: try once more with the fresh record.
-                 if (current_token == tok && attempts_left > 1) {
-                   return ReleaseAttempt(req, d, attempts_left - 1, done);
+                 if (current_token == tok) {
+                   // Still ours: waiters are queued, or the epoch cache or the
+                   // queue changed under us. Decide on this snapshot.
+                   if (attempts_left <= 1) {
+                     return done(absl::AbortedError(absl::StrCat(
+                         "release of \"", key, "\" kept racing with the queue; try again")));
+                   }
+                   return ReleaseTxn(req, d, attempts_left - 1, std::move(*snap), done);
                  }
                  return done(absl::FailedPreconditionError(absl::StrCat(
                      "stale token ", tok, ": the current hold of \"", key, "\" by session ",
@@ -248,6 +274,43 @@ void Engine::ReleaseAttempt(const v1::ReleaseRequest& req, Deadline d, int attem
                    absl::StrCat("stale token ", tok, ": session ", session,
                                 " holds no lock on \"", key, "\"; nothing released")));
              });
+}
+
+void Engine::AddHandOver(const KeySnapshot& snap, const std::string& ns, const std::string& key,
+                         int64_t releasing, pb::TxnRequest* txn) {
+  // No hold was created since the snapshot: the holds it shows are all there is.
+  auto* no_new = AddCompare(txn, keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,
+                            pb::Compare::LESS);
+  no_new->set_range_end(keyspace::HoldRangeEnd(ns, key));
+  no_new->set_create_revision(snap.revision + 1);
+  auto plan = queue::PlanHandOver(snap, releasing, NowUnixMs());
+  for (const WaiterEntry* dead : plan.dead) {
+    txn->add_success()->mutable_request_delete_range()->set_key(
+        keyspace::WaitKey(ns, key, dead->lease));
+  }
+  const ClassEntry* cls = ResolveClass(snap.classes, key);
+  // Grants need a usable epoch for this cluster and a class; the release itself
+  // never does.
+  if (cls == nullptr || !CheckEpoch(snap.epoch, snap.cluster_id).ok()) return;
+  const int64_t now = NowUnixMs();
+  for (const WaiterEntry* w : plan.grant) {
+    const std::string wait_key = keyspace::WaitKey(ns, key, w->lease);
+    // Still queued, same incarnation (so its session's lease is alive).
+    AddCompare(txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)
+        ->set_create_revision(w->create_revision);
+    txn->add_success()->mutable_request_delete_range()->set_key(wait_key);
+    records::HoldRecord rec;
+    rec.set_class_id(cls->class_id);
+    rec.set_shared(w->record.shared());
+    rec.set_holder_meta(w->record.holder_meta());
+    rec.set_identity(w->record.identity());
+    rec.set_epoch(snap.epoch->record.epoch());
+    rec.set_granted_at_unix_ms(now);
+    auto* put = txn->add_success()->mutable_request_put();
+    put->set_key(keyspace::HoldKey(ns, key, w->lease));
+    put->set_value(rec.SerializeAsString());
+    put->set_lease(w->lease);
+  }
 }
 
 namespace {
@@ -295,7 +358,10 @@ void Engine::Describe(const v1::DescribeRequest& req, Deadline d,
             [key = req.lock_key(), done](absl::StatusOr<KeySnapshot> snap) {
               if (!snap.ok()) return done(snap.status());
               v1::DescribeResponse out;
-              for (const auto& h : snap->holds) *out.add_holders() = MakeHoldInfo(key, h);
+              for (const auto& h : snap->holds) {
+                *out.add_holders() = MakeHoldInfo(key, h, snap->classes);
+              }
+              for (const auto& w : snap->waiters) *out.add_waiters() = MakeWaiterInfo(key, w);
               if (snap->epoch) out.set_epoch(snap->epoch->record.epoch());
               out.set_revision(snap->revision);
               done(std::move(out));

@@ -89,6 +89,11 @@ class Engine {
   friend class AcquireOp;
   void ReleaseAttempt(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
                       Done<v1::ReleaseResponse> done);
+  void ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
+                  std::optional<KeySnapshot> snap, Done<v1::ReleaseResponse> done);
+  // Adds the hand-over to the head of the queue to a release transaction.
+  static void AddHandOver(const KeySnapshot& snap, const std::string& ns, const std::string& key,
+                          int64_t releasing, etcdserverpb::TxnRequest* txn);
 
   etcd::Client* const etcd_;
   const EngineOptions options_;

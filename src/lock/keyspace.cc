@@ -62,6 +62,28 @@ std::string HoldRangeEnd(absl::string_view ns, absl::string_view lock_key) {
   return k;
 }
 
+std::string WaitKey(absl::string_view ns, absl::string_view lock_key, int64_t lease) {
+  std::string k = WaitRangeBegin(ns, lock_key);
+  k += LeaseHex(lease);
+  return k;
+}
+
+std::string WaitRangeBegin(absl::string_view ns, absl::string_view lock_key) {
+  std::string k = absl::StrCat(kNsDir, ns, "/wait/", lock_key);
+  k.push_back(kLeaseSeparator);
+  return k;
+}
+
+std::string WaitRangeEnd(absl::string_view ns, absl::string_view lock_key) {
+  std::string k = absl::StrCat(kNsDir, ns, "/wait/", lock_key);
+  k.push_back(static_cast<char>(kLeaseSeparator + 1));
+  return k;
+}
+
+std::string HoldPrefix(absl::string_view ns, absl::string_view key_prefix) {
+  return absl::StrCat(kNsDir, ns, "/hold/", key_prefix);
+}
+
 std::string PrefixEnd(absl::string_view prefix) {
   std::string end(prefix);
   while (!end.empty()) {
@@ -84,10 +106,11 @@ std::optional<std::string> NamespaceOfKey(absl::string_view key) {
   return ns;
 }
 
-std::optional<ParsedHoldKey> ParseHoldKey(absl::string_view key) {
+namespace {
+std::optional<ParsedHoldKey> ParseLeasedKey(absl::string_view key, absl::string_view kind) {
   auto ns = NamespaceOfKey(key);
   if (!ns) return std::nullopt;
-  std::string dir = absl::StrCat(kNsDir, *ns, "/hold/");
+  std::string dir = absl::StrCat(kNsDir, *ns, "/", kind, "/");
   if (key.substr(0, dir.size()) != dir) return std::nullopt;
   key.remove_prefix(dir.size());
   size_t sep = key.rfind(kLeaseSeparator);
@@ -95,6 +118,15 @@ std::optional<ParsedHoldKey> ParseHoldKey(absl::string_view key) {
   auto lease = ParseLeaseHex(key.substr(sep + 1));
   if (!lease) return std::nullopt;
   return ParsedHoldKey{*ns, std::string(key.substr(0, sep)), *lease};
+}
+}  // namespace
+
+std::optional<ParsedHoldKey> ParseHoldKey(absl::string_view key) {
+  return ParseLeasedKey(key, "hold");
+}
+
+std::optional<ParsedHoldKey> ParseWaitKey(absl::string_view key) {
+  return ParseLeasedKey(key, "wait");
 }
 
 std::optional<int64_t> ParseSessionKey(absl::string_view key, absl::string_view ns) {

@@ -6,7 +6,7 @@
 //   /holdfast/ns/<ns>/class/<class_id>               ClassRecord
 //   /holdfast/ns/<ns>/session/<lease:016x>           SessionRecord, on <lease>
 //   /holdfast/ns/<ns>/hold/<lock_key>\0<lease:016x>  HoldRecord, on <lease>
-//   /holdfast/ns/<ns>/wait/<lock_key>\0<lease:016x>  (queue issue), on <lease>
+//   /holdfast/ns/<ns>/wait/<lock_key>\0<lease:016x>  WaiterRecord, on <lease>
 //
 // <ns> and <class_id> match [a-z0-9][a-z0-9._-]{0,62}, so they hold no '/'.
 // <lock_key> is 1..512 bytes of UTF-8 without control characters (no NUL), stored
@@ -58,6 +58,13 @@ std::string HoldKey(absl::string_view ns, absl::string_view lock_key, int64_t le
 std::string HoldRangeBegin(absl::string_view ns, absl::string_view lock_key);
 std::string HoldRangeEnd(absl::string_view ns, absl::string_view lock_key);
 
+std::string WaitKey(absl::string_view ns, absl::string_view lock_key, int64_t lease);
+// All waiters of one lock key: [WaitRangeBegin, WaitRangeEnd), in key (not queue) order.
+std::string WaitRangeBegin(absl::string_view ns, absl::string_view lock_key);
+std::string WaitRangeEnd(absl::string_view ns, absl::string_view lock_key);
+// Holds and waiters of every key starting with `prefix` (for class deletion).
+std::string HoldPrefix(absl::string_view ns, absl::string_view key_prefix);
+
 // The smallest key greater than every key with this prefix (etcd's range_end).
 std::string PrefixEnd(absl::string_view prefix);
 
@@ -70,6 +77,8 @@ struct ParsedHoldKey {
   int64_t lease;
 };
 std::optional<ParsedHoldKey> ParseHoldKey(absl::string_view key);
+// Same layout under wait/.
+std::optional<ParsedHoldKey> ParseWaitKey(absl::string_view key);
 std::optional<int64_t> ParseSessionKey(absl::string_view key, absl::string_view ns);
 std::optional<std::string> ParseClassKey(absl::string_view key, absl::string_view ns);
 

@@ -300,13 +300,35 @@ absl::Status Registry::DeleteClass(const std::string& ns, const std::string& id,
     return absl::FailedPreconditionError(absl::StrCat(
         "class \"", id, "\" is the catch-all class of \"", ns, "\" and cannot be deleted"));
   }
+  // The holds that may belong to the class: every hold under its prefix (a longer
+  // prefix's class may own some; the record says).
+  const std::string holds = keyspace::HoldPrefix(ns, cls->key_prefix());
+  pb::RangeRequest r;
+  r.set_key(holds);
+  r.set_range_end(keyspace::PrefixEnd(holds));
+  auto read = etcd_->RangeSync(r, d);
+  if (!read.ok()) return read.status();
+  int64_t held = 0;
+  for (const auto& kv : read->kvs()) {
+    records::HoldRecord rec;
+    if (rec.ParseFromString(kv.value()) && rec.class_id() == id) ++held;
+  }
+  if (held > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "class \"", id, "\" has ", held, " hold(s); it can be deleted once they are released"));
+  }
+  // Guarded: no hold appeared under the prefix since the read (a grant in flight
+  // compares the class's mod_revision, so one of the two fails).
   pb::TxnRequest txn;
   AddCompare(&txn, keyspace::ClassKey(ns, id), pb::Compare::CREATE, pb::Compare::EQUAL)
       ->set_create_revision(cls->create_revision());
+  auto* unchanged = AddCompare(&txn, holds, pb::Compare::CREATE, pb::Compare::LESS);
+  unchanged->set_range_end(keyspace::PrefixEnd(holds));
+  unchanged->set_create_revision(read->header().revision() + 1);
   txn.add_success()->mutable_request_delete_range()->set_key(keyspace::ClassKey(ns, id));
   auto t = etcd_->TxnSync(std::move(txn), d);
   if (!t.ok()) return t.status();
-  if (!t->succeeded()) return absl::AbortedError("the class changed meanwhile; try again");
+  if (!t->succeeded()) return absl::AbortedError("the class or its holds changed meanwhile; try again");
   return absl::OkStatus();
 }
 

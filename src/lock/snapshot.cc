@@ -1,5 +1,7 @@
 #include "lock/snapshot.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "lock/keyspace.h"
 #include "lock/token.h"
@@ -24,12 +26,13 @@ void AddSnapshotReads(const std::string& ns, int64_t session, const std::string&
   AddRange(ops, keyspace::EpochKey());                                          // 2
   AddRange(ops, keyspace::ClassPrefix(ns), keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));  // 3
   AddRange(ops, keyspace::HoldRangeBegin(ns, lock_key), keyspace::HoldRangeEnd(ns, lock_key));  // 4
+  AddRange(ops, keyspace::WaitRangeBegin(ns, lock_key), keyspace::WaitRangeEnd(ns, lock_key));  // 5
 }
 
 absl::StatusOr<KeySnapshot> ParseSnapshot(
     const pb::ResponseHeader& header,
     const google::protobuf::RepeatedPtrField<pb::ResponseOp>& responses, int first) {
-  if (responses.size() < first + 5) {
+  if (responses.size() < first + 6) {
     return absl::InternalError("etcd: snapshot read returned too few responses");
   }
   auto range = [&](int i) -> const pb::RangeResponse& {
@@ -74,6 +77,19 @@ absl::StatusOr<KeySnapshot> ParseSnapshot(
     h.create_revision = kv.create_revision();
     s.holds.push_back(std::move(h));
   }
+  for (const auto& kv : range(5).kvs()) {
+    auto parsed = keyspace::ParseWaitKey(kv.key());
+    WaiterEntry w;
+    if (!parsed || !w.record.ParseFromString(kv.value())) {
+      return absl::DataLossError("corrupt waiter record in etcd");
+    }
+    w.lease = parsed->lease;
+    w.create_revision = kv.create_revision();
+    s.waiters.push_back(std::move(w));
+  }
+  std::sort(s.waiters.begin(), s.waiters.end(), [](const WaiterEntry& a, const WaiterEntry& b) {
+    return a.create_revision < b.create_revision;
+  });
   return s;
 }
 
@@ -110,7 +126,8 @@ absl::Status CheckEpoch(const std::optional<EpochEntry>& epoch, uint64_t answeri
   return absl::OkStatus();
 }
 
-v1::HoldInfo MakeHoldInfo(const std::string& lock_key, const HoldEntry& hold) {
+v1::HoldInfo MakeHoldInfo(const std::string& lock_key, const HoldEntry& hold,
+                          const std::vector<ClassEntry>& classes) {
   v1::HoldInfo info;
   info.set_lock_key(lock_key);
   info.set_session_id(hold.lease);
@@ -122,6 +139,25 @@ v1::HoldInfo MakeHoldInfo(const std::string& lock_key, const HoldEntry& hold) {
   info.set_class_id(hold.record.class_id());
   info.set_identity(hold.record.identity());
   info.set_holder_meta(hold.record.holder_meta());
+  info.set_granted_at_unix_ms(hold.record.granted_at_unix_ms());
+  for (const auto& c : classes) {
+    if (c.class_id == hold.record.class_id()) {
+      info.set_enforcement(static_cast<v1::Enforcement>(c.record.enforcement()));
+      info.set_on_quorum_loss(static_cast<v1::OnQuorumLoss>(c.record.on_quorum_loss()));
+    }
+  }
+  return info;
+}
+
+v1::WaiterInfo MakeWaiterInfo(const std::string& lock_key, const WaiterEntry& waiter) {
+  v1::WaiterInfo info;
+  info.set_lock_key(lock_key);
+  info.set_session_id(waiter.lease);
+  info.set_shared(waiter.record.shared());
+  info.set_identity(waiter.record.identity());
+  info.set_deadline_unix_ms(waiter.record.deadline_unix_ms());
+  info.set_create_revision(waiter.create_revision);
+  info.set_enqueued_at_unix_ms(waiter.record.enqueued_at_unix_ms());
   return info;
 }
 

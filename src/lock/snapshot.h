@@ -1,6 +1,6 @@
-// What the lock engine reads about one lock key in one etcd round trip, and how it
-// decides from it. The same five ranges are the read transaction and the else
-// branch of every grant transaction, so a lost race re-decides without re-reading.
+// What the lock engine reads about one lock key in one etcd round trip. The same
+// six ranges are the read transaction and the else branch of every grant, enqueue
+// and release transaction, so a lost race re-decides without re-reading.
 #pragma once
 
 #include <cstdint>
@@ -19,6 +19,12 @@ struct HoldEntry {
   int64_t lease = 0;
   int64_t create_revision = 0;
   records::HoldRecord record;
+};
+
+struct WaiterEntry {
+  int64_t lease = 0;
+  int64_t create_revision = 0;  // the queue position
+  records::WaiterRecord record;
 };
 
 struct ClassEntry {
@@ -41,6 +47,7 @@ struct KeySnapshot {
   std::optional<EpochEntry> epoch;
   std::vector<ClassEntry> classes;
   std::vector<HoldEntry> holds;  // every hold of the lock key, in key order
+  std::vector<WaiterEntry> waiters;  // every waiter of the lock key, in queue order
 };
 
 // Appends the snapshot's range requests to a txn branch (success or failure).
@@ -59,7 +66,9 @@ const ClassEntry* ResolveClass(const std::vector<ClassEntry>& classes, const std
 // the etcd cluster that answered (ARCHITECTURE §6, invariant 8).
 absl::Status CheckEpoch(const std::optional<EpochEntry>& epoch, uint64_t answering_cluster_id);
 
-// Builds the public view of a hold.
-v1::HoldInfo MakeHoldInfo(const std::string& lock_key, const HoldEntry& hold);
+// Builds the public view of a hold (class policy from `classes`, when found there).
+v1::HoldInfo MakeHoldInfo(const std::string& lock_key, const HoldEntry& hold,
+                          const std::vector<ClassEntry>& classes = {});
+v1::WaiterInfo MakeWaiterInfo(const std::string& lock_key, const WaiterEntry& waiter);
 
 }  // namespace holdfast::lock

@@ -1,0 +1,74 @@
+#include "lock/queue.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+
+namespace holdfast::lock::queue {
+
+AcquireDecision DecideAcquire(const KeySnapshot& s, int64_t lease, bool shared, int64_t now_ms) {
+  AcquireDecision d;
+  for (const auto& h : s.holds) {
+    if (h.lease == lease) {
+      d.kind = AcquireDecision::Kind::kHeld;
+      d.own_hold = &h;
+      return d;
+    }
+  }
+  for (const auto& w : s.waiters) {
+    if (w.lease == lease) d.own_waiter = &w;
+  }
+  std::vector<std::string> blockers;
+  for (const auto& h : s.holds) {
+    if (!shared || !h.record.shared()) {
+      blockers.push_back(absl::StrCat("session ", h.lease, h.record.shared() ? " (shared)" : ""));
+    }
+  }
+  int waiting_ahead = 0;
+  for (const auto& w : s.waiters) {
+    if (d.own_waiter && w.create_revision >= d.own_waiter->create_revision) break;
+    if (Dead(w, now_ms)) {
+      d.dead_ahead.push_back(&w);
+      continue;
+    }
+    d.predecessor = &w;
+    if (d.wake_at_ms == 0 || w.record.deadline_unix_ms() < d.wake_at_ms) {
+      d.wake_at_ms = w.record.deadline_unix_ms();
+    }
+    if (!shared || !w.record.shared()) ++waiting_ahead;
+  }
+  if (blockers.empty() && waiting_ahead == 0) {
+    d.kind = AcquireDecision::Kind::kGrant;
+    return d;
+  }
+  d.kind = AcquireDecision::Kind::kBlocked;
+  if (waiting_ahead > 0) blockers.push_back(absl::StrCat(waiting_ahead, " waiter(s) ahead"));
+  d.blocked_by = absl::StrJoin(blockers, ", ");
+  return d;
+}
+
+HandOver PlanHandOver(const KeySnapshot& s, int64_t releasing_lease, int64_t now_ms) {
+  HandOver h;
+  bool exclusive_left = false, any_left = false;
+  for (const auto& hold : s.holds) {
+    if (hold.lease == releasing_lease) continue;
+    any_left = true;
+    if (!hold.record.shared()) exclusive_left = true;
+  }
+  if (exclusive_left) return h;
+  for (const auto& w : s.waiters) {
+    if (Dead(w, now_ms)) {
+      h.dead.push_back(&w);
+      continue;
+    }
+    if (!w.record.shared()) {
+      // An exclusive head takes the key only when nothing else holds it, and
+      // nothing behind it passes it.
+      if (h.grant.empty() && !any_left) h.grant.push_back(&w);
+      break;
+    }
+    h.grant.push_back(&w);  // a run of shared waiters at the head
+  }
+  return h;
+}
+
+}  // namespace holdfast::lock::queue

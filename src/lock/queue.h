@@ -1,0 +1,56 @@
+// The FIFO queue of one lock key: pure decisions on a KeySnapshot, so every rule
+// of ARCHITECTURE §4 is unit-tested without etcd (queue_test.cc). The engine turns
+// each decision into one guarded transaction whose compares make it safe.
+//
+// Rules:
+//   Q1. Waiters are served in create_revision order.
+//   Q2. An exclusive acquire is granted when no hold exists and no live waiter is
+//       ahead of it; a shared one when no exclusive hold exists and no live
+//       exclusive waiter is ahead of it.
+//   Q3. A waiter whose deadline has passed is dead: never granted, and removed by
+//       whoever finds it (its own server, or a grant or release that passes it).
+//   Q4. A release hands the lock to the head in the same commit: the head alone if
+//       exclusive, else the run of shared waiters at the head (dead ones skipped).
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "lock/snapshot.h"
+
+namespace holdfast::lock::queue {
+
+inline bool Dead(const WaiterEntry& w, int64_t now_ms) {
+  return w.record.deadline_unix_ms() <= now_ms;
+}
+
+struct AcquireDecision {
+  enum class Kind {
+    kHeld,     // the session already holds the key: `own_hold`
+    kGrant,    // grant now (deleting `dead_ahead` and `own_waiter` in the same txn)
+    kBlocked,  // wait (enqueue first when `own_waiter` is null)
+  };
+  Kind kind = Kind::kBlocked;
+  const HoldEntry* own_hold = nullptr;
+  const WaiterEntry* own_waiter = nullptr;
+  std::vector<const WaiterEntry*> dead_ahead;
+  // When blocked: the nearest live waiter ahead (null: this one is at the head),
+  // the earliest deadline among live waiters ahead (0: none), and who blocks.
+  const WaiterEntry* predecessor = nullptr;
+  int64_t wake_at_ms = 0;
+  std::string blocked_by;
+};
+
+// What `lease` asking for `lock_key` (shared or not) may do in snapshot `s`.
+AcquireDecision DecideAcquire(const KeySnapshot& s, int64_t lease, bool shared, int64_t now_ms);
+
+struct HandOver {
+  std::vector<const WaiterEntry*> grant;  // in queue order
+  std::vector<const WaiterEntry*> dead;   // dead waiters passed on the way
+};
+
+// Who gets the key in the commit that deletes `releasing_lease`'s hold.
+HandOver PlanHandOver(const KeySnapshot& s, int64_t releasing_lease, int64_t now_ms);
+
+}  // namespace holdfast::lock::queue

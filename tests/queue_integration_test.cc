@@ -1,0 +1,449 @@
+// The FIFO queue, shared mode and class policy against real etcd and holdfastd.
+// Order and safety are checked from etcd's own history where it matters.
+#include <signal.h>
+
+#include <algorithm>
+#include <atomic>
+#include <fstream>
+#include <future>
+#include <map>
+#include <random>
+#include <set>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "etcd/watch_hub.h"
+#include "harness/cluster.h"
+#include "holdfast/v1/lock.grpc.pb.h"
+#include "lock/keyspace.h"
+#include "lock/records.pb.h"
+
+namespace holdfast {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+namespace pb = ::etcdserverpb;
+
+class QueueTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto c = testing::TestCluster::Start();
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = std::move(*c);
+    ASSERT_TRUE(cluster_->CreateNamespace("default").ok());
+    auto client = cluster_->NewClient();
+    ASSERT_TRUE(client.ok());
+    client_ = std::move(*client);
+  }
+  void TearDown() override {
+    client_.reset();
+    cluster_.reset();
+  }
+
+  std::unique_ptr<Session> Open(milliseconds ttl = seconds(10)) {
+    SessionOptions o;
+    o.ttl = ttl;
+    auto s = client_->OpenSession("default", o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  // Polls Describe (bounded) until `pred` holds; returns the last answer.
+  v1::DescribeResponse DescribeUntil(const std::string& key,
+                                     const std::function<bool(const v1::DescribeResponse&)>& pred,
+                                     milliseconds timeout = seconds(20)) {
+    auto until = std::chrono::steady_clock::now() + timeout;
+    v1::DescribeResponse last;
+    while (std::chrono::steady_clock::now() < until) {
+      auto d = client_->Describe("default", key);
+      if (d.ok()) {
+        last = *d;
+        if (pred(last)) return last;
+      }
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    ADD_FAILURE() << "condition not reached for " << key << ": " << last.DebugString();
+    return last;
+  }
+
+  int64_t Revision() {
+    pb::RangeRequest r;
+    r.set_key("/holdfast/epoch");
+    auto resp = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    return resp.ok() ? resp->header().revision() : -1;
+  }
+
+  std::unique_ptr<testing::TestCluster> cluster_;
+  std::unique_ptr<Client> client_;
+};
+
+AcquireOptions Waiting(milliseconds wait, bool shared = false) {
+  AcquireOptions o;
+  o.wait = wait;
+  o.shared = shared;
+  return o;
+}
+
+TEST_F(QueueTest, TwentyWaitersAreGrantedInQueueOrder) {
+  constexpr int kWaiters = 20;
+  auto holder = Open();
+  auto first = holder->Acquire("fifo");
+  ASSERT_TRUE(first.ok());
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (int i = 0; i < kWaiters; ++i) sessions.push_back(Open());
+  std::mutex mu;
+  std::vector<std::pair<int, int64_t>> granted;  // (waiter index, token) in grant order
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kWaiters; ++i) {
+    threads.emplace_back([&, i] {
+      auto h = sessions[i]->Acquire("fifo", Waiting(seconds(60)));
+      ASSERT_TRUE(h.ok()) << h.status();
+      {
+        std::lock_guard<std::mutex> l(mu);
+        granted.emplace_back(i, h->token());
+      }
+      ASSERT_TRUE(h->Release().ok());
+    });
+    // Queue them in a known order: the next joins once this one is in the queue.
+    DescribeUntil("fifo", [&](const v1::DescribeResponse& d) { return d.waiters_size() == i + 1; });
+  }
+  auto queued = DescribeUntil("fifo", [&](auto& d) { return d.waiters_size() == kWaiters; });
+  for (int i = 0; i < kWaiters; ++i) {
+    EXPECT_EQ(queued.waiters(i).session_id(), sessions[i]->id()) << "queue position " << i;
+  }
+  ASSERT_TRUE(first->Release().ok());
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(granted.size(), static_cast<size_t>(kWaiters));
+  int64_t last = first->token();
+  for (int i = 0; i < kWaiters; ++i) {
+    EXPECT_EQ(granted[i].first, i) << "grant " << i;
+    EXPECT_GT(granted[i].second, last);
+    last = granted[i].second;
+  }
+}
+
+TEST_F(QueueTest, AWaiterPastItsDeadlineIsSkippedAndNeverGranted) {
+  auto a = Open(), b = Open(), c = Open();
+  auto held = a->Acquire("k");
+  ASSERT_TRUE(held.ok());
+  auto short_wait = std::async(std::launch::async, [&] { return b->Acquire("k", Waiting(milliseconds(500))); });
+  DescribeUntil("k", [](auto& d) { return d.waiters_size() == 1; });
+  auto long_wait = std::async(std::launch::async, [&] { return c->Acquire("k", Waiting(seconds(30))); });
+  DescribeUntil("k", [](auto& d) { return d.waiters_size() == 2; });
+  auto hb = short_wait.get();
+  ASSERT_FALSE(hb.ok());
+  EXPECT_EQ(hb.status().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_NE(hb.status().message().find("was not granted within 500ms (blocked by session"),
+            std::string::npos)
+      << hb.status();
+  auto d = DescribeUntil("k", [](auto& d) { return d.waiters_size() == 1; });
+  EXPECT_EQ(d.waiters(0).session_id(), c->id());  // b left the queue
+  ASSERT_TRUE(held->Release().ok());
+  auto hc = long_wait.get();
+  ASSERT_TRUE(hc.ok()) << hc.status();
+  auto after = client_->Describe("default", "k");
+  ASSERT_EQ(after->holders_size(), 1);
+  EXPECT_EQ(after->holders(0).session_id(), c->id());
+}
+
+TEST_F(QueueTest, ReadersShareWhileAWriterWaitsAndLateReadersQueueBehindIt) {
+  auto r1 = Open(), w = Open(), r2 = Open(), r3 = Open();
+  auto h1 = r1->Acquire("doc", Waiting(milliseconds(0), true));
+  ASSERT_TRUE(h1.ok());
+  auto h3 = r3->Acquire("doc", Waiting(milliseconds(0), true));  // readers share
+  ASSERT_TRUE(h3.ok());
+  auto writer = std::async(std::launch::async, [&] { return w->Acquire("doc", Waiting(seconds(30))); });
+  DescribeUntil("doc", [](auto& d) { return d.waiters_size() == 1; });
+  auto late = std::async(std::launch::async, [&] { return r2->Acquire("doc", Waiting(seconds(30), true)); });
+  auto q = DescribeUntil("doc", [](auto& d) { return d.waiters_size() == 2; });
+  EXPECT_EQ(q.waiters(0).session_id(), w->id());
+  EXPECT_FALSE(q.waiters(0).shared());
+  EXPECT_EQ(q.waiters(1).session_id(), r2->id());
+  EXPECT_TRUE(q.waiters(1).shared());
+  ASSERT_TRUE(h1->Release().ok());
+  EXPECT_EQ(writer.wait_for(milliseconds(300)), std::future_status::timeout);  // r3 still reads
+  ASSERT_TRUE(h3->Release().ok());
+  auto hw = writer.get();
+  ASSERT_TRUE(hw.ok()) << hw.status();
+  EXPECT_EQ(late.wait_for(milliseconds(300)), std::future_status::timeout);  // behind the writer
+  ASSERT_TRUE(hw->Release().ok());
+  auto hr2 = late.get();
+  ASSERT_TRUE(hr2.ok()) << hr2.status();
+  EXPECT_TRUE(hr2->info().shared());
+  EXPECT_GT(hr2->token(), hw->token());
+}
+
+TEST_F(QueueTest, ReleaseHandsOverInTheSameCommit) {
+  auto a = Open(), b = Open(), c = Open();
+  AcquireOptions shared = Waiting(milliseconds(0));
+  auto ha = a->Acquire("h");
+  ASSERT_TRUE(ha.ok());
+  auto wb = std::async(std::launch::async, [&] { return b->Acquire("h", Waiting(seconds(30), true)); });
+  DescribeUntil("h", [](auto& d) { return d.waiters_size() == 1; });
+  auto wc = std::async(std::launch::async, [&] { return c->Acquire("h", Waiting(seconds(30), true)); });
+  DescribeUntil("h", [](auto& d) { return d.waiters_size() == 2; });
+  // Watch the key's holds from now on, to see the release's revision.
+  std::mutex mu;
+  std::vector<mvccpb::Event> events;
+  etcd::WatchSpec spec;
+  spec.key = keyspace::HoldRangeBegin("default", "h");
+  spec.range_end = keyspace::HoldRangeEnd("default", "h");
+  spec.start_revision = Revision() + 1;
+  cluster_->etcd_client().watches().Watch(spec, [&](absl::StatusOr<etcd::WatchBatch> batch) {
+    if (!batch.ok()) return;
+    std::lock_guard<std::mutex> l(mu);
+    for (auto& e : batch->events) events.push_back(e);
+  });
+  ASSERT_TRUE(ha->Release().ok());
+  auto hb = wb.get();
+  auto hc = wc.get();
+  ASSERT_TRUE(hb.ok() && hc.ok());
+  auto until = std::chrono::steady_clock::now() + seconds(10);
+  while (std::chrono::steady_clock::now() < until) {
+    std::lock_guard<std::mutex> l(mu);
+    if (events.size() >= 3) break;
+  }
+  std::lock_guard<std::mutex> l(mu);
+  ASSERT_GE(events.size(), 3u);
+  ASSERT_EQ(events[0].type(), mvccpb::Event::DELETE);  // a's hold
+  const int64_t release_rev = events[0].kv().mod_revision();
+  // Both shared waiters at the head were granted by the releasing commit.
+  EXPECT_EQ(hb->info().grant_revision(), release_rev);
+  EXPECT_EQ(hc->info().grant_revision(), release_rev);
+  EXPECT_NE(hb->token(), 0);
+}
+
+TEST_F(QueueTest, KilledHolderWithFiveWaitersGoesToTheHeadOnly) {
+  auto log = cluster_->dir() + "/holder.log";
+  dev::SpawnOptions so;
+  so.argv = {testing::BinDir() + "/hf_test_holder", cluster_->endpoint(), "default", "jobs/x",
+             "2000"};
+  so.log_file = log;
+  auto holder = dev::Subprocess::Spawn(so);
+  ASSERT_TRUE(holder.ok());
+  DescribeUntil("jobs/x", [](auto& d) { return d.holders_size() == 1; });
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<std::future<absl::StatusOr<Hold>>> waits;
+  for (int i = 0; i < 5; ++i) {
+    sessions.push_back(Open());
+    Session* s = sessions.back().get();
+    waits.push_back(std::async(std::launch::async, [s] { return s->Acquire("jobs/x", Waiting(seconds(60))); }));
+    DescribeUntil("jobs/x", [&](auto& d) { return d.waiters_size() == i + 1; });
+  }
+  (*holder)->Signal(SIGKILL);
+  (*holder)->Wait();
+  auto head = waits[0].get();  // after the lease expires
+  ASSERT_TRUE(head.ok()) << head.status();
+  auto d = DescribeUntil("jobs/x", [](auto& d) { return d.holders_size() == 1 && d.waiters_size() == 4; });
+  EXPECT_EQ(d.holders(0).session_id(), sessions[0]->id());
+  for (int i = 1; i < 5; ++i) {
+    EXPECT_EQ(d.waiters(i - 1).session_id(), sessions[i]->id());
+    EXPECT_EQ(waits[i].wait_for(milliseconds(0)), std::future_status::timeout);
+  }
+  ASSERT_TRUE(head->Release().ok());
+  for (int i = 1; i < 5; ++i) {
+    auto h = waits[i].get();
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Release().ok());
+  }
+}
+
+TEST_F(QueueTest, RetriedAcquireKeepsItsPlaceAndNeverQueuesTwice) {
+  auto a = Open(), b = Open(), c = Open();
+  auto held = a->Acquire("r");
+  ASSERT_TRUE(held.ok());
+  auto first = std::async(std::launch::async, [&] { return b->Acquire("r", Waiting(seconds(30))); });
+  DescribeUntil("r", [](auto& d) { return d.waiters_size() == 1; });
+  auto behind = std::async(std::launch::async, [&] { return c->Acquire("r", Waiting(seconds(30))); });
+  auto q1 = DescribeUntil("r", [](auto& d) { return d.waiters_size() == 2; });
+  // The same session asks again (a retry): same place, still two waiters.
+  // The retry asks for a later deadline, which the waiter record takes in place.
+  auto retry = std::async(std::launch::async, [&] { return b->Acquire("r", Waiting(seconds(40))); });
+  auto q2 = DescribeUntil("r", [&](auto& d) {
+    return d.waiters_size() > 0 &&
+           d.waiters(0).deadline_unix_ms() > q1.waiters(0).deadline_unix_ms();
+  });
+  ASSERT_EQ(q2.waiters_size(), 2);
+  EXPECT_EQ(q2.waiters(0).session_id(), b->id());
+  EXPECT_EQ(q2.waiters(0).create_revision(), q1.waiters(0).create_revision());
+  ASSERT_TRUE(held->Release().ok());
+  auto h1 = first.get();
+  auto h2 = retry.get();
+  ASSERT_TRUE(h1.ok() && h2.ok());
+  EXPECT_EQ(h1->token(), h2->token());  // one hold, seen by both calls
+  ASSERT_TRUE(h1->Release().ok());
+  (void)h2->Release();
+  auto hc = behind.get();
+  ASSERT_TRUE(hc.ok()) << hc.status();
+}
+
+TEST_F(QueueTest, ACancelledWaiterLeavesNoWaiterBehind) {
+  auto a = Open(), b = Open();
+  auto held = a->Acquire("c");
+  ASSERT_TRUE(held.ok());
+  auto channel = grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Lock::NewStub(channel);
+  grpc::ClientContext ctx;
+  v1::AcquireRequest req;
+  req.set_namespace_("default");
+  req.set_session_id(b->id());
+  req.set_lock_key("c");
+  req.set_wait_ms(60'000);
+  v1::AcquireResponse resp;
+  std::promise<grpc::Status> done;
+  stub->async()->Acquire(&ctx, &req, &resp, [&](grpc::Status s) { done.set_value(s); });
+  DescribeUntil("c", [](auto& d) { return d.waiters_size() == 1; });
+  ctx.TryCancel();
+  auto f = done.get_future();
+  ASSERT_EQ(f.wait_for(seconds(10)), std::future_status::ready);
+  EXPECT_EQ(f.get().error_code(), grpc::StatusCode::CANCELLED);
+  DescribeUntil("c", [](auto& d) { return d.waiters_size() == 0; });
+  EXPECT_EQ(client_->Describe("default", "c")->holders(0).session_id(), a->id());
+}
+
+TEST_F(QueueTest, SessionCloseLeavesNoWaiter) {
+  auto a = Open(), b = Open();
+  auto held = a->Acquire("s");
+  ASSERT_TRUE(held.ok());
+  auto w = std::async(std::launch::async, [&] { return b->Acquire("s", Waiting(seconds(30))); });
+  DescribeUntil("s", [](auto& d) { return d.waiters_size() == 1; });
+  ASSERT_TRUE(b->Close().ok());
+  DescribeUntil("s", [](auto& d) { return d.waiters_size() == 0; });
+  auto r = w.get();
+  EXPECT_FALSE(r.ok());
+}
+
+TEST_F(QueueTest, ClassPolicyIsShownAndAClassWithHoldsCannotBeDeleted) {
+  v1::LockClass cls;
+  cls.set_namespace_("default");
+  cls.set_class_id("adv");
+  cls.set_key_prefix("adv/");
+  cls.set_mode(v1::LOCK_MODE_EXCLUSIVE);
+  cls.set_enforcement(v1::ENFORCEMENT_ADVISORY);
+  cls.set_on_quorum_loss(v1::ON_QUORUM_LOSS_OPEN);
+  ASSERT_TRUE(client_->CreateClass(cls).ok());
+  auto a = Open();
+  auto h = a->Acquire("adv/job");
+  ASSERT_TRUE(h.ok());
+  EXPECT_EQ(h->info().class_id(), "adv");
+  EXPECT_EQ(h->info().enforcement(), v1::ENFORCEMENT_ADVISORY);
+  EXPECT_EQ(h->info().on_quorum_loss(), v1::ON_QUORUM_LOSS_OPEN);
+  EXPECT_GT(h->info().granted_at_unix_ms(), 0);
+  int64_t rev = Revision();
+  auto del = client_->DeleteClass("default", "adv");
+  EXPECT_EQ(del.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(del.message().find("has 1 hold(s)"), std::string::npos) << del;
+  EXPECT_EQ(Revision(), rev);
+  ASSERT_TRUE(h->Release().ok());
+  EXPECT_TRUE(client_->DeleteClass("default", "adv").ok());
+}
+
+// Two replicas, 50 sessions, 5 keys, random exclusive and shared acquires and
+// releases for a while: from etcd's own history, no exclusive hold ever overlaps
+// another hold of its key, and each key's grants come in increasing token order.
+TEST(QueueReplicasTest, RandomWorkloadNeverOverlapsExclusiveHolds) {
+  testing::TestCluster::Options o;
+  o.replicas = 2;
+  auto cluster = testing::TestCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto& c = **cluster;
+  ASSERT_TRUE(c.CreateNamespace("default").ok());
+  pb::RangeRequest probe;
+  probe.set_key("/");
+  auto start = c.etcd_client().RangeSync(probe, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(start.ok());
+
+  std::mutex mu;
+  std::vector<mvccpb::Event> events;
+  etcd::WatchSpec spec;
+  spec.key = "/holdfast/ns/default/hold/";
+  spec.range_end = keyspace::PrefixEnd(spec.key);
+  spec.start_revision = start->header().revision() + 1;
+  c.etcd_client().watches().Watch(spec, [&](absl::StatusOr<etcd::WatchBatch> b) {
+    if (!b.ok()) return;
+    std::lock_guard<std::mutex> l(mu);
+    for (auto& e : b->events) events.push_back(e);
+  });
+
+  constexpr int kSessions = 50;
+  constexpr int kKeys = 5;
+  const auto run_for = seconds(30);
+  std::vector<std::unique_ptr<Client>> clients;
+  for (int r = 0; r < 2; ++r) clients.push_back(std::move(*c.NewClient(r)));
+  std::atomic<int> grants{0}, errors{0};
+  auto stop_at = std::chrono::steady_clock::now() + run_for;
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kSessions; ++i) {
+    threads.emplace_back([&, i] {
+      std::mt19937 rng(1000 + i);
+      SessionOptions so;
+      so.ttl = seconds(10);
+      auto s = clients[i % 2]->OpenSession("default", so);
+      if (!s.ok()) {
+        errors++;
+        return;
+      }
+      for (int n = 0; n < 10'000 && std::chrono::steady_clock::now() < stop_at; ++n) {
+        std::string key = absl::StrCat("k", rng() % kKeys);
+        AcquireOptions ao;
+        ao.shared = rng() % 3 == 0;
+        ao.wait = milliseconds(rng() % 2 == 0 ? 0 : 200 + rng() % 2000);
+        auto h = (*s)->Acquire(key, ao);
+        if (h.ok()) {
+          grants++;
+          std::this_thread::sleep_for(milliseconds(rng() % 20));
+          if (!h->Release().ok()) errors++;
+        } else if (h.status().code() != absl::StatusCode::kAborted &&
+                   h.status().code() != absl::StatusCode::kDeadlineExceeded) {
+          ADD_FAILURE() << h.status();
+          errors++;
+        }
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  EXPECT_EQ(errors.load(), 0);
+  EXPECT_GT(grants.load(), 100);
+  auto end = c.etcd_client().RangeSync(probe, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(end.ok());
+  const int64_t last = end->header().revision();
+  auto until = std::chrono::steady_clock::now() + seconds(30);
+  while (std::chrono::steady_clock::now() < until) {
+    std::lock_guard<std::mutex> l(mu);
+    if (!events.empty() && events.back().kv().mod_revision() >= last) break;
+    if (events.size() >= static_cast<size_t>(2 * grants.load())) break;
+  }
+  std::lock_guard<std::mutex> l(mu);
+  // Replay: per key, the live holds and whether each is shared.
+  std::map<std::string, std::map<std::string, bool>> live;
+  std::map<std::string, int64_t> last_grant;
+  int puts = 0;
+  for (const auto& e : events) {
+    auto parsed = keyspace::ParseHoldKey(e.kv().key());
+    ASSERT_TRUE(parsed.has_value());
+    auto& holds = live[parsed->lock_key];
+    if (e.type() == mvccpb::Event::PUT) {
+      ++puts;
+      records::HoldRecord rec;
+      ASSERT_TRUE(rec.ParseFromString(e.kv().value()));
+      holds[e.kv().key()] = rec.shared();
+      EXPECT_GE(e.kv().create_revision(), last_grant[parsed->lock_key]);
+      last_grant[parsed->lock_key] = e.kv().create_revision();
+      if (holds.size() > 1) {
+        for (const auto& [k, shared] : holds) {
+          EXPECT_TRUE(shared) << "exclusive hold overlaps another at revision "
+                              << e.kv().mod_revision() << " on " << parsed->lock_key;
+        }
+      }
+    } else {
+      holds.erase(e.kv().key());
+    }
+  }
+  EXPECT_GE(puts, grants.load());
+}
+
+}  // namespace
+}  // namespace holdfast
