@@ -182,16 +182,17 @@ struct CommandOutcome {
 };
 
 // Waits for CMD to exit, forwarding signals to its group, and stops it when the
-// session is lost: SIGTERM, then SIGKILL once `request.grace` has passed.
-CommandOutcome Supervise(dev::Subprocess& child, const Session& session,
+// hold is lost: SIGTERM, then SIGKILL once `request.grace` has passed. (A hold of
+// an open class that is only unprotected keeps CMD running.)
+CommandOutcome Supervise(dev::Subprocess& child, const Hold& hold,
                          const LockRequest& request, SignalWaiter& waiter) {
   using Clock = std::chrono::steady_clock;
   std::optional<Clock::time_point> kill_at;  // set once the loss is handled
   bool killed = false;
   while (child.Running()) {
-    if (!kill_at && session.lost()) {
+    if (!kill_at && hold.lost()) {
       PrintMessage(absl::StrCat("lost the hold on ", request.ref.ToString(), " (",
-                                session.lost_reason().ToString(),
+                                hold.lost_reason().ToString(),
                                 "); stopping the command: SIGTERM, SIGKILL after ",
                                 request.grace.count(), "ms"));
       child.Signal(SIGTERM);
@@ -214,11 +215,11 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session,
   CommandOutcome outcome;
   outcome.exit_code = *child.Wait();
   outcome.hold_lost = kill_at.has_value();
-  if (!outcome.hold_lost && session.lost()) {
+  if (!outcome.hold_lost && hold.lost()) {
     // Lost at about the time CMD ended: it may have run unprotected at the end.
     PrintMessage(absl::StrCat("lost the hold on ", request.ref.ToString(),
                               " before the command's exit was seen (",
-                              session.lost_reason().ToString(), ")"));
+                              hold.lost_reason().ToString(), ")"));
     outcome.hold_lost = true;
   }
   return outcome;
@@ -264,14 +265,14 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
   }
   if (hold->lost()) {
     PrintMessage(absl::StrCat("the session was lost as ", request->ref.ToString(),
-                              " was granted (", (*session)->lost_reason().ToString(),
+                              " was granted (", hold->lost_reason().ToString(),
                               "); the command was not run"));
     return kExitError;
   }
 
   auto child = StartCommand(*request, *hold);
   if (!child.ok()) return ReportError(child.status(), "run the command");
-  CommandOutcome outcome = Supervise(**child, **session, *request, **waiter);
+  CommandOutcome outcome = Supervise(**child, *hold, *request, **waiter);
   if (outcome.hold_lost) return kExitHoldLost;
   ReleaseAndClose(*hold, **session, *request);
   return outcome.exit_code;

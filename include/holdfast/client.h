@@ -14,12 +14,15 @@
 // Liveness: a Client runs one keepalive stream and two threads for all of its
 // sessions. Each session is renewed every ttl/3. The library keeps a local
 // deadline per session: the send time of the last renewal etcd confirmed, plus the
-// TTL etcd reported, minus a safety margin for clock drift. When that deadline
-// passes, or the server reports the session gone or etcd unreachable, the session
-// is declared lost: every Hold on it reports lost(), its stop token is stopped, and
-// the on_lost callback runs (once, on the keepalive thread, never under a lock).
-// A lost session is never revived; open a new one. Sessions are renewed only
-// while their Client exists: destroy Sessions and Holds before their Client.
+// TTL etcd reported, minus a safety margin for clock drift (ARCHITECTURE §5).
+//   - The server reports the lease gone: the session and all its holds are lost.
+//   - The server reports etcd unreachable, or the local deadline passes: holds of
+//     classes with on_quorum_loss = closed (the default) are lost at once; holds
+//     of open classes stay usable but unprotected() until a renewal is confirmed.
+//     Past the deadline with no open hold left, the session counts as lost.
+// Lost is final: the hold's stop token is stopped and on_lost runs (on the
+// keepalive thread, never under a lock). Sessions are renewed only while their
+// Client exists: destroy Sessions and Holds before their Client.
 #pragma once
 
 #include <chrono>
@@ -39,6 +42,7 @@ namespace holdfast {
 
 namespace internal {
 class ClientCore;
+class HoldState;
 class SessionState;
 }  // namespace internal
 
@@ -56,7 +60,8 @@ struct SessionOptions {
   std::chrono::milliseconds ttl{10'000};
   // Fraction of the TTL kept as a margin for clock drift (local deadline).
   double safety_margin = 0.1;
-  // Called once when the session is lost, with the reason.
+  // Called when the session, or any hold on it, is lost, with the reason (check
+  // Hold::lost() to see which).
   std::function<void(const absl::Status&)> on_lost;
 };
 
@@ -84,18 +89,26 @@ class Hold {
   const std::string& key() const { return info_.lock_key(); }
   const v1::HoldInfo& info() const { return info_; }
 
-  // True once the session is lost: stop using the resource at once.
+  // True once the hold is lost: stop using the resource at once. Final.
   bool lost() const;
+  absl::Status lost_reason() const;
   std::stop_token lost_token() const;
+  // Holds of classes with on_quorum_loss = open only: etcd cannot confirm the
+  // session right now; the hold is still usable, at the class owner's risk, and
+  // becomes protected again when a renewal is confirmed (or lost, if the lease
+  // expired meanwhile).
+  bool unprotected() const;
 
   // Releases the hold. FAILED_PRECONDITION if it is no longer current.
   absl::Status Release();
 
  private:
   friend class Session;
-  Hold(std::shared_ptr<internal::SessionState> session, v1::HoldInfo info)
-      : session_(std::move(session)), info_(std::move(info)) {}
+  Hold(std::shared_ptr<internal::SessionState> session,
+       std::shared_ptr<internal::HoldState> state, v1::HoldInfo info)
+      : session_(std::move(session)), state_(std::move(state)), info_(std::move(info)) {}
   std::shared_ptr<internal::SessionState> session_;  // null once released
+  std::shared_ptr<internal::HoldState> state_;
   v1::HoldInfo info_;
 };
 

@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 
+#include <thread>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/internal.h"
@@ -63,6 +65,37 @@ SessionState::SessionState(std::shared_ptr<ClientCore> core, std::string ns, int
       on_lost_(options.on_lost),
       deadline_(opened_at + ttl - margin_) {}
 
+bool HoldState::lost() const {
+  absl::MutexLock l(&mu_);
+  return lost_;
+}
+
+bool HoldState::unprotected() const {
+  absl::MutexLock l(&mu_);
+  return unprotected_ && !lost_;
+}
+
+absl::Status HoldState::lost_reason() const {
+  absl::MutexLock l(&mu_);
+  return reason_;
+}
+
+bool HoldState::MarkLost(const absl::Status& why) {
+  {
+    absl::MutexLock l(&mu_);
+    if (lost_) return false;
+    lost_ = true;
+    reason_ = why;
+  }
+  stop_.request_stop();
+  return true;
+}
+
+void HoldState::SetUnprotected(bool unprotected) {
+  absl::MutexLock l(&mu_);
+  unprotected_ = unprotected;
+}
+
 bool SessionState::lost() const {
   absl::MutexLock l(&mu_);
   return lost_;
@@ -83,24 +116,72 @@ int64_t SessionState::renewals() const {
   return renewals_;
 }
 
-void SessionState::Confirm(SteadyClock::time_point sent_at, std::chrono::milliseconds ttl) {
+void SessionState::AddHold(std::shared_ptr<HoldState> hold) {
   absl::MutexLock l(&mu_);
-  if (lost_) return;  // never revived
-  ++renewals_;
-  deadline_ = std::max(deadline_, sent_at + ttl - margin_);
+  holds_.push_back(hold);
+}
+
+void SessionState::Confirm(SteadyClock::time_point sent_at, std::chrono::milliseconds ttl) {
+  std::vector<std::shared_ptr<HoldState>> holds;
+  {
+    absl::MutexLock l(&mu_);
+    if (lost_) return;  // never revived
+    ++renewals_;
+    deadline_ = std::max(deadline_, sent_at + ttl - margin_);
+    deadline_passed_ = false;
+    for (auto& w : holds_) {
+      if (auto h = w.lock()) holds.push_back(std::move(h));
+    }
+  }
+  for (auto& h : holds) h->SetUnprotected(false);
+}
+
+void SessionState::Suspect(const absl::Status& why, bool deadline_passed) {
+  std::vector<std::shared_ptr<HoldState>> holds;
+  {
+    absl::MutexLock l(&mu_);
+    if (lost_ || closed_) return;
+    if (deadline_passed) deadline_passed_ = true;
+    for (auto& w : holds_) {
+      if (auto h = w.lock()) holds.push_back(std::move(h));
+    }
+  }
+  bool any_lost = false, open_alive = false;
+  for (auto& h : holds) {
+    if (h->open_class()) {
+      h->SetUnprotected(true);
+      open_alive = open_alive || !h->lost();
+    } else {
+      any_lost = h->MarkLost(why) || any_lost;
+    }
+  }
+  // Past its deadline with nothing that may run unprotected, the session itself
+  // counts as lost: its lease may expire at any moment.
+  if (deadline_passed && !open_alive) return MarkLost(why);
+  if (any_lost && on_lost_) on_lost_(why);
 }
 
 void SessionState::MarkLost(absl::Status why) {
   std::function<void(const absl::Status&)> cb;
+  std::vector<std::shared_ptr<HoldState>> holds;
   {
     absl::MutexLock l(&mu_);
     if (lost_ || closed_) return;
     lost_ = true;
     lost_reason_ = why;
     cb = on_lost_;
+    for (auto& w : holds_) {
+      if (auto h = w.lock()) holds.push_back(std::move(h));
+    }
   }
+  for (auto& h : holds) h->MarkLost(why);
   stop_.request_stop();
   if (cb) cb(why);
+}
+
+bool SessionState::WantsRenewal() const {
+  absl::MutexLock l(&mu_);
+  return !lost_ && !closed_;
 }
 
 void SessionState::MarkClosed() {
@@ -117,7 +198,8 @@ bool SessionState::closed() const {
 
 // --- Hold -------------------------------------------------------------------
 
-Hold::Hold(Hold&& o) noexcept : session_(std::move(o.session_)), info_(std::move(o.info_)) {
+Hold::Hold(Hold&& o) noexcept
+    : session_(std::move(o.session_)), state_(std::move(o.state_)), info_(std::move(o.info_)) {
   o.session_.reset();
 }
 
@@ -125,6 +207,7 @@ Hold& Hold::operator=(Hold&& o) noexcept {
   if (this != &o) {
     (void)Release();
     session_ = std::move(o.session_);
+    state_ = std::move(o.state_);
     info_ = std::move(o.info_);
     o.session_.reset();
   }
@@ -133,10 +216,17 @@ Hold& Hold::operator=(Hold&& o) noexcept {
 
 Hold::~Hold() { (void)Release(); }
 
-bool Hold::lost() const { return session_ ? session_->lost() : true; }
+bool Hold::lost() const { return state_ ? state_->lost() : true; }
+
+bool Hold::unprotected() const { return state_ && state_->unprotected(); }
+
+absl::Status Hold::lost_reason() const {
+  if (!state_) return absl::FailedPreconditionError("released");
+  return state_->lost_reason();
+}
 
 std::stop_token Hold::lost_token() const {
-  if (session_) return session_->lost_token();
+  if (state_) return state_->lost_token();
   std::stop_source gone;
   gone.request_stop();
   return gone.get_token();
@@ -146,7 +236,9 @@ absl::Status Hold::Release() {
   if (!session_) return absl::OkStatus();
   auto session = std::move(session_);
   session_.reset();
-  if (session->lost() || session->closed()) return absl::OkStatus();  // nothing to release
+  // A lost session's lease is gone (nothing to release). A hold lost only locally
+  // (etcd was unreachable) is released, so the key frees up as soon as it can.
+  if (session->lost() || session->closed()) return absl::OkStatus();
   v1::ReleaseRequest req;
   req.set_namespace_(session->ns());
   req.set_session_id(session->id());
@@ -186,12 +278,28 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   req.set_wait_ms(options.wait.count());
   req.set_shared(options.shared);
   req.set_holder_meta(options.holder_meta);
+  // The call is idempotent per (session, key): when the connection to holdfastd
+  // breaks mid-call (UNAVAILABLE), ask again, on whichever replica the channel
+  // reaches now, with what is left of the wait; a queued waiter keeps its place.
   v1::AcquireResponse resp;
-  grpc::ClientContext ctx;
-  state_->core().SetDeadline(&ctx, options.wait);
-  auto s = FromGrpcStatus(state_->core().lock_stub().Acquire(&ctx, req, &resp));
+  const auto wait_until = std::chrono::steady_clock::now() + options.wait;
+  absl::Status s;
+  for (int attempt = 0; attempt < 10; ++attempt) {
+    grpc::ClientContext ctx;
+    state_->core().SetDeadline(&ctx, options.wait);
+    s = FromGrpcStatus(state_->core().lock_stub().Acquire(&ctx, req, &resp));
+    if (s.code() != absl::StatusCode::kUnavailable || state_->lost()) break;
+    auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        wait_until - std::chrono::steady_clock::now());
+    req.set_wait_ms(std::max<int64_t>(left.count(), 0));
+    std::this_thread::sleep_for(std::chrono::milliseconds(50 * (attempt + 1)));  // back off
+  }
   if (!s.ok()) return s;
-  return Hold(state_, resp.hold());
+  auto hold_state =
+      std::make_shared<internal::HoldState>(resp.hold().on_quorum_loss() == v1::ON_QUORUM_LOSS_OPEN);
+  state_->AddHold(hold_state);
+  if (state_->lost()) hold_state->MarkLost(state_->lost_reason());
+  return Hold(state_, std::move(hold_state), resp.hold());
 }
 
 absl::Status Session::Close() {

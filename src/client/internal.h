@@ -9,6 +9,7 @@
 #include <thread>
 #include <stop_token>
 #include <string>
+#include <vector>
 
 #include <grpcpp/grpcpp.h>
 
@@ -53,8 +54,34 @@ class ClientCore {
   std::unique_ptr<KeepAlivePump> pump_;
 };
 
-// One session's shared state: its liveness as the keepalive pump sees it.
-// Thread-safe.
+// One hold's liveness. Thread-safe.
+//   lost:        stop using the resource; final.
+//   unprotected: (open classes only) etcd cannot confirm the session now; the
+//                hold is still usable at the class owner's risk, and becomes
+//                protected again when a renewal is confirmed.
+class HoldState {
+ public:
+  explicit HoldState(bool open_class) : open_class_(open_class) {}
+  bool open_class() const { return open_class_; }
+  bool lost() const;
+  bool unprotected() const;
+  absl::Status lost_reason() const;
+  std::stop_token lost_token() const { return stop_.get_token(); }
+  // True if this call made it lost.
+  bool MarkLost(const absl::Status& why);
+  void SetUnprotected(bool unprotected);
+
+ private:
+  const bool open_class_;
+  std::stop_source stop_;
+  mutable absl::Mutex mu_;
+  bool lost_ ABSL_GUARDED_BY(mu_) = false;
+  bool unprotected_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status reason_ ABSL_GUARDED_BY(mu_);
+};
+
+// One session's shared state: its liveness as the keepalive pump sees it, and
+// the liveness of the holds on it. Thread-safe.
 class SessionState {
  public:
   SessionState(std::shared_ptr<ClientCore> core, std::string ns, int64_t id,
@@ -73,11 +100,20 @@ class SessionState {
   SteadyClock::time_point deadline() const;
   int64_t renewals() const;
 
+  void AddHold(std::shared_ptr<HoldState> hold);
+
   // The pump's view --------------------------------------------------------
-  // A renewal confirmed by etcd: sent at `sent_at`, TTL `ttl` remaining.
+  // A renewal confirmed by etcd: sent at `sent_at`, TTL `ttl` remaining. Open
+  // holds become protected again.
   void Confirm(SteadyClock::time_point sent_at, std::chrono::milliseconds ttl);
-  // Declares the session lost (once); runs on_lost outside the lock.
+  // holdfastd says etcd cannot confirm renewals now, or the local deadline
+  // passed: closed-class holds are lost at once, open-class holds become
+  // unprotected. The session stays (and is renewed) while open holds live.
+  void Suspect(const absl::Status& why, bool deadline_passed);
+  // Declares the session and all its holds lost (once): the lease is gone.
   void MarkLost(absl::Status why);
+  // True while the pump should keep renewing.
+  bool WantsRenewal() const;
   // Marks the session closed by its owner: no more renewals, no lost callback.
   void MarkClosed();
   bool closed() const;
@@ -95,7 +131,9 @@ class SessionState {
   absl::Status lost_reason_ ABSL_GUARDED_BY(mu_);
   bool lost_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool deadline_passed_ ABSL_GUARDED_BY(mu_) = false;
   int64_t renewals_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<std::weak_ptr<HoldState>> holds_ ABSL_GUARDED_BY(mu_);
 };
 
 // Renews every session of a Client over one KeepAlive stream.

@@ -77,15 +77,13 @@ void KeepAlivePump::Tick(SteadyClock::time_point now) {
     absl::MutexLock l(&mu_);
     for (auto it = sessions_.begin(); it != sessions_.end();) {
       auto state = it->second.state.lock();
-      if (!state || state->closed() || state->lost()) {
+      if (!state || !state->WantsRenewal()) {
         it = sessions_.erase(it);
         continue;
       }
-      if (now >= state->deadline()) {
-        expired.push_back(state);
-        it = sessions_.erase(it);
-        continue;
-      }
+      // Past the local deadline: suspect it (and keep renewing while open-class
+      // holds may live on unprotected).
+      if (now >= state->deadline()) expired.push_back(state);
       if (stream_ && now >= it->second.next_send) {
         v1::KeepAliveRequest req;
         req.set_namespace_(state->ns());
@@ -99,9 +97,10 @@ void KeepAlivePump::Tick(SteadyClock::time_point now) {
     }
   }
   for (auto& s : expired) {
-    s->MarkLost(absl::UnavailableError(
-        "no renewal was confirmed before the session's local deadline (TTL minus safety "
-        "margin): holdfastd or etcd unreachable"));
+    s->Suspect(absl::UnavailableError(
+                   "no renewal was confirmed before the session's local deadline (TTL minus "
+                   "safety margin): holdfastd or etcd unreachable"),
+               /*deadline_passed=*/true);
   }
   for (auto& req : due) {
     if (!stream_->rw->Write(req)) {
@@ -134,8 +133,9 @@ void KeepAlivePump::ReadLoop(Stream* s) {
       state->MarkLost(absl::NotFoundError(absl::StrCat("session lost: ", resp.reason())));
     } else if (resp.etcd_unavailable()) {
       // ARCHITECTURE §5: a closed-class holder stops at once when holdfastd cannot
-      // confirm renewals with etcd.
-      state->MarkLost(absl::UnavailableError(absl::StrCat("etcd unreachable: ", resp.reason())));
+      // confirm renewals with etcd; an open-class holder goes on, unprotected.
+      state->Suspect(absl::UnavailableError(absl::StrCat("etcd unreachable: ", resp.reason())),
+                     /*deadline_passed=*/false);
     } else {
       state->Confirm(sent_at, std::chrono::milliseconds(resp.ttl_ms()));
     }

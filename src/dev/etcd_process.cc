@@ -59,7 +59,7 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(EtcdOptions opti
   }
   if (options.log_file.empty()) options.log_file = options.data_dir + ".log";
   std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(std::move(options)));
-  if (auto s = etcd->Launch(true); !s.ok()) return s;
+  if (auto s = etcd->Launch(etcd->options_.wait_healthy); !s.ok()) return s;
   return etcd;
 }
 
@@ -105,6 +105,10 @@ absl::Status EtcdProcess::Launch(bool wait_healthy) {
   if (!p.ok()) return p.status();
   process_ = std::move(*p);
   if (!wait_healthy) return absl::OkStatus();
+  return WaitHealthy();
+}
+
+absl::Status EtcdProcess::WaitHealthy() {
   auto until = std::chrono::steady_clock::now() + options_.start_timeout;
   while (std::chrono::steady_clock::now() < until) {
     if (!process_->Running()) {

@@ -27,6 +27,10 @@ struct EtcdOptions {
   std::vector<std::string> extra_args;  // e.g. TLS flags
   std::string client_scheme = "http";   // "https" with TLS flags in extra_args
   std::chrono::milliseconds start_timeout{20000};
+  // Wait in Start() until the member reports healthy. A member of a new cluster
+  // cannot be healthy before a quorum of its peers runs: start them all with
+  // false, then WaitHealthy() on each.
+  bool wait_healthy = true;
 };
 
 class EtcdProcess {
@@ -43,6 +47,8 @@ class EtcdProcess {
   const EtcdOptions& options() const { return options_; }
   Subprocess* process() { return process_.get(); }
 
+  // Waits until /health answers true (or the start timeout passes).
+  absl::Status WaitHealthy();
   // Stops etcd (SIGTERM, then SIGKILL) and keeps its data.
   void Stop();
   // Starts it again on the same ports and data. Waits for health only when the

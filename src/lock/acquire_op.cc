@@ -57,6 +57,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
 
   void Start() {
     if (auto s = Validate(); !s.ok()) return Finish(s);
+    if (auto s = engine_->EtcdStatus(); !s.ok()) {  // fail fast, without a read that hangs
+      return Finish(absl::UnavailableError(absl::StrCat(s.message(), ": no new grants; retry")));
+    }
     if (req_.wait_ms() > 0) {
       auto self = shared_from_this();
       absl::MutexLock l(&mu_);
@@ -218,6 +221,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       return Granted(MakeHoldInfo(req_.lock_key(), *d.own_hold, snap.classes));
     }
     if (auto s = CheckEpoch(snap.epoch, snap.cluster_id); !s.ok()) return Finish(s);
+    if (auto s = engine_->EtcdStatus(); !s.ok()) {
+      return Finish(absl::UnavailableError(absl::StrCat(s.message(), ": no new grants; retry")));
+    }
     {
       absl::MutexLock l(&mu_);
       if (d.own_waiter) {

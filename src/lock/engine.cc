@@ -45,8 +45,12 @@ std::string FormatMs(int64_t ms) {
 
 }  // namespace
 
-Engine::Engine(etcd::Client* etcd, EngineOptions options)
-    : etcd_(etcd), options_(std::move(options)) {}
+Engine::Engine(etcd::Client* etcd, EngineOptions options, EtcdHealth* health)
+    : etcd_(etcd), options_(std::move(options)), health_(health) {}
+
+absl::Status Engine::EtcdStatus() const {
+  return health_ ? health_->status() : absl::OkStatus();
+}
 
 Deadline Engine::EtcdDeadline(Deadline d) const {
   return std::min(d, etcd::DeadlineIn(options_.etcd_timeout));
@@ -149,7 +153,13 @@ void Engine::Renew(const v1::KeepAliveRequest& req, Deadline d, Done<v1::KeepAli
   v1::KeepAliveResponse base;
   base.set_session_id(req.session_id());
   base.set_sequence(req.sequence());
-  etcd_->KeepAlive(req.session_id(), EtcdDeadline(d),
+  if (auto health = EtcdStatus(); !health.ok()) {
+    // Say so at once: a renewal cannot be confirmed without a quorum.
+    base.set_etcd_unavailable(true);
+    base.set_reason(std::string(health.message()));
+    return done(std::move(base));
+  }
+  etcd_->KeepAlive(req.session_id(), std::min(EtcdDeadline(d), etcd::DeadlineIn(options_.renew_timeout)),
                    [base, done](absl::StatusOr<pb::LeaseKeepAliveResponse> r) mutable {
                      if (!r.ok()) {
                        bool gone = r.status().code() == absl::StatusCode::kNotFound;

@@ -20,6 +20,7 @@
 #include "holdfast/v1/lock.pb.h"
 #include "holdfast/v1/session.pb.h"
 #include "lock/epoch_cache.h"
+#include "lock/etcd_health.h"
 
 namespace holdfast::lock {
 
@@ -41,6 +42,9 @@ struct EngineOptions {
   // Longest Acquire wait.
   std::chrono::milliseconds max_wait{3600 * 1000};
   size_t max_holder_meta_bytes = 1024;
+  // Deadline of one lease renewal: an answer later than this is not a renewal a
+  // holder can trust.
+  std::chrono::milliseconds renew_timeout{1000};
 };
 
 // A waiting operation that its caller may abandon (the RPC was cancelled).
@@ -53,7 +57,8 @@ class Cancellable {
 
 class Engine {
  public:
-  Engine(etcd::Client* etcd, EngineOptions options);
+  // `health` (optional, not owned) gates new grants and keepalive answers.
+  Engine(etcd::Client* etcd, EngineOptions options, EtcdHealth* health = nullptr);
 
   // Makes sure /holdfast/epoch exists: creates {epoch 1, the answering cluster's
   // id} when absent (by compare-and-swap, so racing replicas agree). Blocking;
@@ -95,8 +100,12 @@ class Engine {
   static void AddHandOver(const KeySnapshot& snap, const std::string& ns, const std::string& key,
                           int64_t releasing, etcdserverpb::TxnRequest* txn);
 
+  // OK, or UNAVAILABLE while etcd has no quorum (no new grants then).
+  absl::Status EtcdStatus() const;
+
   etcd::Client* const etcd_;
   const EngineOptions options_;
+  EtcdHealth* const health_;
   EpochCache epochs_;
 };
 

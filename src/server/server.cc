@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <cstdio>
 #include <thread>
 
 #include <grpcpp/health_check_service_interface.h>
@@ -26,7 +27,17 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   lo.session_ttl_min = config_.session_ttl_min;
   lo.session_ttl_max = config_.session_ttl_max;
   lo.max_wait = config_.max_wait;
-  engine_ = std::make_unique<lock::Engine>(etcd_.get(), lo);
+  lock::EtcdHealth::Options ho;
+  ho.probe_timeout = std::min<std::chrono::milliseconds>(config_.etcd_timeout, std::chrono::seconds(1));
+  health_ = std::make_unique<lock::EtcdHealth>(
+      etcd_.get(), ho, [this](bool healthy, const std::string& reason) {
+        // grpc.health.v1 reports NOT_SERVING while etcd has no quorum.
+        if (auto* h = health_service_.load()) h->SetServingStatus(healthy);
+        std::fprintf(stderr, "holdfastd: etcd %s%s%s\n", healthy ? "healthy again" : "unhealthy",
+                     healthy ? "" : ": ", healthy ? "" : reason.c_str());
+      });
+  lo.renew_timeout = ho.probe_timeout;
+  engine_ = std::make_unique<lock::Engine>(etcd_.get(), lo, health_.get());
   registry_ = std::make_unique<lock::Registry>(etcd_.get());
 
   // etcd may come up after us (or be between leaders): retry the bootstrap. Short
@@ -70,12 +81,16 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   if (!grpc_server_ || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.listen));
   }
+  health_service_.store(grpc_server_->GetHealthCheckService());
+  health_->Start();
   auto colon = config_.listen.rfind(':');
   bound_address_ = absl::StrCat(config_.listen.substr(0, colon), ":", port);
   return absl::OkStatus();
 }
 
 void Server::Shutdown(std::chrono::milliseconds grace) {
+  if (health_) health_->Stop();
+  health_service_.store(nullptr);
   if (grpc_server_) {
     grpc_server_->Shutdown(std::chrono::system_clock::now() + grace);
     grpc_server_->Wait();

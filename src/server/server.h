@@ -4,6 +4,7 @@
 // Thread-compatible: Start() and Shutdown() from one thread.
 #pragma once
 
+#include <atomic>
 #include <memory>
 
 #include <grpcpp/grpcpp.h>
@@ -12,6 +13,7 @@
 #include "common/timer_queue.h"
 #include "etcd/client.h"
 #include "lock/engine.h"
+#include "lock/etcd_health.h"
 #include "lock/registry.h"
 #include "server/admin_service.h"
 #include "server/auth.h"
@@ -39,6 +41,8 @@ class Server {
   Config config_;
   std::shared_ptr<TimerQueue> timers_;
   std::unique_ptr<etcd::Client> etcd_;
+  std::unique_ptr<lock::EtcdHealth> health_;
+  std::atomic<grpc::HealthCheckServiceInterface*> health_service_{nullptr};
   std::unique_ptr<lock::Engine> engine_;
   std::unique_ptr<lock::Registry> registry_;
   std::unique_ptr<Authenticator> auth_;

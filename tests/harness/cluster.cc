@@ -133,13 +133,35 @@ absl::Status HoldfastdProcess::Restart() {
 absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(Options options) {
   std::unique_ptr<TestCluster> c(new TestCluster());
   if (c->dir_.path().empty()) return absl::InternalError("cannot make a temp dir");
-  dev::EtcdOptions eo;
-  eo.data_dir = c->dir_.path() + "/etcd";
-  auto etcd = dev::EtcdProcess::Start(eo);
-  if (!etcd.ok()) return etcd.status();
-  c->etcd_ = std::move(*etcd);
+  const int members = std::max(1, options.etcd_members);
+  std::vector<dev::EtcdOptions> eos(members);
+  std::string initial_cluster;
+  for (int m = 0; m < members; ++m) {
+    auto& eo = eos[m];
+    eo.name = absl::StrCat("m", m);
+    eo.data_dir = absl::StrCat(c->dir_.path(), "/etcd-", m);
+    auto client_port = dev::PickFreePort();
+    auto peer_port = dev::PickFreePort();
+    if (!client_port.ok() || !peer_port.ok()) return absl::InternalError("no free ports");
+    eo.client_port = *client_port;
+    eo.peer_port = *peer_port;
+    eo.wait_healthy = members == 1;
+    absl::StrAppend(&initial_cluster, m == 0 ? "" : ",", eo.name, "=http://127.0.0.1:",
+                    eo.peer_port);
+  }
+  std::vector<std::string> endpoints;
+  for (auto& eo : eos) {
+    if (members > 1) eo.initial_cluster = initial_cluster;
+    auto etcd = dev::EtcdProcess::Start(eo);
+    if (!etcd.ok()) return etcd.status();
+    endpoints.push_back((*etcd)->endpoint());
+    c->etcd_.push_back(std::move(*etcd));
+  }
+  for (auto& e : c->etcd_) {
+    if (auto s = e->WaitHealthy(); !s.ok()) return s;
+  }
   for (int i = 0; i < options.replicas; ++i) {
-    auto h = HoldfastdProcess::Start({c->etcd_->endpoint()},
+    auto h = HoldfastdProcess::Start(endpoints,
                                      absl::StrCat(c->dir_.path(), "/holdfastd-", i, ".log"), 0,
                                      options.holdfastd_args);
     if (!h.ok()) return h.status();
@@ -147,7 +169,7 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(Options options)
   }
   c->timers_ = std::make_shared<TimerQueue>();
   etcd::ClientOptions co;
-  co.endpoints = {c->etcd_->endpoint()};
+  co.endpoints = endpoints;
   auto ec = etcd::Client::Create(co, c->timers_);
   if (!ec.ok()) return ec.status();
   c->etcd_client_ = std::move(*ec);
@@ -157,12 +179,20 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(Options options)
 TestCluster::~TestCluster() {
   etcd_client_.reset();
   holdfastd_.clear();
-  etcd_.reset();
+  for (auto& e : etcd_) {
+    if (e->process()) e->process()->Signal(SIGCONT);  // a test may have paused some
+  }
+  etcd_.clear();
 }
 
 absl::StatusOr<std::unique_ptr<Client>> TestCluster::NewClient(int i) {
   ClientOptions o;
-  o.endpoints = {endpoint(i)};
+  o.endpoints.clear();
+  if (i >= 0) {
+    o.endpoints = {endpoint(i)};
+  } else {
+    for (const auto& h : holdfastd_) o.endpoints.push_back(h->endpoint());
+  }
   return Client::Connect(o);
 }
 

@@ -70,18 +70,22 @@ class TestCluster {
  public:
   struct Options {
     int replicas = 1;
+    // Members of the etcd cluster (1 or 3, 5...). holdfastd gets every member's
+    // endpoint, the first one first.
+    int etcd_members = 1;
     std::vector<std::string> holdfastd_args;
   };
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start(Options options);
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start() { return Start(Options{}); }
   ~TestCluster();
 
-  dev::EtcdProcess& etcd() { return *etcd_; }
+  dev::EtcdProcess& etcd(int member = 0) { return *etcd_[member]; }
+  int etcd_members() const { return static_cast<int>(etcd_.size()); }
   HoldfastdProcess& holdfastd(int i = 0) { return *holdfastd_[i]; }
   std::string endpoint(int i = 0) const { return holdfastd_[i]->endpoint(); }
   const std::string& dir() const { return dir_.path(); }
 
-  // A libholdfast client of replica i.
+  // A libholdfast client of replica i; with i < 0, of every replica (fail-over).
   absl::StatusOr<std::unique_ptr<Client>> NewClient(int i = 0);
   // Direct access to etcd, for checks that must not trust holdfast.
   etcd::Client& etcd_client() { return *etcd_client_; }
@@ -94,7 +98,7 @@ class TestCluster {
   TestCluster() = default;
   TempDir dir_;
   std::shared_ptr<TimerQueue> timers_;
-  std::unique_ptr<dev::EtcdProcess> etcd_;
+  std::vector<std::unique_ptr<dev::EtcdProcess>> etcd_;
   std::vector<std::unique_ptr<HoldfastdProcess>> holdfastd_;
   std::unique_ptr<etcd::Client> etcd_client_;
 };

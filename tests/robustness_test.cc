@@ -1,0 +1,229 @@
+// Holders that know when they lost (ARCHITECTURE §5, issue "client robustness"):
+// quorum loss with closed and open classes, a frozen holder fenced off, fail-over
+// between holdfastd replicas, and a client cut off from every replica. Real etcd
+// members and holdfastd processes are paused (SIGSTOP) and killed.
+#include <signal.h>
+
+#include <atomic>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "etcd/watch_hub.h"
+#include "harness/cluster.h"
+#include "holdfast/fence.h"
+#include "lock/keyspace.h"
+
+namespace holdfast {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+using Clock = std::chrono::steady_clock;
+
+// Polls `pred` every 20 ms until it holds or `timeout` passes.
+bool Eventually(const std::function<bool()>& pred, milliseconds timeout) {
+  auto until = Clock::now() + timeout;
+  while (Clock::now() < until) {
+    if (pred()) return true;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  return pred();
+}
+
+absl::Status MakeClass(Client& client, const std::string& id, const std::string& prefix,
+                       v1::OnQuorumLoss on_loss) {
+  v1::LockClass cls;
+  cls.set_namespace_("default");
+  cls.set_class_id(id);
+  cls.set_key_prefix(prefix);
+  cls.set_mode(v1::LOCK_MODE_EXCLUSIVE);
+  cls.set_on_quorum_loss(on_loss);
+  return client.CreateClass(cls).status();
+}
+
+TEST(RobustnessTest, QuorumLossClosedHoldersLoseOpenHoldersGoOnUnprotected) {
+  testing::TestCluster::Options o;
+  o.etcd_members = 3;
+  auto c = testing::TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto& cluster = **c;
+  ASSERT_TRUE(cluster.CreateNamespace().ok());
+  auto client = std::move(*cluster.NewClient());
+  ASSERT_TRUE(MakeClass(*client, "open", "open/", v1::ON_QUORUM_LOSS_OPEN).ok());
+  SessionOptions so;
+  so.ttl = seconds(3);
+  auto session = std::move(*client->OpenSession("default", so));
+  auto closed_hold = session->Acquire("closed/job");
+  auto open_hold = session->Acquire("open/job");
+  ASSERT_TRUE(closed_hold.ok() && open_hold.ok());
+  EXPECT_EQ(open_hold->info().on_quorum_loss(), v1::ON_QUORUM_LOSS_OPEN);
+
+  // Pause the two followers: the leader loses its quorum and steps down, and
+  // holdfastd has no member that can answer. (A paused *leader* could revoke
+  // expired leases when it wakes, before it learns it was deposed: etcd's known
+  // hazard, which would rightly make the open hold lost too.)
+  std::vector<int> followers;
+  for (int m = 0; m < 3; ++m) {
+    auto timers = std::make_shared<TimerQueue>();
+    etcd::ClientOptions eo;
+    eo.endpoints = {cluster.etcd(m).endpoint()};
+    auto member = std::move(*etcd::Client::Create(eo, timers));
+    auto st = member->StatusSync(etcd::DeadlineIn(seconds(5)));
+    ASSERT_TRUE(st.ok()) << st.status();
+    if (st->leader() != st->header().member_id()) followers.push_back(m);
+  }
+  ASSERT_EQ(followers.size(), 2u);
+  auto paused_at = Clock::now();
+  for (int m : followers) cluster.etcd(m).process()->Signal(SIGSTOP);
+  ASSERT_TRUE(Eventually([&] { return closed_hold->lost(); }, seconds(15)));
+  auto lost_after = Clock::now() - paused_at;
+  EXPECT_LT(lost_after, seconds(3) + seconds(5)) << "lost only after TTL plus slack";
+  EXPECT_NE(closed_hold->lost_reason().message().find("etcd"), std::string::npos)
+      << closed_hold->lost_reason();
+  EXPECT_TRUE(closed_hold->lost_token().stop_requested());
+  ASSERT_TRUE(Eventually([&] { return open_hold->unprotected(); }, seconds(10)));
+  EXPECT_FALSE(open_hold->lost());
+  // No new grants while etcd has no quorum.
+  AcquireOptions try_once;
+  auto refused = session->Acquire("closed/other", try_once);
+  EXPECT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable) << refused.status();
+
+  // Quorum back: the open hold's lease is alive (etcd renews leases on a new
+  // leader), so it is protected again; the closed one stays lost.
+  for (int m : followers) cluster.etcd(m).process()->Signal(SIGCONT);
+  ASSERT_TRUE(Eventually([&] { return !open_hold->unprotected(); }, seconds(20)));
+  EXPECT_FALSE(open_hold->lost());
+  EXPECT_TRUE(closed_hold->lost());
+  EXPECT_TRUE(open_hold->Release().ok());
+}
+
+// The classic GC pause: a holder frozen past its TTL. Another client gets the
+// lock; the frozen one learns it lost when it wakes, and its late write is
+// rejected by a fence.
+TEST(RobustnessTest, FrozenHolderLosesAndItsLateWriteIsFenced) {
+  auto c = testing::TestCluster::Start();
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto& cluster = **c;
+  ASSERT_TRUE(cluster.CreateNamespace().ok());
+  auto log = cluster.dir() + "/frozen.log";
+  dev::SpawnOptions so;
+  so.argv = {testing::BinDir() + "/hf_test_holder", cluster.endpoint(), "default", "store/row",
+             "2000"};
+  so.log_file = log;
+  auto holder = dev::Subprocess::Spawn(so);
+  ASSERT_TRUE(holder.ok());
+  auto read_log = [&] {
+    std::ifstream f(log);
+    return std::string(std::istreambuf_iterator<char>(f), {});
+  };
+  ASSERT_TRUE(Eventually([&] { return read_log().find("TOKEN ") != std::string::npos; }, seconds(20)));
+  const std::string out = read_log();
+  const int64_t frozen_token = std::stoll(out.substr(out.find("TOKEN ") + 6));
+
+  FenceVerifier fence;  // the resource both holders write to
+  ASSERT_TRUE(fence.Admit("store/row", frozen_token).ok());
+  (*holder)->Signal(SIGSTOP);
+  auto client = std::move(*cluster.NewClient());
+  auto session = std::move(*client->OpenSession("default"));
+  AcquireOptions wait;
+  wait.wait = seconds(30);
+  auto next = session->Acquire("store/row", wait);  // granted once the frozen lease expires
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_GT(next->token(), frozen_token);
+  ASSERT_TRUE(fence.Admit("store/row", next->token()).ok());
+
+  (*holder)->Signal(SIGCONT);
+  ASSERT_TRUE(Eventually([&] { return read_log().find("LOST") != std::string::npos; }, seconds(20)))
+      << read_log();
+  auto late = fence.Admit("store/row", frozen_token);  // its write after waking up
+  EXPECT_EQ(late.code(), absl::StatusCode::kFailedPrecondition) << late;
+  EXPECT_EQ(fence.Highest("store/row"), next->token());
+  EXPECT_EQ((*holder)->Wait(seconds(10)), std::optional<int>(4));  // exits 4 on a lost hold
+}
+
+TEST(RobustnessTest, ClientMovesToAnotherReplicaAndKeepsItsHoldAndQueuePlace) {
+  testing::TestCluster::Options o;
+  o.replicas = 2;
+  auto c = testing::TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto& cluster = **c;
+  ASSERT_TRUE(cluster.CreateNamespace().ok());
+  // Both clients know both replicas, and start on replica 0 (the first listed).
+  auto client = std::move(*cluster.NewClient(-1));
+  auto other = std::move(*cluster.NewClient(-1));
+  SessionOptions so;
+  so.ttl = seconds(3);
+  auto session = std::move(*client->OpenSession("default", so));
+  auto hold = session->Acquire("leader");
+  ASSERT_TRUE(hold.ok());
+  auto waiter_session = std::move(*other->OpenSession("default", so));
+  auto waiting = std::async(std::launch::async, [&] {
+    AcquireOptions w;
+    w.wait = seconds(30);
+    return waiter_session->Acquire("leader", w);
+  });
+  ASSERT_TRUE(Eventually([&] {
+    auto d = client->Describe("default", "leader");
+    return d.ok() && d->waiters_size() == 1;
+  }, seconds(10)));
+
+  cluster.holdfastd(0).Kill();
+  // Two TTLs later the hold is alive: renewals went through replica 1.
+  int64_t renewals = session->renewals();
+  std::this_thread::sleep_for(seconds(6));
+  EXPECT_FALSE(hold->lost()) << hold->lost_reason();
+  EXPECT_GT(session->renewals(), renewals);
+  auto d = client->Describe("default", "leader");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->holders_size(), 1);
+  EXPECT_EQ(d->holders(0).session_id(), session->id());
+  ASSERT_EQ(d->waiters_size(), 1);  // the waiting acquire kept its place
+  EXPECT_EQ(d->waiters(0).session_id(), waiter_session->id());
+  ASSERT_TRUE(hold->Release().ok());
+  auto granted = waiting.get();
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_GT(granted->token(), hold->token());
+}
+
+TEST(RobustnessTest, ClientCutOffFromEveryReplicaDeclaresLostBeforeTheLeaseExpires) {
+  auto c = testing::TestCluster::Start();
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto& cluster = **c;
+  ASSERT_TRUE(cluster.CreateNamespace().ok());
+  auto client = std::move(*cluster.NewClient());
+  std::atomic<int64_t> lost_at_ns{0};
+  SessionOptions so;
+  so.ttl = seconds(3);
+  so.on_lost = [&](const absl::Status&) {
+    lost_at_ns = Clock::now().time_since_epoch().count();
+  };
+  auto session = std::move(*client->OpenSession("default", so));
+  auto hold = session->Acquire("cut");
+  ASSERT_TRUE(hold.ok());
+  // Record when etcd deletes the hold key (the lease expired).
+  std::atomic<int64_t> deleted_at_ns{0};
+  etcd::WatchSpec spec;
+  spec.key = keyspace::HoldRangeBegin("default", "cut");
+  spec.range_end = keyspace::HoldRangeEnd("default", "cut");
+  spec.no_put = true;
+  cluster.etcd_client().watches().Watch(spec, [&](absl::StatusOr<etcd::WatchBatch> b) {
+    if (b.ok() && !b->events.empty() && deleted_at_ns == 0) {
+      deleted_at_ns = Clock::now().time_since_epoch().count();
+    }
+  });
+  cluster.holdfastd(0).process()->Signal(SIGSTOP);  // no answers, no renewals
+  ASSERT_TRUE(Eventually([&] { return deleted_at_ns != 0; }, seconds(20)));
+  cluster.holdfastd(0).process()->Signal(SIGCONT);
+  ASSERT_NE(lost_at_ns.load(), 0);
+  EXPECT_TRUE(hold->lost());
+  EXPECT_LT(lost_at_ns.load(), deleted_at_ns.load())
+      << "the client must stop before etcd can hand the lock to anyone else";
+}
+
+}  // namespace
+}  // namespace holdfast
