@@ -172,6 +172,15 @@ std::unique_ptr<Client> ConnectOrReport(const GlobalOptions& global, int* exit_c
   }
   ClientOptions options;
   options.endpoints = *std::move(endpoints);
+  if (global.ca_file.empty() != global.cert_file.empty() ||
+      global.cert_file.empty() != global.key_file.empty()) {
+    *exit_code = ReportUsageError(absl::InvalidArgumentError(
+        "--ca, --cert and --key go together (or set HOLDFAST_CA, HOLDFAST_CERT, HOLDFAST_KEY)"));
+    return nullptr;
+  }
+  options.ca_file = global.ca_file;
+  options.cert_file = global.cert_file;
+  options.key_file = global.key_file;
   auto client = Client::Connect(std::move(options));
   if (!client.ok()) {
     *exit_code = ReportError(client.status(), "connect");

@@ -38,6 +38,9 @@ inline constexpr char kEndpointEnv[] = "HOLDFAST_ENDPOINT";
 struct GlobalOptions {
   // One or more holdfastd endpoints, comma separated.
   std::string endpoint = kDefaultEndpoint;
+  // mTLS: CA bundle, this client's SVID and key (PEM files). Empty: plaintext
+  // (holdfastd accepts that only when it runs --insecure on loopback).
+  std::string ca_file, cert_file, key_file;
 };
 
 // What the parsed command line asks for: the root flags and the action of the

@@ -189,7 +189,9 @@ absl::Status StartHoldfastd(DevStack& stack, const std::string& listen) {
   std::string self_dir = dev::SelfDir();
   dev::SpawnOptions options;
   options.argv = {self_dir.empty() ? "holdfastd" : self_dir + "/holdfastd", "--listen", listen,
-                  "--etcd", stack.etcd->endpoint()};
+                  "--etcd", stack.etcd->endpoint(),
+                  // Development: plaintext on loopback (holdfastd refuses it elsewhere).
+                  "--insecure"};
   options.log_file = stack.holdfastd_log().string();
   auto process = dev::Subprocess::Spawn(std::move(options));
   if (!process.ok()) return process.status();

@@ -22,6 +22,12 @@ void BuildApp(CLI::App& app, CommandContext& ctx) {
                  "holdfastd address HOST:PORT (several: comma separated)")
       ->envname(holdfast::cli::kEndpointEnv)
       ->capture_default_str();
+  app.add_option("--ca", ctx.global.ca_file, "mTLS: CA bundle that signed holdfastd (PEM)")
+      ->envname("HOLDFAST_CA");
+  app.add_option("--cert", ctx.global.cert_file, "mTLS: this client's SVID (PEM)")
+      ->envname("HOLDFAST_CERT");
+  app.add_option("--key", ctx.global.key_file, "mTLS: the SVID's private key (PEM)")
+      ->envname("HOLDFAST_KEY");
   app.require_subcommand(1);
   // Subcommands inherit this: `holdfast lock --endpoint X ...` works too.
   app.fallthrough();

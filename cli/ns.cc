@@ -1,8 +1,10 @@
 // `holdfast ns create|get|list|delete`: namespaces (Admin API).
 #include <iostream>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "cli/common.h"
+#include "common/spiffe.h"
 #include "cli/output.h"
 #include "common/names.h"
 
@@ -16,6 +18,7 @@ struct CreateFlags {
   int64_t held_lease_quota = 0;
   int64_t op_rate_quota = 0;
   std::string tier;
+  std::vector<std::string> members;
   ClassFlags default_class;
   OutputFormat output = OutputFormat::kTable;
 };
@@ -48,6 +51,10 @@ absl::StatusOr<v1::CreateNamespaceRequest> BuildCreateRequest(const CreateFlags&
   ns->set_held_lease_quota(flags.held_lease_quota);
   ns->set_op_rate_quota(flags.op_rate_quota);
   ns->set_cluster_tier(flags.tier);
+  for (const auto& m : flags.members) {
+    if (auto s = spiffe::ValidatePattern(m); !s.ok()) return s;
+    ns->add_members(m);
+  }
   // Without class flags the server's documented defaults apply.
   if (flags.default_class.AnyGiven()) {
     if (auto s = ApplyClassFlags(flags.default_class, request.mutable_default_class()); !s.ok()) {
@@ -124,6 +131,9 @@ void AddCreate(CLI::App* ns, CommandContext& ctx) {
                   "operations per second across all replicas; 0 = unlimited")
       ->check(CLI::NonNegativeNumber);
   cmd->add_option("--tier", flags->tier, "etcd cluster tier; empty = the default cluster");
+  cmd->add_option("--member", flags->members,
+                  "SPIFFE ID (or prefix ending in /*) that may use it; repeat for more; "
+                  "none: every authenticated identity");
   AddClassFlags(cmd, &flags->default_class);
   AddOutputOption(cmd, &flags->output);
   SetAction(cmd, ctx, flags, RunCreate);

@@ -53,6 +53,13 @@ struct ClientOptions {
   // reachable, a call waits for one up to this deadline (then DEADLINE_EXCEEDED)
   // instead of failing at once, so a holdfastd restart is invisible to callers.
   std::chrono::milliseconds rpc_timeout{10'000};
+  // mTLS, which holdfastd requires unless it runs --insecure on loopback: PEM
+  // files of the CA bundle that signed the server, and this client's SVID and
+  // key (whose SPIFFE ID is the caller's identity). Re-read when they change, so
+  // rotated SVIDs are picked up. Empty ca_file: plaintext.
+  std::string ca_file, cert_file, key_file;
+  // Name the server certificate must carry (default: the endpoint's host).
+  std::string server_name;
 };
 
 struct SessionOptions {

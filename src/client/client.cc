@@ -6,6 +6,10 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include <grpcpp/security/credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
+
 #include "client/internal.h"
 #include "common/grpc_status.h"
 #include "common/names.h"
@@ -30,14 +34,34 @@ std::string ChannelTarget(const std::vector<std::string>& endpoints) {
 }
 }  // namespace
 
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const ClientOptions& o) {
+  if (o.ca_file.empty()) return grpc::InsecureChannelCredentials();
+  constexpr unsigned kRefreshSeconds = 10;
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
+  if (o.cert_file.empty()) {
+    provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        o.ca_file, kRefreshSeconds);
+  } else {
+    provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        o.key_file, o.cert_file, o.ca_file, kRefreshSeconds);
+  }
+  grpc::experimental::TlsChannelCredentialsOptions options;
+  options.set_certificate_provider(provider);
+  options.watch_root_certs();
+  if (!o.cert_file.empty()) options.watch_identity_key_cert_pairs();
+  options.set_verify_server_certs(true);
+  return grpc::experimental::TlsCredentials(options);
+}
+
 ClientCore::ClientCore(ClientOptions options) : options_(std::move(options)) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1'000);
-  channel_ = grpc::CreateCustomChannel(ChannelTarget(options_.endpoints),
-                                       grpc::InsecureChannelCredentials(), args);
+  if (!options_.server_name.empty()) args.SetSslTargetNameOverride(options_.server_name);
+  channel_ = grpc::CreateCustomChannel(ChannelTarget(options_.endpoints), Credentials(options_),
+                                       args);
   session_ = v1::Session::NewStub(channel_);
   lock_ = v1::Lock::NewStub(channel_);
   admin_ = v1::Admin::NewStub(channel_);

@@ -195,10 +195,16 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (!snap.namespace_exists) {
       return Finish(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
     }
+    if (auto s = CheckMember(caller_, ns, snap.ns_record.members()); !s.ok()) return Finish(s);
     if (!snap.session) {
       return Finish(absl::NotFoundError(absl::StrCat(
           "session ", req_.session_id(), " not found in namespace \"", ns,
           "\" (it expired or was closed)")));
+    }
+    engine_->RememberOwner(req_.session_id(), snap.session->identity());
+    if (auto s = Engine::CheckOwner(caller_, req_.session_id(), snap.session->identity());
+        !s.ok()) {
+      return Finish(s);
     }
     const ClassEntry* cls = ResolveClass(snap.classes, req_.lock_key());
     if (cls == nullptr) {

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "common/spiffe.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
 #include "lock/queue.h"
@@ -44,6 +45,36 @@ std::string FormatMs(int64_t ms) {
 }
 
 }  // namespace
+
+absl::Status CheckMember(const Caller& caller, const std::string& ns,
+                         const google::protobuf::RepeatedPtrField<std::string>& members) {
+  if (caller.admin || members.empty()) return absl::OkStatus();
+  for (const auto& pattern : members) {
+    if (spiffe::Matches(caller.identity, pattern)) return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      caller.identity, " is not a member of namespace \"", ns, "\""));
+}
+
+absl::Status Engine::CheckOwner(const Caller& caller, int64_t session, const std::string& owner) {
+  if (owner == caller.identity) return absl::OkStatus();
+  return absl::PermissionDeniedError(absl::StrCat(
+      "session ", session, " belongs to another identity; ", caller.identity,
+      " may not use it"));
+}
+
+void Engine::RememberOwner(int64_t session, const std::string& identity) {
+  absl::MutexLock l(&owners_mu_);
+  if (owners_.size() >= 200'000) owners_.clear();  // bounded; misses cost a read
+  owners_[session] = identity;
+}
+
+std::optional<std::string> Engine::KnownOwner(int64_t session) {
+  absl::MutexLock l(&owners_mu_);
+  auto it = owners_.find(session);
+  if (it == owners_.end()) return std::nullopt;
+  return it->second;
+}
 
 Engine::Engine(etcd::Client* etcd, EngineOptions options, EtcdHealth* health)
     : etcd_(etcd), options_(std::move(options)), health_(health) {}
@@ -88,9 +119,28 @@ void Engine::OpenSession(const Caller& caller, const v1::OpenSessionRequest& req
         FormatMs(max_ms), "]")));
   }
   const int64_t ttl_s = (req.ttl_ms() + 999) / 1000;
+  // The namespace and its policy first: a refused caller gets no lease at all.
+  pb::RangeRequest read_ns;
+  read_ns.set_key(keyspace::NamespaceKey(req.namespace_()));
+  etcd_->Range(read_ns, EtcdDeadline(d), [this, caller, ns = req.namespace_(), ttl_s, d,
+                                          done](absl::StatusOr<pb::RangeResponse> r) {
+    if (!r.ok()) return done(r.status());
+    if (r->kvs_size() == 0) {
+      return done(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
+    }
+    records::NamespaceRecord rec;
+    if (!rec.ParseFromString(r->kvs(0).value())) {
+      return done(absl::DataLossError("corrupt namespace record in etcd"));
+    }
+    if (auto s = CheckMember(caller, ns, rec.members()); !s.ok()) return done(s);
+    GrantSession(caller, ns, ttl_s, d, done);
+  });
+}
+
+void Engine::GrantSession(const Caller& caller, const std::string& ns, int64_t ttl_s, Deadline d,
+                          Done<v1::OpenSessionResponse> done) {
   pb::LeaseGrantRequest grant;
   grant.set_ttl(ttl_s);
-  std::string ns = req.namespace_();
   std::string identity = caller.identity;
   etcd_->LeaseGrant(grant, EtcdDeadline(d), [this, ns, identity, ttl_s, d,
                                             done](absl::StatusOr<pb::LeaseGrantResponse> g) {
@@ -109,7 +159,7 @@ void Engine::OpenSession(const Caller& caller, const v1::OpenSessionRequest& req
     put->set_key(keyspace::SessionKey(ns, lease));
     put->set_value(rec.SerializeAsString());
     put->set_lease(lease);
-    etcd_->Txn(std::move(txn), EtcdDeadline(d), [this, ns, lease, ttl_s,
+    etcd_->Txn(std::move(txn), EtcdDeadline(d), [this, ns, lease, ttl_s, identity,
                                                  done](absl::StatusOr<pb::TxnResponse> t) {
       auto revoke = [this, lease] {
         pb::LeaseRevokeRequest r;
@@ -124,6 +174,7 @@ void Engine::OpenSession(const Caller& caller, const v1::OpenSessionRequest& req
         revoke();
         return done(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
       }
+      RememberOwner(lease, identity);
       v1::OpenSessionResponse out;
       out.set_session_id(lease);
       out.set_ttl_ms(ttl_s * 1000);
@@ -138,13 +189,20 @@ void Engine::VerifySession(const Caller& caller, const std::string& ns, int64_t 
   if (auto s = ValidateSessionRef(ns, session); !s.ok()) return done(s);
   pb::RangeRequest r;
   r.set_key(keyspace::SessionKey(ns, session));
-  etcd_->Range(r, EtcdDeadline(d), [ns, session, done](absl::StatusOr<pb::RangeResponse> resp) {
+  etcd_->Range(r, EtcdDeadline(d), [this, caller, ns, session,
+                                     done](absl::StatusOr<pb::RangeResponse> resp) {
     if (!resp.ok()) return done(resp.status());
     if (resp->kvs_size() == 0) {
       return done(absl::NotFoundError(
           absl::StrCat("session ", session, " not found in namespace \"", ns,
                        "\" (it expired or was closed)")));
     }
+    records::SessionRecord rec;
+    if (!rec.ParseFromString(resp->kvs(0).value())) {
+      return done(absl::DataLossError("corrupt session record in etcd"));
+    }
+    RememberOwner(session, rec.identity());
+    if (auto s = CheckOwner(caller, session, rec.identity()); !s.ok()) return done(s);
     done(true);
   });
 }
@@ -210,7 +268,19 @@ void Engine::Release(const Caller& caller, const v1::ReleaseRequest& req, Deadli
   if (req.token() <= 0) {
     return done(absl::InvalidArgumentError(absl::StrCat("token ", req.token(), " is invalid")));
   }
-  ReleaseAttempt(req, d, /*attempts_left=*/5, std::move(done));
+  // Only the session's owner may release its holds.
+  if (auto owner = KnownOwner(req.session_id())) {
+    if (auto s = CheckOwner(caller, req.session_id(), *owner); !s.ok()) return done(s);
+    return ReleaseAttempt(req, d, /*attempts_left=*/5, std::move(done));
+  }
+  VerifySession(caller, req.namespace_(), req.session_id(), d,
+                [this, req, d, done](absl::StatusOr<bool> ok) {
+                  if (!ok.ok() && ok.status().code() != absl::StatusCode::kNotFound) {
+                    return done(ok.status());
+                  }
+                  // A session that is gone holds nothing: the release explains.
+                  ReleaseAttempt(req, d, /*attempts_left=*/5, done);
+                });
 }
 
 // Release, in at most a few transactions:
@@ -343,13 +413,17 @@ void ReadHolds(Engine* engine, const std::string& ns, const std::string& key, De
 }
 }  // namespace
 
-void Engine::CheckToken(const v1::CheckTokenRequest& req, Deadline d,
+void Engine::CheckToken(const Caller& caller, const v1::CheckTokenRequest& req, Deadline d,
                         Done<v1::CheckTokenResponse> done) {
   if (auto s = keyspace::ValidateNamespaceName(req.namespace_()); !s.ok()) return done(s);
   if (auto s = keyspace::ValidateLockKey(req.lock_key()); !s.ok()) return done(s);
   ReadHolds(this, req.namespace_(), req.lock_key(), d,
-            [tok = req.token(), key = req.lock_key(), done](absl::StatusOr<KeySnapshot> snap) {
+            [caller, ns = req.namespace_(), tok = req.token(), key = req.lock_key(),
+             done](absl::StatusOr<KeySnapshot> snap) {
               if (!snap.ok()) return done(snap.status());
+              if (auto s = CheckMember(caller, ns, snap->ns_record.members()); !s.ok()) {
+                return done(s);
+              }
               v1::CheckTokenResponse out;
               for (const auto& h : snap->holds) {
                 int64_t t = MakeHoldInfo(key, h).token();
@@ -360,13 +434,17 @@ void Engine::CheckToken(const v1::CheckTokenRequest& req, Deadline d,
             });
 }
 
-void Engine::Describe(const v1::DescribeRequest& req, Deadline d,
+void Engine::Describe(const Caller& caller, const v1::DescribeRequest& req, Deadline d,
                       Done<v1::DescribeResponse> done) {
   if (auto s = keyspace::ValidateNamespaceName(req.namespace_()); !s.ok()) return done(s);
   if (auto s = keyspace::ValidateLockKey(req.lock_key()); !s.ok()) return done(s);
   ReadHolds(this, req.namespace_(), req.lock_key(), d,
-            [key = req.lock_key(), done](absl::StatusOr<KeySnapshot> snap) {
+            [caller, ns = req.namespace_(), key = req.lock_key(),
+             done](absl::StatusOr<KeySnapshot> snap) {
               if (!snap.ok()) return done(snap.status());
+              if (auto s = CheckMember(caller, ns, snap->ns_record.members()); !s.ok()) {
+                return done(s);
+              }
               v1::DescribeResponse out;
               for (const auto& h : snap->holds) {
                 *out.add_holders() = MakeHoldInfo(key, h, snap->classes);

@@ -13,6 +13,8 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <map>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -31,7 +33,13 @@ using Deadline = etcd::Deadline;
 // Who is calling. Filled by the server's authentication layer.
 struct Caller {
   std::string identity;  // SPIFFE ID
+  bool admin = false;    // matches the server's admin IDs: may use every namespace
 };
+
+// PERMISSION_DENIED unless `caller` may use a namespace whose member patterns
+// are `members` (empty: every authenticated caller).
+absl::Status CheckMember(const Caller& caller, const std::string& ns,
+                         const google::protobuf::RepeatedPtrField<std::string>& members);
 
 struct EngineOptions {
   // Upper bound of one etcd round trip.
@@ -81,9 +89,10 @@ class Engine {
                                        Deadline d, Done<v1::AcquireResponse> done);
   void Release(const Caller& caller, const v1::ReleaseRequest& req, Deadline d,
                Done<v1::ReleaseResponse> done);
-  void CheckToken(const v1::CheckTokenRequest& req, Deadline d,
+  void CheckToken(const Caller& caller, const v1::CheckTokenRequest& req, Deadline d,
                   Done<v1::CheckTokenResponse> done);
-  void Describe(const v1::DescribeRequest& req, Deadline d, Done<v1::DescribeResponse> done);
+  void Describe(const Caller& caller, const v1::DescribeRequest& req, Deadline d,
+                Done<v1::DescribeResponse> done);
 
   etcd::Client& etcd() { return *etcd_; }
   const EngineOptions& options() const { return options_; }
@@ -92,6 +101,8 @@ class Engine {
 
  private:
   friend class AcquireOp;
+  void GrantSession(const Caller& caller, const std::string& ns, int64_t ttl_s, Deadline d,
+                    Done<v1::OpenSessionResponse> done);
   void ReleaseAttempt(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
                       Done<v1::ReleaseResponse> done);
   void ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
@@ -107,6 +118,15 @@ class Engine {
   const EngineOptions options_;
   EtcdHealth* const health_;
   EpochCache epochs_;
+  // Owner of each session seen (identities never change): lets Release check
+  // ownership without a read. Bounded; a miss costs one read.
+  absl::Mutex owners_mu_;
+  std::map<int64_t, std::string> owners_ ABSL_GUARDED_BY(owners_mu_);
+  void RememberOwner(int64_t session, const std::string& identity);
+  std::optional<std::string> KnownOwner(int64_t session);
+  // PERMISSION_DENIED unless the session belongs to the caller.
+  static absl::Status CheckOwner(const Caller& caller, int64_t session,
+                                 const std::string& owner);
 };
 
 }  // namespace holdfast::lock

@@ -1,6 +1,7 @@
 #include "lock/registry.h"
 
 #include "absl/strings/str_cat.h"
+#include "common/spiffe.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
 
@@ -22,6 +23,7 @@ v1::Namespace NamespaceFromRecord(const std::string& name, const mvccpb::KeyValu
   n.set_op_rate_quota(r.op_rate_quota());
   n.set_cluster_tier(r.cluster_tier());
   n.set_create_revision(kv.create_revision());
+  *n.mutable_members() = r.members();
   return n;
 }
 
@@ -105,6 +107,12 @@ absl::StatusOr<v1::Namespace> Registry::CreateNamespace(const v1::CreateNamespac
   if (n.tenant_id().size() > 256 || n.cluster_tier().size() > 63) {
     return absl::InvalidArgumentError("tenant_id (256) or cluster_tier (63 bytes) too long");
   }
+  if (n.members_size() > 1000) return absl::InvalidArgumentError("at most 1000 members");
+  for (const auto& m : n.members()) {
+    if (auto s = spiffe::ValidatePattern(m); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("member pattern: ", s.message()));
+    }
+  }
   v1::LockClass def = req.default_class();
   def.set_namespace_(n.name());
   def.set_class_id(kCatchAllClassId);
@@ -117,6 +125,7 @@ absl::StatusOr<v1::Namespace> Registry::CreateNamespace(const v1::CreateNamespac
   rec.set_held_lease_quota(n.held_lease_quota());
   rec.set_op_rate_quota(n.op_rate_quota());
   rec.set_cluster_tier(n.cluster_tier());
+  *rec.mutable_members() = n.members();
   pb::TxnRequest txn;
   AddCompare(&txn, keyspace::NamespaceKey(n.name()), pb::Compare::CREATE, pb::Compare::EQUAL)
       ->set_create_revision(0);

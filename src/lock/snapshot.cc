@@ -42,6 +42,9 @@ absl::StatusOr<KeySnapshot> ParseSnapshot(
   s.revision = header.revision();
   s.cluster_id = header.cluster_id();
   s.namespace_exists = range(0).kvs_size() > 0;
+  if (s.namespace_exists && !s.ns_record.ParseFromString(range(0).kvs(0).value())) {
+    return absl::DataLossError("corrupt namespace record in etcd");
+  }
   if (range(1).kvs_size() > 0) {
     records::SessionRecord rec;
     if (!rec.ParseFromString(range(1).kvs(0).value())) {

@@ -43,6 +43,7 @@ struct KeySnapshot {
   int64_t revision = 0;        // the read's header revision
   uint64_t cluster_id = 0;     // the read's header cluster id
   bool namespace_exists = false;
+  records::NamespaceRecord ns_record;
   std::optional<records::SessionRecord> session;
   std::optional<EpochEntry> epoch;
   std::vector<ClassEntry> classes;

@@ -1,4 +1,5 @@
-// The Admin service: namespaces, classes and the epoch. Runs on gRPC's
+// The Admin service: namespaces, classes and the epoch. Admin IDs only (any
+// authenticated caller may read the epoch). Runs on gRPC's
 // synchronous thread pool (admin calls are rare and each is a few etcd round
 // trips), so its handlers may block.
 //
@@ -36,6 +37,9 @@ class AdminService final : public v1::Admin::Service {
                         v1::Epoch* resp) override;
 
  private:
+  // UNAUTHENTICATED or PERMISSION_DENIED unless the caller is an admin.
+  absl::Status Admit(const grpc::ServerContext& ctx) const;
+
   lock::Registry* const registry_;
   const Authenticator* const auth_;
 };

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/duration.h"
+#include "common/spiffe.h"
 
 namespace holdfast::server {
 
@@ -61,7 +62,8 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
   Config c;
   if (!root || root.IsNull()) return c;
   if (!root.IsMap()) return absl::InvalidArgumentError("config: the top level must be a map");
-  if (auto s = Unknown(root, "", {"listen", "etcd", "sessions", "acquire", "dev_identity", "limits"});
+  if (auto s = Unknown(root, "", {"listen", "etcd", "sessions", "acquire", "dev_identity", "limits",
+                                  "tls", "admin_ids", "insecure"});
       !s.ok()) {
     return s;
   }
@@ -87,6 +89,34 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
   if (auto acquire = root["acquire"]) {
     if (auto s = Unknown(acquire, "acquire.", {"max_wait"}); !s.ok()) return s;
     if (auto s = ReadDuration(acquire["max_wait"], "acquire.max_wait", &c.max_wait); !s.ok()) return s;
+  }
+  if (auto insecure = root["insecure"]) {
+    try {
+      c.insecure = insecure.as<bool>();
+    } catch (const YAML::Exception&) {
+      return absl::InvalidArgumentError("config: insecure must be true or false");
+    }
+  }
+  if (auto admins = root["admin_ids"]) {
+    if (!admins.IsSequence()) return absl::InvalidArgumentError("config: admin_ids must be a list");
+    for (const auto& a : admins) c.admin_ids.push_back(a.as<std::string>());
+  }
+  if (auto tls = root["tls"]) {
+    if (!tls.IsMap()) return absl::InvalidArgumentError("config: tls must be a map");
+    if (auto s = Unknown(tls, "tls.", {"ca_file", "cert_file", "key_file", "trust_domains", "refresh"});
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = ReadString(tls["ca_file"], "tls.ca_file", &c.tls_ca_file); !s.ok()) return s;
+    if (auto s = ReadString(tls["cert_file"], "tls.cert_file", &c.tls_cert_file); !s.ok()) return s;
+    if (auto s = ReadString(tls["key_file"], "tls.key_file", &c.tls_key_file); !s.ok()) return s;
+    if (auto s = ReadDuration(tls["refresh"], "tls.refresh", &c.tls_refresh); !s.ok()) return s;
+    if (auto tds = tls["trust_domains"]) {
+      if (!tds.IsSequence()) {
+        return absl::InvalidArgumentError("config: tls.trust_domains must be a list");
+      }
+      for (const auto& t : tds) c.trust_domains.push_back(t.as<std::string>());
+    }
   }
   if (auto limits = root["limits"]) {
     if (auto s = Unknown(limits, "limits.", {"max_message_bytes", "max_concurrent_streams"}); !s.ok()) {
@@ -158,8 +188,35 @@ absl::Status ValidateConfig(const Config& c) {
     return absl::InvalidArgumentError(
         "config: limits.max_message_bytes must be >= 4096 and max_concurrent_streams >= 1");
   }
-  if (c.dev_identity.rfind("spiffe://", 0) != 0) {
-    return absl::InvalidArgumentError("config: dev_identity must be a spiffe:// ID");
+  if (auto id = spiffe::Parse(c.dev_identity); !id.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("config: dev_identity: ", id.status().message()));
+  }
+  for (const auto& a : c.admin_ids) {
+    if (auto s = spiffe::ValidatePattern(a); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("config: admin_ids: ", s.message()));
+    }
+  }
+  if (c.insecure) {
+    const std::string host = c.listen.substr(0, c.listen.rfind(':'));
+    if (host != "127.0.0.1" && host != "localhost" && host != "[::1]") {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: insecure (no TLS) is allowed only on a loopback address, not ", c.listen));
+    }
+  } else {
+    if (c.tls_ca_file.empty() || c.tls_cert_file.empty() || c.tls_key_file.empty()) {
+      return absl::InvalidArgumentError(
+          "config: tls.ca_file, tls.cert_file and tls.key_file are required (or insecure: true "
+          "on a loopback address, for development)");
+    }
+    if (c.trust_domains.empty()) {
+      return absl::InvalidArgumentError("config: tls.trust_domains is empty");
+    }
+    for (const auto& td : c.trust_domains) {
+      if (auto id = spiffe::Parse("spiffe://" + td); !id.ok() || !id->path.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config: tls.trust_domains: \"", td, "\" is not a trust domain"));
+      }
+    }
   }
   return absl::OkStatus();
 }

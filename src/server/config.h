@@ -9,7 +9,15 @@
 //     ttl_max: 24h
 //   acquire:
 //     max_wait: 1h
-//   dev_identity: spiffe://holdfast.dev/dev   # identity of every caller while TLS is off
+//   tls:                            # mTLS: required unless `insecure`
+//     ca_file: /etc/holdfast/bundle.pem   # CAs that sign client SVIDs (re-read on change)
+//     cert_file: /etc/holdfast/svid.pem   # this server's certificate chain
+//     key_file: /etc/holdfast/svid_key.pem
+//     trust_domains: [acme.org]     # accepted trust domains of client SPIFFE IDs
+//     refresh: 10s                  # how often the files are checked for changes
+//   admin_ids: [spiffe://acme.org/ops/*]   # may run the Admin API, use every namespace
+//   insecure: false                 # plaintext, loopback only, every caller is dev_identity
+//   dev_identity: spiffe://holdfast.dev/dev   # identity of every caller while insecure
 //   limits:
 //     max_message_bytes: 65536
 //     max_concurrent_streams: 1000  # per connection
@@ -33,6 +41,11 @@ struct Config {
   std::chrono::milliseconds session_ttl_max{24 * 3600 * 1000};
   std::chrono::milliseconds max_wait{3600 * 1000};
   std::string dev_identity = "spiffe://holdfast.dev/dev";
+  bool insecure = false;
+  std::string tls_ca_file, tls_cert_file, tls_key_file;
+  std::vector<std::string> trust_domains;
+  std::chrono::milliseconds tls_refresh{10'000};
+  std::vector<std::string> admin_ids;
   int max_message_bytes = 64 * 1024;
   int max_concurrent_streams = 1000;
 };

@@ -6,7 +6,7 @@ namespace holdfast::server {
 namespace {
 
 TEST(ConfigTest, EmptyIsDefaults) {
-  auto c = ParseConfig("");
+  auto c = ParseConfig("insecure: true");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->listen, "127.0.0.1:7420");
   EXPECT_EQ(c->etcd_endpoints, std::vector<std::string>{"127.0.0.1:2379"});
@@ -14,6 +14,8 @@ TEST(ConfigTest, EmptyIsDefaults) {
 
 TEST(ConfigTest, ReadsEveryField) {
   auto c = ParseConfig(R"(
+tls: {ca_file: /ca.pem, cert_file: /c.pem, key_file: /k.pem, trust_domains: [acme.org]}
+admin_ids: [spiffe://acme.org/ops/*]
 listen: 0.0.0.0:9000
 etcd:
   endpoints: [10.0.0.1:2379, 10.0.0.2:2379]
@@ -37,16 +39,21 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
     const char* reason;
   } cases[] = {
       {"listen: [", "not valid YAML"},
-      {"lisen: 1.2.3.4:5", "unknown key \"lisen\""},
-      {"etcd: {endpoint: [a:1]}", "unknown key \"etcd.endpoint\""},
-      {"etcd: {timeout: 5}", "etcd.timeout: invalid duration"},
-      {"etcd: {endpoints: []}", "etcd.endpoints is empty"},
-      {"etcd: {endpoints: [nohost]}", "\"nohost\" is not host:port"},
-      {"listen: localhost:http", "has a bad port"},
-      {"sessions: {ttl_min: 10s, ttl_max: 5s}", "ttl_min <= sessions.ttl_max"},
-      {"limits: {max_message_bytes: many}", "must be an integer"},
-      {"dev_identity: bob", "spiffe://"},
+      {"insecure: true\nlisen: 1.2.3.4:5", "unknown key \"lisen\""},
+      {"insecure: true\netcd: {endpoint: [a:1]}", "unknown key \"etcd.endpoint\""},
+      {"insecure: true\netcd: {timeout: 5}", "etcd.timeout: invalid duration"},
+      {"insecure: true\netcd: {endpoints: []}", "etcd.endpoints is empty"},
+      {"insecure: true\netcd: {endpoints: [nohost]}", "\"nohost\" is not host:port"},
+      {"insecure: true\nlisten: localhost:http", "has a bad port"},
+      {"insecure: true\nsessions: {ttl_min: 10s, ttl_max: 5s}", "ttl_min <= sessions.ttl_max"},
+      {"insecure: true\nlimits: {max_message_bytes: many}", "must be an integer"},
+      {"insecure: true\ndev_identity: bob", "not a SPIFFE ID"},
       {"- a\n- b", "top level must be a map"},
+      {"listen: 0.0.0.0:7420\ninsecure: true", "only on a loopback address"},
+      {"listen: 127.0.0.1:7420", "tls.ca_file, tls.cert_file and tls.key_file are required"},
+      {"tls: {ca_file: a, cert_file: b, key_file: c}", "tls.trust_domains is empty"},
+      {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [Acme]}", "not a trust domain"},
+      {"insecure: true\nadmin_ids: [ops]", "admin_ids"},
   };
   for (const auto& c : cases) {
     auto r = ParseConfig(c.yaml);

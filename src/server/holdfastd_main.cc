@@ -16,6 +16,9 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "YAML config file");
   app.add_option("--listen", listen, "gRPC listen address host:port (default 127.0.0.1:7420)");
   app.add_option("--etcd", etcd, "etcd endpoints, comma-separated host:port");
+  bool insecure = false;
+  app.add_flag("--insecure", insecure,
+               "serve without TLS (loopback addresses only; every caller is the dev identity)");
   CLI11_PARSE(app, argc, argv);
 
   holdfast::server::Config config;
@@ -28,6 +31,7 @@ int main(int argc, char** argv) {
     config = *loaded;
   }
   if (!listen.empty()) config.listen = listen;
+  if (insecure) config.insecure = true;
   if (!etcd.empty()) config.etcd_endpoints = absl::StrSplit(etcd, ',', absl::SkipEmpty());
   if (auto s = holdfast::server::ValidateConfig(config); !s.ok()) {
     std::fprintf(stderr, "holdfastd: %s\n", std::string(s.message()).c_str());

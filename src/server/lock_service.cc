@@ -54,10 +54,15 @@ grpc::ServerUnaryReactor* LockService::Acquire(grpc::CallbackServerContext* ctx,
                                                v1::AcquireResponse* resp) {
   auto call = std::make_shared<AcquireCall>();
   auto* reactor = new AcquireReactor(call);
+  auto caller = auth_->CallerOf(*ctx);
+  if (!caller.ok()) {
+    reactor->Finish(ToGrpcStatus(caller.status()));
+    return reactor;
+  }
   // Work may go on for the wait plus a margin for the grant itself.
   auto deadline = RpcDeadline(*ctx, std::chrono::milliseconds(std::max<int64_t>(req->wait_ms(), 0)) + kUnaryCap);
   // The reactor may be gone once the engine finishes it; keep `call` alive here.
-  call->SetOp(engine_->Acquire(auth_->CallerOf(*ctx), *req, deadline, FinishInto(reactor, resp)));
+  call->SetOp(engine_->Acquire(*caller, *req, deadline, FinishInto(reactor, resp)));
   return reactor;
 }
 
@@ -65,8 +70,9 @@ grpc::ServerUnaryReactor* LockService::Release(grpc::CallbackServerContext* ctx,
                                                const v1::ReleaseRequest* req,
                                                v1::ReleaseResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  engine_->Release(auth_->CallerOf(*ctx), *req, RpcDeadline(*ctx, kUnaryCap),
-                   FinishInto(reactor, resp));
+  auto caller = auth_->CallerOf(*ctx);
+  if (!caller.ok()) return FinishNow(reactor, caller.status());
+  engine_->Release(*caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
   return reactor;
 }
 
@@ -74,7 +80,9 @@ grpc::ServerUnaryReactor* LockService::CheckToken(grpc::CallbackServerContext* c
                                                   const v1::CheckTokenRequest* req,
                                                   v1::CheckTokenResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  engine_->CheckToken(*req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  auto caller = auth_->CallerOf(*ctx);
+  if (!caller.ok()) return FinishNow(reactor, caller.status());
+  engine_->CheckToken(*caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
   return reactor;
 }
 
@@ -82,7 +90,9 @@ grpc::ServerUnaryReactor* LockService::Describe(grpc::CallbackServerContext* ctx
                                                 const v1::DescribeRequest* req,
                                                 v1::DescribeResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  engine_->Describe(*req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  auto caller = auth_->CallerOf(*ctx);
+  if (!caller.ok()) return FinishNow(reactor, caller.status());
+  engine_->Describe(*caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
   return reactor;
 }
 

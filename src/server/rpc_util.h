@@ -31,4 +31,11 @@ lock::Done<T> FinishInto(grpc::ServerUnaryReactor* reactor, T* resp) {
   };
 }
 
+// Finishes a unary reactor at once (a refused call).
+inline grpc::ServerUnaryReactor* FinishNow(grpc::ServerUnaryReactor* reactor,
+                                           const absl::Status& why) {
+  reactor->Finish(ToGrpcStatus(why));
+  return reactor;
+}
+
 }  // namespace holdfast::server

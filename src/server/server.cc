@@ -4,6 +4,9 @@
 #include <thread>
 
 #include <grpcpp/health_check_service_interface.h>
+#include <grpcpp/security/server_credentials.h>
+#include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_credentials_options.h>
 
 #include "absl/strings/str_cat.h"
 
@@ -55,7 +58,12 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
     return absl::Status(boot.code(), absl::StrCat("epoch bootstrap failed: ", boot.message()));
   }
 
-  auth_ = std::make_unique<Authenticator>(config_.dev_identity);
+  Authenticator::Options ao;
+  ao.insecure = config_.insecure;
+  ao.dev_identity = config_.dev_identity;
+  ao.trust_domains = config_.trust_domains;
+  ao.admin_ids = config_.admin_ids;
+  auth_ = std::make_unique<Authenticator>(ao);
   session_service_ = std::make_unique<SessionService>(engine_.get(), auth_.get());
   lock_service_ = std::make_unique<LockService>(engine_.get(), auth_.get());
   admin_service_ = std::make_unique<AdminService>(registry_.get(), auth_.get());
@@ -63,8 +71,7 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
-  // TLS and SPIFFE identities are the identity issue's; until then, plaintext.
-  builder.AddListeningPort(config_.listen, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(config_.listen, Credentials(), &port);
   builder.RegisterService(session_service_.get());
   builder.RegisterService(lock_service_.get());
   builder.RegisterService(admin_service_.get());
@@ -86,6 +93,26 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   auto colon = config_.listen.rfind(':');
   bound_address_ = absl::StrCat(config_.listen.substr(0, colon), ":", port);
   return absl::OkStatus();
+}
+
+std::shared_ptr<grpc::ServerCredentials> Server::Credentials() const {
+  if (config_.insecure) {
+    std::fprintf(stderr,
+                 "holdfastd: WARNING: serving WITHOUT TLS on %s: every caller is %s, an admin. "
+                 "For loopback development only.\n",
+                 config_.listen.c_str(), config_.dev_identity.c_str());
+    return grpc::InsecureServerCredentials();
+  }
+  // The files are re-read every `tls_refresh`: rotated SVIDs and bundles take
+  // effect for new handshakes without a restart, and open streams stay up.
+  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+      config_.tls_key_file, config_.tls_cert_file, config_.tls_ca_file,
+      std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(config_.tls_refresh).count()));
+  grpc::experimental::TlsServerCredentialsOptions options(provider);
+  options.watch_root_certs();
+  options.watch_identity_key_cert_pairs();
+  options.set_cert_request_type(GRPC_SSL_REQUEST_AND_REQUIRE_CLIENT_CERTIFICATE_AND_VERIFY);
+  return grpc::experimental::TlsServerCredentials(options);
 }
 
 void Server::Shutdown(std::chrono::milliseconds grace) {

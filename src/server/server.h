@@ -38,6 +38,9 @@ class Server {
   std::string bound_address() const { return bound_address_; }
 
  private:
+  // mTLS with client certificates required (or plaintext when insecure).
+  std::shared_ptr<grpc::ServerCredentials> Credentials() const;
+
   Config config_;
   std::shared_ptr<TimerQueue> timers_;
   std::unique_ptr<etcd::Client> etcd_;

@@ -90,8 +90,10 @@ class KeepAliveReactor
                              v1::KeepAliveResponse resp;
                              resp.set_session_id(req.session_id());
                              resp.set_sequence(req.sequence());
-                             bool gone = ok.status().code() == absl::StatusCode::kNotFound ||
-                                         ok.status().code() == absl::StatusCode::kInvalidArgument;
+                             const auto code = ok.status().code();
+                             bool gone = code == absl::StatusCode::kNotFound ||
+                                         code == absl::StatusCode::kInvalidArgument ||
+                                         code == absl::StatusCode::kPermissionDenied;
                              resp.set_lost(gone);
                              resp.set_etcd_unavailable(!gone);
                              resp.set_reason(std::string(ok.status().message()));
@@ -145,28 +147,40 @@ class KeepAliveReactor
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
 };
 
+// A KeepAlive stream from a caller without an acceptable identity.
+class RefusedStream
+    : public grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse> {
+ public:
+  explicit RefusedStream(const absl::Status& why) { Finish(ToGrpcStatus(why)); }
+  void OnDone() override { delete this; }
+};
+
 }  // namespace
 
 grpc::ServerUnaryReactor* SessionService::Open(grpc::CallbackServerContext* ctx,
                                                const v1::OpenSessionRequest* req,
                                                v1::OpenSessionResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  engine_->OpenSession(auth_->CallerOf(*ctx), *req, RpcDeadline(*ctx, kUnaryCap),
-                       FinishInto(reactor, resp));
+  auto caller = auth_->CallerOf(*ctx);
+  if (!caller.ok()) return FinishNow(reactor, caller.status());
+  engine_->OpenSession(*caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
   return reactor;
 }
 
 grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>* SessionService::KeepAlive(
     grpc::CallbackServerContext* ctx) {
-  return new KeepAliveReactor(engine_, auth_->CallerOf(*ctx));
+  auto caller = auth_->CallerOf(*ctx);
+  if (!caller.ok()) return new RefusedStream(caller.status());
+  return new KeepAliveReactor(engine_, *caller);
 }
 
 grpc::ServerUnaryReactor* SessionService::Close(grpc::CallbackServerContext* ctx,
                                                 const v1::CloseSessionRequest* req,
                                                 v1::CloseSessionResponse* resp) {
   auto* reactor = ctx->DefaultReactor();
-  engine_->CloseSession(auth_->CallerOf(*ctx), *req, RpcDeadline(*ctx, kUnaryCap),
-                        FinishInto(reactor, resp));
+  auto caller = auth_->CallerOf(*ctx);
+  if (!caller.ok()) return FinishNow(reactor, caller.status());
+  engine_->CloseSession(*caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
   return reactor;
 }
 

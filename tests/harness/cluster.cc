@@ -7,12 +7,15 @@
 #include <unistd.h>
 #include <stdlib.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "harness/certs.h"
 
 namespace holdfast::testing {
 
@@ -52,12 +55,18 @@ bool PortOpen(const std::string& endpoint) {
 }
 }  // namespace
 
-absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::milliseconds timeout) {
+absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::milliseconds timeout,
+                              bool plaintext) {
   // Wait for the listener before making a channel: a gRPC channel whose first
   // connection was refused backs off for seconds before it tries again.
   auto until = std::chrono::steady_clock::now() + timeout;
   while (!PortOpen(endpoint) && std::chrono::steady_clock::now() < until) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  // A TLS server (holdfastd listens only after it is ready) is up with its port.
+  if (!plaintext) {
+    return PortOpen(endpoint) ? absl::OkStatus()
+                              : absl::DeadlineExceededError("holdfastd did not listen in time");
   }
   ClientOptions o;
   o.endpoints = {endpoint};
@@ -68,6 +77,7 @@ absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::millisec
   while (std::chrono::steady_clock::now() < until) {
     auto e = (*client)->GetEpoch();
     if (e.ok()) return absl::OkStatus();
+
     last = e.status();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -100,12 +110,17 @@ absl::Status HoldfastdProcess::Launch() {
   dev::SpawnOptions so;
   so.argv = {BinDir() + "/holdfastd", "--listen", endpoint(), "--etcd",
              absl::StrJoin(etcd_endpoints_, ",")};
+  if (std::find(extra_args_.begin(), extra_args_.end(), "--config") == extra_args_.end()) {
+    so.argv.push_back("--insecure");  // tests without TLS: plaintext on loopback
+  }
   for (const auto& a : extra_args_) so.argv.push_back(a);
   so.log_file = log_file_;
   auto proc = dev::Subprocess::Spawn(std::move(so));
   if (!proc.ok()) return proc.status();
   process_ = std::move(*proc);
-  auto s = WaitForHoldfastd(endpoint(), std::chrono::seconds(20));
+  const bool plaintext =
+      std::find(extra_args_.begin(), extra_args_.end(), "--config") == extra_args_.end();
+  auto s = WaitForHoldfastd(endpoint(), std::chrono::seconds(20), plaintext);
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(s.message(), "; see ", log_file_));
   return absl::OkStatus();
 }
@@ -160,10 +175,15 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(Options options)
   for (auto& e : c->etcd_) {
     if (auto s = e->WaitHealthy(); !s.ok()) return s;
   }
+  std::vector<std::string> holdfastd_args = options.holdfastd_args;
+  if (options.tls) {
+    c->tls_ = true;
+    if (auto s = c->SetUpTls(&holdfastd_args); !s.ok()) return s;
+  }
   for (int i = 0; i < options.replicas; ++i) {
     auto h = HoldfastdProcess::Start(endpoints,
                                      absl::StrCat(c->dir_.path(), "/holdfastd-", i, ".log"), 0,
-                                     options.holdfastd_args);
+                                     holdfastd_args);
     if (!h.ok()) return h.status();
     c->holdfastd_.push_back(std::move(*h));
   }
@@ -185,7 +205,67 @@ TestCluster::~TestCluster() {
   etcd_.clear();
 }
 
+absl::Status TestCluster::SetUpTls(std::vector<std::string>* args) {
+  std::filesystem::create_directories(certs_dir());
+  auto ca = MakeCa("holdfast test CA");
+  auto other = MakeCa("another CA");
+  if (!ca.ok() || !other.ok()) return absl::InternalError("cannot make test CAs");
+  ca_cert_ = ca->cert;
+  ca_key_ = ca->key;
+  other_ca_cert_ = other->cert;
+  other_ca_key_ = other->key;
+  if (auto s = WritePem(certs_dir(), "ca", *ca); !s.ok()) return s;
+  LeafOptions server;
+  server.common_name = "holdfastd";
+  server.dns = {"localhost"};
+  server.ips = {"127.0.0.1"};
+  server.uris = {"spiffe://test.holdfast/holdfastd"};
+  auto server_pem = MakeLeaf(*ca, server);
+  if (!server_pem.ok()) return server_pem.status();
+  if (auto s = WritePem(certs_dir(), "server", *server_pem); !s.ok()) return s;
+  if (auto s = MakeIdentity("admin", "spiffe://test.holdfast/ops/admin"); !s.ok()) return s;
+  const std::string config = certs_dir() + "/holdfastd.yaml";
+  std::ofstream f(config);
+  f << "tls:\n"
+    << "  ca_file: " << certs_dir() << "/ca.pem\n"
+    << "  cert_file: " << certs_dir() << "/server.pem\n"
+    << "  key_file: " << certs_dir() << "/server_key.pem\n"
+    << "  trust_domains: [test.holdfast]\n"
+    << "  refresh: 1s\n"
+    << "admin_ids: [spiffe://test.holdfast/ops/*]\n";
+  if (!f) return absl::InternalError("cannot write the holdfastd config");
+  args->push_back("--config");
+  args->push_back(config);
+  return absl::OkStatus();
+}
+
+absl::Status TestCluster::MakeIdentity(const std::string& name, const std::string& spiffe_id,
+                                       bool other_ca, bool expired) {
+  LeafOptions o;
+  o.common_name = name;
+  if (!spiffe_id.empty()) o.uris = {spiffe_id};
+  o.expired = expired;
+  Pem ca = other_ca ? Pem{other_ca_cert_, other_ca_key_} : Pem{ca_cert_, ca_key_};
+  auto pem = MakeLeaf(ca, o);
+  if (!pem.ok()) return pem.status();
+  return WritePem(certs_dir(), name, *pem);
+}
+
+absl::StatusOr<std::unique_ptr<Client>> TestCluster::NewClientAs(const std::string& name, int i,
+                                                                std::chrono::milliseconds rpc_timeout) {
+  ClientOptions o;
+  o.endpoints = {endpoint(i)};
+  o.ca_file = certs_dir() + "/ca.pem";
+  if (!name.empty()) {
+    o.cert_file = certs_dir() + "/" + name + ".pem";
+    o.key_file = certs_dir() + "/" + name + "_key.pem";
+  }
+  o.rpc_timeout = rpc_timeout;
+  return Client::Connect(o);
+}
+
 absl::StatusOr<std::unique_ptr<Client>> TestCluster::NewClient(int i) {
+  if (tls_ && i >= 0) return NewClientAs("admin", i);
   ClientOptions o;
   o.endpoints.clear();
   if (i >= 0) {

@@ -63,7 +63,9 @@ class HoldfastdProcess {
 };
 
 // Waits until a holdfastd at `endpoint` answers Admin.GetEpoch.
-absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::milliseconds timeout);
+// With plaintext = false (TLS), waits for the port only.
+absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::milliseconds timeout,
+                              bool plaintext = true);
 
 // One etcd member and `replicas` holdfastd processes sharing it.
 class TestCluster {
@@ -74,6 +76,10 @@ class TestCluster {
     // endpoint, the first one first.
     int etcd_members = 1;
     std::vector<std::string> holdfastd_args;
+    // Serve mTLS with a test CA; trust domain "test.holdfast", admins
+    // "spiffe://test.holdfast/ops/*". Identities for NewClientAs() are made by
+    // MakeIdentity(); "admin" exists from the start.
+    bool tls = false;
   };
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start(Options options);
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start() { return Start(Options{}); }
@@ -86,7 +92,17 @@ class TestCluster {
   const std::string& dir() const { return dir_.path(); }
 
   // A libholdfast client of replica i; with i < 0, of every replica (fail-over).
+  // With TLS, it authenticates as "admin".
   absl::StatusOr<std::unique_ptr<Client>> NewClient(int i = 0);
+  // TLS: writes <dir>/certs/<name>.pem and _key.pem for `spiffe_id`, signed by
+  // the test CA (or by another CA, or expired).
+  absl::Status MakeIdentity(const std::string& name, const std::string& spiffe_id,
+                            bool other_ca = false, bool expired = false);
+  // TLS: a client presenting identity `name` ("" for none).
+  absl::StatusOr<std::unique_ptr<Client>> NewClientAs(
+      const std::string& name, int i = 0,
+      std::chrono::milliseconds rpc_timeout = std::chrono::seconds(5));
+  std::string certs_dir() const { return dir_.path() + "/certs"; }
   // Direct access to etcd, for checks that must not trust holdfast.
   etcd::Client& etcd_client() { return *etcd_client_; }
 
@@ -96,7 +112,10 @@ class TestCluster {
 
  private:
   TestCluster() = default;
+  absl::Status SetUpTls(std::vector<std::string>* holdfastd_args);
   TempDir dir_;
+  bool tls_ = false;
+  std::string ca_cert_, ca_key_, other_ca_cert_, other_ca_key_;
   std::shared_ptr<TimerQueue> timers_;
   std::vector<std::unique_ptr<dev::EtcdProcess>> etcd_;
   std::vector<std::unique_ptr<HoldfastdProcess>> holdfastd_;

@@ -1,0 +1,78 @@
+#include "server/auth.h"
+
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <openssl/x509v3.h>
+
+#include <memory>
+
+#include "absl/strings/str_cat.h"
+#include "common/spiffe.h"
+
+namespace holdfast::server {
+
+namespace {
+
+// The URI SANs of a certificate.
+absl::StatusOr<std::vector<std::string>> UriSans(const std::string& pem) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), pem.size()),
+                                                BIO_free);
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), X509_free);
+  if (!cert) return absl::UnauthenticatedError("the client certificate cannot be parsed");
+  std::vector<std::string> uris;
+  auto* names = static_cast<GENERAL_NAMES*>(
+      X509_get_ext_d2i(cert.get(), NID_subject_alt_name, nullptr, nullptr));
+  if (names == nullptr) return uris;
+  for (int i = 0; i < sk_GENERAL_NAME_num(names); ++i) {
+    const GENERAL_NAME* name = sk_GENERAL_NAME_value(names, i);
+    if (name->type != GEN_URI) continue;
+    const ASN1_IA5STRING* uri = name->d.uniformResourceIdentifier;
+    uris.emplace_back(reinterpret_cast<const char*>(ASN1_STRING_get0_data(uri)),
+                      ASN1_STRING_length(uri));
+  }
+  GENERAL_NAMES_free(names);
+  return uris;
+}
+
+}  // namespace
+
+absl::StatusOr<lock::Caller> Authenticator::CallerOfCertificate(const std::string& pem) const {
+  auto uris = UriSans(pem);
+  if (!uris.ok()) return uris.status();
+  if (uris->size() != 1) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "the client certificate must have exactly one URI SAN (a SPIFFE ID); it has ",
+        uris->size()));
+  }
+  auto id = spiffe::Parse(uris->front());
+  if (!id.ok()) return absl::UnauthenticatedError(id.status().message());
+  bool trusted = false;
+  for (const auto& td : options_.trust_domains) trusted = trusted || td == id->trust_domain;
+  if (!trusted) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        "trust domain \"", id->trust_domain, "\" of ", id->ToString(), " is not accepted"));
+  }
+  lock::Caller caller{id->ToString(), false};
+  for (const auto& pattern : options_.admin_ids) {
+    caller.admin = caller.admin || spiffe::Matches(caller.identity, pattern);
+  }
+  return caller;
+}
+
+absl::StatusOr<lock::Caller> Authenticator::CallerOf(const grpc::ServerContextBase& ctx) const {
+  if (options_.insecure) return lock::Caller{options_.dev_identity, true};
+  auto auth = ctx.auth_context();
+  if (!auth) return absl::UnauthenticatedError("no TLS peer");
+  auto pems = auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
+  if (pems.empty()) return absl::UnauthenticatedError("no client certificate was presented");
+  return CallerOfCertificate(std::string(pems.front().data(), pems.front().size()));
+}
+
+absl::Status Authenticator::RequireAdmin(const lock::Caller& caller) {
+  if (caller.admin) return absl::OkStatus();
+  return absl::PermissionDeniedError(
+      absl::StrCat(caller.identity, " is not an admin of this holdfast service"));
+}
+
+}  // namespace holdfast::server
