@@ -23,6 +23,7 @@
 #include "etcd/watch_hub.h"
 #include "lock/engine.h"
 #include "lock/keyspace.h"
+#include "lock/txn_util.h"
 #include "lock/queue.h"
 #include "lock/snapshot.h"
 #include "lock/token.h"
@@ -30,19 +31,6 @@
 namespace holdfast::lock {
 
 namespace pb = ::etcdserverpb;
-
-namespace {
-int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
-
-pb::Compare* AddCompare(pb::TxnRequest* txn, std::string key, pb::Compare::CompareTarget target,
-                        pb::Compare::CompareResult result) {
-  auto* c = txn->add_compare();
-  c->set_key(std::move(key));
-  c->set_target(target);
-  c->set_result(result);
-  return c;
-}
-}  // namespace
 
 class AcquireOp : public Cancellable, public std::enable_shared_from_this<AcquireOp> {
  public:

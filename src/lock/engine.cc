@@ -6,6 +6,7 @@
 #include "absl/time/clock.h"
 #include "common/spiffe.h"
 #include "lock/keyspace.h"
+#include "lock/txn_util.h"
 #include "lock/records.pb.h"
 #include "lock/queue.h"
 #include "lock/snapshot.h"
@@ -17,17 +18,6 @@ namespace pb = ::etcdserverpb;
 using std::chrono::milliseconds;
 
 namespace {
-
-int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
-
-pb::Compare* AddCompare(pb::TxnRequest* txn, std::string key, pb::Compare::CompareTarget target,
-                        pb::Compare::CompareResult result) {
-  auto* c = txn->add_compare();
-  c->set_key(std::move(key));
-  c->set_target(target);
-  c->set_result(result);
-  return c;
-}
 
 absl::Status ValidateSessionRef(const std::string& ns, int64_t session) {
   if (auto s = keyspace::ValidateNamespaceName(ns); !s.ok()) return s;

@@ -44,40 +44,40 @@ std::string SessionKey(absl::string_view ns, int64_t lease) {
 }
 std::string SessionPrefix(absl::string_view ns) { return absl::StrCat(kNsDir, ns, "/session/"); }
 
+namespace {
+// [<ns>/<kind>/<lock_key>\0, <ns>/<kind>/<lock_key>\1): every lease's key of one
+// lock key, and nothing of any other lock key (K1).
+std::string LeasedRangeBegin(absl::string_view ns, absl::string_view kind,
+                             absl::string_view lock_key) {
+  std::string k = absl::StrCat(kNsDir, ns, "/", kind, "/", lock_key);
+  k.push_back(kLeaseSeparator);
+  return k;
+}
+std::string LeasedRangeEnd(absl::string_view ns, absl::string_view kind,
+                           absl::string_view lock_key) {
+  std::string k = absl::StrCat(kNsDir, ns, "/", kind, "/", lock_key);
+  k.push_back(static_cast<char>(kLeaseSeparator + 1));
+  return k;
+}
+}  // namespace
+
 std::string HoldKey(absl::string_view ns, absl::string_view lock_key, int64_t lease) {
-  std::string k = HoldRangeBegin(ns, lock_key);
-  k += LeaseHex(lease);
-  return k;
+  return LeasedRangeBegin(ns, "hold", lock_key) + LeaseHex(lease);
 }
-
 std::string HoldRangeBegin(absl::string_view ns, absl::string_view lock_key) {
-  std::string k = absl::StrCat(kNsDir, ns, "/hold/", lock_key);
-  k.push_back(kLeaseSeparator);
-  return k;
+  return LeasedRangeBegin(ns, "hold", lock_key);
 }
-
 std::string HoldRangeEnd(absl::string_view ns, absl::string_view lock_key) {
-  std::string k = absl::StrCat(kNsDir, ns, "/hold/", lock_key);
-  k.push_back(static_cast<char>(kLeaseSeparator + 1));
-  return k;
+  return LeasedRangeEnd(ns, "hold", lock_key);
 }
-
 std::string WaitKey(absl::string_view ns, absl::string_view lock_key, int64_t lease) {
-  std::string k = WaitRangeBegin(ns, lock_key);
-  k += LeaseHex(lease);
-  return k;
+  return LeasedRangeBegin(ns, "wait", lock_key) + LeaseHex(lease);
 }
-
 std::string WaitRangeBegin(absl::string_view ns, absl::string_view lock_key) {
-  std::string k = absl::StrCat(kNsDir, ns, "/wait/", lock_key);
-  k.push_back(kLeaseSeparator);
-  return k;
+  return LeasedRangeBegin(ns, "wait", lock_key);
 }
-
 std::string WaitRangeEnd(absl::string_view ns, absl::string_view lock_key) {
-  std::string k = absl::StrCat(kNsDir, ns, "/wait/", lock_key);
-  k.push_back(static_cast<char>(kLeaseSeparator + 1));
-  return k;
+  return LeasedRangeEnd(ns, "wait", lock_key);
 }
 
 std::string HoldPrefix(absl::string_view ns, absl::string_view key_prefix) {

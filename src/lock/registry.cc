@@ -3,6 +3,7 @@
 #include "absl/strings/str_cat.h"
 #include "common/spiffe.h"
 #include "lock/keyspace.h"
+#include "lock/txn_util.h"
 #include "lock/records.pb.h"
 
 namespace holdfast::lock {
@@ -54,15 +55,6 @@ absl::StatusOr<v1::LockClass> ClassFromKv(const std::string& ns, const std::stri
   c.set_enforcement(static_cast<v1::Enforcement>(r.enforcement()));
   c.set_on_quorum_loss(static_cast<v1::OnQuorumLoss>(r.on_quorum_loss()));
   c.set_create_revision(kv.create_revision());
-  return c;
-}
-
-pb::Compare* AddCompare(pb::TxnRequest* txn, std::string key, pb::Compare::CompareTarget t,
-                        pb::Compare::CompareResult r) {
-  auto* c = txn->add_compare();
-  c->set_key(std::move(key));
-  c->set_target(t);
-  c->set_result(r);
   return c;
 }
 
