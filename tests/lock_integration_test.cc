@@ -375,6 +375,49 @@ TEST_F(LockTest, SharedHoldsCoexistButNotWithExclusive) {
   EXPECT_EQ(HoldsInEtcd("cfg").size(), 2u);
 }
 
+TEST_F(LockTest, HeldLeaseQuotaIsExactUnderConcurrency) {
+  v1::CreateNamespaceRequest req;
+  req.mutable_namespace_()->set_name("q");
+  req.mutable_namespace_()->set_held_lease_quota(10);
+  ASSERT_TRUE(client_->CreateNamespace(req).ok());
+  auto open_many = [&](int n) {
+    std::mutex mu;
+    std::vector<std::unique_ptr<Session>> opened;
+    std::vector<std::string> refusals;
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([&] {
+        auto s = client_->OpenSession("q");
+        std::lock_guard<std::mutex> l(mu);
+        if (s.ok()) {
+          opened.push_back(std::move(*s));
+        } else {
+          EXPECT_TRUE(s.status().code() == absl::StatusCode::kResourceExhausted ||
+                      s.status().code() == absl::StatusCode::kAborted)
+              << s.status();
+          refusals.push_back(std::string(s.status().message()));
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return std::make_pair(std::move(opened), std::move(refusals));
+  };
+  auto [first, refused] = open_many(50);
+  EXPECT_EQ(first.size(), 10u);
+  EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("q")), 10);
+  ASSERT_FALSE(refused.empty());
+  EXPECT_NE(refused[0].find("held_lease_quota"), std::string::npos) << refused[0];
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(first[i]->Close().ok());
+  auto [second, refused_again] = open_many(50);
+  EXPECT_EQ(second.size(), 3u);
+  EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("q")), 10);
+  // A refused open leaves nothing behind.
+  int64_t rev = Revision();
+  auto one_more = client_->OpenSession("q");
+  EXPECT_EQ(one_more.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_EQ(Revision(), rev);
+}
+
 // --- failures ----------------------------------------------------------------
 
 TEST_F(LockTest, KilledHolderLosesItsHoldWithinTtlAndAWaiterGetsIt) {

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "common/spiffe.h"
@@ -109,68 +110,139 @@ void Engine::OpenSession(const Caller& caller, const v1::OpenSessionRequest& req
         FormatMs(max_ms), "]")));
   }
   const int64_t ttl_s = (req.ttl_ms() + 999) / 1000;
-  // The namespace and its policy first: a refused caller gets no lease at all.
-  pb::RangeRequest read_ns;
-  read_ns.set_key(keyspace::NamespaceKey(req.namespace_()));
-  etcd_->Range(read_ns, EtcdDeadline(d), [this, caller, ns = req.namespace_(), ttl_s, d,
-                                          done](absl::StatusOr<pb::RangeResponse> r) {
+  // The namespace, its policy and its quota first: a refused caller gets no lease.
+  pb::TxnRequest read;
+  read.add_success()->mutable_request_range()->set_key(keyspace::NamespaceKey(req.namespace_()));
+  auto* slots = read.add_success()->mutable_request_range();
+  slots->set_key(keyspace::SlotPrefix(req.namespace_()));
+  slots->set_range_end(keyspace::PrefixEnd(keyspace::SlotPrefix(req.namespace_())));
+  slots->set_count_only(true);
+  etcd_->Txn(std::move(read), EtcdDeadline(d), [this, caller, ns = req.namespace_(), ttl_s, d,
+                                               done](absl::StatusOr<pb::TxnResponse> r) {
     if (!r.ok()) return done(r.status());
-    if (r->kvs_size() == 0) {
+    const auto& ns_range = r->responses(0).response_range();
+    if (ns_range.kvs_size() == 0) {
       return done(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
     }
     records::NamespaceRecord rec;
-    if (!rec.ParseFromString(r->kvs(0).value())) {
+    if (!rec.ParseFromString(ns_range.kvs(0).value())) {
       return done(absl::DataLossError("corrupt namespace record in etcd"));
     }
     if (auto s = CheckMember(caller, ns, rec.members()); !s.ok()) return done(s);
-    GrantSession(caller, ns, ttl_s, d, done);
+    const int64_t quota = rec.held_lease_quota();
+    if (quota > 0 && r->responses(1).response_range().count() >= quota) {
+      return done(QuotaExhausted(ns, quota));
+    }
+    GrantSession(caller, ns, ttl_s, quota, d, done);
   });
 }
 
-void Engine::GrantSession(const Caller& caller, const std::string& ns, int64_t ttl_s, Deadline d,
-                          Done<v1::OpenSessionResponse> done) {
+absl::Status Engine::QuotaExhausted(const std::string& ns, int64_t quota) {
+  return absl::ResourceExhaustedError(absl::StrCat(
+      "namespace \"", ns, "\" has ", quota, " live sessions, its held_lease_quota; close one, "
+      "wait for one to expire, or ask an admin to raise the quota"));
+}
+
+void Engine::GrantSession(const Caller& caller, const std::string& ns, int64_t ttl_s,
+                          int64_t quota, Deadline d, Done<v1::OpenSessionResponse> done) {
   pb::LeaseGrantRequest grant;
   grant.set_ttl(ttl_s);
-  std::string identity = caller.identity;
-  etcd_->LeaseGrant(grant, EtcdDeadline(d), [this, ns, identity, ttl_s, d,
+  etcd_->LeaseGrant(grant, EtcdDeadline(d), [this, caller, ns, ttl_s, quota, d,
                                             done](absl::StatusOr<pb::LeaseGrantResponse> g) {
     if (!g.ok()) return done(g.status());
     if (!g->error().empty()) return done(absl::UnavailableError("etcd: " + g->error()));
-    const int64_t lease = g->id();
+    CommitSession(caller, ns, g->id(), ttl_s, quota, /*attempts_left=*/8, d, done);
+  });
+}
+
+void Engine::RevokeQuietly(int64_t lease) {
+  pb::LeaseRevokeRequest r;
+  r.set_id(lease);
+  etcd_->LeaseRevoke(r, etcd::DeadlineIn(options_.etcd_timeout), [](auto) {});
+}
+
+// Writes the session record on its lease; with a quota, also one free slot key,
+// guarded by "this slot is free", so concurrent opens can never exceed the quota.
+void Engine::CommitSession(const Caller& caller, const std::string& ns, int64_t lease,
+                           int64_t ttl_s, int64_t quota, int attempts_left, Deadline d,
+                           Done<v1::OpenSessionResponse> done) {
+  auto commit = [this, caller, ns, lease, ttl_s, quota, attempts_left, d,
+                 done](std::optional<int64_t> slot) {
     records::SessionRecord rec;
-    rec.set_identity(identity);
+    rec.set_identity(caller.identity);
     rec.set_ttl_ms(ttl_s * 1000);
     rec.set_opened_at_unix_ms(NowUnixMs());
-    // The session record exists only inside an existing namespace.
     pb::TxnRequest txn;
+    // The session record exists only inside an existing namespace.
     AddCompare(&txn, keyspace::NamespaceKey(ns), pb::Compare::CREATE, pb::Compare::GREATER)
         ->set_create_revision(0);
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(keyspace::SessionKey(ns, lease));
     put->set_value(rec.SerializeAsString());
     put->set_lease(lease);
-    etcd_->Txn(std::move(txn), EtcdDeadline(d), [this, ns, lease, ttl_s, identity,
+    if (slot) {
+      AddCompare(&txn, keyspace::SlotKey(ns, *slot), pb::Compare::CREATE, pb::Compare::EQUAL)
+          ->set_create_revision(0);
+      auto* take = txn.add_success()->mutable_request_put();
+      take->set_key(keyspace::SlotKey(ns, *slot));
+      take->set_value(absl::StrCat(lease));
+      take->set_lease(lease);
+    }
+    auto* probe = txn.add_failure()->mutable_request_range();
+    probe->set_key(keyspace::NamespaceKey(ns));
+    probe->set_count_only(true);
+    etcd_->Txn(std::move(txn), EtcdDeadline(d), [this, caller, ns, lease, ttl_s, quota,
+                                                 attempts_left, d, slot,
                                                  done](absl::StatusOr<pb::TxnResponse> t) {
-      auto revoke = [this, lease] {
-        pb::LeaseRevokeRequest r;
-        r.set_id(lease);
-        etcd_->LeaseRevoke(r, etcd::DeadlineIn(options_.etcd_timeout), [](auto) {});
-      };
       if (!t.ok()) {
-        revoke();  // best effort; the lease expires by itself otherwise
+        RevokeQuietly(lease);  // best effort; the lease expires by itself otherwise
         return done(t.status());
       }
       if (!t->succeeded()) {
-        revoke();
-        return done(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
+        if (t->responses(0).response_range().count() == 0) {
+          RevokeQuietly(lease);
+          return done(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
+        }
+        if (slot && attempts_left > 1) {  // another open took that slot: pick again
+          return CommitSession(caller, ns, lease, ttl_s, quota, attempts_left - 1, d, done);
+        }
+        RevokeQuietly(lease);
+        return done(absl::AbortedError("too many concurrent session opens; try again"));
       }
-      RememberOwner(lease, identity);
+      RememberOwner(lease, caller.identity);
       v1::OpenSessionResponse out;
       out.set_session_id(lease);
       out.set_ttl_ms(ttl_s * 1000);
       out.set_opened_revision(t->header().revision());
       done(std::move(out));
     });
+  };
+  if (quota <= 0) return commit(std::nullopt);
+  pb::RangeRequest r;
+  r.set_key(keyspace::SlotPrefix(ns));
+  r.set_range_end(keyspace::PrefixEnd(keyspace::SlotPrefix(ns)));
+  r.set_keys_only(true);
+  etcd_->Range(r, EtcdDeadline(d), [this, ns, lease, quota, commit,
+                                     done](absl::StatusOr<pb::RangeResponse> used) {
+    if (!used.ok()) {
+      RevokeQuietly(lease);
+      return done(used.status());
+    }
+    std::vector<bool> taken(quota, false);
+    for (const auto& kv : used->kvs()) {
+      auto index = keyspace::ParseSlotKey(kv.key(), ns);
+      if (index && *index < quota) taken[*index] = true;
+    }
+    std::vector<int64_t> free;
+    for (int64_t i = 0; i < quota; ++i) {
+      if (!taken[i]) free.push_back(i);
+    }
+    if (free.empty()) {
+      RevokeQuietly(lease);
+      return done(QuotaExhausted(ns, quota));
+    }
+    // A random free slot, so concurrent opens rarely race for the same one.
+    commit(free[absl::Uniform<size_t>(absl::BitGen(), 0, free.size())]);
   });
 }
 

@@ -101,8 +101,13 @@ class Engine {
 
  private:
   friend class AcquireOp;
-  void GrantSession(const Caller& caller, const std::string& ns, int64_t ttl_s, Deadline d,
-                    Done<v1::OpenSessionResponse> done);
+  void GrantSession(const Caller& caller, const std::string& ns, int64_t ttl_s, int64_t quota,
+                    Deadline d, Done<v1::OpenSessionResponse> done);
+  void CommitSession(const Caller& caller, const std::string& ns, int64_t lease, int64_t ttl_s,
+                     int64_t quota, int attempts_left, Deadline d,
+                     Done<v1::OpenSessionResponse> done);
+  void RevokeQuietly(int64_t lease);
+  static absl::Status QuotaExhausted(const std::string& ns, int64_t quota);
   void ReleaseAttempt(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
                       Done<v1::ReleaseResponse> done);
   void ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_left,

@@ -43,6 +43,20 @@ std::string SessionKey(absl::string_view ns, int64_t lease) {
   return absl::StrCat(kNsDir, ns, "/session/", LeaseHex(lease));
 }
 std::string SessionPrefix(absl::string_view ns) { return absl::StrCat(kNsDir, ns, "/session/"); }
+std::string SlotKey(absl::string_view ns, int64_t index) {
+  return absl::StrFormat("%s%s/slot/%08d", kNsDir, ns, index);
+}
+std::string SlotPrefix(absl::string_view ns) { return absl::StrCat(kNsDir, ns, "/slot/"); }
+std::optional<int64_t> ParseSlotKey(absl::string_view key, absl::string_view ns) {
+  std::string dir = SlotPrefix(ns);
+  if (key.substr(0, dir.size()) != dir) return std::nullopt;
+  int64_t index = 0;
+  for (char ch : key.substr(dir.size())) {
+    if (ch < '0' || ch > '9') return std::nullopt;
+    index = index * 10 + (ch - '0');
+  }
+  return index;
+}
 
 namespace {
 // [<ns>/<kind>/<lock_key>\0, <ns>/<kind>/<lock_key>\1): every lease's key of one

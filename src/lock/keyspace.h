@@ -7,6 +7,8 @@
 //   /holdfast/ns/<ns>/session/<lease:016x>           SessionRecord, on <lease>
 //   /holdfast/ns/<ns>/hold/<lock_key>\0<lease:016x>  HoldRecord, on <lease>
 //   /holdfast/ns/<ns>/wait/<lock_key>\0<lease:016x>  WaiterRecord, on <lease>
+//   /holdfast/ns/<ns>/slot/<index:08d>               session id (decimal), on the session's
+//                                                    lease: one of held_lease_quota slots
 //
 // <ns> and <class_id> match [a-z0-9][a-z0-9._-]{0,62}, so they hold no '/'.
 // <lock_key> is 1..512 bytes of UTF-8 without control characters (no NUL), stored
@@ -53,6 +55,11 @@ std::string ClassKey(absl::string_view ns, absl::string_view class_id);
 std::string ClassPrefix(absl::string_view ns);
 std::string SessionKey(absl::string_view ns, int64_t lease);
 std::string SessionPrefix(absl::string_view ns);
+// The live-session slots of a namespace with a held_lease_quota: each session
+// holds one, attached to its lease, so at most `quota` sessions live at once.
+std::string SlotKey(absl::string_view ns, int64_t index);
+std::string SlotPrefix(absl::string_view ns);
+std::optional<int64_t> ParseSlotKey(absl::string_view key, absl::string_view ns);
 std::string HoldKey(absl::string_view ns, absl::string_view lock_key, int64_t lease);
 // All holds of one lock key: [HoldRangeBegin, HoldRangeEnd).
 std::string HoldRangeBegin(absl::string_view ns, absl::string_view lock_key);

@@ -17,6 +17,9 @@ TEST(KeyspaceTest, GoldenEncoding) {
             "/holdfast/ns/payments/hold/db/primary"s + '\0' + "000000000000001f");
   EXPECT_EQ(HoldRangeBegin("p", "a"), "/holdfast/ns/p/hold/a\0"s);
   EXPECT_EQ(HoldRangeEnd("p", "a"), "/holdfast/ns/p/hold/a\1"s);
+  EXPECT_EQ(WaitKey("p", "a", 2), "/holdfast/ns/p/wait/a"s + '\0' + "0000000000000002");
+  EXPECT_EQ(SlotKey("p", 7), "/holdfast/ns/p/slot/00000007");
+  EXPECT_EQ(ParseSlotKey(SlotKey("p", 123), "p"), 123);
 }
 
 bool InRange(const std::string& k, const std::string& begin, const std::string& end) {
