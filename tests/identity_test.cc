@@ -1,6 +1,8 @@
 // Identity and tenancy over real mTLS (ARCHITECTURE §9): certificates from a test
 // CA carry SPIFFE IDs; holdfastd refuses what the SVID rules and the namespace
 // policy refuse, and a session serves only the identity that opened it.
+#include <fstream>
+
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
@@ -170,6 +172,35 @@ TEST_F(IdentityTest, NamespacePolicyAdmitsMembersAndAdminsOnly) {
   bad.mutable_namespace_()->set_name("bad");
   bad.mutable_namespace_()->add_members("team/*");
   EXPECT_EQ((*admin)->CreateNamespace(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Production config: holdfastd reaches etcd over TLS with a client certificate,
+// and etcd (--client-cert-auth) refuses anyone without one.
+TEST(EtcdTlsTest, HoldfastdTalksToEtcdWithAClientCertificate) {
+  testing::TestCluster::Options o;
+  o.etcd_tls = true;
+  auto c = testing::TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto& cluster = **c;
+  ASSERT_TRUE(cluster.CreateNamespace().ok());
+  auto client = std::move(*cluster.NewClient());
+  auto session = client->OpenSession("default");
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto hold = (*session)->Acquire("k");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  EXPECT_GT(hold->token(), 0);
+  // Without a client certificate etcd refuses the connection.
+  auto timers = std::make_shared<TimerQueue>();
+  etcd::ClientOptions eo;
+  eo.endpoints = {cluster.etcd().endpoint()};
+  grpc::SslCredentialsOptions no_cert;
+  std::ifstream ca(cluster.certs_dir() + "/etcd-ca.pem");
+  no_cert.pem_root_certs.assign(std::istreambuf_iterator<char>(ca), {});
+  eo.credentials = grpc::SslCredentials(no_cert);
+  auto anonymous = std::move(*etcd::Client::Create(eo, timers));
+  pb::RangeRequest r;
+  r.set_key("/holdfast/epoch");
+  EXPECT_FALSE(anonymous->RangeSync(r, etcd::DeadlineIn(seconds(3))).ok());
 }
 
 TEST(AuthenticatorTest, TakesTheSpiffeIdFromTheCertificate) {

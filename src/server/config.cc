@@ -71,7 +71,19 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
   if (auto s = ReadString(root["dev_identity"], "dev_identity", &c.dev_identity); !s.ok()) return s;
   if (auto etcd = root["etcd"]) {
     if (!etcd.IsMap()) return absl::InvalidArgumentError("config: etcd must be a map");
-    if (auto s = Unknown(etcd, "etcd.", {"endpoints", "timeout"}); !s.ok()) return s;
+    if (auto s = Unknown(etcd, "etcd.", {"endpoints", "timeout", "tls"}); !s.ok()) return s;
+    if (auto tls = etcd["tls"]) {
+      if (auto s = Unknown(tls, "etcd.tls.", {"ca_file", "cert_file", "key_file"}); !s.ok()) {
+        return s;
+      }
+      if (auto s = ReadString(tls["ca_file"], "etcd.tls.ca_file", &c.etcd_ca_file); !s.ok()) return s;
+      if (auto s = ReadString(tls["cert_file"], "etcd.tls.cert_file", &c.etcd_cert_file); !s.ok()) return s;
+      if (auto s = ReadString(tls["key_file"], "etcd.tls.key_file", &c.etcd_key_file); !s.ok()) return s;
+      if (c.etcd_ca_file.empty() || c.etcd_cert_file.empty() != c.etcd_key_file.empty()) {
+        return absl::InvalidArgumentError(
+            "config: etcd.tls needs ca_file, and cert_file with key_file");
+      }
+    }
     if (auto eps = etcd["endpoints"]) {
       if (!eps.IsSequence()) {
         return absl::InvalidArgumentError("config: etcd.endpoints must be a list of host:port");

@@ -4,6 +4,10 @@
 //   etcd:
 //     endpoints: [127.0.0.1:2379]   # members of the cluster
 //     timeout: 5s                   # upper bound of one etcd round trip
+//     tls:                          # holdfastd -> etcd over TLS with a client certificate
+//       ca_file: /etc/holdfast/etcd-ca.pem
+//       cert_file: /etc/holdfast/etcd-client.pem
+//       key_file: /etc/holdfast/etcd-client-key.pem
 //   sessions:
 //     ttl_min: 1s                   # bounds on session TTLs (classes narrow them)
 //     ttl_max: 24h
@@ -37,6 +41,8 @@ struct Config {
   std::string listen = "127.0.0.1:7420";
   std::vector<std::string> etcd_endpoints = {"127.0.0.1:2379"};
   std::chrono::milliseconds etcd_timeout{5000};
+  // TLS to etcd (empty ca: plaintext). Read at start.
+  std::string etcd_ca_file, etcd_cert_file, etcd_key_file;
   std::chrono::milliseconds session_ttl_min{1000};
   std::chrono::milliseconds session_ttl_max{24 * 3600 * 1000};
   std::chrono::milliseconds max_wait{3600 * 1000};

@@ -54,6 +54,7 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"tls: {ca_file: a, cert_file: b, key_file: c}", "tls.trust_domains is empty"},
       {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [Acme]}", "not a trust domain"},
       {"insecure: true\nadmin_ids: [ops]", "admin_ids"},
+      {"insecure: true\netcd: {tls: {cert_file: a}}", "etcd.tls needs ca_file"},
   };
   for (const auto& c : cases) {
     auto r = ParseConfig(c.yaml);

@@ -1,6 +1,8 @@
 #include "server/server.h"
 
 #include <cstdio>
+#include <fstream>
+#include <sstream>
 #include <thread>
 
 #include <grpcpp/health_check_service_interface.h>
@@ -21,6 +23,11 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   etcd::ClientOptions eo;
   eo.endpoints = config_.etcd_endpoints;
   eo.internal_timeout = config_.etcd_timeout;
+  if (!config_.etcd_ca_file.empty()) {
+    auto creds = EtcdCredentials();
+    if (!creds.ok()) return creds.status();
+    eo.credentials = *creds;
+  }
   auto etcd = etcd::Client::Create(eo, timers_);
   if (!etcd.ok()) return etcd.status();
   etcd_ = std::move(*etcd);
@@ -93,6 +100,32 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   auto colon = config_.listen.rfind(':');
   bound_address_ = absl::StrCat(config_.listen.substr(0, colon), ":", port);
   return absl::OkStatus();
+}
+
+namespace {
+absl::StatusOr<std::string> ReadFile(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+}  // namespace
+
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Server::EtcdCredentials() const {
+  grpc::SslCredentialsOptions o;
+  auto ca = ReadFile(config_.etcd_ca_file);
+  if (!ca.ok()) return ca.status();
+  o.pem_root_certs = *ca;
+  if (!config_.etcd_cert_file.empty()) {
+    auto cert = ReadFile(config_.etcd_cert_file);
+    auto key = ReadFile(config_.etcd_key_file);
+    if (!cert.ok()) return cert.status();
+    if (!key.ok()) return key.status();
+    o.pem_cert_chain = *cert;
+    o.pem_private_key = *key;
+  }
+  return grpc::SslCredentials(o);
 }
 
 std::shared_ptr<grpc::ServerCredentials> Server::Credentials() const {

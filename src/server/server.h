@@ -40,6 +40,8 @@ class Server {
  private:
   // mTLS with client certificates required (or plaintext when insecure).
   std::shared_ptr<grpc::ServerCredentials> Credentials() const;
+  // TLS with a client certificate to etcd (etcd --client-cert-auth).
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials() const;
 
   Config config_;
   std::shared_ptr<TimerQueue> timers_;

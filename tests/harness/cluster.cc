@@ -149,6 +149,10 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(Options options)
   std::unique_ptr<TestCluster> c(new TestCluster());
   if (c->dir_.path().empty()) return absl::InternalError("cannot make a temp dir");
   const int members = std::max(1, options.etcd_members);
+  std::vector<std::string> etcd_tls_args;
+  if (options.etcd_tls) {
+    if (auto s = c->SetUpEtcdTls(&etcd_tls_args); !s.ok()) return s;
+  }
   std::vector<dev::EtcdOptions> eos(members);
   std::string initial_cluster;
   for (int m = 0; m < members; ++m) {
@@ -161,6 +165,10 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(Options options)
     eo.client_port = *client_port;
     eo.peer_port = *peer_port;
     eo.wait_healthy = members == 1;
+    if (options.etcd_tls) {
+      eo.client_scheme = "https";
+      eo.extra_args = etcd_tls_args;
+    }
     absl::StrAppend(&initial_cluster, m == 0 ? "" : ",", eo.name, "=http://127.0.0.1:",
                     eo.peer_port);
   }
@@ -176,6 +184,17 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(Options options)
     if (auto s = e->WaitHealthy(); !s.ok()) return s;
   }
   std::vector<std::string> holdfastd_args = options.holdfastd_args;
+  if (options.etcd_tls) {
+    const std::string config = c->certs_dir() + "/holdfastd-etcd-tls.yaml";
+    std::ofstream f(config);
+    f << "insecure: true\n"
+      << "etcd:\n  tls:\n"
+      << "    ca_file: " << c->certs_dir() << "/etcd-ca.pem\n"
+      << "    cert_file: " << c->certs_dir() << "/etcd-client.pem\n"
+      << "    key_file: " << c->certs_dir() << "/etcd-client_key.pem\n";
+    holdfastd_args.push_back("--config");
+    holdfastd_args.push_back(config);
+  }
   if (options.tls) {
     c->tls_ = true;
     if (auto s = c->SetUpTls(&holdfastd_args); !s.ok()) return s;
@@ -190,6 +209,13 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(Options options)
   c->timers_ = std::make_shared<TimerQueue>();
   etcd::ClientOptions co;
   co.endpoints = endpoints;
+  if (options.etcd_tls) {
+    grpc::SslCredentialsOptions so;
+    so.pem_root_certs = c->etcd_ca_pem_.cert;
+    so.pem_cert_chain = c->etcd_client_pem_.cert;
+    so.pem_private_key = c->etcd_client_pem_.key;
+    co.credentials = grpc::SslCredentials(so);
+  }
   auto ec = etcd::Client::Create(co, c->timers_);
   if (!ec.ok()) return ec.status();
   c->etcd_client_ = std::move(*ec);
@@ -203,6 +229,32 @@ TestCluster::~TestCluster() {
     if (e->process()) e->process()->Signal(SIGCONT);  // a test may have paused some
   }
   etcd_.clear();
+}
+
+absl::Status TestCluster::SetUpEtcdTls(std::vector<std::string>* etcd_args) {
+  std::filesystem::create_directories(certs_dir());
+  auto ca = MakeCa("etcd test CA");
+  if (!ca.ok()) return ca.status();
+  etcd_ca_pem_ = *ca;
+  LeafOptions server;
+  server.common_name = "etcd";
+  server.dns = {"localhost"};
+  server.ips = {"127.0.0.1"};
+  auto server_pem = MakeLeaf(*ca, server);
+  LeafOptions client;
+  client.common_name = "holdfastd";
+  auto client_pem = MakeLeaf(*ca, client);
+  if (!server_pem.ok() || !client_pem.ok()) return absl::InternalError("etcd certificates");
+  etcd_client_pem_ = *client_pem;
+  for (auto [name, pem] : {std::pair{"etcd-ca", *ca}, std::pair{"etcd-server", *server_pem},
+                           std::pair{"etcd-client", *client_pem}}) {
+    if (auto s = WritePem(certs_dir(), name, pem); !s.ok()) return s;
+  }
+  *etcd_args = {"--cert-file", certs_dir() + "/etcd-server.pem",
+                "--key-file", certs_dir() + "/etcd-server_key.pem",
+                "--trusted-ca-file", certs_dir() + "/etcd-ca.pem",
+                "--client-cert-auth"};
+  return absl::OkStatus();
 }
 
 absl::Status TestCluster::SetUpTls(std::vector<std::string>* args) {

@@ -14,6 +14,7 @@
 #include "dev/etcd_process.h"
 #include "dev/subprocess.h"
 #include "etcd/client.h"
+#include "harness/certs.h"
 #include "holdfast/client.h"
 
 namespace holdfast::testing {
@@ -80,6 +81,9 @@ class TestCluster {
     // "spiffe://test.holdfast/ops/*". Identities for NewClientAs() are made by
     // MakeIdentity(); "admin" exists from the start.
     bool tls = false;
+    // etcd serves TLS and requires client certificates (--client-cert-auth);
+    // holdfastd and etcd_client() present one (single member only).
+    bool etcd_tls = false;
   };
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start(Options options);
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start() { return Start(Options{}); }
@@ -113,9 +117,11 @@ class TestCluster {
  private:
   TestCluster() = default;
   absl::Status SetUpTls(std::vector<std::string>* holdfastd_args);
+  absl::Status SetUpEtcdTls(std::vector<std::string>* etcd_args);
   TempDir dir_;
   bool tls_ = false;
   std::string ca_cert_, ca_key_, other_ca_cert_, other_ca_key_;
+  Pem etcd_ca_pem_, etcd_client_pem_;
   std::shared_ptr<TimerQueue> timers_;
   std::vector<std::unique_ptr<dev::EtcdProcess>> etcd_;
   std::vector<std::unique_ptr<HoldfastdProcess>> holdfastd_;
