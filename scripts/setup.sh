@@ -14,8 +14,8 @@ packages=(
   # libraries
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libssl-dev
   libsqlite3-dev
-  # tests and benchmarks
-  libgtest-dev libgmock-dev libbenchmark-dev
+  # tests and benchmarks; clang and libFuzzer for the fuzz target
+  libgtest-dev libgmock-dev libbenchmark-dev clang-14 libclang-rt-14-dev
   # process tools used by the test harness (pkill, ps)
   procps
 )
