@@ -1,5 +1,6 @@
 // `holdfast ns create|get|list|delete`: namespaces (Admin API).
 #include <iostream>
+#include <optional>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -73,6 +74,50 @@ int RunCreate(const GlobalOptions& global, const CreateFlags& flags) {
   auto ns = client->CreateNamespace(*request);
   if (!ns.ok()) return ReportError(ns.status(), "ns create " + flags.name);
   return PrintOne(*ns, flags.output);
+}
+
+struct SetFlags {
+  std::string name;
+  std::optional<int64_t> held_lease_quota;
+  std::optional<int64_t> op_rate_quota;
+  std::vector<std::string> members;
+  bool clear_members = false;
+  OutputFormat output = OutputFormat::kTable;
+};
+
+int RunSet(const GlobalOptions& global, const SetFlags& flags) {
+  if (auto s = names::ValidateNamespaceName(flags.name); !s.ok()) return ReportUsageError(s);
+  v1::UpdateNamespaceRequest request;
+  request.set_name(flags.name);
+  if (flags.held_lease_quota) request.set_held_lease_quota(*flags.held_lease_quota);
+  if (flags.op_rate_quota) request.set_op_rate_quota(*flags.op_rate_quota);
+  if (flags.clear_members && !flags.members.empty()) {
+    return ReportUsageError(absl::InvalidArgumentError("--member and --clear-members conflict"));
+  }
+  if (flags.clear_members || !flags.members.empty()) request.set_set_members(true);
+  for (const auto& m : flags.members) {
+    if (auto s = spiffe::ValidatePattern(m); !s.ok()) return ReportUsageError(s);
+    request.add_members(m);
+  }
+  int exit_code = kExitOk;
+  std::unique_ptr<Client> client = ConnectOrReport(global, &exit_code);
+  if (!client) return exit_code;
+  auto ns = client->UpdateNamespace(request);
+  if (!ns.ok()) return ReportError(ns.status(), "ns set " + flags.name);
+  return PrintOne(*ns, flags.output);
+}
+
+void AddSet(CLI::App* ns, CommandContext& ctx) {
+  auto flags = std::make_shared<SetFlags>();
+  CLI::App* cmd = ns->add_subcommand("set", "Change a namespace's quotas and members live");
+  cmd->add_option("name", flags->name, "namespace name")->required();
+  cmd->add_option("--held-lease-quota", flags->held_lease_quota, "live sessions; 0 = unlimited");
+  cmd->add_option("--op-rate-quota", flags->op_rate_quota, "operations per second; 0 = unlimited");
+  cmd->add_option("--member", flags->members, "replace the members with these patterns");
+  cmd->add_flag("--clear-members", flags->clear_members,
+                "remove every member (every authenticated identity may use it)");
+  AddOutputOption(cmd, &flags->output);
+  SetAction(cmd, ctx, flags, RunSet);
 }
 
 int RunGet(const GlobalOptions& global, const NameFlags& flags) {
@@ -165,10 +210,11 @@ void AddDelete(CLI::App* ns, CommandContext& ctx) {
 }  // namespace
 
 void RegisterNamespaceCommand(CLI::App& app, CommandContext& ctx) {
-  CLI::App* ns = app.add_subcommand("ns", "Manage namespaces: create, get, list, delete");
+  CLI::App* ns = app.add_subcommand("ns", "Manage namespaces: create, get, set, list, delete");
   ns->require_subcommand(1);
   AddCreate(ns, ctx);
   AddGet(ns, ctx);
+  AddSet(ns, ctx);
   AddList(ns, ctx);
   AddDelete(ns, ctx);
 }

@@ -416,6 +416,18 @@ TEST_F(LockTest, HeldLeaseQuotaIsExactUnderConcurrency) {
   auto one_more = client_->OpenSession("q");
   EXPECT_EQ(one_more.status().code(), absl::StatusCode::kResourceExhausted);
   EXPECT_EQ(Revision(), rev);
+  // An admin raises the quota live: one more fits, then no more.
+  v1::UpdateNamespaceRequest raise;
+  raise.set_name("q");
+  raise.set_held_lease_quota(11);
+  auto updated = client_->UpdateNamespace(raise);
+  ASSERT_TRUE(updated.ok()) << updated.status();
+  EXPECT_EQ(updated->held_lease_quota(), 11);
+  auto eleventh = client_->OpenSession("q");
+  EXPECT_TRUE(eleventh.ok()) << eleventh.status();
+  EXPECT_EQ(client_->OpenSession("q").status().code(), absl::StatusCode::kResourceExhausted);
+  raise.set_held_lease_quota(-1);
+  EXPECT_EQ(client_->UpdateNamespace(raise).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
 // --- failures ----------------------------------------------------------------

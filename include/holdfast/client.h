@@ -168,6 +168,7 @@ class Client {
   absl::StatusOr<v1::Namespace> CreateNamespace(const v1::CreateNamespaceRequest& req);
   absl::StatusOr<v1::Namespace> GetNamespace(const std::string& name);
   absl::StatusOr<std::vector<v1::Namespace>> ListNamespaces();
+  absl::StatusOr<v1::Namespace> UpdateNamespace(const v1::UpdateNamespaceRequest& req);
   absl::Status DeleteNamespace(const std::string& name);
   absl::StatusOr<v1::LockClass> CreateClass(const v1::LockClass& cls);
   absl::StatusOr<v1::LockClass> GetClass(const std::string& ns, const std::string& class_id);

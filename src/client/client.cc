@@ -415,6 +415,10 @@ absl::StatusOr<std::vector<v1::Namespace>> Client::ListNamespaces() {
   return std::vector<v1::Namespace>(r->namespaces().begin(), r->namespaces().end());
 }
 
+absl::StatusOr<v1::Namespace> Client::UpdateNamespace(const v1::UpdateNamespaceRequest& req) {
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::UpdateNamespace, req);
+}
+
 absl::Status Client::DeleteNamespace(const std::string& name) {
   v1::DeleteNamespaceRequest req;
   req.set_name(name);

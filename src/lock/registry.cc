@@ -180,6 +180,45 @@ absl::StatusOr<std::vector<v1::Namespace>> Registry::ListNamespaces(etcd::Deadli
   return out;
 }
 
+absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(const v1::UpdateNamespaceRequest& req,
+                                                        etcd::Deadline d) {
+  if (auto s = keyspace::ValidateNamespaceName(req.name()); !s.ok()) return s;
+  if ((req.has_held_lease_quota() && req.held_lease_quota() < 0) ||
+      (req.has_op_rate_quota() && req.op_rate_quota() < 0)) {
+    return absl::InvalidArgumentError("quotas must be >= 0 (0 = unlimited)");
+  }
+  if (req.members_size() > 1000) return absl::InvalidArgumentError("at most 1000 members");
+  for (const auto& m : req.members()) {
+    if (auto s = spiffe::ValidatePattern(m); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("member pattern: ", s.message()));
+    }
+  }
+  pb::RangeRequest r;
+  r.set_key(keyspace::NamespaceKey(req.name()));
+  auto read = etcd_->RangeSync(r, d);
+  if (!read.ok()) return read.status();
+  if (read->kvs_size() == 0) return NamespaceNotFound(req.name());
+  records::NamespaceRecord rec;
+  if (!rec.ParseFromString(read->kvs(0).value())) {
+    return absl::DataLossError(absl::StrCat("corrupt namespace record for ", req.name()));
+  }
+  if (req.has_held_lease_quota()) rec.set_held_lease_quota(req.held_lease_quota());
+  if (req.has_op_rate_quota()) rec.set_op_rate_quota(req.op_rate_quota());
+  if (req.set_members()) *rec.mutable_members() = req.members();
+  // Guarded by the record read: a concurrent update makes this one fail, not lost.
+  pb::TxnRequest txn;
+  AddCompare(&txn, keyspace::NamespaceKey(req.name()), pb::Compare::MOD, pb::Compare::EQUAL)
+      ->set_mod_revision(read->kvs(0).mod_revision());
+  auto* put = txn.add_success()->mutable_request_put();
+  put->set_key(keyspace::NamespaceKey(req.name()));
+  put->set_value(rec.SerializeAsString());
+  auto t = etcd_->TxnSync(std::move(txn), d);
+  if (!t.ok()) return t.status();
+  if (!t->succeeded()) return absl::AbortedError("the namespace changed meanwhile; try again");
+  mvccpb::KeyValue kv = read->kvs(0);
+  return NamespaceFromRecord(req.name(), kv, rec);
+}
+
 absl::Status Registry::DeleteNamespace(const std::string& name, etcd::Deadline d) {
   if (auto s = keyspace::ValidateNamespaceName(name); !s.ok()) return s;
   pb::TxnRequest txn;

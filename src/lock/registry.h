@@ -22,6 +22,8 @@ class Registry {
                                                 etcd::Deadline d);
   absl::StatusOr<v1::Namespace> GetNamespace(const std::string& name, etcd::Deadline d);
   absl::StatusOr<std::vector<v1::Namespace>> ListNamespaces(etcd::Deadline d);
+  absl::StatusOr<v1::Namespace> UpdateNamespace(const v1::UpdateNamespaceRequest& req,
+                                                etcd::Deadline d);
   // FAILED_PRECONDITION while the namespace has live sessions.
   absl::Status DeleteNamespace(const std::string& name, etcd::Deadline d);
 

@@ -46,6 +46,13 @@ grpc::Status AdminService::ListNamespaces(grpc::ServerContext* ctx,
   return grpc::Status::OK;
 }
 
+grpc::Status AdminService::UpdateNamespace(grpc::ServerContext* ctx,
+                                           const v1::UpdateNamespaceRequest* req,
+                                           v1::Namespace* resp) {
+  HF_ADMIN_ONLY(ctx);
+  return Reply(registry_->UpdateNamespace(*req, RpcDeadline(*ctx, kUnaryCap)), resp);
+}
+
 grpc::Status AdminService::DeleteNamespace(grpc::ServerContext* ctx,
                                            const v1::DeleteNamespaceRequest* req,
                                            v1::DeleteNamespaceResponse* resp) {

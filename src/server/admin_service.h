@@ -23,6 +23,8 @@ class AdminService final : public v1::Admin::Service {
                             v1::Namespace* resp) override;
   grpc::Status ListNamespaces(grpc::ServerContext* ctx, const v1::ListNamespacesRequest* req,
                               v1::ListNamespacesResponse* resp) override;
+  grpc::Status UpdateNamespace(grpc::ServerContext* ctx, const v1::UpdateNamespaceRequest* req,
+                               v1::Namespace* resp) override;
   grpc::Status DeleteNamespace(grpc::ServerContext* ctx, const v1::DeleteNamespaceRequest* req,
                                v1::DeleteNamespaceResponse* resp) override;
   grpc::Status CreateClass(grpc::ServerContext* ctx, const v1::CreateClassRequest* req,
