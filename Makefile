@@ -38,3 +38,18 @@ integration: build
 
 clean:
 	rm -rf $(BUILD_DIR)
+
+# The chaos suite (docs/safety.md): a real 3-member etcd, 2 holdfastd, 8 clients and
+# a fenced register under a seeded nemesis. CHAOS_ARGS adds flags, e.g.
+# CHAOS_ARGS="--seed 42 --duration 600 --clients 12". `chaos-short` (about 65 s)
+# is also run by `make test` (CTest chaos_short).
+.PHONY: chaos chaos-short
+CHAOS_ARGS ?=
+
+chaos: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target holdfast-chaos hf_chaos_client holdfastd
+	$(BUILD_DIR)/bin/holdfast-chaos $(CHAOS_ARGS)
+
+chaos-short: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target holdfast-chaos hf_chaos_client holdfastd
+	$(BUILD_DIR)/bin/holdfast-chaos --short $(CHAOS_ARGS)

@@ -1,0 +1,623 @@
+// holdfast-chaos: the Jepsen-style safety suite (issue 8, docs/safety.md).
+//
+//   holdfast-chaos [--seed S] [--duration SECONDS] [--clients N] [--keys K]
+//                  [--short] [--no-fence] [--expect-violations] [--nemesis KIND,...]
+//                  [--ttl-ms MS] [--out DIR] [--keep]
+//   holdfast-chaos --check HISTORY.jsonl
+//
+// Starts a 3-member etcd cluster and 2 holdfastd replicas on loopback (replica 1
+// reaches etcd through TCP proxies that can cut it off: a partition), a fenced
+// register, and N chaos clients (hf_chaos_client); runs a seeded nemesis schedule
+// for the duration; merges the history of every process into DIR/history.jsonl;
+// checks it (checker.h) and prints the counters, the measured timings and, last,
+//   chaos: seed=S ops=N grants=G faults=F stale_writes_rejected=R violations=V
+// Exits 1 when V > 0 (the seed and the kept history are printed), 2 when the run
+// could not be set up. --no-fence makes the register admit every write (a control
+// run: with --expect-violations it exits 0 only when V > 0). --check only checks a
+// recorded history.
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <csignal>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <random>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "checker.h"
+#include "common/timer_queue.h"
+#include "dev/subprocess.h"
+#include "etcd/client.h"
+#include "fenced_register.h"
+#include "harness/cluster.h"
+#include "history.h"
+#include "tcp_proxy.h"
+
+namespace holdfast::chaos {
+namespace {
+
+using std::chrono::milliseconds;
+using Clock = std::chrono::steady_clock;
+
+std::atomic<bool> g_interrupted{false};
+void OnSignal(int) { g_interrupted.store(true); }
+
+const std::vector<std::string> kFaultKinds = {
+    "client_pause",      "client_kill",         "holdfastd_kill",     "holdfastd_pause",
+    "etcd_leader_pause", "etcd_majority_pause", "holdfastd_partition"};
+// Relative weights, in kFaultKinds order.
+const std::vector<int> kFaultWeights = {3, 2, 1, 1, 1, 1, 1};
+
+struct Flags {
+  uint64_t seed = 0;
+  bool seed_given = false;
+  int duration_s = 300;
+  int clients = 8;
+  int keys = 3;
+  bool short_mode = false;
+  bool no_fence = false;
+  bool expect_violations = false;
+  std::vector<std::string> nemesis = kFaultKinds;
+  int64_t ttl_ms = 2000;
+  std::string out;
+  bool keep = false;
+  std::string check;
+};
+
+void Usage(const char* argv0) {
+  std::fprintf(stderr,
+               "usage: %s [--seed S] [--duration SECONDS] [--clients N] [--keys K] [--short]\n"
+               "          [--no-fence] [--expect-violations] [--nemesis KIND,...] [--ttl-ms MS]\n"
+               "          [--out DIR] [--keep]\n"
+               "       %s --check HISTORY.jsonl\n"
+               "fault kinds: %s\n",
+               argv0, argv0, absl::StrJoin(kFaultKinds, ",").c_str());
+}
+
+bool ParseFlags(int argc, char** argv, Flags& f) {
+  bool duration_given = false;
+  for (int i = 1; i < argc; ++i) {
+    const std::string name = argv[i];
+    auto value = [&]() -> std::optional<std::string> {
+      if (i + 1 >= argc) return std::nullopt;
+      return std::string(argv[++i]);
+    };
+    auto number = [&](auto& out) {
+      auto v = value();
+      return v.has_value() && absl::SimpleAtoi(*v, &out);
+    };
+    if (name == "--short") {
+      f.short_mode = true;
+    } else if (name == "--no-fence") {
+      f.no_fence = true;
+    } else if (name == "--expect-violations") {
+      f.expect_violations = true;
+    } else if (name == "--keep") {
+      f.keep = true;
+    } else if (name == "--seed") {
+      if (!number(f.seed)) return false;
+      f.seed_given = true;
+    } else if (name == "--duration") {
+      if (!number(f.duration_s) || f.duration_s < 5) return false;
+      duration_given = true;
+    } else if (name == "--clients") {
+      if (!number(f.clients) || f.clients < 1 || f.clients > 64) return false;
+    } else if (name == "--keys") {
+      if (!number(f.keys) || f.keys < 1 || f.keys > 64) return false;
+    } else if (name == "--ttl-ms") {
+      if (!number(f.ttl_ms) || f.ttl_ms < 1000) return false;
+    } else if (name == "--nemesis") {
+      auto v = value();
+      if (!v) return false;
+      f.nemesis = absl::StrSplit(*v, ',', absl::SkipEmpty());
+      for (const std::string& k : f.nemesis) {
+        if (std::find(kFaultKinds.begin(), kFaultKinds.end(), k) == kFaultKinds.end() &&
+            k != "none") {
+          return false;
+        }
+      }
+    } else if (name == "--out") {
+      auto v = value();
+      if (!v) return false;
+      f.out = *v;
+    } else if (name == "--check") {
+      auto v = value();
+      if (!v) return false;
+      f.check = *v;
+    } else {
+      return false;
+    }
+  }
+  if (f.short_mode && !duration_given) f.duration_s = 60;
+  return true;
+}
+
+std::string Summary(const std::string& seed, const CheckReport& r) {
+  return absl::StrCat("chaos: seed=", seed, " ops=", r.ops, " grants=", r.grants,
+                      " faults=", r.faults, " stale_writes_rejected=", r.stale_writes_rejected,
+                      " violations=", r.violations.size());
+}
+
+int CheckOnly(const std::string& path) {
+  auto events = ReadHistories({path});
+  if (!events.ok()) {
+    std::fprintf(stderr, "chaos: %s\n", events.status().ToString().c_str());
+    return 2;
+  }
+  std::string seed = "-";
+  for (const Event& e : *events) {
+    if (e.type == "run") seed = e.target;
+  }
+  CheckReport r = CheckHistory(*events);
+  std::printf("%s%s\n", r.Describe().c_str(), Summary(seed, r).c_str());
+  return r.violations.empty() ? 0 : 1;
+}
+
+std::string EtcdPartitionsSkippedReason() {
+  const bool have_ip = access("/usr/sbin/ip", X_OK) == 0 || access("/sbin/ip", X_OK) == 0 ||
+                       access("/usr/bin/ip", X_OK) == 0;
+  return absl::StrCat(
+      "cutting one etcd member off: the harness wires the members' peer links directly on "
+      "127.0.0.1 in one network namespace; a cut needs per-member namespaces with veth "
+      "links or proxied peer URLs, not built yet (",
+      have_ip && geteuid() == 0 ? "ip netns would be usable here" : "no root or no ip(8) here",
+      "; no iptables/nft for a loopback port filter)");
+}
+
+// One run of the suite. Thread-compatible (one thread drives it).
+class ChaosRun {
+ public:
+  explicit ChaosRun(Flags flags) : f_(std::move(flags)), rng_(f_.seed) {}
+
+  ~ChaosRun() {
+    // Nothing may stay stopped: SIGCONT whatever a fault left paused, then the
+    // Subprocess and TestCluster destructors kill every process.
+    ResumeAll();
+    clients_.clear();
+    if (register_ != nullptr) register_->Stop();
+  }
+
+  int Run() {
+    if (f_.out.empty()) {
+      const char* tmp = std::getenv("TMPDIR");
+      f_.out = absl::StrCat(tmp != nullptr && *tmp ? tmp : "/tmp", "/holdfast-chaos-", f_.seed,
+                            "-", getpid());
+    }
+    std::error_code ec;
+    std::filesystem::create_directories(f_.out, ec);
+    if (ec) return SetupError(absl::InternalError(absl::StrCat("mkdir ", f_.out)));
+    auto history = HistoryWriter::Open(f_.out + "/driver.jsonl", "nemesis");
+    if (!history.ok()) return SetupError(history.status());
+    history_ = *std::move(history);
+    Event run;
+    run.type = "run";
+    run.kind = f_.no_fence ? "no-fence" : "fenced";
+    run.target = absl::StrCat(f_.seed);
+    history_->Record(run);
+
+    std::printf("chaos: seed=%llu duration=%ds clients=%d keys=%d ttl=%lldms%s, out %s\n",
+                static_cast<unsigned long long>(f_.seed), f_.duration_s, f_.clients, f_.keys,
+                static_cast<long long>(f_.ttl_ms), f_.no_fence ? " NO FENCE (control)" : "",
+                f_.out.c_str());
+    std::fflush(stdout);
+    if (absl::Status s = Setup(); !s.ok()) return SetupError(s);
+    const auto started = Clock::now();
+    Workload();
+    std::printf("chaos: workload done after %llds, %d faults; checking\n",
+                static_cast<long long>(
+                    std::chrono::duration_cast<std::chrono::seconds>(Clock::now() - started)
+                        .count()),
+                faults_);
+    std::fflush(stdout);
+    Teardown();
+    return Check();
+  }
+
+ private:
+  struct Slot {
+    int index = 0;
+    int incarnation = -1;
+    std::string id;
+    std::unique_ptr<dev::Subprocess> process;
+    bool paused = false;
+    Clock::time_point spawned_at;
+  };
+
+  int SetupError(const absl::Status& s) {
+    std::fprintf(stderr, "chaos: setup failed (seed %llu): %s\n",
+                 static_cast<unsigned long long>(f_.seed), s.ToString().c_str());
+    return 2;
+  }
+
+  int Error(const absl::Status& s) {
+    std::fprintf(stderr, "chaos: run failed (seed %llu, files kept in %s): %s\n",
+                 static_cast<unsigned long long>(f_.seed), f_.out.c_str(), s.ToString().c_str());
+    return 2;
+  }
+
+  int64_t Uniform(int64_t lo, int64_t hi) {
+    return std::uniform_int_distribution<int64_t>(lo, hi)(rng_);
+  }
+
+  absl::Status Setup() {
+    testing::TestCluster::Options o;
+    o.replicas = 1;  // replica 0; replica 1 reaches etcd through proxies (below)
+    o.etcd_members = 3;
+    auto cluster = testing::TestCluster::Start(o);
+    if (!cluster.ok()) return cluster.status();
+    cluster_ = *std::move(cluster);
+    if (absl::Status s = cluster_->CreateNamespace(); !s.ok()) return s;
+    std::vector<std::string> proxied;
+    for (int m = 0; m < cluster_->etcd_members(); ++m) {
+      const std::string ep = cluster_->etcd(m).endpoint();
+      int port = 0;
+      if (!absl::SimpleAtoi(ep.substr(ep.rfind(':') + 1), &port)) {
+        return absl::InternalError(absl::StrCat("etcd endpoint ", ep));
+      }
+      auto proxy = TcpProxy::Start(port);
+      if (!proxy.ok()) return proxy.status();
+      proxied.push_back(absl::StrCat("127.0.0.1:", (*proxy)->port()));
+      proxies_.push_back(*std::move(proxy));
+    }
+    auto replica1 = testing::HoldfastdProcess::Start(proxied, cluster_->dir() + "/holdfastd-1.log");
+    if (!replica1.ok()) return replica1.status();
+    replica1_ = *std::move(replica1);
+    auto admin = cluster_->NewClient(0);
+    if (!admin.ok()) return admin.status();
+    v1::LockClass adv;
+    adv.set_namespace_("default");
+    adv.set_class_id("advisory");
+    adv.set_key_prefix("adv/");
+    adv.set_mode(v1::LOCK_MODE_EXCLUSIVE);
+    adv.set_enforcement(v1::ENFORCEMENT_ADVISORY);
+    adv.set_on_quorum_loss(v1::ON_QUORUM_LOSS_CLOSED);
+    adv.set_ttl_min_ms(1000);
+    adv.set_ttl_max_ms(3'600'000);
+    if (auto c = (*admin)->CreateClass(adv); !c.ok()) return c.status();
+    v1::LockClass open = adv;  // fenced, and usable (unprotected) without quorum
+    open.set_class_id("open");
+    open.set_key_prefix("open/");
+    open.set_enforcement(v1::ENFORCEMENT_FENCED);
+    open.set_on_quorum_loss(v1::ON_QUORUM_LOSS_OPEN);
+    if (auto c = (*admin)->CreateClass(open); !c.ok()) return c.status();
+
+    for (int m = 0; m < cluster_->etcd_members(); ++m) {
+      etcd::ClientOptions eo;
+      eo.endpoints = {cluster_->etcd(m).endpoint()};
+      auto member = etcd::Client::Create(eo, timers_);
+      if (!member.ok()) return member.status();
+      members_.push_back(*std::move(member));
+    }
+    auto reg = FencedRegister::Start(history_.get(), !f_.no_fence);
+    if (!reg.ok()) return reg.status();
+    register_ = *std::move(reg);
+
+    // Key i: mode S (shared allowed) / exclusive-only use / an advisory class /
+    // an open class (from the fourth key on).
+    std::vector<std::string> keys;
+    for (int i = 0; i < f_.keys; ++i) {
+      switch (i % 4) {
+        case 0: keys.push_back(absl::StrCat("x/", i, ":s")); break;
+        case 1: keys.push_back(absl::StrCat("x/", i)); break;
+        case 2: keys.push_back(absl::StrCat("adv/", i)); break;
+        default: keys.push_back(absl::StrCat("open/", i)); break;
+      }
+    }
+    keys_arg_ = absl::StrJoin(keys, ",");
+    std::printf("chaos: keys %s (\":s\": may be taken shared)\n", keys_arg_.c_str());
+    endpoints_[0] = cluster_->endpoint(0);
+    endpoints_[1] = replica1_->endpoint();
+    for (int i = 0; i < f_.clients; ++i) {
+      clients_.push_back(std::make_unique<Slot>());
+      clients_.back()->index = i;
+      if (absl::Status s = Spawn(*clients_.back()); !s.ok()) return s;
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Spawn(Slot& slot) {
+    ++slot.incarnation;
+    slot.id = absl::StrCat("c", slot.index, ".", slot.incarnation);
+    slot.paused = false;
+    slot.spawned_at = Clock::now();
+    history_files_.push_back(absl::StrCat(f_.out, "/", slot.id, ".jsonl"));
+    dev::SpawnOptions so;
+    so.argv = {dev::SelfDir() + "/hf_chaos_client",
+               "--id", slot.id,
+               // Half the clients prefer each replica.
+               "--endpoints", absl::StrCat(endpoints_[slot.index % 2], ",",
+                                           endpoints_[1 - slot.index % 2]),
+               "--register", absl::StrCat(register_->port()),
+               "--history", history_files_.back(),
+               "--keys", keys_arg_,
+               "--seed", absl::StrCat(f_.seed * 7919 + slot.index * 104729 + slot.incarnation),
+               "--ttl-ms", absl::StrCat(f_.ttl_ms),
+               "--run-ms", absl::StrCat((f_.duration_s + 120) * 1000)};
+    so.log_file = absl::StrCat(f_.out, "/", slot.id, ".log");
+    auto p = dev::Subprocess::Spawn(so);
+    if (!p.ok()) return p.status();
+    slot.process = *std::move(p);
+    return absl::OkStatus();
+  }
+
+  // Sleeps up to `d` in 50 ms steps, starting successors of clients that died
+  // (at most one per slot every 500 ms, so a client that cannot start does not spin).
+  void Tick(milliseconds d) {
+    const auto until = Clock::now() + d;
+    while (Clock::now() < until && !g_interrupted.load()) {
+      for (auto& slot : clients_) {
+        if (slot->paused || Clock::now() - slot->spawned_at < milliseconds(500) ||
+            slot->process->Running()) {
+          continue;
+        }
+        if (absl::Status s = Spawn(*slot); !s.ok()) {
+          std::fprintf(stderr, "chaos: restart client %d: %s\n", slot->index,
+                       s.ToString().c_str());
+        }
+      }
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+  }
+
+  void RecordFault(const std::string& kind, const std::string& target, const std::string& key,
+                   const char* phase) {
+    Event e;
+    e.type = "fault";
+    e.kind = kind;
+    e.target = target;
+    e.key = key;
+    e.phase = phase;
+    history_->Record(std::move(e));
+  }
+
+  // The etcd members that report themselves leader / follower right now.
+  void EtcdRoles(std::vector<int>& leaders, std::vector<int>& followers) {
+    for (int m = 0; m < static_cast<int>(members_.size()); ++m) {
+      auto st = members_[m]->StatusSync(etcd::DeadlineIn(milliseconds(2000)));
+      if (!st.ok()) continue;
+      (st->leader() == st->header().member_id() ? leaders : followers).push_back(m);
+    }
+  }
+
+  void PauseEtcd(const std::vector<int>& members, const std::string& kind, milliseconds d) {
+    std::vector<std::string> names;
+    for (int m : members) names.push_back(absl::StrCat("etcd", m));
+    const std::string target = absl::StrJoin(names, "+");
+    RecordFault(kind, target, "", "start");
+    for (int m : members) {
+      etcd_paused_.push_back(m);
+      cluster_->etcd(m).process()->Signal(SIGSTOP);
+    }
+    Tick(d);
+    for (int m : members) cluster_->etcd(m).process()->Signal(SIGCONT);
+    etcd_paused_.clear();
+    RecordFault(kind, target, "", "end");
+  }
+
+  // Runs one fault of `kind`, from start to heal. False if it found no target.
+  bool RunFault(const std::string& kind) {
+    if (kind == "client_pause" || kind == "client_kill") {
+      // A current holder: the writer of a recent admitted write.
+      FencedRegister::LastWrite w =
+          register_->RecentWriter(500'000'000, static_cast<uint64_t>(Uniform(0, 1 << 20)));
+      Slot* victim = nullptr;
+      for (auto& slot : clients_) {
+        if (!w.writer.empty() && slot->id == w.writer) victim = slot.get();
+      }
+      if (victim == nullptr) return false;
+      if (kind == "client_kill") {
+        RecordFault(kind, victim->id, w.key, "start");
+        victim->process->Signal(SIGKILL);
+        victim->process->Wait(milliseconds(5000));
+        RecordFault(kind, victim->id, w.key, "end");
+        return true;
+      }
+      RecordFault(kind, victim->id, w.key, "start");
+      victim->paused = true;
+      victim->process->Signal(SIGSTOP);
+      Tick(milliseconds(f_.ttl_ms + Uniform(1000, 3000)));  // beyond its TTL
+      victim->process->Signal(SIGCONT);
+      victim->paused = false;
+      RecordFault(kind, victim->id, w.key, "end");
+      return true;
+    }
+    if (kind == "holdfastd_kill") {
+      const int r = static_cast<int>(Uniform(0, 1));
+      const std::string target = absl::StrCat("holdfastd", r);
+      RecordFault(kind, target, "", "start");
+      Replica(r).Kill();
+      Tick(milliseconds(Uniform(500, 3000)));
+      absl::Status s = Replica(r).Restart();
+      if (!s.ok()) std::fprintf(stderr, "chaos: restart %s: %s\n", target.c_str(), s.ToString().c_str());
+      RecordFault(kind, target, "", "end");
+      return true;
+    }
+    if (kind == "holdfastd_pause") {
+      const int r = static_cast<int>(Uniform(0, 1));
+      const std::string target = absl::StrCat("holdfastd", r);
+      RecordFault(kind, target, "", "start");
+      holdfastd_paused_ = r;
+      Replica(r).process()->Signal(SIGSTOP);
+      Tick(milliseconds(Uniform(1000, 4000)));
+      Replica(r).process()->Signal(SIGCONT);
+      holdfastd_paused_ = -1;
+      RecordFault(kind, target, "", "end");
+      return true;
+    }
+    if (kind == "holdfastd_partition") {
+      // Replica 1 cut off from every etcd member; its clients stay connected to it.
+      RecordFault(kind, "holdfastd1", "", "start");
+      for (auto& proxy : proxies_) proxy->Cut(true);
+      Tick(milliseconds(Uniform(2000, 5000)));
+      for (auto& proxy : proxies_) proxy->Cut(false);
+      RecordFault(kind, "holdfastd1", "", "end");
+      ++partitions_;
+      return true;
+    }
+    std::vector<int> leaders, followers;
+    EtcdRoles(leaders, followers);
+    if (kind == "etcd_leader_pause") {
+      if (leaders.size() != 1) return false;
+      PauseEtcd(leaders, kind, milliseconds(Uniform(1500, 4000)));
+      return true;
+    }
+    if (kind == "etcd_majority_pause") {
+      std::vector<int> all = {0, 1, 2};
+      std::shuffle(all.begin(), all.end(), rng_);
+      all.resize(2);
+      std::sort(all.begin(), all.end());
+      PauseEtcd(all, kind, milliseconds(Uniform(1500, 4000)));
+      return true;
+    }
+    return false;
+  }
+
+  void Workload() {
+    const auto end = Clock::now() + std::chrono::seconds(f_.duration_s);
+    std::vector<int> weights;
+    std::vector<std::string> kinds;
+    for (size_t i = 0; i < kFaultKinds.size(); ++i) {
+      if (std::find(f_.nemesis.begin(), f_.nemesis.end(), kFaultKinds[i]) != f_.nemesis.end()) {
+        kinds.push_back(kFaultKinds[i]);
+        weights.push_back(kFaultWeights[i]);
+      }
+    }
+    // Every kind once, in a seeded order, then weighted picks: a short run still
+    // meets every fault.
+    std::vector<std::string> first = kinds;
+    std::shuffle(first.begin(), first.end(), rng_);
+    Tick(milliseconds(3000));  // let the clients get going
+    for (size_t i = 0; i < 100'000 && Clock::now() < end && !g_interrupted.load(); ++i) {
+      if (!kinds.empty()) {
+        std::discrete_distribution<size_t> pick(weights.begin(), weights.end());
+        const std::string kind = i < first.size() ? first[i] : kinds[pick(rng_)];
+        if (RunFault(kind)) {
+          ++faults_;
+          std::printf("chaos: fault %d: %s\n", faults_, kind.c_str());
+          std::fflush(stdout);
+        }
+      }
+      // Quiet time: lets the victims notice and the cluster recover.
+      Tick(milliseconds(Uniform(1000, f_.short_mode ? 2500 : 4000)));
+    }
+  }
+
+  void ResumeAll() {
+    for (auto& slot : clients_) {
+      if (slot->paused && slot->process != nullptr) slot->process->Signal(SIGCONT);
+      slot->paused = false;
+    }
+    if (cluster_ != nullptr) {
+      for (int m : etcd_paused_) cluster_->etcd(m).process()->Signal(SIGCONT);
+      if (holdfastd_paused_ >= 0) Replica(holdfastd_paused_).process()->Signal(SIGCONT);
+    }
+    etcd_paused_.clear();
+    holdfastd_paused_ = -1;
+    for (auto& proxy : proxies_) proxy->Cut(false);
+  }
+
+  testing::HoldfastdProcess& Replica(int r) {
+    return r == 0 ? cluster_->holdfastd(0) : *replica1_;
+  }
+
+  void Teardown() {
+    ResumeAll();
+    for (auto& slot : clients_) slot->process->Signal(SIGKILL);
+    for (auto& slot : clients_) slot->process->Wait(milliseconds(5000));
+    register_->Stop();
+    history_.reset();  // flushed and closed
+  }
+
+  int Check() {
+    std::vector<std::string> files = {f_.out + "/driver.jsonl"};
+    int silent = 0;  // clients that died before they could record anything
+    for (const std::string& file : history_files_) {
+      if (std::filesystem::exists(file)) {
+        files.push_back(file);
+      } else {
+        ++silent;
+      }
+    }
+    if (silent > 0) std::printf("chaos: %d client(s) left no history\n", silent);
+    auto events = ReadHistories(files);
+    if (!events.ok()) return Error(events.status());
+    const std::string merged = f_.out + "/history.jsonl";
+    if (absl::Status s = WriteHistory(merged, *events); !s.ok()) return Error(s);
+    CheckReport r = CheckHistory(*events);
+    std::printf("%s", r.Describe().c_str());
+    std::printf("partitions: holdfastd1 cut off from etcd %d times (loopback proxies)\n",
+                partitions_);
+    std::printf("partitions skipped: %s\n", EtcdPartitionsSkippedReason().c_str());
+    const bool failed = f_.expect_violations ? r.violations.empty() : !r.violations.empty();
+    if (f_.expect_violations) {
+      std::printf("chaos: control run %s\n", r.violations.empty()
+                                                  ? "FAILED: the checker saw no violation"
+                                                  : "ok: violations found, as expected");
+    }
+    // A failing run keeps its history for replay; a control run that found its
+    // violations passed, and is cleaned up like any passing run.
+    if (failed || f_.keep) {
+      std::printf("chaos: history kept in %s (replay: holdfast-chaos --check %s; rerun: "
+                  "holdfast-chaos --seed %llu --duration %d --clients %d%s)\n",
+                  merged.c_str(), merged.c_str(), static_cast<unsigned long long>(f_.seed),
+                  f_.duration_s, f_.clients, f_.no_fence ? " --no-fence" : "");
+    } else {
+      std::filesystem::remove_all(f_.out);
+    }
+    std::printf("%s\n", Summary(absl::StrCat(f_.seed), r).c_str());
+    std::fflush(stdout);
+    if (f_.expect_violations) return failed ? 1 : 0;
+    return r.violations.empty() ? 0 : 1;
+  }
+
+  Flags f_;
+  std::mt19937_64 rng_;
+  std::unique_ptr<HistoryWriter> history_;
+  std::unique_ptr<testing::TestCluster> cluster_;
+  // Replica 1 and the proxies it reaches etcd through (destroyed before cluster_).
+  std::vector<std::unique_ptr<TcpProxy>> proxies_;
+  std::unique_ptr<testing::HoldfastdProcess> replica1_;
+  std::shared_ptr<TimerQueue> timers_ = std::make_shared<TimerQueue>();
+  std::vector<std::unique_ptr<etcd::Client>> members_;
+  std::unique_ptr<FencedRegister> register_;
+  std::vector<std::unique_ptr<Slot>> clients_;
+  std::vector<std::string> history_files_;
+  std::string keys_arg_;
+  std::string endpoints_[2];
+  std::vector<int> etcd_paused_;
+  int holdfastd_paused_ = -1;
+  int faults_ = 0;
+  int partitions_ = 0;
+};
+
+}  // namespace
+}  // namespace holdfast::chaos
+
+int main(int argc, char** argv) {
+  holdfast::chaos::Flags flags;
+  if (!holdfast::chaos::ParseFlags(argc, argv, flags)) {
+    holdfast::chaos::Usage(argv[0]);
+    return 2;
+  }
+  if (!flags.check.empty()) return holdfast::chaos::CheckOnly(flags.check);
+  if (!flags.seed_given) {
+    flags.seed = std::random_device{}() % 1'000'000;
+  }
+  std::signal(SIGINT, holdfast::chaos::OnSignal);
+  std::signal(SIGTERM, holdfast::chaos::OnSignal);
+  std::signal(SIGPIPE, SIG_IGN);
+  holdfast::chaos::ChaosRun run(flags);
+  return run.Run();
+}

@@ -1,0 +1,303 @@
+#include "checker.h"
+
+#include <algorithm>
+#include <limits>
+#include <set>
+#include <tuple>
+#include <utility>
+
+#include "absl/container/flat_hash_map.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+
+namespace holdfast::chaos {
+namespace {
+
+constexpr int64_t kNanosPerMilli = 1'000'000;
+
+std::string Ms(int64_t ns) { return absl::StrFormat("%.3fs", static_cast<double>(ns) / 1e9); }
+
+// (a) and (b): the register's admission order, key by key.
+void CheckWrites(const std::vector<Event>& events, CheckReport& r) {
+  struct KeyState {
+    int64_t highest = 0;
+    int64_t highest_exclusive = 0;
+    int64_t current_exclusive = 0;
+    absl::flat_hash_set<int64_t> superseded;  // exclusive tokens whose writes ended
+  };
+  absl::flat_hash_map<std::string, KeyState> keys;
+  for (const Event& e : events) {
+    if (e.type != "write") continue;
+    ++r.ops;
+    if (e.verdict != "admitted") {
+      ++r.stale_writes_rejected;
+      continue;
+    }
+    ++r.writes_admitted;
+    KeyState& k = keys[e.key];
+    const int64_t bound = e.shared ? k.highest_exclusive : k.highest;
+    if (e.token < bound) {
+      r.violations.push_back(
+          {'a', absl::StrCat("register admitted ", e.shared ? "shared" : "exclusive",
+                             " write of ", e.key, " by ", e.writer, " with token ", e.token,
+                             " after token ", bound, " at ", Ms(e.ts))});
+    }
+    k.highest = std::max(k.highest, e.token);
+    if (e.shared) continue;
+    k.highest_exclusive = std::max(k.highest_exclusive, e.token);
+    if (e.token == k.current_exclusive) continue;
+    if (k.superseded.contains(e.token)) {
+      r.violations.push_back(
+          {'b', absl::StrCat("exclusive writes of ", e.key, " interleave: token ", e.token,
+                             " (", e.writer, ") written again at ", Ms(e.ts),
+                             " after token ", k.current_exclusive, " was written")});
+    }
+    if (k.current_exclusive != 0) k.superseded.insert(k.current_exclusive);
+    k.current_exclusive = e.token;
+  }
+}
+
+struct Grant {
+  std::string p;
+  int64_t session = 0;
+  std::string key;
+  int64_t token = 0;
+  bool shared = false;
+  int64_t invoke_ts = 0;
+  int64_t ok_ts = 0;
+};
+
+// (c): real-time order of grants of one key versus their tokens.
+void CheckTokenOrder(const std::vector<Grant>& grants, CheckReport& r) {
+  absl::flat_hash_map<std::string, std::vector<const Grant*>> by_key;
+  for (const Grant& g : grants) by_key[g.key].push_back(&g);
+  for (auto& [key, list] : by_key) {
+    // One transaction may grant several queued shared waiters at once: they share
+    // a token. An exclusive token belongs to one session.
+    absl::flat_hash_map<int64_t, const Grant*> first_of_token;
+    for (const Grant* g : list) {
+      auto [it, inserted] = first_of_token.try_emplace(g->token, g);
+      if (!inserted && it->second->session != g->session &&
+          !(it->second->shared && g->shared)) {
+        r.violations.push_back({'c', absl::StrCat("token ", g->token, " of ", key,
+                                                  " granted to sessions ", it->second->session, " and ",
+                                                  g->session)});
+      }
+    }
+    std::vector<const Grant*> by_invoke = list;
+    std::vector<const Grant*> by_ok = list;
+    std::sort(by_invoke.begin(), by_invoke.end(),
+              [](const Grant* a, const Grant* b) { return a->invoke_ts < b->invoke_ts; });
+    std::sort(by_ok.begin(), by_ok.end(),
+              [](const Grant* a, const Grant* b) { return a->ok_ts < b->ok_ts; });
+    size_t done = 0;
+    const Grant* highest = nullptr;  // highest token among grants completed so far
+    for (const Grant* g : by_invoke) {
+      while (done < by_ok.size() && by_ok[done]->ok_ts < g->invoke_ts) {
+        if (highest == nullptr || by_ok[done]->token > highest->token) highest = by_ok[done];
+        ++done;
+      }
+      if (highest == nullptr) continue;
+      ++r.token_pairs_checked;
+      if (g->token < highest->token ||
+          (g->token == highest->token && g->session != highest->session &&
+           !(g->shared && highest->shared))) {
+        r.violations.push_back(
+            {'c', absl::StrCat("tokens of ", key, " out of grant order: ", highest->p,
+                               " was granted ", highest->token, " (done at ",
+                               Ms(highest->ok_ts), ") before ", g->p, " asked (at ",
+                               Ms(g->invoke_ts), ") and got ", g->token)});
+      }
+    }
+  }
+}
+
+struct Window {
+  int64_t start = 0;
+  int64_t end = std::numeric_limits<int64_t>::max();
+};
+
+}  // namespace
+
+CheckReport CheckHistory(const std::vector<Event>& events, const CheckerOptions& options) {
+  CheckReport r;
+  CheckWrites(events, r);
+
+  // Fault windows: an acquire that overlaps a fault of its own client, or of a
+  // holdfastd or etcd member (a grant decided in time may commit late), is not
+  // judged against its deadline.
+  absl::flat_hash_map<std::string, std::vector<Window>> client_windows;  // by process
+  std::vector<Window> server_windows;
+  absl::flat_hash_map<std::string, int64_t> open_fault;  // kind/target -> start
+  for (const Event& e : events) {
+    if (e.type != "fault") continue;
+    const std::string id = absl::StrCat(e.kind, "/", e.target);
+    if (e.phase == "start") {
+      ++r.faults;
+      open_fault[id] = e.ts;
+      continue;
+    }
+    auto it = open_fault.find(id);
+    if (it == open_fault.end()) continue;
+    Window w{it->second, e.ts};
+    open_fault.erase(it);
+    if (e.kind == "client_pause" || e.kind == "client_kill") {
+      client_windows[e.target].push_back(w);
+    } else {
+      server_windows.push_back(w);  // holdfastd and etcd faults
+    }
+  }
+  for (const auto& [id, start] : open_fault) {  // never healed: to the end
+    const std::string kind = id.substr(0, id.find('/'));
+    const std::string target = id.substr(id.find('/') + 1);
+    if (kind == "client_pause" || kind == "client_kill") {
+      client_windows[target].push_back({start});
+    } else {
+      server_windows.push_back({start});
+    }
+  }
+  auto overlaps = [](const std::vector<Window>& ws, int64_t from, int64_t to) {
+    for (const Window& w : ws) {
+      if (w.start <= to && from <= w.end) return true;
+    }
+    return false;
+  };
+
+  // Pair acquire invocations with completions; follow lost sessions and holds.
+  absl::flat_hash_map<std::string, Event> invokes;  // p/op -> acquire_invoke
+  absl::flat_hash_map<int64_t, int64_t> session_ended_at;  // session -> ts seen lost/closed
+  std::set<std::tuple<int64_t, std::string, int64_t>> lost_holds;  // session, key, token
+  std::vector<Grant> grants;
+  for (const Event& e : events) {
+    const std::string op_id = absl::StrCat(e.p, "/", e.op);
+    if (e.type == "acquire_invoke") {
+      invokes[op_id] = e;
+    } else if (e.type == "acquire_ok") {
+      ++r.ops;
+      ++r.grants;
+      auto it = invokes.find(op_id);
+      const int64_t invoke_ts = it == invokes.end() ? e.ts : it->second.ts;
+      grants.push_back({e.p, e.session, e.key, e.token, e.shared, invoke_ts, e.ts});
+      // (e)
+      auto ended = session_ended_at.find(e.session);
+      if (ended != session_ended_at.end() && ended->second < invoke_ts) {
+        r.violations.push_back(
+            {'e', absl::StrCat(e.p, " was granted ", e.key, " token ", e.token, " on session ",
+                               e.session, ", seen lost or closed at ", Ms(ended->second),
+                               " before the acquire began at ", Ms(invoke_ts))});
+      }
+      if (lost_holds.contains({e.session, e.key, e.token})) {
+        r.violations.push_back({'e', absl::StrCat(e.p, " was granted ", e.key, " token ",
+                                                  e.token, " again after that hold was lost")});
+      }
+      // (d)
+      if (it != invokes.end() && it->second.wait_ms >= 0 && e.granted_unix_ms > 0 &&
+          it->second.unix_ms > 0) {
+        if (overlaps(client_windows[e.p], invoke_ts, e.ts) ||
+            overlaps(server_windows, invoke_ts, e.ts)) {
+          ++r.deadlines_skipped;
+        } else {
+          ++r.deadlines_checked;
+          const int64_t late = e.granted_unix_ms - (it->second.unix_ms + it->second.wait_ms);
+          if (late > options.deadline_slack_ms) {
+            r.violations.push_back(
+                {'d', absl::StrCat(e.p, " was granted ", e.key, " token ", e.token, " ", late,
+                                   " ms after its wait deadline (wait ", it->second.wait_ms,
+                                   " ms)")});
+          }
+        }
+      }
+      if (it != invokes.end()) invokes.erase(it);
+    } else if (e.type == "acquire_fail") {
+      ++r.ops;
+      invokes.erase(op_id);
+    } else if (e.type == "release_ok" || e.type == "release_fail") {
+      ++r.ops;
+    } else if (e.type == "lost") {
+      ++r.losts;
+      lost_holds.insert({e.session, e.key, e.token});
+      if (e.session_lost) session_ended_at.try_emplace(e.session, e.ts);
+    } else if (e.type == "session_close") {
+      session_ended_at.try_emplace(e.session, e.ts);
+    }
+  }
+  CheckTokenOrder(grants, r);
+
+  // Timings: from each fault's start (client pauses: from the resume) to the
+  // next lost hold (of the victim, for client faults) and the next grant of the
+  // victim's key by another process (any grant, for server faults).
+  for (size_t i = 0; i < events.size(); ++i) {
+    const Event& f = events[i];
+    if (f.type != "fault" || f.phase != "start") continue;
+    FaultTimings& t = r.timings[f.kind];
+    ++t.count;
+    const bool client_fault = f.kind == "client_pause" || f.kind == "client_kill";
+    int64_t end_ts = f.ts;
+    for (size_t j = i + 1; j < events.size(); ++j) {
+      const Event& g = events[j];
+      if (g.type == "fault" && g.phase == "end" && g.kind == f.kind && g.target == f.target) {
+        end_ts = g.ts;
+        break;
+      }
+    }
+    // A paused client notices when it resumes; other faults are noticed (or not)
+    // while they last, or soon after they heal.
+    const int64_t notice_from = f.kind == "client_pause" ? end_ts : f.ts;
+    const int64_t notice_until = end_ts + (client_fault ? 10'000 : 2'000) * kNanosPerMilli;
+    bool noticed = f.kind == "client_kill", regranted = false;
+    constexpr int64_t kHorizon = 30'000 * kNanosPerMilli;
+    for (size_t j = i + 1; j < events.size() && events[j].ts < f.ts + kHorizon; ++j) {
+      const Event& g = events[j];
+      if (!noticed && g.ts >= notice_from && g.ts <= notice_until &&
+          (g.type == "lost" || g.type == "lost_notice") &&
+          (!client_fault || g.p == f.target)) {
+        t.notice_ms.push_back((g.ts - notice_from) / kNanosPerMilli);
+        noticed = true;
+      }
+      if (!regranted && g.type == "acquire_ok" &&
+          (client_fault ? g.p != f.target && g.key == f.key && !f.key.empty() : true)) {
+        t.regrant_ms.push_back((g.ts - f.ts) / kNanosPerMilli);
+        regranted = true;
+      }
+      if (noticed && regranted) break;
+    }
+  }
+  return r;
+}
+
+std::string CheckReport::Describe(int max_violations) const {
+  std::string out = absl::StrCat(
+      "checked: ops=", ops, " grants=", grants, " writes_admitted=", writes_admitted,
+      " stale_writes_rejected=", stale_writes_rejected, " token_pairs=", token_pairs_checked,
+      " deadlines_checked=", deadlines_checked, " deadlines_skipped=", deadlines_skipped,
+      " losts=", losts, " faults=", faults, "\n");
+  int counts[5] = {0, 0, 0, 0, 0};
+  for (const Violation& v : violations) {
+    if (v.item >= 'a' && v.item <= 'e') ++counts[v.item - 'a'];
+  }
+  absl::StrAppend(&out, "violations: (a) fence=", counts[0], " (b) interleave=", counts[1],
+                  " (c) token_order=", counts[2], " (d) deadline=", counts[3],
+                  " (e) lost_is_final=", counts[4], "\n");
+  int shown = 0;
+  for (const Violation& v : violations) {
+    if (shown++ >= max_violations) {
+      absl::StrAppend(&out, "  ... ", violations.size() - max_violations, " more\n");
+      break;
+    }
+    absl::StrAppend(&out, "  VIOLATION (", std::string(1, v.item), ") ", v.message, "\n");
+  }
+  auto stats = [](std::vector<int64_t> v) -> std::string {
+    if (v.empty()) return "-";
+    std::sort(v.begin(), v.end());
+    return absl::StrCat("p50=", v[v.size() / 2], "ms max=", v.back(), "ms n=", v.size());
+  };
+  for (const auto& [kind, t] : timings) {
+    absl::StrAppend(&out, "timing: ", kind, " faults=", t.count,
+                    " time_to_notice[", stats(t.notice_ms), "] time_to_regrant[",
+                    stats(t.regrant_ms), "]\n");
+  }
+  return out;
+}
+
+}  // namespace holdfast::chaos

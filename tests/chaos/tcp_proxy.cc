@@ -1,0 +1,125 @@
+#include "tcp_proxy.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace holdfast::chaos {
+namespace {
+
+sockaddr_in Loopback(int port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  return addr;
+}
+
+// Writes all of `data`; false if the socket failed.
+bool WriteAll(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t n = send(fd, data, size, MSG_NOSIGNAL);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return false;
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TcpProxy>> TcpProxy::Start(int upstream_port) {
+  std::unique_ptr<TcpProxy> p(new TcpProxy(upstream_port));
+  p->listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (p->listen_fd_ < 0) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
+  sockaddr_in addr = Loopback(0);
+  socklen_t len = sizeof(addr);
+  if (bind(p->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(p->listen_fd_, 64) != 0 ||
+      getsockname(p->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    return absl::InternalError(absl::StrCat("proxy listen: ", strerror(errno)));
+  }
+  p->port_ = ntohs(addr.sin_port);
+  p->acceptor_ = std::thread([raw = p.get()] { raw->AcceptLoop(); });
+  return p;
+}
+
+TcpProxy::~TcpProxy() { Stop(); }
+
+void TcpProxy::Stop() {
+  if (stopping_.exchange(true)) return;
+  shutdown(listen_fd_, SHUT_RDWR);
+  if (acceptor_.joinable()) acceptor_.join();
+  close(listen_fd_);
+  std::vector<std::thread> threads;
+  {
+    absl::MutexLock lock(&mu_);
+    for (int fd : fds_) shutdown(fd, SHUT_RDWR);
+    threads.swap(threads_);
+  }
+  for (std::thread& t : threads) t.join();
+}
+
+void TcpProxy::AcceptLoop() {
+  while (!stopping_.load()) {
+    int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      return;  // shut down
+    }
+    absl::MutexLock lock(&mu_);
+    if (stopping_.load() || live_ >= kMaxConnections) {
+      close(fd);
+      continue;
+    }
+    ++live_;
+    fds_.push_back(fd);
+    threads_.emplace_back([this, fd] { Forward(fd); });
+  }
+}
+
+void TcpProxy::Forward(int client_fd) {
+  int upstream_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr = Loopback(upstream_port_);
+  bool ok = upstream_fd >= 0 &&
+            connect(upstream_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  if (ok) {
+    absl::MutexLock lock(&mu_);
+    fds_.push_back(upstream_fd);
+    if (stopping_.load()) shutdown(upstream_fd, SHUT_RDWR);
+  }
+  char buffer[16384];
+  while (ok && !stopping_.load()) {
+    if (cut_.load()) {  // partitioned: forward nothing, close nothing
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      continue;
+    }
+    pollfd fds[2] = {{client_fd, POLLIN, 0}, {upstream_fd, POLLIN, 0}};
+    int n = poll(fds, 2, 50);
+    if (n < 0 && errno != EINTR) break;
+    for (int i = 0; i < 2 && n > 0 && ok; ++i) {
+      if ((fds[i].revents & (POLLIN | POLLHUP | POLLERR)) == 0) continue;
+      ssize_t got = read(fds[i].fd, buffer, sizeof(buffer));
+      if (got < 0 && errno == EINTR) continue;
+      ok = got > 0 && WriteAll(fds[1 - i].fd, buffer, static_cast<size_t>(got));
+    }
+  }
+  absl::MutexLock lock(&mu_);
+  for (int fd : {client_fd, upstream_fd}) {
+    if (fd < 0) continue;
+    fds_.erase(std::remove(fds_.begin(), fds_.end(), fd), fds_.end());
+    close(fd);
+  }
+  --live_;
+}
+
+}  // namespace holdfast::chaos
