@@ -420,11 +420,6 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
 
 void Engine::AddHandOver(const KeySnapshot& snap, const std::string& ns, const std::string& key,
                          int64_t releasing, pb::TxnRequest* txn) {
-  // No hold was created since the snapshot: the holds it shows are all there is.
-  auto* no_new = AddCompare(txn, keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,
-                            pb::Compare::LESS);
-  no_new->set_range_end(keyspace::HoldRangeEnd(ns, key));
-  no_new->set_create_revision(snap.revision + 1);
   auto plan = queue::PlanHandOver(snap, releasing, NowUnixMs());
   for (const WaiterEntry* dead : plan.dead) {
     txn->add_success()->mutable_request_delete_range()->set_key(
@@ -434,6 +429,12 @@ void Engine::AddHandOver(const KeySnapshot& snap, const std::string& ns, const s
   // Grants need a usable epoch for this cluster and a class; the release itself
   // never does.
   if (cls == nullptr || !CheckEpoch(snap.epoch, snap.cluster_id).ok()) return;
+  if (plan.grant.empty()) return;  // a plain release: nothing else to guard
+  // No hold was created since the snapshot: the holds it shows are all there is.
+  auto* no_new = AddCompare(txn, keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,
+                            pb::Compare::LESS);
+  no_new->set_range_end(keyspace::HoldRangeEnd(ns, key));
+  no_new->set_create_revision(snap.revision + 1);
   const int64_t now = NowUnixMs();
   for (const WaiterEntry* w : plan.grant) {
     const std::string wait_key = keyspace::WaitKey(ns, key, w->lease);
