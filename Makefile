@@ -39,6 +39,19 @@ integration: build
 clean:
 	rm -rf $(BUILD_DIR)
 
+# Benchmarks: holdfast side by side with its baselines on the same etcd
+# (docs/performance.md). BENCH_ARGS adds flags, e.g. BENCH_ARGS="--json out.json".
+.PHONY: bench bench-short
+BENCH_ARGS ?=
+
+bench: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target holdfast-bench holdfastd
+	$(BUILD_DIR)/bin/holdfast-bench $(BENCH_ARGS)
+
+bench-short: configure
+	cmake --build $(BUILD_DIR) -j $(JOBS) --target holdfast-bench holdfastd
+	$(BUILD_DIR)/bin/holdfast-bench --short $(BENCH_ARGS)
+
 # The chaos suite (docs/safety.md): a real 3-member etcd, 2 holdfastd, 8 clients and
 # a fenced register under a seeded nemesis. CHAOS_ARGS adds flags, e.g.
 # CHAOS_ARGS="--seed 42 --duration 600 --clients 12". `chaos-short` (about 65 s)

@@ -1,0 +1,383 @@
+#include "bench/bench.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <functional>
+#include <random>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "bench/environment.h"
+#include "bench/etcd_metrics.h"
+#include "bench/etcd_workloads.h"
+#include "bench/holdfast_workloads.h"
+#include "bench/proc_stats.h"
+#include "bench/report.h"
+#include "holdfast/client.h"
+
+namespace holdfast::bench {
+
+namespace {
+
+constexpr char kNamespace[] = "bench";
+// Worker sessions per Client in the cycle workloads (each Client has one
+// keepalive stream); sessions per Client in the sessions workload.
+constexpr int kSessionsPerClient = 32;
+constexpr int kSessionsPerClientMany = 250;
+constexpr std::chrono::milliseconds kWorkerSessionTtl{10'000};
+// Leases of baseline workers: long enough to outlive a cell without renewal.
+constexpr int64_t kBaselineLeaseTtlSeconds = 60;
+constexpr std::chrono::seconds kSetupBudget{60};
+
+using WorkerFactory = std::function<std::vector<std::unique_ptr<Worker>>()>;
+using LeaseWorkerFactory =
+    std::function<std::vector<std::unique_ptr<Worker>>(const std::vector<int64_t>&)>;
+using FleetWorkerFactory = std::function<std::vector<std::unique_ptr<Worker>>(SessionFleet&)>;
+
+std::string RunId() {
+  std::random_device rd;
+  return absl::StrFormat("%08x", rd());
+}
+
+std::string LoadAverage() {
+  std::ifstream in("/proc/loadavg");
+  std::string one, five, fifteen;
+  in >> one >> five >> fifteen;
+  return absl::StrCat(one, " ", five, " ", fifteen);
+}
+
+absl::Status CreateBenchNamespace(const std::string& endpoint) {
+  ClientOptions o;
+  o.endpoints = {endpoint};
+  auto client = Client::Connect(o);
+  if (!client.ok()) return client.status();
+  v1::CreateNamespaceRequest req;
+  req.mutable_namespace_()->set_name(kNamespace);
+  auto* cls = req.mutable_default_class();
+  cls->set_mode(v1::LOCK_MODE_SHARED);
+  cls->set_enforcement(v1::ENFORCEMENT_FENCED);
+  cls->set_on_quorum_loss(v1::ON_QUORUM_LOSS_CLOSED);
+  cls->set_ttl_min_ms(1000);
+  cls->set_ttl_max_ms(3'600'000);
+  auto r = (*client)->CreateNamespace(req);
+  if (r.ok() || r.status().code() == absl::StatusCode::kAlreadyExists) return absl::OkStatus();
+  return r.status();
+}
+
+// Runs the cells of one benchmark run and files their figures in a Report.
+// Thread-compatible: driven by the run's main thread.
+class Matrix {
+ public:
+  Matrix(const Plan& plan, const BenchOptions& options, Environment& env, EtcdPool& pool,
+         std::string run_id, const StopFlag& stop, Report* report)
+      : plan_(plan),
+        options_(options),
+        env_(env),
+        pool_(pool),
+        run_id_(std::move(run_id)),
+        stop_(stop),
+        report_(report) {}
+
+  void Run() {
+    for (int c : plan_.concurrency) {
+      EtcdCell(kGuardedTxn, c, [&] { return GuardedTxnWorkers(pool_, c, Tag("c", c)); });
+      LeaseCell(kRawCycle, c, [&](const auto& leases) {
+        return RawCycleWorkers(pool_, leases, Tag("c", c));
+      });
+      LeaseCell(kV3Lock, c, [&](const auto& leases) {
+        return V3LockWorkers(pool_, leases, Tag("u", c), false, plan_.acquire_wait);
+      });
+      FleetCell(kUncontended, c, c, [&](SessionFleet& f) {
+        return UncontendedWorkers(f, HoldfastKey("u", c));
+      });
+    }
+    LeaseCell(kV3LockContended, plan_.v3lock_contended, [&](const auto& leases) {
+      return V3LockWorkers(pool_, leases, Tag("k", plan_.v3lock_contended), true,
+                           plan_.acquire_wait);
+    });
+    for (int c : plan_.contended) {
+      FleetCell(kContended, c, c, [&](SessionFleet& f) {
+        return ContendedWorkers(f, HoldfastKey("k", c), plan_.acquire_wait);
+      });
+    }
+    for (int r : plan_.shared_readers) {
+      FleetCell(kSharedRead, r, r + 1, [&](SessionFleet& f) {
+        return SharedWorkers(f, HoldfastKey("s", r), plan_.acquire_wait, plan_.writer_period);
+      });
+    }
+    LeaseCell(kKeepAliveMax, plan_.keepalive_max_callers,
+              [&](const auto& leases) { return KeepAliveWorkers(pool_, leases); });
+    PacedKeepAliveCell();
+    SessionsCell();
+  }
+
+ private:
+  std::string Tag(const char* kind, int c) const { return absl::StrCat(kind, c); }
+  std::string HoldfastKey(const char* kind, int c) const {
+    return absl::StrCat(run_id_, "/", kind, c);
+  }
+  // Timing of the keepalive cells, in renewal periods (TTL/3, the TTL in whole
+  // seconds as holdfastd grants it). Warm-up: at least one period, so every
+  // session is in its renewal cycle. Window: a whole number of periods, because
+  // sessions opened in a burst renew in bursts.
+  Timing SessionTiming() const {
+    Timing t = plan_.timing;
+    auto period = std::chrono::milliseconds(
+        std::chrono::ceil<std::chrono::seconds>(options_.session_ttl)) / 3;
+    t.warmup = std::max(t.warmup, period);
+    auto periods = std::max<int64_t>(1, (t.measure + period / 2) / period);
+    t.measure = period * periods;
+    return t;
+  }
+
+  void Starting(const char* id, int c) const {
+    std::fprintf(stderr, "holdfast-bench: %s c=%d ...\n", id, c);
+  }
+
+  // Runs the workers, counting the etcd requests they cause.
+  std::map<std::string, SeriesResult> Measure(std::vector<std::unique_ptr<Worker>>& workers,
+                                              std::map<std::string, double>* requests_per_op) {
+    auto before = EtcdRequestCounts(env_.etcd_endpoint());
+    auto series = RunWorkers(workers, plan_.timing, stop_);
+    auto after = EtcdRequestCounts(env_.etcd_endpoint());
+    int64_t ops = 0;
+    for (const auto& [name, r] : series) ops += r.all_ops;
+    if (before.ok() && after.ok() && ops > 0) {
+      for (const auto& [method, n] : *after) {
+        auto it = before->find(method);
+        double delta = n - (it == before->end() ? 0 : it->second);
+        if (delta > 0) (*requests_per_op)[method] = delta / static_cast<double>(ops);
+      }
+    }
+    return series;
+  }
+
+  // Files a cell's figures; a cell cut short by a signal is left out.
+  void File(const char* id, int c, const std::map<std::string, SeriesResult>& series,
+            const std::map<std::string, double>& requests_per_op = {}) {
+    if (stop_.stopped()) return;
+    for (const auto& [name, r] : series) {
+      std::string cell_id = id;
+      if (name == "write") cell_id = kSharedWrite;
+      Cell cell;
+      cell.id = cell_id;
+      cell.concurrency = c;
+      cell.result = r;
+      cell.etcd_requests_per_op = requests_per_op;
+      report_->AddCell(std::move(cell));
+      std::fprintf(stderr, "holdfast-bench:   %s c=%d: %.1f ops/s, p99 %.2f ms, %lld errors\n",
+                   cell_id.c_str(), c, r.ops_per_sec, r.latency.p99_ms,
+                   static_cast<long long>(r.errors));
+    }
+  }
+
+  void SetupFailed(const char* id, int c, const absl::Status& s) {
+    Cell cell;
+    cell.id = id;
+    cell.concurrency = c;
+    cell.setup_error = s.ToString();
+    report_->AddCell(std::move(cell));
+    std::fprintf(stderr, "holdfast-bench:   %s c=%d could not run: %s\n", id, c,
+                 s.ToString().c_str());
+  }
+
+  void EtcdCell(const char* id, int c, const WorkerFactory& make) {
+    if (stop_.stopped()) return;
+    Starting(id, c);
+    auto workers = make();
+    std::map<std::string, double> requests;
+    auto series = Measure(workers, &requests);
+    File(id, c, series, requests);
+  }
+
+  void LeaseCell(const char* id, int c, const LeaseWorkerFactory& make) {
+    if (stop_.stopped()) return;
+    Starting(id, c);
+    auto leases = pool_.GrantLeases(c, kBaselineLeaseTtlSeconds,
+                                    SteadyClock::now() + kSetupBudget, stop_);
+    if (!leases.ok()) return SetupFailed(id, c, leases.status());
+    {
+      auto workers = make(*leases);
+      std::map<std::string, double> requests;
+      auto series = Measure(workers, &requests);
+      File(id, c, series, requests);
+    }
+    pool_.RevokeLeases(*leases, SteadyClock::now() + kSetupBudget);
+  }
+
+  void FleetCell(const char* id, int c, int64_t sessions, const FleetWorkerFactory& make) {
+    if (stop_.stopped()) return;
+    Starting(id, c);
+    auto fleet = SessionFleet::Open(env_.holdfast_endpoint(), kNamespace, sessions,
+                                    kSessionsPerClient, kWorkerSessionTtl,
+                                    SteadyClock::now() + kSetupBudget, stop_);
+    if (!fleet.ok()) return SetupFailed(id, c, fleet.status());
+    auto workers = make(**fleet);
+    std::map<std::string, double> requests;
+    auto series = Measure(workers, &requests);
+    File(id, c, series, requests);
+  }
+
+  // The same number of leases as the sessions workload has sessions, renewed on
+  // the same schedule (every session TTL / 3). The leases themselves live
+  // longer, so that granting 10,000 of them cannot outrun the first renewal.
+  void PacedKeepAliveCell() {
+    if (stop_.stopped()) return;
+    int n = static_cast<int>(plan_.sessions);
+    Starting(kKeepAlivePaced, n);
+    auto leases = pool_.GrantLeases(n, kBaselineLeaseTtlSeconds,
+                                    SteadyClock::now() + kSetupBudget * 2, stop_);
+    if (!leases.ok()) return SetupFailed(kKeepAlivePaced, n, leases.status());
+    auto granted_ttl = std::chrono::milliseconds(
+        std::chrono::ceil<std::chrono::seconds>(options_.session_ttl));
+    auto r = RunPacedKeepAlive(pool_.client(0), *leases, granted_ttl, SessionTiming(), stop_);
+    File(kKeepAlivePaced, n, {{"", r}});
+    pool_.RevokeLeases(*leases, SteadyClock::now() + kSetupBudget * 2);
+  }
+
+  // On a fresh holdfastd when this run started it, so that its RSS before the
+  // sessions holds no memory freed by earlier cells (which the sessions would
+  // reuse, hiding their cost).
+  void SessionsCell() {
+    if (stop_.stopped()) return;
+    Starting("holdfast_sessions", static_cast<int>(plan_.sessions));
+    bool fresh = false;
+    if (env_.holdfastd_pid()) {
+      if (auto s = env_.RestartHoldfastd(); !s.ok()) {
+        SessionsResult failed;
+        failed.requested = plan_.sessions;
+        failed.error = absl::StrCat("restarting holdfastd: ", s.ToString());
+        report_->SetSessions(std::move(failed));
+        return;
+      }
+      fresh = true;
+    }
+    auto r = RunSessionsCell(env_.holdfast_endpoint(), kNamespace, plan_.sessions,
+                             kSessionsPerClientMany, options_.session_ttl, SessionTiming(),
+                             env_.holdfastd_pid(), env_.etcd_pid(), stop_);
+    if (stop_.stopped()) return;  // cut short: its figures would mislead
+    r.fresh_holdfastd = fresh;
+    std::fprintf(stderr, "holdfast-bench:   sessions: %lld open, %.1f renewals/s %s\n",
+                 static_cast<long long>(r.opened), r.renewals_per_sec, r.error.c_str());
+    report_->SetSessions(std::move(r));
+  }
+
+  const Plan& plan_;
+  const BenchOptions& options_;
+  Environment& env_;
+  EtcdPool& pool_;
+  const std::string run_id_;
+  const StopFlag& stop_;
+  Report* const report_;
+};
+
+nlohmann::json RunInfo(const BenchOptions& options, const Plan& plan, const Environment& env,
+                       const std::string& load_before) {
+  return {{"command", options.command_line},
+          {"short", options.short_run},
+          {"warmup_ms", plan.timing.warmup.count()},
+          {"measure_ms", plan.timing.measure.count()},
+          {"concurrency", plan.concurrency},
+          {"contended", plan.contended},
+          {"shared_readers", plan.shared_readers},
+          {"sessions", plan.sessions},
+          {"session_ttl_ms", options.session_ttl.count()},
+          {"etcd", env.etcd_endpoint()},
+          {"holdfastd", env.holdfast_endpoint()},
+          {"started_etcd", env.etcd_pid().has_value()},
+          {"started_holdfastd", env.holdfastd_pid().has_value()},
+          {"cores", std::thread::hardware_concurrency()},
+          {"loadavg_before", load_before},
+          {"loadavg_after", LoadAverage()}};
+}
+
+absl::Status WriteJson(const std::string& path, const nlohmann::json& j) {
+  std::ofstream out(path);
+  out << j.dump(2) << "\n";
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+Plan MakePlan(const BenchOptions& options) {
+  Plan p;
+  if (options.short_run) {
+    p.concurrency = {1, 8};
+    p.contended = {8};
+    p.shared_readers = {8};
+    p.sessions = 1'000;
+    p.timing = {.warmup = std::chrono::milliseconds(250), .measure = std::chrono::seconds(1)};
+  } else {
+    p.concurrency = {1, 8, 64, 256};
+    p.contended = {8, 64, 256};
+    p.shared_readers = {8, 64};
+    p.sessions = 10'000;
+    p.timing = {.warmup = std::chrono::seconds(1), .measure = std::chrono::seconds(5)};
+  }
+  if (options.duration) {
+    p.timing.measure = *options.duration;
+    p.timing.warmup = std::min<std::chrono::milliseconds>(std::chrono::seconds(1),
+                                                          *options.duration / 5);
+  }
+  if (options.sessions) p.sessions = *options.sessions;
+  p.acquire_wait = std::max<std::chrono::milliseconds>(p.timing.measure, std::chrono::seconds(2));
+  return p;
+}
+
+int RunBenchmark(const BenchOptions& options, const StopFlag& stop) {
+  Plan plan = MakePlan(options);
+  std::string load_before = LoadAverage();
+  auto env = Environment::Start({.etcd_endpoint = options.etcd_endpoint,
+                                 .holdfast_endpoint = options.holdfast_endpoint,
+                                 .holdfastd_binary = options.holdfastd_binary});
+  if (!env.ok()) {
+    std::fprintf(stderr, "holdfast-bench: %s\n", env.status().ToString().c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "holdfast-bench: etcd %s, holdfastd %s, load %s\n",
+               (*env)->etcd_endpoint().c_str(), (*env)->holdfast_endpoint().c_str(),
+               load_before.c_str());
+  if (auto s = CreateBenchNamespace((*env)->holdfast_endpoint()); !s.ok()) {
+    std::fprintf(stderr, "holdfast-bench: cannot create namespace %s: %s\n", kNamespace,
+                 s.ToString().c_str());
+    return 1;
+  }
+  std::string run_id = RunId();
+  int max_workers = std::max({*std::max_element(plan.concurrency.begin(), plan.concurrency.end()),
+                              plan.v3lock_contended, plan.keepalive_max_callers});
+  auto pool = EtcdPool::Create((*env)->etcd_endpoint(), max_workers,
+                               absl::StrCat("/holdfast-bench/", run_id, "/"));
+  if (!pool.ok()) {
+    std::fprintf(stderr, "holdfast-bench: %s\n", pool.status().ToString().c_str());
+    return 1;
+  }
+  Report report;
+  Matrix(plan, options, **env, **pool, run_id, stop, &report).Run();
+  (*pool)->DeletePrefix();
+  report.SetRunInfo(RunInfo(options, plan, **env, load_before));
+  pool->reset();
+  (*env)->Stop();
+
+  report.PrintTables(stdout);
+  std::printf("\n%s\n", report.BenchLine().c_str());
+  std::fflush(stdout);
+  int code = 0;
+  if (!options.json_path.empty()) {
+    if (auto s = WriteJson(options.json_path, report.ToJson()); !s.ok()) {
+      std::fprintf(stderr, "holdfast-bench: %s\n", s.ToString().c_str());
+      code = 1;
+    }
+  }
+  for (const auto& p : report.Problems()) {
+    std::fprintf(stderr, "holdfast-bench: problem: %s\n", p.c_str());
+    code = 1;
+  }
+  if (stop.stopped()) return 130;
+  return code;
+}
+
+}  // namespace holdfast::bench

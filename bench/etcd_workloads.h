@@ -1,0 +1,88 @@
+// Baselines straight on etcd, on the same etcd as holdfast: a guarded txn, a
+// grant+release cycle (guarded put txn, then guarded delete txn), raw lease
+// renewals over LeaseKeepAlive, and etcd's own v3lock Lock/Unlock.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include <grpcpp/grpcpp.h>
+
+#include "absl/status/statusor.h"
+#include "bench/runner.h"
+#include "common/timer_queue.h"
+#include "etcd/client.h"
+#include "etcd/etcdserver/api/v3lock/v3lockpb/v3lock.grpc.pb.h"
+
+namespace holdfast::bench {
+
+// Workers per etcd::Client (and per v3lock channel).
+inline constexpr int kCallersPerEtcdClient = 32;
+
+// etcd clients for up to `max_workers` baseline workers: one per
+// kCallersPerEtcdClient. Thread-safe. Every key it writes is under prefix().
+class EtcdPool {
+ public:
+  static absl::StatusOr<std::unique_ptr<EtcdPool>> Create(const std::string& endpoint,
+                                                          int max_workers,
+                                                          const std::string& prefix);
+  ~EtcdPool();
+
+  etcd::Client& client(int worker);
+  v3lockpb::Lock::Stub& lock_stub(int worker);
+  const std::string& prefix() const { return prefix_; }
+
+  // Grants `n` leases of `ttl_s` seconds. Errors: the first failed grant, or
+  // DEADLINE_EXCEEDED when not all were granted by `deadline`.
+  absl::StatusOr<std::vector<int64_t>> GrantLeases(int64_t n, int64_t ttl_s,
+                                                   SteadyClock::time_point deadline,
+                                                   const StopFlag& stop);
+  // Revokes the leases (and so their keys); best effort, bounded by `deadline`.
+  void RevokeLeases(const std::vector<int64_t>& leases, SteadyClock::time_point deadline);
+  // Deletes every key under prefix(). Best effort.
+  void DeletePrefix();
+
+ private:
+  EtcdPool() = default;
+  std::string prefix_;
+  std::shared_ptr<TimerQueue> timers_;
+  std::vector<std::unique_ptr<etcd::Client>> clients_;
+  std::vector<std::unique_ptr<v3lockpb::Lock::Stub>> lock_stubs_;
+};
+
+// `n` workers, each putting fresh keys under `cell` behind a create_revision == 0
+// compare: one guarded txn per op.
+std::vector<std::unique_ptr<Worker>> GuardedTxnWorkers(EtcdPool& pool, int n,
+                                                       const std::string& cell);
+
+// `n` workers, each on its own key with its own lease: one op is a guarded put
+// txn then a guarded delete txn (compare create_revision == the put's revision).
+std::vector<std::unique_ptr<Worker>> RawCycleWorkers(EtcdPool& pool,
+                                                     const std::vector<int64_t>& leases,
+                                                     const std::string& cell);
+
+// etcd v3lock. Without `shared_name` each worker locks its own name and one op
+// is Lock(name, lease) then Unlock(key). With `shared_name` every worker locks
+// the same name (contended): the op is the Lock (one hand-over), and the Unlock
+// follows unmeasured. A Lock waits at most `wait`.
+std::vector<std::unique_ptr<Worker>> V3LockWorkers(EtcdPool& pool,
+                                                   const std::vector<int64_t>& leases,
+                                                   const std::string& cell, bool shared_name,
+                                                   std::chrono::milliseconds wait);
+
+// One op is one renewal of the worker's own lease over the client's multiplexed
+// LeaseKeepAlive stream, as fast as answers come back.
+std::vector<std::unique_ptr<Worker>> KeepAliveWorkers(EtcdPool& pool,
+                                                      const std::vector<int64_t>& leases);
+
+// Renews every lease every ttl/3, as libholdfast renews sessions, over one
+// LeaseKeepAlive stream; each lease has at most one renewal outstanding. The
+// result counts renewals etcd confirmed (TTL > 0) inside the window.
+SeriesResult RunPacedKeepAlive(etcd::Client& client, const std::vector<int64_t>& leases,
+                               std::chrono::milliseconds ttl, const Timing& timing,
+                               const StopFlag& stop);
+
+}  // namespace holdfast::bench

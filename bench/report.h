@@ -1,0 +1,84 @@
+// The figures of one benchmark run: tables with ratios to the baselines, the
+// one-line summary and the JSON document.
+//
+// Thread-compatible: filled by the run's main thread.
+#pragma once
+
+#include <cstdio>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include <nlohmann/json.hpp>
+
+#include "bench/holdfast_workloads.h"
+#include "bench/runner.h"
+
+namespace holdfast::bench {
+
+// Cell ids (stable: they are the JSON's keys).
+inline constexpr char kGuardedTxn[] = "etcd_guarded_txn";
+inline constexpr char kRawCycle[] = "etcd_grant_release";
+inline constexpr char kV3Lock[] = "etcd_v3lock";
+inline constexpr char kV3LockContended[] = "etcd_v3lock_contended";
+inline constexpr char kKeepAliveMax[] = "etcd_keepalive_max";
+inline constexpr char kKeepAlivePaced[] = "etcd_keepalive_paced";
+inline constexpr char kUncontended[] = "holdfast_uncontended";
+inline constexpr char kContended[] = "holdfast_contended";
+inline constexpr char kSharedRead[] = "holdfast_shared_read";
+inline constexpr char kSharedWrite[] = "holdfast_shared_write";
+
+struct Cell {
+  std::string id;
+  int concurrency = 0;
+  SeriesResult result;
+  std::string setup_error;  // the cell could not run
+  // etcd requests received during the cell (from etcd's /metrics) per operation
+  // completed, by gRPC method; all series of the cell together.
+  std::map<std::string, double> etcd_requests_per_op;
+};
+
+// The four figures of the `bench:` line; nullopt when a cell is missing.
+struct Headline {
+  std::optional<double> uncontended_vs_raw_cycle;  // R1, at the highest concurrency
+  int r1_concurrency = 0;
+  std::optional<double> contended_vs_etcd_lock;    // R2, 8 clients
+  std::optional<double> p99_uncontended_vs_raw;    // R3, concurrency 1
+  std::optional<double> keepalive_vs_raw;          // R4
+};
+
+class Report {
+ public:
+  void AddCell(Cell cell) { cells_.push_back(std::move(cell)); }
+  void SetSessions(SessionsResult sessions) { sessions_ = std::move(sessions); }
+  // Free-form facts about the run for the JSON ("command", load, ...).
+  void SetRunInfo(nlohmann::json info) { run_info_ = std::move(info); }
+
+  const Cell* Find(const std::string& id, int concurrency) const;
+  // Ratios of one cell to its baselines, by name (see kRatioRules in report.cc).
+  std::map<std::string, double> RatiosOf(const Cell& cell) const;
+  // holdfast session renewals/s against the raw LeaseKeepAlive cells, by name
+  // ("vs_keepalive_paced", "vs_keepalive_max").
+  std::map<std::string, double> SessionRatios() const;
+  Headline ComputeHeadline() const;
+  // Problems that make the run a failure: cells that could not run or finished
+  // no operation. Empty when the harness worked.
+  std::vector<std::string> Problems() const;
+
+  void PrintTables(std::FILE* out) const;
+  // "bench: uncontended_vs_raw_cycle=R1 contended_vs_etcd_lock=R2 ..."
+  std::string BenchLine() const;
+  nlohmann::json ToJson() const;
+
+ private:
+  void PrintCellTable(std::FILE* out, const std::string& title,
+                      const std::vector<std::string>& ids) const;
+  void PrintSessions(std::FILE* out) const;
+
+  std::vector<Cell> cells_;
+  std::optional<SessionsResult> sessions_;
+  nlohmann::json run_info_ = nlohmann::json::object();
+};
+
+}  // namespace holdfast::bench
