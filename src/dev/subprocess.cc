@@ -172,6 +172,25 @@ absl::StatusOr<int> PickFreePortOnce() {
   return ntohs(addr.sin_port);
 }
 
+absl::StatusOr<LoopbackListener> ListenOnLoopback(int backlog) {
+  LoopbackListener l;
+  l.fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (l.fd < 0) return absl::InternalError(absl::StrCat("socket: ", std::strerror(errno)));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  if (::bind(l.fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 ||
+      ::listen(l.fd, backlog) != 0 ||
+      ::getsockname(l.fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    int e = errno;
+    ::close(l.fd);
+    return absl::InternalError(absl::StrCat("listen on loopback: ", std::strerror(e)));
+  }
+  l.port = ntohs(addr.sin_port);
+  return l;
+}
+
 std::string SelfDir() {
   std::error_code ec;
   auto p = std::filesystem::read_symlink("/proc/self/exe", ec);

@@ -62,6 +62,14 @@ class Subprocess {
 // closed). Errors: INTERNAL.
 absl::StatusOr<int> PickFreePort();
 
+// A listening TCP socket on 127.0.0.1 with a port the kernel picked.
+struct LoopbackListener {
+  int fd = -1;  // owned by the caller (close it)
+  int port = 0;
+};
+// Errors: INTERNAL naming the failed call.
+absl::StatusOr<LoopbackListener> ListenOnLoopback(int backlog = 64);
+
 // The absolute path of the running executable's directory ("" if unknown).
 std::string SelfDir();
 

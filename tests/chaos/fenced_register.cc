@@ -11,6 +11,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "dev/subprocess.h"
 #include "absl/strings/str_split.h"
 
 namespace holdfast::chaos {
@@ -18,19 +19,10 @@ namespace holdfast::chaos {
 absl::StatusOr<std::unique_ptr<FencedRegister>> FencedRegister::Start(HistoryWriter* history,
                                                                       bool fenced) {
   std::unique_ptr<FencedRegister> r(new FencedRegister(history, fenced));
-  r->listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (r->listen_fd_ < 0) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (bind(r->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(r->listen_fd_, 64) != 0 ||
-      getsockname(r->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return absl::InternalError(absl::StrCat("register listen: ", strerror(errno)));
-  }
-  r->port_ = ntohs(addr.sin_port);
+  auto listener = dev::ListenOnLoopback();
+  if (!listener.ok()) return listener.status();
+  r->listen_fd_ = listener->fd;
+  r->port_ = listener->port;
   r->acceptor_ = std::thread([p = r.get()] { p->AcceptLoop(); });
   return r;
 }

@@ -11,6 +11,7 @@
 #include <cstring>
 
 #include "absl/strings/str_cat.h"
+#include "dev/subprocess.h"
 
 namespace holdfast::chaos {
 namespace {
@@ -39,16 +40,10 @@ bool WriteAll(int fd, const char* data, size_t size) {
 
 absl::StatusOr<std::unique_ptr<TcpProxy>> TcpProxy::Start(int upstream_port) {
   std::unique_ptr<TcpProxy> p(new TcpProxy(upstream_port));
-  p->listen_fd_ = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (p->listen_fd_ < 0) return absl::InternalError(absl::StrCat("socket: ", strerror(errno)));
-  sockaddr_in addr = Loopback(0);
-  socklen_t len = sizeof(addr);
-  if (bind(p->listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(p->listen_fd_, 64) != 0 ||
-      getsockname(p->listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    return absl::InternalError(absl::StrCat("proxy listen: ", strerror(errno)));
-  }
-  p->port_ = ntohs(addr.sin_port);
+  auto listener = dev::ListenOnLoopback();
+  if (!listener.ok()) return listener.status();
+  p->listen_fd_ = listener->fd;
+  p->port_ = listener->port;
   p->acceptor_ = std::thread([raw = p.get()] { raw->AcceptLoop(); });
   return p;
 }
