@@ -56,6 +56,7 @@ HandOver PlanHandOver(const KeySnapshot& s, int64_t releasing_lease, int64_t now
   }
   if (exclusive_left) return h;
   for (const auto& w : s.waiters) {
+    if (h.grant.size() + h.dead.size() >= kMaxHandOver) break;
     if (Dead(w, now_ms)) {
       h.dead.push_back(&w);
       continue;

@@ -45,6 +45,11 @@ struct AcquireDecision {
 // What `lease` asking for `lock_key` (shared or not) may do in snapshot `s`.
 AcquireDecision DecideAcquire(const KeySnapshot& s, int64_t lease, bool shared, int64_t now_ms);
 
+// At most this many waiters are granted (and dead ones removed) by one release, so
+// the transaction stays under etcd's --max-txn-ops (128 by default); shared
+// waiters after them claim on their own when their predecessor's key goes.
+inline constexpr size_t kMaxHandOver = 32;
+
 struct HandOver {
   std::vector<const WaiterEntry*> grant;  // in queue order
   std::vector<const WaiterEntry*> dead;   // dead waiters passed on the way

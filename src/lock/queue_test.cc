@@ -121,6 +121,15 @@ TEST(QueueTest, HandOverToTheRunOfSharedAtTheHead) {
   EXPECT_EQ(h.dead[0]->lease, 3);
 }
 
+TEST(QueueTest, HandOverStaysUnderEtcdsTxnLimit) {
+  Builder b;
+  b.Hold(1);
+  for (int i = 0; i < 100; ++i) b.Wait(100 + i, true);
+  auto h = PlanHandOver(b.s, 1, kNow);
+  EXPECT_EQ(h.grant.size(), kMaxHandOver);  // the rest claim on their own
+  EXPECT_EQ(h.grant.front()->lease, 100);
+}
+
 TEST(QueueTest, NoHandOverWhileOthersHold) {
   Builder b;
   b.Hold(1, true).Hold(9, true).Wait(2);
