@@ -1,5 +1,7 @@
 #include "bench/holdfast_workloads.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <atomic>
 
@@ -102,6 +104,7 @@ std::chrono::milliseconds WholeSeconds(std::chrono::milliseconds ttl) {
 struct WindowSamples {
   std::optional<ProcSample> before_open;  // holdfastd, before any session opened
   std::optional<ProcSample> h0, h1, e0, e1;
+  std::optional<ProcSample> c0, c1;  // this process: the sessions' clients
 };
 
 // Fills the process figures of `r` from the samples.
@@ -123,6 +126,9 @@ void FillProcessFigures(const WindowSamples& w, double seconds, int64_t renewals
   }
   if (w.e0 && w.e1 && seconds > 0) {
     r->etcd_cpu_cores = (w.e1->cpu_seconds - w.e0->cpu_seconds) / seconds;
+  }
+  if (w.c0 && w.c1 && seconds > 0) {
+    r->client_cpu_cores = (w.c1->cpu_seconds - w.c0->cpu_seconds) / seconds;
   }
 }
 
@@ -257,11 +263,13 @@ SessionsResult RunSessionsCell(const std::string& endpoint, const std::string& n
   int64_t renewals0 = (*fleet)->TotalRenewals();
   w.h0 = Sample(holdfastd_pid);
   w.e0 = Sample(etcd_pid);
+  w.c0 = Sample(::getpid());
   auto t0 = SteadyClock::now();
   stop.SleepUntil(t0 + timing.measure);
   int64_t renewals1 = (*fleet)->TotalRenewals();
   w.h1 = Sample(holdfastd_pid);
   w.e1 = Sample(etcd_pid);
+  w.c1 = Sample(::getpid());
   r.seconds = std::chrono::duration<double>(SteadyClock::now() - t0).count();
   r.lost = (*fleet)->LostSessions();
   int64_t renewals = renewals1 - renewals0;

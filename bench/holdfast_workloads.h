@@ -79,6 +79,7 @@ struct SessionsResult {
   std::optional<int64_t> rss_after_bytes;    // at the end of the window
   std::optional<double> rss_bytes_per_session;
   std::optional<double> etcd_cpu_cores;      // etcd's CPU in the window
+  std::optional<double> client_cpu_cores;    // this process's (libholdfast's) CPU in the window
 };
 
 // Opens `n` sessions with `ttl`, waits `timing.warmup`, then measures renewals

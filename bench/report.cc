@@ -254,6 +254,9 @@ void Report::PrintSessions(std::FILE* out) const {
                  Fixed(s.rss_bytes_per_session, 0).c_str());
   }
   if (s.etcd_cpu_cores) std::fprintf(out, "%-28s %.2f cores\n", "etcd CPU", *s.etcd_cpu_cores);
+  if (s.client_cpu_cores) {
+    std::fprintf(out, "%-28s %.2f cores\n", "client CPU (libholdfast)", *s.client_cpu_cores);
+  }
 }
 
 void Report::PrintTables(std::FILE* out) const {
@@ -307,6 +310,7 @@ nlohmann::json Report::ToJson() const {
                 {"holdfastd_rss_after_bytes", OrNull(s.rss_after_bytes)},
                 {"holdfastd_rss_bytes_per_session", OrNull(s.rss_bytes_per_session)},
                 {"etcd_cpu_cores", OrNull(s.etcd_cpu_cores)},
+                {"client_cpu_cores", OrNull(s.client_cpu_cores)},
                 {"fresh_holdfastd", s.fresh_holdfastd},
                 {"ratios", SessionRatios()},
                 {"error", s.error}};
