@@ -106,7 +106,10 @@ class Hold {
   // expired meanwhile).
   bool unprotected() const;
 
-  // Releases the hold. FAILED_PRECONDITION if it is no longer current.
+  // Releases the hold. FAILED_PRECONDITION if it is no longer current. Races
+  // with the queue and lost connections are retried a few times; if it still
+  // fails transiently (ABORTED, UNAVAILABLE, DEADLINE_EXCEEDED), Release() may
+  // be called again.
   absl::Status Release();
 
  private:

@@ -258,20 +258,41 @@ std::stop_token Hold::lost_token() const {
 
 absl::Status Hold::Release() {
   if (!session_) return absl::OkStatus();
-  auto session = std::move(session_);
-  session_.reset();
   // A lost session's lease is gone (nothing to release). A hold lost only locally
   // (etcd was unreachable) is released, so the key frees up as soon as it can.
-  if (session->lost() || session->closed()) return absl::OkStatus();
+  if (session_->lost() || session_->closed()) {
+    session_.reset();
+    return absl::OkStatus();
+  }
   v1::ReleaseRequest req;
-  req.set_namespace_(session->ns());
-  req.set_session_id(session->id());
+  req.set_namespace_(session_->ns());
+  req.set_session_id(session_->id());
   req.set_lock_key(info_.lock_key());
   req.set_token(info_.token());
-  v1::ReleaseResponse resp;
-  grpc::ClientContext ctx;
-  session->core().SetDeadline(&ctx);
-  return FromGrpcStatus(session->core().lock_stub().Release(&ctx, req, &resp));
+  // ABORTED (the release raced with the queue) and UNAVAILABLE (outcome unknown)
+  // are retried; after an unknown outcome, "no such hold" means it went.
+  absl::Status s;
+  bool unknown = false;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    v1::ReleaseResponse resp;
+    grpc::ClientContext ctx;
+    session_->core().SetDeadline(&ctx);
+    s = FromGrpcStatus(session_->core().lock_stub().Release(&ctx, req, &resp));
+    if (unknown && s.code() == absl::StatusCode::kFailedPrecondition) s = absl::OkStatus();
+    if (s.code() != absl::StatusCode::kAborted && s.code() != absl::StatusCode::kUnavailable &&
+        s.code() != absl::StatusCode::kDeadlineExceeded) {
+      break;
+    }
+    unknown = unknown || s.code() != absl::StatusCode::kAborted;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10 * (attempt + 1)));
+  }
+  // Keep the session on a transient failure, so the caller (or the destructor)
+  // can try again; let go once the release is done or cannot be.
+  if (s.code() != absl::StatusCode::kAborted && s.code() != absl::StatusCode::kUnavailable &&
+      s.code() != absl::StatusCode::kDeadlineExceeded) {
+    session_.reset();
+  }
+  return s;
 }
 
 // --- Session ----------------------------------------------------------------
