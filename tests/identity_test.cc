@@ -6,7 +6,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
-#include "harness/certs.h"
+#include "dev/certs.h"
 #include "harness/cluster.h"
 #include "holdfast/v1/lock.grpc.pb.h"
 #include "lock/keyspace.h"
@@ -204,21 +204,21 @@ TEST(EtcdTlsTest, HoldfastdTalksToEtcdWithAClientCertificate) {
 }
 
 TEST(AuthenticatorTest, TakesTheSpiffeIdFromTheCertificate) {
-  auto ca = testing::MakeCa("ca");
+  auto ca = dev::MakeCa("ca");
   ASSERT_TRUE(ca.ok());
   server::Authenticator auth({false, "", {"acme.org"}, {"spiffe://acme.org/ops/*"}});
-  testing::LeafOptions o;
+  dev::LeafOptions o;
   o.uris = {"spiffe://acme.org/ops/oncall"};
   o.dns = {"ignored.example"};
-  auto caller = auth.CallerOfCertificate(testing::MakeLeaf(*ca, o)->cert);
+  auto caller = auth.CallerOfCertificate(dev::MakeLeaf(*ca, o)->cert);
   ASSERT_TRUE(caller.ok()) << caller.status();
   EXPECT_EQ(caller->identity, "spiffe://acme.org/ops/oncall");
   EXPECT_TRUE(caller->admin);
   o.uris = {"spiffe://acme.org/a", "spiffe://acme.org/b"};
-  EXPECT_EQ(auth.CallerOfCertificate(testing::MakeLeaf(*ca, o)->cert).status().code(),
+  EXPECT_EQ(auth.CallerOfCertificate(dev::MakeLeaf(*ca, o)->cert).status().code(),
             absl::StatusCode::kUnauthenticated);
   o.uris = {"spiffe://acme.org:8443/a"};
-  EXPECT_NE(auth.CallerOfCertificate(testing::MakeLeaf(*ca, o)->cert).status().message().find("no port"),
+  EXPECT_NE(auth.CallerOfCertificate(dev::MakeLeaf(*ca, o)->cert).status().message().find("no port"),
             std::string::npos);
 }
 

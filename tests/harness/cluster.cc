@@ -15,9 +15,15 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
-#include "harness/certs.h"
+#include "dev/certs.h"
 
 namespace holdfast::testing {
+
+using dev::LeafOptions;
+using dev::MakeCa;
+using dev::MakeLeaf;
+using dev::Pem;
+using dev::WritePem;
 
 TempDir::TempDir() {
   const char* base = std::getenv("TMPDIR");

@@ -11,10 +11,10 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "dev/certs.h"
 #include "dev/etcd_process.h"
 #include "dev/subprocess.h"
 #include "etcd/client.h"
-#include "harness/certs.h"
 #include "holdfast/client.h"
 
 namespace holdfast::testing {
@@ -121,7 +121,7 @@ class TestCluster {
   TempDir dir_;
   bool tls_ = false;
   std::string ca_cert_, ca_key_, other_ca_cert_, other_ca_key_;
-  Pem etcd_ca_pem_, etcd_client_pem_;
+  dev::Pem etcd_ca_pem_, etcd_client_pem_;
   std::shared_ptr<TimerQueue> timers_;
   std::vector<std::unique_ptr<dev::EtcdProcess>> etcd_;
   std::vector<std::unique_ptr<HoldfastdProcess>> holdfastd_;
