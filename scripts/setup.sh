@@ -13,7 +13,10 @@ packages=(
   etcd-server etcd-client golang-etcd-server-dev
   # libraries
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libssl-dev
-  libsqlite3-dev
+  libsqlite3-dev libpq-dev
+  # the audit store's tests run a real PostgreSQL 15 (as the postgres user, via
+  # setpriv from util-linux, when run as root)
+  postgresql-15 postgresql-client-15 util-linux
   # tests and benchmarks; clang and libFuzzer for the fuzz target
   libgtest-dev libgmock-dev libbenchmark-dev clang-14 libclang-rt-14-dev
   # process tools used by the test harness (pkill, ps)

@@ -1,0 +1,162 @@
+#include "audit/store.h"
+
+#include <algorithm>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/strip.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "audit/store_internal.h"
+
+namespace holdfast::audit {
+
+const char* EventTypeName(EventType t) {
+  switch (t) {
+    case EventType::kGrant:
+      return "grant";
+    case EventType::kRelease:
+      return "release";
+    case EventType::kExpire:
+      return "expire";
+    case EventType::kForce:
+      return "force";
+  }
+  return "unknown";
+}
+
+std::optional<EventType> ParseEventType(std::string_view s) {
+  for (EventType t :
+       {EventType::kGrant, EventType::kRelease, EventType::kExpire, EventType::kForce}) {
+    if (s == EventTypeName(t)) return t;
+  }
+  return std::nullopt;
+}
+
+absl::StatusOr<std::unique_ptr<AuditStore>> OpenStore(const std::string& url) {
+  constexpr const char* kExpected =
+      "expected sqlite:///absolute/path.db, sqlite:relative/path.db, postgresql://... or "
+      "postgres://...";
+  if (url.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("audit store URL is empty; ", kExpected));
+  }
+  absl::string_view rest = url;
+  if (absl::ConsumePrefix(&rest, "sqlite:")) {
+    // "sqlite://" introduces an authority in URL syntax; only an empty one
+    // ("sqlite:///abs") is meaningful for a local file.
+    if (absl::ConsumePrefix(&rest, "//") && !absl::StartsWith(rest, "/")) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "audit store URL \"", url,
+          "\": sqlite:// must be followed by an absolute path "
+          "(sqlite:///abs/path.db); a relative path is written sqlite:relative/path.db"));
+    }
+    if (rest.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("audit store URL \"", url, "\" names no file; ", kExpected));
+    }
+    return OpenSqliteStore(std::string(rest));
+  }
+  if (absl::StartsWith(url, "postgresql://") || absl::StartsWith(url, "postgres://")) {
+    return OpenPostgresStore(url);
+  }
+  // Only the scheme is echoed: the rest may hold a password.
+  auto colon = url.find(':');
+  bool has_scheme = colon != std::string::npos && colon > 0 && absl::ascii_isalpha(url[0]);
+  for (size_t i = 0; has_scheme && i < colon; ++i) {
+    char c = url[i];
+    has_scheme = absl::ascii_isalnum(c) || c == '+' || c == '-' || c == '.';
+  }
+  if (!has_scheme) {
+    return absl::InvalidArgumentError(absl::StrCat("audit store URL has no scheme; ", kExpected));
+  }
+  return absl::InvalidArgumentError(absl::StrCat("audit store URL scheme \"", url.substr(0, colon),
+                                                 "\" is not supported; ", kExpected));
+}
+
+namespace internal {
+
+int ClampLimit(int limit) { return std::clamp(limit, 1, kMaxRows); }
+
+int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
+
+absl::Status ValidateBatch(uint64_t cluster_id, const std::vector<AuditEvent>& events,
+                           const std::vector<ForceReleaseRow>& forces) {
+  for (const AuditEvent& e : events) {
+    if (e.cluster_id != cluster_id) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "audit event at revision ", e.revision, " belongs to cluster ", absl::Hex(e.cluster_id),
+          ", not to cluster ", absl::Hex(cluster_id), " whose cursor the batch moves"));
+    }
+    if (!ParseEventType(EventTypeName(e.type))) {
+      return absl::InvalidArgumentError(absl::StrCat("audit event at revision ", e.revision,
+                                                     " has no valid type (",
+                                                     static_cast<int>(e.type), ")"));
+    }
+  }
+  for (const ForceReleaseRow& f : forces) {
+    if (f.cluster_id != cluster_id) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "force_release ", f.request_id, " belongs to cluster ", absl::Hex(f.cluster_id),
+          ", not to cluster ", absl::Hex(cluster_id), " whose cursor the batch moves"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status ValidateEpochRow(const EpochRow& row) {
+  if (row.epoch < 1 || row.epoch > 32767) {
+    return absl::InvalidArgumentError(absl::StrCat("epoch ", row.epoch, " is outside 1..32767"));
+  }
+  if (row.reason != "init" && row.reason != "restore" && row.reason != "rehome") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("epoch reason \"", row.reason, "\" is not one of init, restore, rehome"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CursorRegression(uint64_t cluster_id, int64_t stored, int64_t requested) {
+  return absl::FailedPreconditionError(
+      absl::StrCat("audit cursor of cluster ", absl::Hex(cluster_id), " is at revision ", stored,
+                   "; refusing to move it back to ", requested, " (nothing was written)"));
+}
+
+absl::Status EpochConflict(const EpochRow& stored) {
+  return absl::AlreadyExistsError(
+      absl::StrCat("epoch ", stored.epoch, " of cluster ", absl::Hex(stored.cluster_id),
+                   " is already recorded (", stored.reason, " by ", stored.actor, " at unix ms ",
+                   stored.advanced_at_unix_ms, ")"));
+}
+
+bool SameEpochRow(const EpochRow& a, const EpochRow& b) {
+  return a.epoch == b.epoch && a.cluster_id == b.cluster_id &&
+         a.advanced_at_unix_ms == b.advanced_at_unix_ms && a.reason == b.reason &&
+         a.actor == b.actor;
+}
+
+BuiltQuery BuildEventQuery(const AuditQuery& q, char placeholder) {
+  BuiltQuery out;
+  out.sql = absl::StrCat("SELECT ", kEventColumns, " FROM audit_event");
+  const char* glue = " WHERE ";
+  auto add = [&](const char* condition, SqlParam value) {
+    out.params.push_back(std::move(value));
+    absl::StrAppend(&out.sql, glue, condition, " ", std::string(1, placeholder), out.params.size());
+    glue = " AND ";
+  };
+  if (q.cluster_id) add("cluster_id =", ClusterToSql(*q.cluster_id));
+  if (!q.ns.empty()) add("namespace =", q.ns);
+  if (!q.lock_key.empty()) add("lock_key =", q.lock_key);
+  if (q.type) add("type =", std::string(EventTypeName(*q.type)));
+  if (!q.spiffe_id.empty()) add("spiffe_id =", q.spiffe_id);
+  if (q.since_unix_ms != 0) add("time_unix_ms >=", q.since_unix_ms);
+  if (q.after_revision != 0) add("revision >", q.after_revision);
+  // cluster_id last only makes the order total when several clusters answer.
+  absl::StrAppend(&out.sql, " ORDER BY revision, namespace, lock_key, session_id, cluster_id");
+  out.params.push_back(int64_t{ClampLimit(q.limit)});
+  absl::StrAppend(&out.sql, " LIMIT ", std::string(1, placeholder), out.params.size());
+  return out;
+}
+
+}  // namespace internal
+
+}  // namespace holdfast::audit

@@ -1,0 +1,148 @@
+// The audit store: where holdfast keeps what outlives the lock keys (ARCHITECTURE
+// §7–8). One interface, two real implementations: SQLite (embedded default,
+// sqlite_store.cc) and PostgreSQL 15 (production, postgres_store.cc).
+//
+// Tables (schema in migrations.cc, versioned; applied by Open()):
+//   audit_event   one row per grant | release | expire | force, primary key
+//                 (cluster_id, revision, namespace, lock_key, session_id): one etcd
+//                 revision can end many holds (a lease expiry), and shared holds of a
+//                 key share a grant revision, so the seed's (cluster, revision) key
+//                 would collide.
+//   force_release one row per executed force-release, joined to its `force` event by
+//                 (cluster_id, revision).
+//   epoch         the epoch history (the authority on the highest epoch ever used).
+//   audit_cursor  per etcd cluster, the last revision whose events are all recorded.
+//
+// Tokens and revisions are signed 64-bit columns (a token is < 2^63: epochs stay
+// below 2^15). Cluster ids are unsigned in etcd; they are stored bit-for-bit in a
+// signed 64-bit column and converted back on read.
+//
+// Thread safety: every method may be called from any thread; implementations
+// serialise access to their connection. Several stores may share one database
+// (replicas of holdfastd, or a CLI reading while the auditor writes).
+//
+// Errors, for every method: UNAVAILABLE when the database cannot be reached or
+// stays busy (retry; for a write the outcome is unknown, and retrying is safe
+// because writes are idempotent); INTERNAL for any other database error, with
+// the database's message.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+
+namespace holdfast::audit {
+
+enum class EventType { kGrant, kRelease, kExpire, kForce };
+
+// "grant" | "release" | "expire" | "force".
+const char* EventTypeName(EventType t);
+std::optional<EventType> ParseEventType(std::string_view s);
+
+struct AuditEvent {
+  uint64_t cluster_id = 0;
+  int64_t revision = 0;       // the etcd revision of the grant / release / ...
+  std::string ns;             // namespace
+  std::string lock_key;       // raw bytes (UTF-8, validated at grant)
+  int64_t session_id = 0;     // the holder's lease id
+  EventType type = EventType::kGrant;
+  std::string spiffe_id;      // the holder's identity (for force too: see force_release)
+  int64_t token = 0;          // the hold's fencing token
+  bool unprotected = false;   // advisory class: the holder is not fenced off
+  int64_t time_unix_ms = 0;   // best known wall time of the event (see auditor.h)
+};
+
+struct ForceReleaseRow {
+  std::string request_id;
+  uint64_t cluster_id = 0;
+  int64_t revision = 0;       // joins the `force` audit_event
+  std::string ns;
+  std::string lock_key;
+  int64_t session_id = 0;
+  int64_t token = 0;
+  std::string requester;
+  std::string approver;
+  std::string reason;
+  bool class_was_fenced = true;
+  int64_t requested_at_unix_ms = 0;
+  int64_t approved_at_unix_ms = 0;
+};
+
+struct EpochRow {
+  int32_t epoch = 0;
+  uint64_t cluster_id = 0;
+  int64_t advanced_at_unix_ms = 0;
+  std::string reason;  // "init" | "restore" | "rehome"
+  std::string actor;   // SPIFFE ID of the admin (or "holdfastd" for automatic ones)
+};
+
+// Filters of a query; empty / unset fields match everything. Results come in
+// (revision, namespace, lock_key, session_id) order.
+struct AuditQuery {
+  std::optional<uint64_t> cluster_id;
+  std::string ns;
+  std::string lock_key;
+  std::optional<EventType> type;
+  std::string spiffe_id;
+  int64_t since_unix_ms = 0;    // time_unix_ms >= since
+  int64_t after_revision = 0;   // revision > after (for --follow paging)
+  int limit = 1000;             // at most this many rows (1..10000)
+};
+
+class AuditStore {
+ public:
+  virtual ~AuditStore() = default;
+
+  // Records one batch of events (and force_release rows) and moves the cluster's
+  // cursor to `cursor_revision`, in ONE SQL transaction. Rows already present
+  // (same primary key) are left as they are, so a replay is harmless. Refuses
+  // (FAILED_PRECONDITION, nothing written) a cursor lower than the stored one.
+  // An equal cursor is accepted (a replay, or an empty batch). INVALID_ARGUMENT
+  // (nothing written) when a row's cluster_id is not `cluster_id`; a row the
+  // schema refuses (e.g. approver == requester) fails the whole batch: INTERNAL,
+  // nothing written.
+  virtual absl::Status Record(uint64_t cluster_id, int64_t cursor_revision,
+                              const std::vector<AuditEvent>& events,
+                              const std::vector<ForceReleaseRow>& forces) = 0;
+
+  // The cluster's cursor: last revision whose events are all recorded; nullopt if
+  // this cluster was never audited.
+  virtual absl::StatusOr<std::optional<int64_t>> Cursor(uint64_t cluster_id) = 0;
+
+  // q.limit is clamped to 1..10000.
+  virtual absl::StatusOr<std::vector<AuditEvent>> Query(const AuditQuery& q) = 0;
+  // Newest approval first; `limit` is clamped to 1..10000.
+  virtual absl::StatusOr<std::vector<ForceReleaseRow>> ForceReleases(int limit) = 0;
+
+  // Epoch history. AppendEpoch: INVALID_ARGUMENT unless 1 <= epoch <= 32767 and
+  // reason is init|restore|rehome; ALREADY_EXISTS when another row holds the same
+  // (epoch, cluster_id); the identical row again is OK (a retry). Epochs() comes
+  // in epoch order.
+  virtual absl::Status AppendEpoch(const EpochRow& row) = 0;
+  virtual absl::StatusOr<int32_t> MaxEpoch() = 0;  // 0 when the history is empty
+  virtual absl::StatusOr<std::vector<EpochRow>> Epochs() = 0;
+
+  // The schema version this store is at (the highest migration applied).
+  virtual absl::StatusOr<int> SchemaVersion() = 0;
+};
+
+// Opens (creating if needed) a SQLite store at `path` and applies migrations.
+// FAILED_PRECONDITION when the file cannot be opened or is not a database.
+absl::StatusOr<std::unique_ptr<AuditStore>> OpenSqliteStore(const std::string& path);
+
+// Opens a PostgreSQL store from a libpq connection string ("host=... dbname=..."
+// or "postgresql://...") and applies migrations. INVALID_ARGUMENT for a malformed
+// string, UNAVAILABLE when the server cannot be reached.
+absl::StatusOr<std::unique_ptr<AuditStore>> OpenPostgresStore(const std::string& conninfo);
+
+// Opens by URL: "sqlite:///abs/path.db" or "sqlite:relative.db", or
+// "postgresql://..." / "postgres://...". INVALID_ARGUMENT for anything else.
+absl::StatusOr<std::unique_ptr<AuditStore>> OpenStore(const std::string& url);
+
+}  // namespace holdfast::audit

@@ -1,0 +1,75 @@
+// What the SQLite and PostgreSQL audit stores share: argument checks, the event
+// query builder and the column lists, so that both implementations answer the
+// same calls the same way. Not part of the store's API; include only from
+// src/audit/*_store.cc.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "audit/store.h"
+
+namespace holdfast::audit::internal {
+
+// Query() and ForceReleases() return at most this many rows (and at least one).
+inline constexpr int kMaxRows = 10000;
+int ClampLimit(int limit);
+
+// The columns of audit_event, force_release and epoch in the order the stores
+// read and write them.
+inline constexpr const char* kEventColumns =
+    "cluster_id, revision, namespace, lock_key, session_id, type, spiffe_id, token, "
+    "unprotected, time_unix_ms";
+inline constexpr const char* kForceColumns =
+    "request_id, cluster_id, revision, namespace, lock_key, session_id, token, requester, "
+    "approver, reason, class_was_fenced, requested_at_unix_ms, approved_at_unix_ms";
+inline constexpr const char* kEpochColumns =
+    "epoch, cluster_id, advanced_at_unix_ms, reason, actor";
+
+// Newest approval first (store.h, ForceReleases).
+inline constexpr const char* kForceOrder =
+    " ORDER BY approved_at_unix_ms DESC, revision DESC, request_id";
+
+// INVALID_ARGUMENT when a row of the batch names another cluster than the one
+// whose cursor it moves, or an event has no valid type. Other row checks are the
+// schema's (they surface as INTERNAL from the database, inside the transaction).
+absl::Status ValidateBatch(uint64_t cluster_id, const std::vector<AuditEvent>& events,
+                           const std::vector<ForceReleaseRow>& forces);
+
+// INVALID_ARGUMENT unless 1 <= epoch <= 32767 and reason is init|restore|rehome.
+absl::Status ValidateEpochRow(const EpochRow& row);
+
+// The FAILED_PRECONDITION of Record() for a cursor that would move back.
+absl::Status CursorRegression(uint64_t cluster_id, int64_t stored, int64_t requested);
+
+// The ALREADY_EXISTS of AppendEpoch() for a different row under the same key.
+absl::Status EpochConflict(const EpochRow& stored);
+
+bool SameEpochRow(const EpochRow& a, const EpochRow& b);
+
+// Cluster ids are unsigned in etcd and stored bit-for-bit in signed columns.
+inline int64_t ClusterToSql(uint64_t id) { return static_cast<int64_t>(id); }
+inline uint64_t ClusterFromSql(int64_t v) { return static_cast<uint64_t>(v); }
+
+// The wall clock, for applied_at / updated_at columns.
+int64_t NowUnixMs();
+
+// A SELECT over audit_event with the query's filters as numbered parameters:
+// `placeholder` is '?' for SQLite (?1, ?2, ...) and '$' for PostgreSQL.
+struct SqlParam {
+  SqlParam(int64_t v) : integer(v) {}                             // NOLINT: implicit on purpose
+  SqlParam(std::string v) : is_text(true), text(std::move(v)) {}  // NOLINT
+  bool is_text = false;
+  int64_t integer = 0;
+  std::string text;
+};
+struct BuiltQuery {
+  std::string sql;
+  std::vector<SqlParam> params;
+};
+BuiltQuery BuildEventQuery(const AuditQuery& q, char placeholder);
+
+}  // namespace holdfast::audit::internal

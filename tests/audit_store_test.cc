@@ -1,0 +1,926 @@
+// The audit store's contract (src/audit/store.h), checked against both
+// implementations: one set of tests, run on SQLite (a file in a temporary
+// directory) and on a real PostgreSQL 15 (one server per test process, started by
+// dev::PostgresProcess on first use; a fresh database per test). Expected query
+// answers come from a reference filter over the rows the test wrote, never from
+// hard-coded lists.
+#include <libpq-fe.h>
+#include <sqlite3.h>
+#include <stdlib.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <thread>
+#include <tuple>
+#include <vector>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "audit/migrations.h"
+#include "audit/store.h"
+#include "dev/postgres_process.h"
+#include "dev/subprocess.h"
+#include "gtest/gtest.h"
+
+namespace holdfast::audit {
+
+// Comparison and printing for the assertions below.
+auto Fields(const AuditEvent& e) {
+  return std::tie(e.cluster_id, e.revision, e.ns, e.lock_key, e.session_id, e.type, e.spiffe_id,
+                  e.token, e.unprotected, e.time_unix_ms);
+}
+bool operator==(const AuditEvent& a, const AuditEvent& b) { return Fields(a) == Fields(b); }
+void PrintTo(const AuditEvent& e, std::ostream* os) {
+  *os << "{cluster " << e.cluster_id << " rev " << e.revision << " " << e.ns << "/" << e.lock_key
+      << " session " << e.session_id << " " << EventTypeName(e.type) << " " << e.spiffe_id
+      << " token " << e.token << (e.unprotected ? " unprotected" : "") << " t " << e.time_unix_ms
+      << "}";
+}
+
+auto Fields(const ForceReleaseRow& f) {
+  return std::tie(f.request_id, f.cluster_id, f.revision, f.ns, f.lock_key, f.session_id, f.token,
+                  f.requester, f.approver, f.reason, f.class_was_fenced, f.requested_at_unix_ms,
+                  f.approved_at_unix_ms);
+}
+bool operator==(const ForceReleaseRow& a, const ForceReleaseRow& b) {
+  return Fields(a) == Fields(b);
+}
+void PrintTo(const ForceReleaseRow& f, std::ostream* os) {
+  *os << "{" << f.request_id << " cluster " << f.cluster_id << " rev " << f.revision << " " << f.ns
+      << "/" << f.lock_key << " session " << f.session_id << " token " << f.token << " "
+      << f.requester << " -> " << f.approver << " \"" << f.reason << "\" fenced "
+      << f.class_was_fenced << " " << f.requested_at_unix_ms << ".." << f.approved_at_unix_ms
+      << "}";
+}
+
+auto Fields(const EpochRow& r) {
+  return std::tie(r.epoch, r.cluster_id, r.advanced_at_unix_ms, r.reason, r.actor);
+}
+bool operator==(const EpochRow& a, const EpochRow& b) { return Fields(a) == Fields(b); }
+bool operator<(const EpochRow& a, const EpochRow& b) { return Fields(a) < Fields(b); }
+void PrintTo(const EpochRow& r, std::ostream* os) {
+  *os << "{epoch " << r.epoch << " cluster " << r.cluster_id << " at " << r.advanced_at_unix_ms
+      << " " << r.reason << " by " << r.actor << "}";
+}
+
+namespace {
+
+constexpr uint64_t kClusterA = 0x1234'5678'9abc'def0;
+constexpr uint64_t kClusterHigh = 0xf1e2'd3c4'b5a6'9788;  // >= 2^63: negative as int64
+static_assert(kClusterHigh >= (uint64_t{1} << 63));
+
+// The largest token there can be (epoch 2^15 - 1, revision 2^48 - 1), and one near 2^62.
+constexpr int64_t kMaxToken = (int64_t{0x7fff} << 48) | ((int64_t{1} << 48) - 1);
+constexpr int64_t kTokenNear2To62 = (int64_t{1} << 62) + 12345;
+
+AuditEvent Event(uint64_t cluster, int64_t revision, std::string ns, std::string key,
+                 int64_t session, EventType type, std::string spiffe = "spiffe://t/alice",
+                 int64_t time_ms = 1'700'000'000'000) {
+  AuditEvent e;
+  e.cluster_id = cluster;
+  e.revision = revision;
+  e.ns = std::move(ns);
+  e.lock_key = std::move(key);
+  e.session_id = session;
+  e.type = type;
+  e.spiffe_id = std::move(spiffe);
+  e.token = (int64_t{1} << 48) | revision;
+  e.time_unix_ms = time_ms;
+  return e;
+}
+
+ForceReleaseRow Force(uint64_t cluster, int64_t revision, std::string request_id,
+                      int64_t approved_at = 1'700'000'100'000) {
+  ForceReleaseRow f;
+  f.request_id = std::move(request_id);
+  f.cluster_id = cluster;
+  f.revision = revision;
+  f.ns = "payments";
+  f.lock_key = "db/primary";
+  f.session_id = 7001;
+  f.token = (int64_t{1} << 48) | (revision - 3);
+  f.requester = "spiffe://t/admin-a";
+  f.approver = "spiffe://t/admin-b";
+  f.reason = "holder wedged";
+  f.class_was_fenced = true;
+  f.requested_at_unix_ms = approved_at - 60'000;
+  f.approved_at_unix_ms = approved_at;
+  return f;
+}
+
+// Builds an AuditQuery one filter at a time: Q().ns("x").key("y").
+struct Q {
+  AuditQuery q;
+  Q& cluster(uint64_t v) {
+    q.cluster_id = v;
+    return *this;
+  }
+  Q& ns(std::string v) {
+    q.ns = std::move(v);
+    return *this;
+  }
+  Q& key(std::string v) {
+    q.lock_key = std::move(v);
+    return *this;
+  }
+  Q& type(EventType v) {
+    q.type = v;
+    return *this;
+  }
+  Q& spiffe(std::string v) {
+    q.spiffe_id = std::move(v);
+    return *this;
+  }
+  Q& since(int64_t v) {
+    q.since_unix_ms = v;
+    return *this;
+  }
+  Q& after(int64_t v) {
+    q.after_revision = v;
+    return *this;
+  }
+  Q& limit(int v) {
+    q.limit = v;
+    return *this;
+  }
+  operator AuditQuery() const { return q; }  // NOLINT: implicit on purpose
+};
+
+// The contract's order: (revision, namespace, lock_key, session_id); the cluster
+// only breaks ties between clusters. Strings compare as bytes.
+auto OrderKey(const AuditEvent& e) {
+  return std::make_tuple(e.revision, e.ns, e.lock_key, e.session_id,
+                         static_cast<int64_t>(e.cluster_id));
+}
+
+// What a store must answer to `q` when it holds exactly `all`.
+std::vector<AuditEvent> Reference(std::vector<AuditEvent> all, const AuditQuery& q) {
+  std::erase_if(all, [&](const AuditEvent& e) {
+    return (q.cluster_id && e.cluster_id != *q.cluster_id) || (!q.ns.empty() && e.ns != q.ns) ||
+           (!q.lock_key.empty() && e.lock_key != q.lock_key) || (q.type && e.type != *q.type) ||
+           (!q.spiffe_id.empty() && e.spiffe_id != q.spiffe_id) ||
+           (q.since_unix_ms != 0 && e.time_unix_ms < q.since_unix_ms) ||
+           (q.after_revision != 0 && e.revision <= q.after_revision);
+  });
+  std::sort(all.begin(), all.end(),
+            [](const AuditEvent& a, const AuditEvent& b) { return OrderKey(a) < OrderKey(b); });
+  size_t limit = static_cast<size_t>(std::clamp(q.limit, 1, 10000));
+  if (all.size() > limit) all.resize(limit);
+  return all;
+}
+
+std::vector<AuditEvent> Sorted(std::vector<AuditEvent> v) {
+  return Reference(std::move(v), Q().limit(10000));
+}
+
+// ---------------------------------------------------------------------------------
+// One PostgreSQL server per test process, started on first use.
+
+class SharedPostgres {
+ public:
+  static dev::PostgresProcess* Get() {
+    if (!tried_) {
+      tried_ = true;
+      auto pg = dev::PostgresProcess::Start();
+      if (pg.ok()) {
+        server_ = std::move(*pg);
+      } else {
+        error_ = pg.status().ToString();
+      }
+    }
+    return server_.get();
+  }
+  static const std::string& error() { return error_; }
+  // A new, empty database on the shared server; its name.
+  static std::optional<std::string> FreshDatabaseName() {
+    dev::PostgresProcess* pg = Get();
+    if (pg == nullptr) return std::nullopt;
+    std::string name = absl::StrCat("t", ++databases_);
+    if (auto s = pg->CreateDatabase(name); !s.ok()) {
+      error_ = s.ToString();
+      return std::nullopt;
+    }
+    return name;
+  }
+  // The same; its connection string.
+  static std::optional<std::string> FreshDatabase() {
+    std::optional<std::string> name = FreshDatabaseName();
+    if (!name) return std::nullopt;
+    return Get()->conninfo(*name);
+  }
+  static void Shutdown() { server_.reset(); }
+
+ private:
+  static inline bool tried_ = false;
+  static inline std::unique_ptr<dev::PostgresProcess> server_;
+  static inline std::string error_;
+  static inline int databases_ = 0;
+};
+
+class PostgresEnvironment : public testing::Environment {
+ public:
+  void TearDown() override { SharedPostgres::Shutdown(); }
+};
+[[maybe_unused]] testing::Environment* const kPostgresEnvironment =
+    testing::AddGlobalTestEnvironment(new PostgresEnvironment);
+
+// ---------------------------------------------------------------------------------
+// Direct access to the database under a store, for what the interface cannot show.
+
+absl::StatusOr<int64_t> SqliteScalar(const std::string& path, const std::string& sql) {
+  sqlite3* db = nullptr;
+  int rc = sqlite3_open_v2(path.c_str(), &db, SQLITE_OPEN_READONLY, nullptr);
+  std::unique_ptr<sqlite3, int (*)(sqlite3*)> closer(db, sqlite3_close);
+  if (rc != SQLITE_OK) return absl::InternalError(sqlite3_errmsg(db));
+  sqlite3_stmt* stmt = nullptr;
+  if (sqlite3_prepare_v2(db, sql.c_str(), -1, &stmt, nullptr) != SQLITE_OK) {
+    return absl::InternalError(sqlite3_errmsg(db));
+  }
+  std::unique_ptr<sqlite3_stmt, int (*)(sqlite3_stmt*)> finalizer(stmt, sqlite3_finalize);
+  if (sqlite3_step(stmt) != SQLITE_ROW) return absl::InternalError(sqlite3_errmsg(db));
+  return sqlite3_column_int64(stmt, 0);
+}
+
+absl::StatusOr<int64_t> PostgresScalar(const std::string& conninfo, const std::string& sql) {
+  std::unique_ptr<PGconn, void (*)(PGconn*)> conn(PQconnectdb(conninfo.c_str()), PQfinish);
+  if (PQstatus(conn.get()) != CONNECTION_OK) {
+    return absl::UnavailableError(PQerrorMessage(conn.get()));
+  }
+  std::unique_ptr<PGresult, void (*)(PGresult*)> r(PQexec(conn.get(), sql.c_str()), PQclear);
+  if (PQresultStatus(r.get()) != PGRES_TUPLES_OK || PQntuples(r.get()) != 1) {
+    return absl::InternalError(PQerrorMessage(conn.get()));
+  }
+  int64_t v = 0;
+  if (!absl::SimpleAtoi(PQgetvalue(r.get(), 0, 0), &v)) {
+    return absl::InternalError(absl::StrCat("not an integer: ", PQgetvalue(r.get(), 0, 0)));
+  }
+  return v;
+}
+
+// ---------------------------------------------------------------------------------
+
+enum class Backend { kSqlite, kPostgres };
+
+const char* BackendName(Backend b) { return b == Backend::kSqlite ? "Sqlite" : "Postgres"; }
+std::string BackendTestName(const testing::TestParamInfo<Backend>& info) {
+  return BackendName(info.param);
+}
+void PrintTo(Backend b, std::ostream* os) { *os << BackendName(b); }
+
+class AuditStoreContract : public testing::TestWithParam<Backend> {
+ protected:
+  void SetUp() override {
+    std::string tmpl = testing::TempDir() + "audit_store_test.XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+    std::optional<std::string> location = FreshLocation();
+    ASSERT_TRUE(location.has_value()) << SharedPostgres::error();
+    location_ = *location;
+    store_ = Open(location_);
+    ASSERT_NE(store_, nullptr);
+  }
+  void TearDown() override {
+    store_.reset();
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+
+  // A location no store has opened yet: a new file, or a new database.
+  std::optional<std::string> FreshLocation() {
+    if (GetParam() == Backend::kSqlite) {
+      return absl::StrCat(dir_, "/audit", ++files_, ".db");
+    }
+    return SharedPostgres::FreshDatabase();
+  }
+
+  // A second store on the same location, as another replica would open it.
+  static std::unique_ptr<AuditStore> Open(const std::string& location, Backend backend) {
+    auto s = backend == Backend::kSqlite ? OpenSqliteStore(location) : OpenPostgresStore(location);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+  std::unique_ptr<AuditStore> Open(const std::string& location) {
+    return Open(location, GetParam());
+  }
+
+  // One integer read straight from the database (not through the store).
+  int64_t Scalar(const std::string& sql, const std::string& location = "") {
+    const std::string& where = location.empty() ? location_ : location;
+    auto v = GetParam() == Backend::kSqlite ? SqliteScalar(where, sql) : PostgresScalar(where, sql);
+    EXPECT_TRUE(v.ok()) << sql << ": " << v.status();
+    return v.ok() ? *v : -1;
+  }
+
+  std::vector<AuditEvent> All(AuditStore& store) {
+    auto v = store.Query(Q().limit(10000));
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? *v : std::vector<AuditEvent>{};
+  }
+  std::vector<AuditEvent> All() { return All(*store_); }
+  std::vector<ForceReleaseRow> Forces() {
+    auto v = store_->ForceReleases(10000);
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? *v : std::vector<ForceReleaseRow>{};
+  }
+  std::optional<int64_t> CursorOf(uint64_t cluster, AuditStore* store = nullptr) {
+    auto v = (store ? store : store_.get())->Cursor(cluster);
+    EXPECT_TRUE(v.ok()) << v.status();
+    return v.ok() ? *v : std::nullopt;
+  }
+
+  std::string dir_;
+  std::string location_;
+  std::unique_ptr<AuditStore> store_;
+  int files_ = 0;
+};
+
+INSTANTIATE_TEST_SUITE_P(Backends, AuditStoreContract,
+                         testing::Values(Backend::kSqlite, Backend::kPostgres), BackendTestName);
+
+TEST_P(AuditStoreContract, MigrationsAppliedOnOpenAndReopeningIsANoOp) {
+  auto version = store_->SchemaVersion();
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(*version, 1);
+  EXPECT_EQ(*version, Migrations().back().version);
+  EXPECT_EQ(Scalar("SELECT COUNT(*) FROM schema_migrations"),
+            static_cast<int64_t>(Migrations().size()));
+  for (const char* table : {"audit_event", "force_release", "epoch", "audit_cursor"}) {
+    EXPECT_EQ(Scalar(absl::StrCat("SELECT COUNT(*) FROM ", table)), 0) << table;
+  }
+  const int64_t applied_at =
+      Scalar("SELECT applied_at_unix_ms FROM schema_migrations WHERE version = 1");
+  EXPECT_GT(applied_at, 0);
+
+  std::vector<AuditEvent> batch = {Event(kClusterA, 10, "ns", "k", 1, EventType::kGrant)};
+  ASSERT_TRUE(store_->Record(kClusterA, 10, batch, {}).ok());
+  store_.reset();
+
+  store_ = Open(location_);
+  ASSERT_NE(store_, nullptr);
+  version = store_->SchemaVersion();
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(*version, 1);
+  EXPECT_EQ(Scalar("SELECT COUNT(*) FROM schema_migrations"),
+            static_cast<int64_t>(Migrations().size()));
+  EXPECT_EQ(Scalar("SELECT applied_at_unix_ms FROM schema_migrations WHERE version = 1"),
+            applied_at);
+  EXPECT_EQ(All(), batch);
+  EXPECT_EQ(CursorOf(kClusterA), 10);
+}
+
+TEST_P(AuditStoreContract, RecordAndQueryRoundTripEveryField) {
+  AuditEvent grant = Event(kClusterHigh, int64_t{1} << 40, "payments",
+                           "jobs/nächtlich/日本/\x7f-end", 0x7fff'ffff'ffff'1234, EventType::kGrant,
+                           "spiffe://holdfast.dev/ns/payments/sa/worker", 1'735'689'600'123);
+  grant.token = kTokenNear2To62;
+  grant.unprotected = true;
+  AuditEvent release = grant;
+  release.revision = grant.revision + 7;
+  release.type = EventType::kRelease;
+  release.token = kMaxToken;
+  release.unprotected = false;
+  release.time_unix_ms = grant.time_unix_ms + 5;
+  AuditEvent expire =
+      Event(kClusterHigh, grant.revision + 8, "default", "a", 1, EventType::kExpire);
+  AuditEvent force = Event(kClusterHigh, grant.revision + 9, "default", "b", 2, EventType::kForce,
+                           "spiffe://t/holder", 0);
+  ForceReleaseRow row = Force(kClusterHigh, force.revision, "req-\u00e9-0001");
+  row.ns = force.ns;
+  row.lock_key = force.lock_key;
+  row.session_id = force.session_id;
+  row.token = kMaxToken - 1;
+  row.class_was_fenced = false;
+  row.reason = "it's \"stuck\"; see ticket #42 -- DROP TABLE epoch";
+  const int64_t cursor = grant.revision + 100;
+
+  std::vector<AuditEvent> batch = {force, release, grant, expire};
+  ASSERT_TRUE(store_->Record(kClusterHigh, cursor, batch, {row}).ok());
+
+  auto by_cluster = store_->Query(Q().cluster(kClusterHigh));
+  ASSERT_TRUE(by_cluster.ok()) << by_cluster.status();
+  EXPECT_EQ(*by_cluster, Sorted(batch));
+  EXPECT_EQ(All(), Sorted(batch));
+  EXPECT_EQ(Forces(), std::vector<ForceReleaseRow>{row});
+  EXPECT_EQ(CursorOf(kClusterHigh), cursor);
+  // The cluster id is kept bit-for-bit in a signed column.
+  EXPECT_EQ(Scalar("SELECT MIN(cluster_id) FROM audit_event"), static_cast<int64_t>(kClusterHigh));
+  EXPECT_EQ(Scalar("SELECT cluster_id FROM audit_cursor"), static_cast<int64_t>(kClusterHigh));
+}
+
+TEST_P(AuditStoreContract, ReplayedBatchAddsNothing) {
+  std::vector<AuditEvent> batch = {Event(kClusterA, 20, "ns", "a", 1, EventType::kGrant),
+                                   Event(kClusterA, 21, "ns", "a", 1, EventType::kRelease),
+                                   Event(kClusterA, 22, "ns", "f", 2, EventType::kForce)};
+  std::vector<ForceReleaseRow> forces = {Force(kClusterA, 22, "req-1")};
+  ASSERT_TRUE(store_->Record(kClusterA, 30, batch, forces).ok());
+  ASSERT_TRUE(store_->Record(kClusterA, 30, batch, forces).ok());
+  EXPECT_EQ(All(), Sorted(batch));
+  EXPECT_EQ(Forces(), forces);
+  EXPECT_EQ(CursorOf(kClusterA), 30);
+  EXPECT_EQ(Scalar("SELECT COUNT(*) FROM audit_event"), 3);
+
+  // Rows already present are left as they are, even when a replay differs.
+  std::vector<AuditEvent> altered = batch;
+  for (auto& e : altered) e.spiffe_id = "spiffe://t/someone-else";
+  std::vector<ForceReleaseRow> altered_forces = forces;
+  altered_forces[0].reason = "another reason";
+  ASSERT_TRUE(store_->Record(kClusterA, 31, altered, altered_forces).ok());
+  EXPECT_EQ(All(), Sorted(batch));
+  EXPECT_EQ(Forces(), forces);
+  EXPECT_EQ(CursorOf(kClusterA), 31);
+}
+
+TEST_P(AuditStoreContract, LowerCursorIsRefusedAndWritesNothing) {
+  std::vector<AuditEvent> first = {Event(kClusterA, 40, "ns", "a", 1, EventType::kGrant),
+                                   Event(kClusterA, 45, "ns", "f", 1, EventType::kForce)};
+  std::vector<ForceReleaseRow> first_forces = {Force(kClusterA, 45, "req-a")};
+  ASSERT_TRUE(store_->Record(kClusterA, 50, first, first_forces).ok());
+
+  std::vector<AuditEvent> late = {Event(kClusterA, 46, "ns", "b", 2, EventType::kGrant),
+                                  Event(kClusterA, 47, "ns", "g", 2, EventType::kForce)};
+  absl::Status s = store_->Record(kClusterA, 49, late, {Force(kClusterA, 47, "req-b")});
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(All(), Sorted(first));
+  EXPECT_EQ(Forces(), first_forces);
+  EXPECT_EQ(CursorOf(kClusterA), 50);
+
+  // The same cursor again is not lower: accepted (an empty batch, or a replay).
+  EXPECT_TRUE(store_->Record(kClusterA, 50, {}, {}).ok());
+  EXPECT_EQ(CursorOf(kClusterA), 50);
+}
+
+TEST_P(AuditStoreContract, CursorsArePerClusterAndMoveWithEmptyBatches) {
+  EXPECT_EQ(CursorOf(kClusterA), std::nullopt);
+  EXPECT_EQ(CursorOf(kClusterHigh), std::nullopt);
+  ASSERT_TRUE(store_->Record(kClusterA, 100, {}, {}).ok());
+  EXPECT_EQ(CursorOf(kClusterA), 100);
+  EXPECT_EQ(CursorOf(kClusterHigh), std::nullopt);
+  // Another cluster's cursor is its own: a lower number is fine there.
+  ASSERT_TRUE(store_->Record(kClusterHigh, 5, {}, {}).ok());
+  ASSERT_TRUE(store_->Record(kClusterA, 120, {}, {}).ok());
+  EXPECT_EQ(CursorOf(kClusterA), 120);
+  EXPECT_EQ(CursorOf(kClusterHigh), 5);
+}
+
+TEST_P(AuditStoreContract, BatchIsAtomic) {
+  std::vector<AuditEvent> first = {Event(kClusterA, 10, "ns", "a", 1, EventType::kGrant)};
+  ASSERT_TRUE(store_->Record(kClusterA, 10, first, {}).ok());
+
+  // The force row breaks approver <> requester; it is written after the events,
+  // so only a rollback keeps them out.
+  ForceReleaseRow self_approved = Force(kClusterA, 12, "req-self");
+  self_approved.approver = self_approved.requester;
+  std::vector<AuditEvent> bad = {Event(kClusterA, 11, "ns", "b", 2, EventType::kGrant),
+                                 Event(kClusterA, 12, "ns", "a", 1, EventType::kForce)};
+  absl::Status s =
+      store_->Record(kClusterA, 20, bad, {Force(kClusterA, 12, "req-ok"), self_approved});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  EXPECT_EQ(All(), first);
+  EXPECT_EQ(Forces(), std::vector<ForceReleaseRow>{});
+  EXPECT_EQ(CursorOf(kClusterA), 10);
+
+  // A cluster's first batch too: no cursor appears.
+  self_approved.cluster_id = kClusterHigh;
+  s = store_->Record(kClusterHigh, 5, {Event(kClusterHigh, 4, "ns", "c", 3, EventType::kForce)},
+                     {self_approved});
+  EXPECT_FALSE(s.ok());
+  EXPECT_EQ(CursorOf(kClusterHigh), std::nullopt);
+  EXPECT_EQ(All(), first);
+
+  // The store is still usable afterwards.
+  EXPECT_TRUE(store_->Record(kClusterA, 20, bad, {Force(kClusterA, 12, "req-ok")}).ok());
+  EXPECT_EQ(CursorOf(kClusterA), 20);
+  EXPECT_EQ(All().size(), 3u);
+}
+
+TEST_P(AuditStoreContract, RowsOfAnotherClusterAreRefused) {
+  absl::Status s =
+      store_->Record(kClusterA, 10, {Event(kClusterHigh, 9, "ns", "a", 1, EventType::kGrant)}, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  s = store_->Record(kClusterA, 10, {}, {Force(kClusterHigh, 9, "req")});
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument) << s;
+  EXPECT_EQ(All(), std::vector<AuditEvent>{});
+  EXPECT_EQ(CursorOf(kClusterA), std::nullopt);
+}
+
+TEST_P(AuditStoreContract, EveryQueryFilterAndTheLimit) {
+  const std::vector<std::string> namespaces = {"payments", "default"};
+  const std::vector<std::string> keys = {"db/a", "db/B", "jobs/x"};
+  const std::vector<EventType> types = {EventType::kGrant, EventType::kRelease, EventType::kExpire,
+                                        EventType::kForce};
+  const std::vector<std::string> identities = {"spiffe://t/alice", "spiffe://t/bob"};
+  std::vector<AuditEvent> all, of_a, of_high;
+  for (int i = 0; i < 40; ++i) {
+    uint64_t cluster = i % 5 == 0 ? kClusterHigh : kClusterA;
+    // Two events per revision; their namespaces differ, so their primary keys do.
+    AuditEvent e = Event(cluster, 100 + i / 2, namespaces[i % 2], keys[i % 3], 1000 + i % 4,
+                         types[i % 4], identities[(i / 3) % 2], 1'700'000'000'000 + i * 1000);
+    all.push_back(e);
+    (cluster == kClusterA ? of_a : of_high).push_back(e);
+  }
+  ASSERT_TRUE(store_->Record(kClusterA, 200, of_a, {}).ok());
+  ASSERT_TRUE(store_->Record(kClusterHigh, 200, of_high, {}).ok());
+
+  struct Case {
+    std::string name;
+    AuditQuery q;
+    bool narrows = true;  // the filter must leave out some rows (else it tests nothing)
+  };
+  std::vector<Case> cases = {
+      {"default", {}, false},
+      {"cluster A", Q().cluster(kClusterA)},
+      {"cluster >= 2^63", Q().cluster(kClusterHigh)},
+      {"namespace", Q().ns("payments")},
+      {"namespace and key", Q().ns("default").key("db/a")},
+      {"key", Q().key("db/B")},
+      {"type grant", Q().type(EventType::kGrant)},
+      {"type release", Q().type(EventType::kRelease)},
+      {"type expire", Q().type(EventType::kExpire)},
+      {"type force", Q().type(EventType::kForce)},
+      {"identity", Q().spiffe("spiffe://t/bob")},
+      {"since", Q().since(all[25].time_unix_ms)},
+      {"after revision", Q().after(all[17].revision)},
+      {"limit", Q().limit(3)},
+      {"limit 0 means 1", Q().limit(0)},
+      {"negative limit means 1", Q().limit(-7)},
+      {"limit above 10000", Q().limit(20000), false},
+      {"everything at once", Q().cluster(kClusterA)
+                                 .ns("payments")
+                                 .type(EventType::kGrant)
+                                 .spiffe("spiffe://t/alice")
+                                 .since(all[3].time_unix_ms)
+                                 .after(all[3].revision)},
+  };
+  for (const Case& c : cases) {
+    std::vector<AuditEvent> expected = Reference(all, c.q);
+    ASSERT_FALSE(expected.empty()) << c.name;
+    if (c.narrows) {
+      EXPECT_LT(expected.size(), all.size()) << c.name;
+    } else {
+      EXPECT_EQ(expected.size(), all.size()) << c.name;
+    }
+    auto got = store_->Query(c.q);
+    ASSERT_TRUE(got.ok()) << c.name << ": " << got.status();
+    EXPECT_EQ(*got, expected) << c.name;
+  }
+  // Filters that match nothing.
+  for (const AuditQuery& q :
+       std::vector<AuditQuery>{Q().ns("nope"), Q().key("nope"), Q().spiffe("spiffe://t/nobody"),
+                               Q().cluster(42), Q().after(all.back().revision)}) {
+    auto got = store_->Query(q);
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_TRUE(got->empty());
+  }
+}
+
+TEST_P(AuditStoreContract, QueryOrdersByRevisionNamespaceKeySession) {
+  // Keys whose byte order differs from a dictionary's: "B" < "a", "a/b" < "a~",
+  // and a non-ASCII key after every ASCII one.
+  std::vector<AuditEvent> events = {
+      Event(kClusterA, 7, "ns", "a", 2, EventType::kGrant),
+      Event(kClusterA, 7, "ns", "a", 1, EventType::kGrant),
+      Event(kClusterA, 7, "ns", "B", 9, EventType::kGrant),
+      Event(kClusterA, 7, "ns", "\u00e9t\u00e9", 1, EventType::kGrant),
+      Event(kClusterA, 7, "ns", "a~", 1, EventType::kGrant),
+      Event(kClusterA, 7, "ns", "a/b", 1, EventType::kGrant),
+      Event(kClusterA, 7, "Ns", "z", 1, EventType::kGrant),
+      Event(kClusterA, 3, "zz", "z", 1, EventType::kGrant),
+      Event(kClusterA, 12, "aa", "a", 1, EventType::kRelease),
+  };
+  ASSERT_TRUE(store_->Record(kClusterA, 20, events, {}).ok());
+  std::vector<AuditEvent> got = All();
+  ASSERT_EQ(got.size(), events.size());
+  for (size_t i = 1; i < got.size(); ++i) {
+    EXPECT_LT(OrderKey(got[i - 1]), OrderKey(got[i])) << "at " << i;
+  }
+  EXPECT_EQ(got, Sorted(events));
+}
+
+TEST_P(AuditStoreContract, EventsSharingARevisionAreAllStored) {
+  // One lease expiry ends every hold on the lease, in one revision.
+  std::vector<AuditEvent> expiry = {Event(kClusterA, 500, "ns", "a", 77, EventType::kExpire),
+                                    Event(kClusterA, 500, "ns", "a/b", 77, EventType::kExpire),
+                                    Event(kClusterA, 500, "other", "a", 77, EventType::kExpire)};
+  // Shared holds of one key: same revision, different sessions.
+  std::vector<AuditEvent> shared = {Event(kClusterA, 600, "ns", "s", 1, EventType::kGrant),
+                                    Event(kClusterA, 600, "ns", "s", 2, EventType::kGrant),
+                                    Event(kClusterA, 600, "ns", "s", 3, EventType::kGrant)};
+  std::vector<AuditEvent> batch = expiry;
+  batch.insert(batch.end(), shared.begin(), shared.end());
+  ASSERT_TRUE(store_->Record(kClusterA, 600, batch, {}).ok());
+  EXPECT_EQ(All(), Sorted(batch));
+  auto by_key = store_->Query(Q().ns("ns").key("s"));
+  ASSERT_TRUE(by_key.ok()) << by_key.status();
+  EXPECT_EQ(*by_key, Sorted(shared));
+  auto expired = store_->Query(Q().type(EventType::kExpire));
+  ASSERT_TRUE(expired.ok()) << expired.status();
+  EXPECT_EQ(*expired, Sorted(expiry));
+}
+
+TEST_P(AuditStoreContract, EpochHistory) {
+  auto max = store_->MaxEpoch();
+  ASSERT_TRUE(max.ok()) << max.status();
+  EXPECT_EQ(*max, 0);
+  auto epochs = store_->Epochs();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  EXPECT_TRUE(epochs->empty());
+
+  std::vector<EpochRow> rows = {
+      {2, kClusterA, 1'700'000'200'000, "restore", "spiffe://t/admin"},
+      {1, kClusterA, 1'700'000'000'000, "init", "holdfastd"},
+      {3, kClusterHigh, 1'700'000'300'000, "rehome", "spiffe://t/admin"},
+      {2, kClusterHigh, 1'700'000'250'000, "restore", "spiffe://t/admin"},
+      {32767, kClusterA, 1'700'000'400'000, "restore", "spiffe://t/admin"},
+  };
+  int32_t highest = 0;
+  for (size_t i = 0; i < rows.size(); ++i) {
+    ASSERT_TRUE(store_->AppendEpoch(rows[i]).ok()) << i;
+    highest = std::max(highest, rows[i].epoch);
+    max = store_->MaxEpoch();
+    ASSERT_TRUE(max.ok()) << max.status();
+    EXPECT_EQ(*max, highest);
+  }
+  auto expect_history = [&] {
+    auto got = store_->Epochs();
+    ASSERT_TRUE(got.ok()) << got.status();
+    for (size_t i = 1; i < got->size(); ++i) {
+      EXPECT_LE((*got)[i - 1].epoch, (*got)[i].epoch) << "not in epoch order at " << i;
+    }
+    std::vector<EpochRow> a = *got, b = rows;
+    std::sort(a.begin(), a.end());
+    std::sort(b.begin(), b.end());
+    EXPECT_EQ(a, b);
+  };
+  expect_history();
+
+  // The same (epoch, cluster) with other content is refused.
+  EpochRow clash = rows[0];
+  clash.actor = "spiffe://t/intruder";
+  absl::Status s = store_->AppendEpoch(clash);
+  EXPECT_EQ(s.code(), absl::StatusCode::kAlreadyExists) << s;
+  clash = rows[0];
+  clash.advanced_at_unix_ms += 1;
+  EXPECT_EQ(store_->AppendEpoch(clash).code(), absl::StatusCode::kAlreadyExists);
+  // The identical row again is a retry of a write that may have succeeded: fine.
+  EXPECT_TRUE(store_->AppendEpoch(rows[0]).ok());
+  // Out of range or an unknown reason.
+  for (EpochRow bad :
+       {EpochRow{0, kClusterA, 1, "init", "x"}, EpochRow{32768, kClusterA, 1, "init", "x"},
+        EpochRow{9, kClusterA, 1, "whim", "x"}}) {
+    EXPECT_EQ(store_->AppendEpoch(bad).code(), absl::StatusCode::kInvalidArgument) << bad.epoch;
+  }
+  expect_history();
+  max = store_->MaxEpoch();
+  ASSERT_TRUE(max.ok()) << max.status();
+  EXPECT_EQ(*max, highest);
+}
+
+TEST_P(AuditStoreContract, ForceReleasesNewestFirstUpToTheLimit) {
+  EXPECT_TRUE(Forces().empty());
+  std::vector<ForceReleaseRow> rows;
+  for (int i = 0; i < 4; ++i) {
+    int64_t revision = 300 + 10 * i;
+    ForceReleaseRow row = Force(kClusterA, revision, absl::StrCat("req-", i),
+                                1'700'000'000'000 + 1000 * ((i * 3) % 4));
+    AuditEvent force =
+        Event(kClusterA, revision, row.ns, row.lock_key, row.session_id, EventType::kForce);
+    ASSERT_TRUE(store_->Record(kClusterA, revision, {force}, {row}).ok());
+    rows.push_back(row);
+  }
+  std::vector<ForceReleaseRow> newest_first = rows;
+  std::sort(newest_first.begin(), newest_first.end(),
+            [](const ForceReleaseRow& a, const ForceReleaseRow& b) {
+              return a.approved_at_unix_ms > b.approved_at_unix_ms;
+            });
+  EXPECT_EQ(Forces(), newest_first);
+  auto two = store_->ForceReleases(2);
+  ASSERT_TRUE(two.ok()) << two.status();
+  EXPECT_EQ(*two, std::vector<ForceReleaseRow>(newest_first.begin(), newest_first.begin() + 2));
+  auto clamped = store_->ForceReleases(0);
+  ASSERT_TRUE(clamped.ok()) << clamped.status();
+  EXPECT_EQ(clamped->size(), 1u);
+
+  // Each row joins its `force` event by (cluster, revision).
+  auto events = store_->Query(Q().type(EventType::kForce));
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), rows.size());
+  for (const ForceReleaseRow& row : rows) {
+    EXPECT_EQ(std::count_if(events->begin(), events->end(),
+                            [&](const AuditEvent& e) {
+                              return e.cluster_id == row.cluster_id && e.revision == row.revision;
+                            }),
+              1)
+        << row.request_id;
+  }
+}
+
+TEST_P(AuditStoreContract, TwoStoresOnOneDatabaseAreBothUsable) {
+  std::unique_ptr<AuditStore> other = Open(location_);
+  ASSERT_NE(other, nullptr);
+  std::vector<AuditEvent> first = {Event(kClusterA, 10, "ns", "a", 1, EventType::kGrant)};
+  std::vector<AuditEvent> second = {Event(kClusterA, 20, "ns", "a", 1, EventType::kRelease)};
+  ASSERT_TRUE(store_->Record(kClusterA, 10, first, {}).ok());
+  EXPECT_EQ(All(*other), first);
+  EXPECT_EQ(CursorOf(kClusterA, other.get()), 10);
+  ASSERT_TRUE(other->Record(kClusterA, 20, second, {}).ok());
+  std::vector<AuditEvent> both = first;
+  both.insert(both.end(), second.begin(), second.end());
+  EXPECT_EQ(All(), Sorted(both));
+  EXPECT_EQ(CursorOf(kClusterA), 20);
+  // The cursor another replica moved is the one that counts.
+  EXPECT_EQ(store_->Record(kClusterA, 15, {}, {}).code(), absl::StatusCode::kFailedPrecondition);
+  ASSERT_TRUE(other->AppendEpoch({1, kClusterA, 1, "init", "holdfastd"}).ok());
+  auto max = store_->MaxEpoch();
+  ASSERT_TRUE(max.ok()) << max.status();
+  EXPECT_EQ(*max, 1);
+}
+
+TEST_P(AuditStoreContract, ConcurrentOpensOfAFreshDatabaseMigrateOnce) {
+  std::optional<std::string> fresh = FreshLocation();
+  ASSERT_TRUE(fresh.has_value()) << SharedPostgres::error();
+  constexpr int kReplicas = 4;
+  std::vector<std::unique_ptr<AuditStore>> stores(kReplicas);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kReplicas; ++i) {
+    threads.emplace_back([&, i] { stores[i] = Open(*fresh, GetParam()); });
+  }
+  for (auto& t : threads) t.join();
+  for (int i = 0; i < kReplicas; ++i) {
+    ASSERT_NE(stores[i], nullptr) << i;
+    auto version = stores[i]->SchemaVersion();
+    ASSERT_TRUE(version.ok()) << version.status();
+    EXPECT_EQ(*version, 1);
+  }
+  EXPECT_EQ(Scalar("SELECT COUNT(*) FROM schema_migrations", *fresh),
+            static_cast<int64_t>(Migrations().size()));
+}
+
+TEST_P(AuditStoreContract, ConcurrentRecordsNeverMoveTheCursorBack) {
+  std::unique_ptr<AuditStore> other = Open(location_);
+  ASSERT_NE(other, nullptr);
+  for (int round = 1; round <= 10; ++round) {
+    const uint64_t cluster = kClusterHigh - round;  // a fresh cluster: no cursor row yet
+    const int64_t low = 10 * round, high = 10 * round + 5;
+    AuditEvent low_event = Event(cluster, low, "ns", "low", 1, EventType::kGrant);
+    AuditEvent high_event = Event(cluster, high, "ns", "high", 2, EventType::kGrant);
+    absl::Status low_status, high_status;
+    std::thread a([&] { low_status = store_->Record(cluster, low, {low_event}, {}); });
+    std::thread b([&] { high_status = other->Record(cluster, high, {high_event}, {}); });
+    a.join();
+    b.join();
+    EXPECT_TRUE(high_status.ok()) << high_status;
+    EXPECT_EQ(CursorOf(cluster), high);
+    auto got = store_->Query(Q().cluster(cluster));
+    ASSERT_TRUE(got.ok()) << got.status();
+    // The lower batch either went first, or was refused and left no trace.
+    if (low_status.ok()) {
+      EXPECT_EQ(*got, Sorted({low_event, high_event}));
+    } else {
+      EXPECT_EQ(low_status.code(), absl::StatusCode::kFailedPrecondition) << low_status;
+      EXPECT_EQ(*got, std::vector<AuditEvent>{high_event});
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------
+// Opening by URL (no server needed).
+
+class AuditStoreUrl : public testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = testing::TempDir() + "audit_store_url.XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override {
+    std::error_code ec;
+    std::filesystem::remove_all(dir_, ec);
+  }
+  std::string dir_;
+};
+
+TEST_F(AuditStoreUrl, RejectsUnknownAndMalformedUrls) {
+  for (const std::string url :
+       {"", "sqlite:", "sqlite://", "sqlite://relative.db", "mysql://u@h/db", "audit.db",
+        "/abs/audit.db", "postgresq://u:secret@h/db", "host=h password=secret", "file:secret.db"}) {
+    auto store = OpenStore(url);
+    ASSERT_FALSE(store.ok()) << url;
+    EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument) << url;
+    EXPECT_NE(store.status().message().find("sqlite:"), std::string::npos)
+        << "the message should say what is accepted: " << store.status();
+    EXPECT_EQ(store.status().message().find("secret"), std::string::npos)
+        << "the message must not echo credentials: " << store.status();
+  }
+  auto mysql = OpenStore("mysql://u@h/db");
+  EXPECT_NE(mysql.status().message().find("\"mysql\""), std::string::npos) << mysql.status();
+}
+
+TEST_F(AuditStoreUrl, OpensSqliteByAbsoluteAndRelativePath) {
+  std::string absolute = dir_ + "/abs.db";
+  auto store = OpenStore("sqlite://" + absolute);
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_TRUE(std::filesystem::exists(absolute));
+  ASSERT_TRUE((*store)->Record(kClusterA, 3, {}, {}).ok());
+
+  std::string target = dir_ + "/rel.db";
+  std::string relative =
+      std::filesystem::relative(target, std::filesystem::current_path()).string();
+  ASSERT_FALSE(relative.empty());
+  ASSERT_NE(relative[0], '/');
+  auto rel_store = OpenStore("sqlite:" + relative);
+  ASSERT_TRUE(rel_store.ok()) << rel_store.status();
+  EXPECT_TRUE(std::filesystem::exists(target));
+  auto version = (*rel_store)->SchemaVersion();
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(*version, 1);
+}
+
+TEST_F(AuditStoreUrl, HandsPostgresUrlsToLibpq) {
+  // Nothing listens on a port that was just free: libpq's refusal proves the URL
+  // reached it.
+  auto port = dev::PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  for (const char* scheme : {"postgresql", "postgres"}) {
+    auto store = OpenStore(absl::StrCat(scheme, "://holdfast@127.0.0.1:", *port, "/audit"));
+    ASSERT_FALSE(store.ok()) << scheme;
+    EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable) << store.status();
+  }
+  auto malformed = OpenStore("postgresql://[::1");
+  EXPECT_EQ(malformed.status().code(), absl::StatusCode::kInvalidArgument) << malformed.status();
+  auto bad_option = OpenPostgresStore("host=127.0.0.1 no_such_option=1");
+  EXPECT_EQ(bad_option.status().code(), absl::StatusCode::kInvalidArgument) << bad_option.status();
+}
+
+TEST_F(AuditStoreUrl, UnopenableSqliteFileIsAnError) {
+  auto store = OpenSqliteStore(dir_ + "/no/such/dir/audit.db");
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+}
+
+TEST(AuditStoreEventType, NamesRoundTrip) {
+  for (EventType t :
+       {EventType::kGrant, EventType::kRelease, EventType::kExpire, EventType::kForce}) {
+    std::optional<EventType> parsed = ParseEventType(EventTypeName(t));
+    ASSERT_TRUE(parsed.has_value()) << EventTypeName(t);
+    EXPECT_EQ(*parsed, t);
+  }
+  EXPECT_STREQ(EventTypeName(EventType::kGrant), "grant");
+  EXPECT_STREQ(EventTypeName(EventType::kForce), "force");
+  EXPECT_FALSE(ParseEventType("GRANT").has_value());
+  EXPECT_FALSE(ParseEventType("").has_value());
+}
+
+// ---------------------------------------------------------------------------------
+// PostgreSQL only: the connection comes back after the server does.
+
+TEST(AuditStorePostgres, ServerDowntimeIsUnavailableAndTheStoreReconnects) {
+  std::optional<std::string> conninfo = SharedPostgres::FreshDatabase();
+  ASSERT_TRUE(conninfo.has_value()) << SharedPostgres::error();
+  dev::PostgresProcess* pg = SharedPostgres::Get();
+  auto store = OpenPostgresStore(*conninfo);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<AuditEvent> first = {Event(kClusterA, 10, "ns", "a", 1, EventType::kGrant)};
+  ASSERT_TRUE((*store)->Record(kClusterA, 10, first, {}).ok());
+
+  // A restart between two calls: the next call reconnects on its own.
+  ASSERT_TRUE(pg->Restart().ok());
+  auto cursor = (*store)->Cursor(kClusterA);
+  ASSERT_TRUE(cursor.ok()) << cursor.status();
+  EXPECT_EQ(*cursor, 10);
+
+  // While the server is down, calls are UNAVAILABLE (worth retrying) ...
+  pg->Stop();
+  absl::Status down = (*store)->Record(kClusterA, 20, {}, {});
+  EXPECT_EQ(down.code(), absl::StatusCode::kUnavailable) << down;
+  EXPECT_EQ((*store)->Query({}).status().code(), absl::StatusCode::kUnavailable);
+
+  // ... and work again once it is back.
+  ASSERT_TRUE(pg->Restart().ok());
+  std::vector<AuditEvent> second = {Event(kClusterA, 20, "ns", "a", 1, EventType::kRelease)};
+  ASSERT_TRUE((*store)->Record(kClusterA, 20, second, {}).ok());
+  auto all = (*store)->Query({});
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(*all, Sorted({first[0], second[0]}));
+}
+
+TEST(AuditStorePostgres, UrlAndKeywordFormsOpenTheSameDatabase) {
+  std::optional<std::string> name = SharedPostgres::FreshDatabaseName();
+  ASSERT_TRUE(name.has_value()) << SharedPostgres::error();
+  dev::PostgresProcess* pg = SharedPostgres::Get();
+  auto by_keywords = OpenPostgresStore(pg->conninfo(*name));
+  ASSERT_TRUE(by_keywords.ok()) << by_keywords.status();
+  ASSERT_TRUE((*by_keywords)->Record(kClusterHigh, 77, {}, {}).ok());
+
+  auto by_url = OpenStore(pg->url(*name));
+  ASSERT_TRUE(by_url.ok()) << by_url.status();
+  auto cursor = (*by_url)->Cursor(kClusterHigh);
+  ASSERT_TRUE(cursor.ok()) << cursor.status();
+  EXPECT_EQ(*cursor, 77);
+}
+
+}  // namespace
+}  // namespace holdfast::audit
