@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "common/duration.h"
 #include "common/names.h"
+#include "dev/dev_pki.h"
 
 namespace holdfast::cli {
 
@@ -36,7 +37,9 @@ int ReportError(const absl::Status& status, absl::string_view context) {
   if (status.code() == absl::StatusCode::kUnavailable) {
     absl::StrAppend(&text,
                     "\n  (is holdfastd running at the endpoint? set it with --endpoint or ",
-                    kEndpointEnv, "; `holdfast dev` starts one locally)");
+                    kEndpointEnv, "; `holdfast dev` starts one locally. With mTLS, give "
+                    "--ca/--cert/--key, or run where `holdfast dev` keeps its data, or set ",
+                    dev::kDevDirEnv, ")");
   }
   PrintMessage(text);
   return kExitError;
@@ -181,6 +184,14 @@ std::unique_ptr<Client> ConnectOrReport(const GlobalOptions& global, int* exit_c
   options.ca_file = global.ca_file;
   options.cert_file = global.cert_file;
   options.key_file = global.key_file;
+  // No credentials given: those of a local `holdfast dev`, if there are any.
+  if (options.ca_file.empty()) {
+    if (auto dev = dev::FindDevCliCredentials(dev::DevDirFromEnv())) {
+      options.ca_file = dev->bundle;
+      options.cert_file = dev->cert;
+      options.key_file = dev->key;
+    }
+  }
   auto client = Client::Connect(std::move(options));
   if (!client.ok()) {
     *exit_code = ReportError(client.status(), "connect");

@@ -38,8 +38,10 @@ inline constexpr char kEndpointEnv[] = "HOLDFAST_ENDPOINT";
 struct GlobalOptions {
   // One or more holdfastd endpoints, comma separated.
   std::string endpoint = kDefaultEndpoint;
-  // mTLS: CA bundle, this client's SVID and key (PEM files). Empty: plaintext
-  // (holdfastd accepts that only when it runs --insecure on loopback).
+  // mTLS: CA bundle, this client's SVID and key (PEM files). Empty: the
+  // credentials of a local `holdfast dev` ($HOLDFAST_DEV_DIR/cli/, see
+  // dev/dev_pki.h) if there are any, else plaintext (holdfastd accepts that only
+  // when it runs --insecure on loopback).
   std::string ca_file, cert_file, key_file;
 };
 

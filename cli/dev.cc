@@ -1,21 +1,29 @@
-// `holdfast dev [--listen ADDR] [--data-dir DIR]`: a single-member etcd and one
-// holdfastd in the foreground, for development.
+// `holdfast dev [--listen ADDR] [--data-dir DIR] [--insecure]`: a single-member
+// etcd and one holdfastd in the foreground, for development, serving mTLS with a
+// dev CA (dev/dev_pki.h). `holdfast dev issue-cert` mints more dev identities.
 //
 // Layout of DIR (kept between runs, so a second start keeps the data):
 //   DIR/etcd/          etcd's data
 //   DIR/ports          etcd's client and peer ports, reused on the next start so the
 //                      member's stored URLs stay valid
+//   DIR/ca/, server/, cli/   the dev CA, holdfastd's SVID, the CLI's SVID (dev_pki.h)
+//   DIR/holdfastd.yaml holdfastd's config (TLS files, trust domain, dev admins);
+//                      written on every start
+//   DIR/insecure       present while the last start was --insecure (the CLI then
+//                      speaks plaintext)
 //   DIR/etcd.log       etcd's output
 //   DIR/holdfastd.log  holdfastd's output
 //   DIR/dev.lock       flock()ed while a `holdfast dev` runs on DIR
 //
 // The main thread waits for Ctrl-C / SIGTERM and for a child's death through
 // one SignalWaiter; it then stops holdfastd, then etcd.
+#include <arpa/inet.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <deque>
@@ -31,6 +39,9 @@
 #include "absl/strings/str_split.h"
 #include "cli/common.h"
 #include "cli/signal_waiter.h"
+#include "common/spiffe.h"
+#include "dev/certs.h"
+#include "dev/dev_pki.h"
 #include "dev/etcd_process.h"
 #include "dev/subprocess.h"
 
@@ -48,7 +59,14 @@ constexpr int kLogTailLines = 15;
 
 struct DevFlags {
   std::string listen = kDefaultEndpoint;
-  std::string data_dir = ".holdfast-dev";
+  std::string data_dir = dev::kDefaultDevDir;
+  bool insecure = false;
+};
+
+struct IssueCertFlags {
+  std::string spiffe_id;
+  std::string out_dir;
+  std::string data_dir;  // empty: `holdfast dev`'s --data-dir (or its default)
 };
 
 struct EtcdPorts {
@@ -148,12 +166,111 @@ std::string ClientAddress(const std::string& listen) {
   return listen;
 }
 
+// The host part of HOST:PORT, without IPv6 brackets.
+std::string ListenHost(const std::string& listen) {
+  std::string host = listen.substr(0, listen.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host;
+}
+
+// The loopback hosts holdfastd accepts for --insecure.
+bool IsLoopbackHost(const std::string& host) {
+  return host == "127.0.0.1" || host == "localhost" || host == "::1";
+}
+
+bool IsIpLiteral(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
+// A YAML double-quoted scalar.
+std::string YamlQuote(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out + "\"";
+}
+
+// The dev PKI of DIR made ready for this start: the CA (made on the first start,
+// or when expired), holdfastd's SVID for `listen_host`, the CLI's SVID.
+struct DevPki {
+  dev::SvidFiles server;
+  dev::SvidFiles cli;
+  std::vector<std::string> minted;  // what was (re)made now, for the banner
+};
+
+absl::StatusOr<DevPki> PrepareDevPki(const fs::path& dir, const std::string& listen_host) {
+  auto ca = dev::LoadOrCreateDevCa(dir.string());
+  if (!ca.ok()) return ca.status();
+  DevPki pki;
+  if (ca->minted) pki.minted.push_back("the dev CA");
+  dev::SvidRequest server;
+  server.spiffe_id = dev::kDevServerId;
+  server.dns = {"localhost"};
+  server.ips = {"127.0.0.1"};
+  // A specific listen address is in the certificate too (wildcards are reached
+  // through 127.0.0.1).
+  if (listen_host != "0.0.0.0" && listen_host != "::" && !listen_host.empty()) {
+    auto& list = IsIpLiteral(listen_host) ? server.ips : server.dns;
+    if (std::find(list.begin(), list.end(), listen_host) == list.end()) {
+      list.push_back(listen_host);
+    }
+  }
+  auto server_minted = dev::EnsureSvid(ca->pem, server, dev::DevServerDir(dir.string()));
+  if (!server_minted.ok()) return server_minted.status();
+  if (*server_minted) pki.minted.push_back("holdfastd's certificate");
+  dev::SvidRequest cli;
+  cli.spiffe_id = dev::kDevCliId;
+  auto cli_minted = dev::EnsureSvid(ca->pem, cli, dev::DevCliDir(dir.string()));
+  if (!cli_minted.ok()) return cli_minted.status();
+  if (*cli_minted) pki.minted.push_back(absl::StrCat("the CLI's identity ", dev::kDevCliId));
+  pki.server = dev::SvidFiles::In(dev::DevServerDir(dir.string()));
+  pki.cli = dev::SvidFiles::In(dev::DevCliDir(dir.string()));
+  return pki;
+}
+
+// DIR/holdfastd.yaml: mTLS with the dev PKI, trust domain holdfast.dev, the dev
+// admins. --listen and --etcd are given as flags.
+absl::StatusOr<fs::path> WriteHoldfastdConfig(const fs::path& dir, const DevPki& pki) {
+  std::string yaml = absl::StrCat(
+      "# Written by `holdfast dev` on every start: edits here are lost.\n",
+      "tls:\n",
+      "  ca_file: ", YamlQuote(pki.server.bundle), "\n",
+      "  cert_file: ", YamlQuote(pki.server.cert), "\n",
+      "  key_file: ", YamlQuote(pki.server.key), "\n",
+      "  trust_domains: [", dev::kDevTrustDomain, "]\n",
+      "  refresh: 10s\n",
+      "admin_ids: [", YamlQuote(dev::kDevCliId), ", ", YamlQuote(dev::kDevOpsAdmins), "]\n");
+  fs::path file = dir / "holdfastd.yaml";
+  if (auto s = dev::WriteFileAtomically(file.string(), yaml, 0644); !s.ok()) return s;
+  return file;
+}
+
+// DIR/insecure present exactly when this start is --insecure.
+absl::Status MarkInsecure(const fs::path& dir, bool insecure) {
+  fs::path marker = dir / dev::kInsecureMarker;
+  if (insecure) {
+    return dev::WriteFileAtomically(
+        marker.string(),
+        "holdfast dev runs --insecure on this directory: the CLI speaks plaintext.\n", 0644);
+  }
+  std::error_code ec;
+  fs::remove(marker, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot remove ", marker.string(), ": ", ec.message()));
+  return absl::OkStatus();
+}
+
 // The running pair and where its files are. Confined to the main thread.
 struct DevStack {
   fs::path dir;
   std::string endpoint;  // what clients dial
   std::unique_ptr<dev::EtcdProcess> etcd;
   std::unique_ptr<dev::Subprocess> holdfastd;
+  std::optional<DevPki> pki;  // unset: --insecure
 
   fs::path holdfastd_log() const { return dir / "holdfastd.log"; }
   fs::path etcd_log() const { return dir / "etcd.log"; }
@@ -189,9 +306,16 @@ absl::Status StartHoldfastd(DevStack& stack, const std::string& listen) {
   std::string self_dir = dev::SelfDir();
   dev::SpawnOptions options;
   options.argv = {self_dir.empty() ? "holdfastd" : self_dir + "/holdfastd", "--listen", listen,
-                  "--etcd", stack.etcd->endpoint(),
-                  // Development: plaintext on loopback (holdfastd refuses it elsewhere).
-                  "--insecure"};
+                  "--etcd", stack.etcd->endpoint()};
+  if (stack.pki) {
+    auto config = WriteHoldfastdConfig(stack.dir, *stack.pki);
+    if (!config.ok()) return config.status();
+    options.argv.push_back("--config");
+    options.argv.push_back(config->string());
+  } else {
+    // Plaintext on loopback (holdfastd refuses it elsewhere).
+    options.argv.push_back("--insecure");
+  }
   options.log_file = stack.holdfastd_log().string();
   auto process = dev::Subprocess::Spawn(std::move(options));
   if (!process.ok()) return process.status();
@@ -269,10 +393,30 @@ void PrintBanner(const DevStack& stack) {
             << "  etcd:       " << stack.etcd->endpoint() << " (data in "
             << (stack.dir / "etcd").string() << ")\n"
             << "  logs:       " << stack.holdfastd_log().string() << ", "
-            << stack.etcd_log().string() << "\n"
-            << "Try, in another terminal:\n"
+            << stack.etcd_log().string() << "\n";
+  if (stack.pki) {
+    std::cout << "  tls:        mTLS, trust domain " << dev::kDevTrustDomain << ", dev CA "
+              << (fs::path(dev::DevCaDir(stack.dir.string())) / "ca.pem").string() << "\n"
+              << "  identity:   " << dev::kDevCliId << " (a dev admin, as is "
+              << dev::kDevOpsAdmins << ")\n"
+              << "              in " << fs::path(stack.pki->cli.cert).parent_path().string()
+              << "/; the CLI uses it when run here, or anywhere with\n"
+              << "              HOLDFAST_DEV_DIR=" << stack.dir.string() << "\n";
+  } else {
+    std::cout << "  tls:        OFF (--insecure): every caller is spiffe://holdfast.dev/dev, an "
+                 "admin\n";
+  }
+  std::cout << "Try, in another terminal:\n"
             << "  holdfast " << flag << "lock default/demo -- echo hi\n"
-            << "  holdfast " << flag << "holders default/demo\n"
+            << "  holdfast " << flag << "holders default/demo\n";
+  if (stack.pki) {
+    std::cout << "  holdfast dev issue-cert --spiffe-id spiffe://holdfast.dev/ops/me --out me/"
+              << (stack.dir == fs::absolute(dev::kDefaultDevDir)
+                      ? std::string()
+                      : " --data-dir " + stack.dir.string())
+              << "\n";
+  }
+  std::cout
             << "Ctrl-C stops holdfastd and etcd; the data is kept for the next start."
             << std::endl;
 }
@@ -305,6 +449,12 @@ int RunDev(const GlobalOptions& /*global*/, const DevFlags& flags) {
     return ReportUsageError(absl::InvalidArgumentError(
         absl::StrCat("invalid --listen \"", flags.listen, "\": expected HOST:PORT")));
   }
+  const std::string host = ListenHost(flags.listen);
+  if (flags.insecure && !IsLoopbackHost(host)) {
+    return ReportUsageError(absl::InvalidArgumentError(absl::StrCat(
+        "--insecure (no TLS) is allowed only on a loopback address (127.0.0.1, localhost, "
+        "[::1]), not \"", flags.listen, "\"")));
+  }
   auto waiter = SignalWaiter::Create({SIGINT, SIGTERM, SIGHUP, SIGCHLD});
   if (!waiter.ok()) return ReportError(waiter.status());
 
@@ -318,12 +468,29 @@ int RunDev(const GlobalOptions& /*global*/, const DevFlags& flags) {
   }
   if (auto s = LockDataDir(stack.dir); !s.ok()) return ReportError(s);
   stack.endpoint = ClientAddress(flags.listen);
+  if (flags.insecure) {
+    PrintMessage(absl::StrCat(
+        "WARNING: --insecure: holdfastd serves WITHOUT TLS on ", flags.listen,
+        ". Nobody is authenticated: every caller is spiffe://holdfast.dev/dev, an admin. "
+        "For loopback development only; never expose this port."));
+  } else {
+    auto pki = PrepareDevPki(stack.dir, host);
+    if (!pki.ok()) return ReportError(pki.status(), "dev: certificates");
+    for (const auto& what : pki->minted) std::cout << "made " << what << "\n";
+    stack.pki = *std::move(pki);
+  }
+  if (auto s = MarkInsecure(stack.dir, flags.insecure); !s.ok()) return ReportError(s, "dev");
 
   if (auto s = StartEtcd(stack); !s.ok()) return ReportError(s, "dev");
   if (auto s = StartHoldfastd(stack, flags.listen); !s.ok()) return Finish(stack, s, "dev");
   ClientOptions client_options;
   client_options.endpoints = {stack.endpoint};
   client_options.rpc_timeout = std::chrono::seconds(5);
+  if (stack.pki) {
+    client_options.ca_file = stack.pki->cli.bundle;
+    client_options.cert_file = stack.pki->cli.cert;
+    client_options.key_file = stack.pki->cli.key;
+  }
   auto client = Client::Connect(client_options);
   if (!client.ok()) return Finish(stack, client.status(), "dev");
   WaitEnd ready = WaitUntilReady(stack, **client, **waiter);
@@ -339,6 +506,46 @@ int RunDev(const GlobalOptions& /*global*/, const DevFlags& flags) {
   return Finish(stack, Serve(stack, **waiter), "dev");
 }
 
+// `holdfast dev issue-cert`: one more identity signed by the dev CA.
+int RunIssueCert(const IssueCertFlags& flags) {
+  auto id = spiffe::Parse(flags.spiffe_id);
+  if (!id.ok()) {
+    return ReportUsageError(
+        absl::InvalidArgumentError(absl::StrCat("--spiffe-id: ", id.status().message())));
+  }
+  if (id->trust_domain != dev::kDevTrustDomain) {
+    return ReportUsageError(absl::InvalidArgumentError(absl::StrCat(
+        "--spiffe-id ", flags.spiffe_id, ": the dev CA signs only trust domain ",
+        dev::kDevTrustDomain, ", not \"", id->trust_domain, "\"")));
+  }
+  if (id->path.empty()) {
+    return ReportUsageError(absl::InvalidArgumentError(absl::StrCat(
+        "--spiffe-id ", flags.spiffe_id,
+        " names only the trust domain; a workload needs a path, for example "
+        "spiffe://holdfast.dev/team/app")));
+  }
+  if (flags.out_dir.empty()) {
+    return ReportUsageError(absl::InvalidArgumentError("--out DIR is required"));
+  }
+  auto ca = dev::LoadDevCa(flags.data_dir);
+  if (!ca.ok()) return ReportError(ca.status(), "dev issue-cert");
+  dev::SvidRequest request;
+  request.spiffe_id = id->ToString();
+  if (auto s = dev::IssueSvid(*ca, request, flags.out_dir); !s.ok()) {
+    return ReportError(s, "dev issue-cert");
+  }
+  dev::SvidFiles files = dev::SvidFiles::In(flags.out_dir);
+  const bool admin = request.spiffe_id == dev::kDevCliId ||
+                     spiffe::Matches(request.spiffe_id, dev::kDevOpsAdmins);
+  std::cout << "issued " << request.spiffe_id << (admin ? " (a dev admin)" : "")
+            << ", signed by the dev CA of " << flags.data_dir << ":\n"
+            << "  " << files.cert << "\n  " << files.key << "\n  " << files.bundle << "\n"
+            << "use it with:\n"
+            << "  holdfast --ca " << files.bundle << " --cert " << files.cert << " --key "
+            << files.key << " ..." << std::endl;
+  return kExitOk;
+}
+
 }  // namespace
 
 void RegisterDevCommand(CLI::App& app, CommandContext& ctx) {
@@ -347,9 +554,37 @@ void RegisterDevCommand(CLI::App& app, CommandContext& ctx) {
       "dev", "Run a single-member etcd and a holdfastd in the foreground (Ctrl-C stops both)");
   cmd->add_option("--listen", flags->listen, "address holdfastd serves on")
       ->capture_default_str();
-  cmd->add_option("--data-dir", flags->data_dir, "where etcd's data and the logs are kept")
+  cmd->add_option("--data-dir", flags->data_dir,
+                  "where etcd's data, the dev CA and the logs are kept")
+      ->envname(dev::kDevDirEnv)
       ->capture_default_str();
-  SetAction(cmd, ctx, flags, RunDev);
+  cmd->add_flag("--insecure", flags->insecure,
+                "serve without TLS (loopback only): every caller is the dev identity");
+
+  auto issue = std::make_shared<IssueCertFlags>();
+  CLI::App* issue_cmd = cmd->add_subcommand(
+      "issue-cert", "Mint a dev identity (SVID) of trust domain holdfast.dev, signed by the dev CA");
+  issue_cmd->add_option("--spiffe-id", issue->spiffe_id,
+                        "the identity, e.g. spiffe://holdfast.dev/ops/alice")
+      ->required();
+  issue_cmd->add_option("--out", issue->out_dir,
+                        "directory for svid.pem, svid_key.pem, svid_bundle.pem")
+      ->required();
+  issue_cmd->add_option("--data-dir", issue->data_dir,
+                        "the `holdfast dev` data directory with the dev CA (default: as `dev`)");
+  issue_cmd->callback([&ctx, flags, issue] {
+    ctx.action = [flags, issue] {
+      IssueCertFlags f = *issue;
+      if (f.data_dir.empty()) f.data_dir = flags->data_dir;
+      return RunIssueCert(f);
+    };
+  });
+  cmd->require_subcommand(0, 1);
+  // CLI11 runs this after a subcommand's callback: only a bare `dev` serves.
+  cmd->callback([&ctx, flags, cmd] {
+    if (!cmd->get_subcommands().empty()) return;
+    ctx.action = [&ctx, flags] { return RunDev(ctx.global, *flags); };
+  });
 }
 
 }  // namespace holdfast::cli

@@ -1,8 +1,10 @@
 // Integration tests of the `holdfast` CLI: the built binary runs as a real
 // process against real etcd and holdfastd processes (TestCluster).
 #include <signal.h>
+#include <sys/stat.h>
 #include <sys/types.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <filesystem>
@@ -19,6 +21,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "dev/certs.h"
 #include "dev/subprocess.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
@@ -62,9 +65,12 @@ struct CliResult {
 class CliProcess {
  public:
   // Starts `holdfast [--endpoint ENDPOINT] ARGS...`; `dir` receives the output
-  // files.
-  static std::unique_ptr<CliProcess> Start(const std::string& dir, const std::string& endpoint,
-                                           const std::vector<std::string>& args) {
+  // files. HOLDFAST_DEV_DIR is `dev_dir` ("": a directory that does not exist,
+  // so no dev credentials are picked up), and `env` is added.
+  static std::unique_ptr<CliProcess> Start(
+      const std::string& dir, const std::string& endpoint, const std::vector<std::string>& args,
+      const std::string& dev_dir = "",
+      const std::vector<std::pair<std::string, std::string>>& env = {}) {
     static int counter = 0;
     auto p = std::unique_ptr<CliProcess>(new CliProcess());
     p->out_path_ = absl::StrCat(dir, "/cli-", ++counter, ".out");
@@ -78,7 +84,10 @@ class CliProcess {
       so.argv.push_back(endpoint);
     }
     for (const auto& a : args) so.argv.push_back(a);
-    so.env = {{"HF_TEST_OUT", p->out_path_}, {"HF_TEST_ERR", p->err_path_}};
+    so.env = {{"HF_TEST_OUT", p->out_path_},
+              {"HF_TEST_ERR", p->err_path_},
+              {"HOLDFAST_DEV_DIR", dev_dir.empty() ? dir + "/no-dev-dir" : dev_dir}};
+    for (const auto& e : env) so.env.push_back(e);
     auto proc = dev::Subprocess::Spawn(std::move(so));
     EXPECT_TRUE(proc.ok()) << proc.status();
     if (!proc.ok()) return nullptr;
@@ -327,6 +336,67 @@ TEST_F(CliTest, LockForwardsSigtermToTheCommandAndReleases) {
 }
 
 // Needs its own cluster: it kills holdfastd.
+TEST_F(CliTest, AuditPrintsJsonLinesInRevisionOrder) {
+  ASSERT_EQ(Run({"lock", "default/cli/audited", "--", "true"}).exit_code, 0);
+  ASSERT_EQ(Run({"lock", "default/cli/audited", "--", "true"}).exit_code, 0);
+  // The auditor records asynchronously: poll until both cycles are there.
+  CliResult r;
+  std::vector<std::string> lines;
+  for (int i = 0; i < 300; ++i) {
+    r = Run({"audit", "--ns", "default", "--key", "cli/audited", "-o", "json"});
+    lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+    if (r.exit_code == 0 && lines.size() >= 4) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_EQ(lines.size(), 4u) << r.out;
+  const char* types[] = {"\"type\":\"grant\"", "\"type\":\"release\"", "\"type\":\"grant\"",
+                         "\"type\":\"release\""};
+  for (size_t i = 0; i < lines.size(); ++i) {
+    EXPECT_NE(lines[i].find(types[i]), std::string::npos) << lines[i];
+    for (const char* field : {"\"cluster_id\":", "\"revision\":", "\"namespace\":\"default\"",
+                              "\"lock_key\":\"cli/audited\"", "\"spiffe_id\":", "\"token\":",
+                              "\"unprotected\":false", "\"time\":\"20"}) {
+      EXPECT_NE(lines[i].find(field), std::string::npos) << field << " in " << lines[i];
+    }
+  }
+  // Filters: grants only.
+  r = Run({"audit", "--ns", "default", "--key", "cli/audited", "--type", "grant", "-o", "json"});
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;
+
+  r = Run({"audit", "--type", "bogus"});
+  EXPECT_EQ(r.exit_code, 2);  // usage
+  EXPECT_NE(r.err.find("use grant, release, expire or force"), std::string::npos) << r.err;
+  r = Run({"audit", "--since", "yesterday-ish"});
+  EXPECT_EQ(r.exit_code, 2);  // usage
+  EXPECT_NE(r.err.find("RFC 3339"), std::string::npos) << r.err;
+}
+
+TEST_F(CliTest, ForceReleaseRefusesTheRequesterAsApprover) {
+  auto session = client_->OpenSession("default");
+  ASSERT_TRUE(session.ok());
+  auto hold = (*session)->Acquire("cli/stuck");
+  ASSERT_TRUE(hold.ok());
+  CliResult r = Run({"force", "request", "default/cli/stuck", "--reason", "hung", "-o", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto req = ParseJson<v1::ForceRequest>(r.out);
+  ASSERT_EQ(req.request_id().size(), 16u);
+  r = Run({"force", "list"});
+  EXPECT_NE(r.out.find(req.request_id()), std::string::npos) << r.out;
+  // Without TLS every caller is the one dev identity: it cannot be the second person.
+  r = Run({"force", "approve", req.request_id()});
+  EXPECT_EQ(r.exit_code, 1);  // refused
+  EXPECT_NE(r.err.find("PERMISSION_DENIED"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("two people"), std::string::npos) << r.err;
+  auto d = client_->Describe("default", "cli/stuck");
+  ASSERT_TRUE(d.ok());
+  ASSERT_EQ(d->holders_size(), 1);
+  EXPECT_EQ(d->holders(0).token(), hold->token());
+  r = Run({"force", "request", "default/cli/nobody", "--reason", "x"});
+  EXPECT_EQ(r.exit_code, 1);  // refused
+  EXPECT_NE(r.err.find("nobody holds"), std::string::npos) << r.err;
+}
+
 TEST(CliLostHoldTest, LostHoldStopsTheCommandAndExits74) {
   auto cluster = TestCluster::Start();
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -354,35 +424,124 @@ TEST(CliLostHoldTest, LostHoldStopsTheCommandAndExits74) {
   EXPECT_EQ(errno, ESRCH);
 }
 
-TEST(CliDevTest, DevServesAndKeepsItsDataAcrossRestarts) {
-  TempDir dir;
-  auto port = dev::PickFreePort();
-  ASSERT_TRUE(port.ok()) << port.status();
-  std::string endpoint = absl::StrCat("127.0.0.1:", *port);
-  std::string data_dir = dir.path() + "/data";
-  std::vector<std::string> dev_args = {"dev", "--listen", endpoint, "--data-dir", data_dir};
+// The file mode bits of `path` (-1 when it does not exist).
+int FileMode(const std::string& path) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return static_cast<int>(st.st_mode & 0777);
+}
 
-  // The banner comes once holdfastd answers and namespace `default` exists.
-  auto running = [](CliProcess& dev) {
-    return WaitFor([&] { return dev.Output().find("holdfast dev is running") != std::string::npos; },
-                   seconds(60));
-  };
-  auto dev = CliProcess::Start(dir.path(), "", dev_args);
-  ASSERT_NE(dev, nullptr);
-  ASSERT_TRUE(running(*dev)) << dev->Finish(seconds(1)).err;
-  auto run = [&](const std::vector<std::string>& args) {
-    auto p = CliProcess::Start(dir.path(), endpoint, args);
+// `holdfast dev` on a free port and its own data directory.
+class CliDevTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto port = dev::PickFreePort();
+    ASSERT_TRUE(port.ok()) << port.status();
+    endpoint_ = absl::StrCat("127.0.0.1:", *port);
+    data_dir_ = dir_.path() + "/data";
+  }
+
+  // Starts `holdfast dev` and waits for its banner, which comes once holdfastd
+  // answers and namespace `default` exists.
+  std::unique_ptr<CliProcess> StartDev(const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"dev", "--listen", endpoint_, "--data-dir", data_dir_};
+    for (const auto& a : extra) args.push_back(a);
+    auto dev = CliProcess::Start(dir_.path(), "", args);
+    EXPECT_NE(dev, nullptr);
+    if (!dev) return nullptr;
+    bool up = WaitFor(
+        [&] { return dev->Output().find("holdfast dev is running") != std::string::npos; },
+        seconds(60));
+    if (!up) {
+      ADD_FAILURE() << "holdfast dev did not come up: " << dev->Finish(seconds(1)).err;
+      return nullptr;
+    }
+    return dev;
+  }
+
+  // The CLI against the dev endpoint; with HOLDFAST_DEV_DIR = the dev data
+  // directory unless `dev_dir` says otherwise.
+  CliResult Run(const std::vector<std::string>& args, const std::string& dev_dir = "") {
+    auto p = CliProcess::Start(dir_.path(), endpoint_, args, dev_dir.empty() ? data_dir_ : dev_dir);
     return p ? p->Finish() : CliResult{};
-  };
-  // `default` exists and takes locks anywhere.
-  CliResult r = run({"lock", "default/demo", "--", "true"});
+  }
+
+  // The CLI without a dev server (issue-cert, usage errors).
+  CliResult RunOffline(const std::vector<std::string>& args) {
+    auto p = CliProcess::Start(dir_.path(), "", args);
+    return p ? p->Finish() : CliResult{};
+  }
+
+  // libholdfast with the identity in `svid_dir` (svid.pem, svid_key.pem,
+  // svid_bundle.pem), or plaintext when empty.
+  std::unique_ptr<Client> ClientWith(const std::string& svid_dir) {
+    ClientOptions o;
+    o.endpoints = {endpoint_};
+    o.rpc_timeout = seconds(3);
+    if (!svid_dir.empty()) {
+      o.ca_file = svid_dir + "/svid_bundle.pem";
+      o.cert_file = svid_dir + "/svid.pem";
+      o.key_file = svid_dir + "/svid_key.pem";
+    }
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
+  TempDir dir_;
+  std::string endpoint_;
+  std::string data_dir_;
+};
+
+TEST_F(CliDevTest, DevServesMtlsAndKeepsItsDataAndCaAcrossRestarts) {
+  auto dev = StartDev();
+  ASSERT_NE(dev, nullptr);
+
+  // The dev PKI: private keys readable by the owner only.
+  for (const char* f : {"/ca/ca.pem", "/cli/svid.pem", "/cli/svid_bundle.pem",
+                        "/server/svid.pem"}) {
+    EXPECT_TRUE(FileExists(data_dir_ + f)) << f;
+  }
+  for (const char* f : {"/ca/ca_key.pem", "/cli/svid_key.pem", "/server/svid_key.pem"}) {
+    EXPECT_EQ(FileMode(data_dir_ + f), 0600) << f;
+  }
+  auto cli_cert = dev::InspectCert(ReadFile(data_dir_ + "/cli/svid.pem"));
+  ASSERT_TRUE(cli_cert.ok()) << cli_cert.status();
+  EXPECT_EQ(cli_cert->uris, std::vector<std::string>{"spiffe://holdfast.dev/dev/cli"});
+  const std::string ca_pem = ReadFile(data_dir_ + "/ca/ca.pem");
+  const std::string cli_pem = ReadFile(data_dir_ + "/cli/svid.pem");
+
+  // The CLI with no credentials given uses the dev ones: `default` takes locks,
+  // and the CLI is a dev admin.
+  CliResult r = Run({"lock", "default/demo", "--", "true"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  r = run({"ns", "create", "kept"});
+  r = Run({"ns", "create", "kept"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  {
+    auto cli = ClientWith(data_dir_ + "/cli");
+    ASSERT_NE(cli, nullptr);
+    auto session = cli->OpenSession("default");
+    ASSERT_TRUE(session.ok()) << session.status();
+    auto hold = (*session)->Acquire("who");
+    ASSERT_TRUE(hold.ok()) << hold.status();
+    EXPECT_EQ(hold->info().identity(), "spiffe://holdfast.dev/dev/cli");
+  }
+  // A plaintext client gets nowhere, and changes nothing.
+  {
+    auto plain = ClientWith("");
+    ASSERT_NE(plain, nullptr);
+    EXPECT_FALSE(plain->ListNamespaces().ok());
+    v1::CreateNamespaceRequest req;
+    req.mutable_namespace_()->set_name("plaintext");
+    EXPECT_FALSE(plain->CreateNamespace(req).ok());
+  }
+  r = Run({"ns", "get", "plaintext"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
 
   // A second `holdfast dev` on the same directory is refused.
-  auto second = CliProcess::Start(dir.path(), "",
-                                  {"dev", "--listen", "127.0.0.1:1", "--data-dir", data_dir});
+  auto second = CliProcess::Start(dir_.path(), "",
+                                  {"dev", "--listen", "127.0.0.1:1", "--data-dir", data_dir_});
   ASSERT_NE(second, nullptr);
   r = second->Finish();
   EXPECT_EQ(r.exit_code, 1);
@@ -391,17 +550,121 @@ TEST(CliDevTest, DevServesAndKeepsItsDataAcrossRestarts) {
   dev->Signal(SIGTERM);
   r = dev->Finish();
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_NE(r.out.find(endpoint), std::string::npos) << r.out;
-  EXPECT_TRUE(FileExists(data_dir + "/ports"));
+  EXPECT_NE(r.out.find(endpoint_), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("spiffe://holdfast.dev/dev/cli"), std::string::npos) << r.out;
+  EXPECT_TRUE(FileExists(data_dir_ + "/ports"));
 
-  dev = CliProcess::Start(dir.path(), "", dev_args);
+  // --insecure: loud, plaintext, and the CLI speaks plaintext to it although
+  // the dev credentials are there.
+  dev = StartDev({"--insecure"});
   ASSERT_NE(dev, nullptr);
-  ASSERT_TRUE(running(*dev)) << dev->Finish(seconds(1)).err;
-  r = run({"ns", "get", "kept"});
+  r = Run({"ns", "get", "kept"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   dev->Signal(SIGINT);
   r = dev->Finish();
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("WARNING: --insecure"), std::string::npos) << r.err;
+
+  // mTLS again: the same CA and CLI identity, the same data.
+  dev = StartDev();
+  ASSERT_NE(dev, nullptr);
+  EXPECT_EQ(ReadFile(data_dir_ + "/ca/ca.pem"), ca_pem);
+  EXPECT_EQ(ReadFile(data_dir_ + "/cli/svid.pem"), cli_pem);
+  r = Run({"ns", "get", "kept"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  dev->Signal(SIGINT);
+  r = dev->Finish();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST_F(CliDevTest, IssueCertMintsIdentitiesHoldfastdAccepts) {
+  auto dev = StartDev();
+  ASSERT_NE(dev, nullptr);
+  const std::string alice = dir_.path() + "/alice";
+  const std::string bob = dir_.path() + "/bob";
+  CliResult r = Run({"dev", "issue-cert", "--spiffe-id", "spiffe://holdfast.dev/ops/alice",
+                     "--out", alice, "--data-dir", data_dir_});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("a dev admin"), std::string::npos) << r.out;
+  EXPECT_EQ(FileMode(alice + "/svid_key.pem"), 0600);
+  // --data-dir before the subcommand works too.
+  r = Run({"dev", "--data-dir", data_dir_, "issue-cert", "--spiffe-id",
+           "spiffe://holdfast.dev/team/bob", "--out", bob});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.find("a dev admin"), std::string::npos) << r.out;
+
+  // Explicit credentials win over the dev ones: ops/* is a dev admin...
+  auto as = [&](const std::string& svid_dir) {
+    return std::vector<std::string>{"--ca", svid_dir + "/svid_bundle.pem", "--cert",
+                                    svid_dir + "/svid.pem", "--key", svid_dir + "/svid_key.pem"};
+  };
+  std::vector<std::string> args = as(alice);
+  for (const char* a : {"ns", "create", "alices"}) args.push_back(a);
+  r = Run(args);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  // ... team/bob is not (and the environment works like the flags).
+  auto p = CliProcess::Start(dir_.path(), endpoint_, {"ns", "create", "bobs"}, data_dir_,
+                             {{"HOLDFAST_CA", bob + "/svid_bundle.pem"},
+                              {"HOLDFAST_CERT", bob + "/svid.pem"},
+                              {"HOLDFAST_KEY", bob + "/svid_key.pem"}});
+  ASSERT_NE(p, nullptr);
+  r = p->Finish();
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("PERMISSION_DENIED"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("spiffe://holdfast.dev/team/bob is not an admin"), std::string::npos)
+      << r.err;
+  r = Run({"ns", "get", "bobs"});
+  EXPECT_EQ(r.exit_code, 1);
+
+  // holdfastd knows each by the SPIFFE ID in its certificate.
+  for (const auto& [svid_dir, id] :
+       {std::pair{alice, "spiffe://holdfast.dev/ops/alice"},
+        std::pair{bob, "spiffe://holdfast.dev/team/bob"}}) {
+    auto client = ClientWith(svid_dir);
+    ASSERT_NE(client, nullptr);
+    auto session = client->OpenSession("default");
+    ASSERT_TRUE(session.ok()) << session.status();
+    auto hold = (*session)->Acquire("identity/" + svid_dir.substr(svid_dir.rfind('/') + 1));
+    ASSERT_TRUE(hold.ok()) << hold.status();
+    EXPECT_EQ(hold->info().identity(), id);
+  }
+  dev->Signal(SIGINT);
+  r = dev->Finish();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+TEST_F(CliDevTest, IssueCertRefusesBadIdsAndAMissingCaAndWritesNothing) {
+  const std::string out = dir_.path() + "/out";
+  struct Case {
+    std::string id;
+    int exit_code;
+    std::string error;
+  } cases[] = {
+      {"not-a-spiffe-id", 2, "--spiffe-id: \"not-a-spiffe-id\" is not a SPIFFE ID"},
+      {"spiffe://holdfast.dev/a//b", 2, "empty segment"},
+      {"spiffe://holdfast.dev:443/x", 2, "no port"},
+      {"spiffe://acme.org/ops/alice", 2, "signs only trust domain holdfast.dev, not \"acme.org\""},
+      {"spiffe://holdfast.dev", 2, "names only the trust domain"},
+      // A valid ID, but no `holdfast dev` has made a CA in the data dir yet.
+      {"spiffe://holdfast.dev/ops/alice", 1, "run `holdfast dev --data-dir"},
+  };
+  for (const auto& c : cases) {
+    CliResult r = RunOffline(
+        {"dev", "issue-cert", "--spiffe-id", c.id, "--out", out, "--data-dir", data_dir_});
+    EXPECT_EQ(r.exit_code, c.exit_code) << c.id << ": " << r.err;
+    EXPECT_NE(r.err.find(c.error), std::string::npos) << c.id << ": " << r.err;
+    EXPECT_FALSE(FileExists(out)) << c.id;
+  }
+  EXPECT_FALSE(FileExists(data_dir_));
+  CliResult r = RunOffline({"dev", "issue-cert", "--out", out});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--spiffe-id"), std::string::npos) << r.err;
+
+  // --insecure is for loopback only.
+  r = RunOffline({"dev", "--insecure", "--listen", "0.0.0.0:7420", "--data-dir", data_dir_});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("only on a loopback address"), std::string::npos) << r.err;
+  EXPECT_FALSE(FileExists(data_dir_));
 }
 
 }  // namespace
