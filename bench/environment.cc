@@ -58,9 +58,10 @@ std::string LogTail(const std::string& path) {
   return tail;
 }
 
-// True when `binary --help` lists --insecure: that holdfastd serves TLS unless
-// told to serve plaintext (loopback only, every caller the dev identity).
-bool HasInsecureFlag(const std::string& binary, const std::string& dir) {
+// True when `binary --help` lists `flag`. --insecure: that holdfastd serves TLS
+// unless told to serve plaintext (loopback only, every caller the dev identity).
+// --audit-store: it records an audit trail (here in the run's directory).
+bool HasFlag(const std::string& binary, const std::string& dir, const std::string& flag) {
   dev::SpawnOptions so;
   so.argv = {binary, "--help"};
   so.log_file = dir + "/holdfastd-help.txt";
@@ -70,7 +71,7 @@ bool HasInsecureFlag(const std::string& binary, const std::string& dir) {
   std::ifstream in(dir + "/holdfastd-help.txt");
   std::string line;
   while (std::getline(in, line)) {
-    if (absl::StrContains(line, "--insecure")) return true;
+    if (absl::StrContains(line, flag)) return true;
   }
   return false;
 }
@@ -220,7 +221,11 @@ absl::Status Environment::StartHoldfastd(const std::string& binary) {
   std::string log = absl::StrCat(dir_, "/holdfastd-", *port, ".log");
   dev::SpawnOptions so;
   so.argv = {binary, "--listen", holdfast_endpoint_, "--etcd", etcd_endpoint_};
-  if (HasInsecureFlag(binary, dir_)) so.argv.push_back("--insecure");
+  if (HasFlag(binary, dir_, "--insecure")) so.argv.push_back("--insecure");
+  if (HasFlag(binary, dir_, "--audit-store")) {
+    so.argv.push_back("--audit-store");
+    so.argv.push_back(absl::StrCat("sqlite:", dir_, "/audit.db"));
+  }
   so.log_file = log;
   auto proc = dev::Subprocess::Spawn(std::move(so));
   if (!proc.ok()) return proc.status();

@@ -4,6 +4,8 @@
 //   holdfast lock NS/KEY -- CMD [ARGS...]  run CMD while holding a lock
 //   holdfast holders NS/KEY                who holds a lock
 //   holdfast ns|class create|get|list|delete
+//   holdfast audit [--ns NS] [--key KEY] [--type T] [--follow]   the audit trail
+//   holdfast force request|approve|list    two-person force-release
 //
 // Exit codes: 0 ok (or CMD's code for `lock`), 1 error, 2 usage, 74 hold lost,
 // 75 not acquired.
@@ -36,6 +38,8 @@ void BuildApp(CLI::App& app, CommandContext& ctx) {
   holdfast::cli::RegisterHoldersCommand(app, ctx);
   holdfast::cli::RegisterNamespaceCommand(app, ctx);
   holdfast::cli::RegisterClassCommand(app, ctx);
+  holdfast::cli::RegisterAuditCommand(app, ctx);
+  holdfast::cli::RegisterForceCommand(app, ctx);
 }
 
 // CLI11 reports parse problems by throwing: turn them into exit codes here.

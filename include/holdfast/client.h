@@ -179,6 +179,14 @@ class Client {
   absl::Status DeleteClass(const std::string& ns, const std::string& class_id);
   absl::StatusOr<v1::Epoch> GetEpoch();
 
+  // --- Audit and force-release (admin) ---
+  absl::StatusOr<v1::QueryAuditResponse> QueryAudit(const v1::QueryAuditRequest& req);
+  absl::StatusOr<v1::AuditStatus> GetAuditStatus();
+  absl::StatusOr<v1::ForceRequest> RequestForceRelease(const v1::RequestForceReleaseRequest& req);
+  absl::StatusOr<v1::ApproveForceReleaseResponse> ApproveForceRelease(
+      const v1::ApproveForceReleaseRequest& req);
+  absl::StatusOr<v1::ListForceRequestsResponse> ListForceRequests();
+
  private:
   explicit Client(std::shared_ptr<internal::ClientCore> core) : core_(std::move(core)) {}
   std::shared_ptr<internal::ClientCore> core_;

@@ -478,4 +478,28 @@ absl::StatusOr<v1::Epoch> Client::GetEpoch() {
   return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::GetEpoch, v1::GetEpochRequest());
 }
 
+absl::StatusOr<v1::QueryAuditResponse> Client::QueryAudit(const v1::QueryAuditRequest& req) {
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::QueryAudit, req);
+}
+
+absl::StatusOr<v1::AuditStatus> Client::GetAuditStatus() {
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::GetAuditStatus,
+              v1::GetAuditStatusRequest());
+}
+
+absl::StatusOr<v1::ForceRequest> Client::RequestForceRelease(
+    const v1::RequestForceReleaseRequest& req) {
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::RequestForceRelease, req);
+}
+
+absl::StatusOr<v1::ApproveForceReleaseResponse> Client::ApproveForceRelease(
+    const v1::ApproveForceReleaseRequest& req) {
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::ApproveForceRelease, req);
+}
+
+absl::StatusOr<v1::ListForceRequestsResponse> Client::ListForceRequests() {
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::ListForceRequests,
+              v1::ListForceRequestsRequest());
+}
+
 }  // namespace holdfast

@@ -324,6 +324,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     rec.set_identity(caller_.identity);
     rec.set_epoch(snap.epoch->record.epoch());
     rec.set_granted_at_unix_ms(NowUnixMs());
+    rec.set_advisory(cls.record.enforcement() == v1::ENFORCEMENT_ADVISORY);
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(keyspace::HoldKey(ns, key, lease));
     put->set_value(rec.SerializeAsString());
@@ -392,6 +393,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     AddCompare(&txn, hold_key, pb::Compare::CREATE, pb::Compare::EQUAL)
         ->set_create_revision(grant_rev);
     txn.add_success()->mutable_request_delete_range()->set_key(hold_key);
+    AddAuditMark(&txn);  // recorded as a release, not an expiry
     engine_->etcd().Txn(std::move(txn), etcd::DeadlineIn(engine_->options().etcd_timeout),
                         [](auto) {});
   }

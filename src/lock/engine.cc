@@ -296,29 +296,51 @@ void Engine::Renew(const v1::KeepAliveRequest& req, Deadline d, Done<v1::KeepAli
                    });
 }
 
+// Marks the session record `closing` (so the auditor records the holds the
+// revocation ends as released, not expired), then revokes its lease: the session,
+// its holds, waiters and quota slot go in one revision. Closing a session that is
+// already gone succeeds.
 void Engine::CloseSession(const Caller& caller, const v1::CloseSessionRequest& req, Deadline d,
                           Done<v1::CloseSessionResponse> done) {
-  if (auto s = ValidateSessionRef(req.namespace_(), req.session_id()); !s.ok()) return done(s);
-  // Only a lease that is a session of this namespace is revoked.
-  VerifySession(caller, req.namespace_(), req.session_id(), d,
-                [this, lease = req.session_id(), d, done](absl::StatusOr<bool> ok) {
-                  if (!ok.ok()) {
-                    if (ok.status().code() == absl::StatusCode::kNotFound) {
-                      return done(v1::CloseSessionResponse());  // already gone
-                    }
-                    return done(ok.status());
-                  }
-                  pb::LeaseRevokeRequest r;
-                  r.set_id(lease);
-                  etcd_->LeaseRevoke(r, EtcdDeadline(d),
-                                     [done](absl::StatusOr<pb::LeaseRevokeResponse> rr) {
-                                       if (!rr.ok() &&
-                                           rr.status().code() != absl::StatusCode::kNotFound) {
-                                         return done(rr.status());
-                                       }
-                                       done(v1::CloseSessionResponse());
-                                     });
-                });
+  const std::string ns = req.namespace_();
+  const int64_t lease = req.session_id();
+  if (auto s = ValidateSessionRef(ns, lease); !s.ok()) return done(s);
+  pb::RangeRequest r;
+  r.set_key(keyspace::SessionKey(ns, lease));
+  etcd_->Range(r, EtcdDeadline(d), [this, caller, ns, lease, d,
+                                     done](absl::StatusOr<pb::RangeResponse> resp) {
+    if (!resp.ok()) return done(resp.status());
+    if (resp->kvs_size() == 0) return done(v1::CloseSessionResponse());  // already gone
+    records::SessionRecord rec;
+    if (!rec.ParseFromString(resp->kvs(0).value())) {
+      return done(absl::DataLossError("corrupt session record in etcd"));
+    }
+    RememberOwner(lease, rec.identity());
+    if (auto s = CheckOwner(caller, lease, rec.identity()); !s.ok()) return done(s);
+    auto revoke = [this, lease, d, done] {
+      pb::LeaseRevokeRequest rr;
+      rr.set_id(lease);
+      etcd_->LeaseRevoke(rr, EtcdDeadline(d), [done](absl::StatusOr<pb::LeaseRevokeResponse> x) {
+        if (!x.ok() && x.status().code() != absl::StatusCode::kNotFound) return done(x.status());
+        done(v1::CloseSessionResponse());
+      });
+    };
+    if (rec.closing()) return revoke();  // a retried close
+    rec.set_closing(true);
+    pb::TxnRequest txn;
+    AddCompare(&txn, keyspace::SessionKey(ns, lease), pb::Compare::MOD, pb::Compare::EQUAL)
+        ->set_mod_revision(resp->kvs(0).mod_revision());
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(keyspace::SessionKey(ns, lease));
+    put->set_value(rec.SerializeAsString());
+    put->set_lease(lease);
+    // Whatever the mark's outcome (the lease may be expiring right now), revoke.
+    etcd_->Txn(std::move(txn), EtcdDeadline(d),
+               [revoke, done](absl::StatusOr<pb::TxnResponse> t) {
+                 if (!t.ok()) return done(t.status());
+                 revoke();
+               });
+  });
 }
 
 // --- release, check, describe -----------------------------------------------
@@ -374,6 +396,7 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
   AddCompare(&txn, keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
       ->set_mod_revision(epoch_matches ? epoch->mod_revision : -1);
   txn.add_success()->mutable_request_delete_range()->set_key(hold_key);
+  AddAuditMark(&txn);  // a release, not an expiry
   if (!snap) {
     auto* no_waiters = AddCompare(&txn, keyspace::WaitRangeBegin(ns, key), pb::Compare::CREATE,
                                   pb::Compare::EQUAL);
@@ -449,6 +472,7 @@ void Engine::AddHandOver(const KeySnapshot& snap, const std::string& ns, const s
     rec.set_identity(w->record.identity());
     rec.set_epoch(snap.epoch->record.epoch());
     rec.set_granted_at_unix_ms(now);
+    rec.set_advisory(cls->record.enforcement() == v1::ENFORCEMENT_ADVISORY);
     auto* put = txn->add_success()->mutable_request_put();
     put->set_key(keyspace::HoldKey(ns, key, w->lease));
     put->set_value(rec.SerializeAsString());

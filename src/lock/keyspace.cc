@@ -31,6 +31,12 @@ std::optional<int64_t> ParseLeaseHex(absl::string_view hex) {
 }  // namespace
 
 std::string EpochKey() { return "/holdfast/epoch"; }
+std::string AuditMarkKey() { return "/holdfast/audit/mark"; }
+std::string AuditorKey() { return "/holdfast/audit/leader"; }
+std::string ForceRequestPrefix() { return "/holdfast/force/"; }
+std::string ForceRequestKey(absl::string_view request_id) {
+  return absl::StrCat(ForceRequestPrefix(), request_id);
+}
 std::string NamespaceKey(absl::string_view ns) { return absl::StrCat(kNsDir, ns); }
 std::string NamespacePrefix(absl::string_view ns) { return absl::StrCat(kNsDir, ns, "/"); }
 std::string NamespacesBegin() { return std::string(kNsDir); }

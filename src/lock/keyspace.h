@@ -9,6 +9,11 @@
 //   /holdfast/ns/<ns>/wait/<lock_key>\0<lease:016x>  WaiterRecord, on <lease>
 //   /holdfast/ns/<ns>/slot/<index:08d>               session id (decimal), on the session's
 //                                                    lease: one of held_lease_quota slots
+//   /holdfast/audit/mark                             AuditMark, put by every release and
+//                                                    force-release transaction
+//   /holdfast/audit/leader                           the auditor's replica id, on its lease
+//   /holdfast/force/<request_id>                     ForceRequestRecord, on a lease whose
+//                                                    TTL is the request's lifetime
 //
 // <ns> and <class_id> match [a-z0-9][a-z0-9._-]{0,62}, so they hold no '/'.
 // <lock_key> is 1..512 bytes of UTF-8 without control characters (no NUL), stored
@@ -45,6 +50,13 @@ using names::ValidateNamespaceName;
 
 // --- keys
 std::string EpochKey();
+// Put in the same commit as every release and force (AuditMark).
+std::string AuditMarkKey();
+// The auditor's leader-election key.
+std::string AuditorKey();
+// Pending force-release requests; <request_id> is 16 lower-case hex digits.
+std::string ForceRequestKey(absl::string_view request_id);
+std::string ForceRequestPrefix();
 std::string NamespaceKey(absl::string_view ns);
 // Everything under one namespace: [NamespacePrefix, PrefixEnd(NamespacePrefix)).
 std::string NamespacePrefix(absl::string_view ns);

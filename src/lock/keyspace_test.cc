@@ -10,6 +10,9 @@ using std::string_literals::operator""s;
 // Golden: these bytes are persisted. A change here needs a migration.
 TEST(KeyspaceTest, GoldenEncoding) {
   EXPECT_EQ(EpochKey(), "/holdfast/epoch");
+  EXPECT_EQ(AuditMarkKey(), "/holdfast/audit/mark");
+  EXPECT_EQ(AuditorKey(), "/holdfast/audit/leader");
+  EXPECT_EQ(ForceRequestKey("00ab"), "/holdfast/force/00ab");
   EXPECT_EQ(NamespaceKey("payments"), "/holdfast/ns/payments");
   EXPECT_EQ(ClassKey("payments", "db"), "/holdfast/ns/payments/class/db");
   EXPECT_EQ(SessionKey("payments", 0x694d7f2a1b3c4d5e), "/holdfast/ns/payments/session/694d7f2a1b3c4d5e");

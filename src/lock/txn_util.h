@@ -6,6 +6,8 @@
 
 #include "absl/time/clock.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.pb.h"
+#include "lock/keyspace.h"
+#include "lock/records.pb.h"
 
 namespace holdfast::lock {
 
@@ -23,5 +25,16 @@ inline etcdserverpb::Compare* AddCompare(etcdserverpb::TxnRequest* txn, std::str
 
 // This server's wall clock, for records people read (grant times, deadlines).
 inline int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
+
+// Puts the audit mark in the success branch: the holds this transaction deletes
+// were released (or, with a force mark, forced), not expired (ARCHITECTURE §7).
+inline void AddAuditMark(etcdserverpb::TxnRequest* txn,
+                         records::AuditMark mark = records::AuditMark()) {
+  if (mark.kind().empty()) mark.set_kind("release");
+  mark.set_at_unix_ms(NowUnixMs());
+  auto* put = txn->add_success()->mutable_request_put();
+  put->set_key(keyspace::AuditMarkKey());
+  put->set_value(mark.SerializeAsString());
+}
 
 }  // namespace holdfast::lock

@@ -1,5 +1,6 @@
 #include "server/admin_service.h"
 
+#include "absl/strings/str_cat.h"
 #include "server/rpc_util.h"
 
 namespace holdfast::server {
@@ -96,6 +97,88 @@ grpc::Status AdminService::GetEpoch(grpc::ServerContext* ctx, const v1::GetEpoch
   // Any authenticated caller may read the epoch (it is also a readiness probe).
   if (auto caller = auth_->CallerOf(*ctx); !caller.ok()) return ToGrpcStatus(caller.status());
   return Reply(registry_->GetEpoch(RpcDeadline(*ctx, kUnaryCap)), resp);
+}
+
+// --- audit and force-release ------------------------------------------------
+
+grpc::Status AdminService::QueryAudit(grpc::ServerContext* ctx, const v1::QueryAuditRequest* req,
+                                      v1::QueryAuditResponse* resp) {
+  HF_ADMIN_ONLY(ctx);
+  if (audit_store_ == nullptr) {
+    return ToGrpcStatus(absl::FailedPreconditionError(
+        "this holdfastd has no audit store (audit.store is \"none\")"));
+  }
+  audit::AuditQuery q;
+  q.ns = req->namespace_();
+  q.lock_key = req->lock_key();
+  q.spiffe_id = req->spiffe_id();
+  q.since_unix_ms = req->since_unix_ms();
+  q.after_revision = req->after_revision();
+  if (req->limit() < 0 || req->limit() > 10000) {
+    return ToGrpcStatus(absl::InvalidArgumentError(
+        absl::StrCat("limit ", req->limit(), " is out of range (1..10000)")));
+  }
+  q.limit = req->limit() == 0 ? 1000 : req->limit();
+  if (!req->type().empty()) {
+    auto t = audit::ParseEventType(req->type());
+    if (!t) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "unknown event type \"", req->type(), "\" (grant, release, expire or force)")));
+    }
+    q.type = *t;
+  }
+  auto rows = audit_store_->Query(q);
+  if (!rows.ok()) return ToGrpcStatus(rows.status());
+  for (const auto& e : *rows) {
+    auto* out = resp->add_events();
+    out->set_cluster_id(absl::StrCat(e.cluster_id));
+    out->set_revision(e.revision);
+    out->set_type(audit::EventTypeName(e.type));
+    out->set_namespace_(e.ns);
+    out->set_lock_key(e.lock_key);
+    out->set_session_id(e.session_id);
+    out->set_spiffe_id(e.spiffe_id);
+    out->set_token(e.token);
+    out->set_unprotected(e.unprotected);
+    out->set_time_unix_ms(e.time_unix_ms);
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::GetAuditStatus(grpc::ServerContext* ctx,
+                                          const v1::GetAuditStatusRequest* req,
+                                          v1::AuditStatus* resp) {
+  HF_ADMIN_ONLY(ctx);
+  if (audit_status_) *resp = audit_status_();
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::RequestForceRelease(grpc::ServerContext* ctx,
+                                               const v1::RequestForceReleaseRequest* req,
+                                               v1::ForceRequest* resp) {
+  auto caller = auth_->CallerOf(*ctx);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (auto s = Authenticator::RequireAdmin(*caller); !s.ok()) return ToGrpcStatus(s);
+  return Reply(force_->Request(caller->identity, *req, RpcDeadline(*ctx, kUnaryCap)), resp);
+}
+
+grpc::Status AdminService::ApproveForceRelease(grpc::ServerContext* ctx,
+                                               const v1::ApproveForceReleaseRequest* req,
+                                               v1::ApproveForceReleaseResponse* resp) {
+  auto caller = auth_->CallerOf(*ctx);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (auto s = Authenticator::RequireAdmin(*caller); !s.ok()) return ToGrpcStatus(s);
+  return Reply(force_->Approve(caller->identity, *req, RpcDeadline(*ctx, kUnaryCap)), resp);
+}
+
+grpc::Status AdminService::ListForceRequests(grpc::ServerContext* ctx,
+                                             const v1::ListForceRequestsRequest* req,
+                                             v1::ListForceRequestsResponse* resp) {
+  HF_ADMIN_ONLY(ctx);
+  auto r = force_->List(RpcDeadline(*ctx, kUnaryCap));
+  if (!r.ok()) return ToGrpcStatus(r.status());
+  for (auto& f : *r) *resp->add_requests() = std::move(f);
+  return grpc::Status::OK;
 }
 
 }  // namespace holdfast::server

@@ -6,7 +6,11 @@
 // Thread-safe.
 #pragma once
 
+#include <functional>
+
+#include "audit/store.h"
 #include "holdfast/v1/admin.grpc.pb.h"
+#include "lock/force_release.h"
 #include "lock/registry.h"
 #include "server/auth.h"
 
@@ -38,12 +42,37 @@ class AdminService final : public v1::Admin::Service {
   grpc::Status GetEpoch(grpc::ServerContext* ctx, const v1::GetEpochRequest* req,
                         v1::Epoch* resp) override;
 
+  // The audit store (null: audit off), force-release, and the auditor's status.
+  // Set once, before serving.
+  void SetAudit(audit::AuditStore* store, lock::ForceReleases* force,
+                std::function<v1::AuditStatus()> status) {
+    audit_store_ = store;
+    force_ = force;
+    audit_status_ = std::move(status);
+  }
+  grpc::Status QueryAudit(grpc::ServerContext* ctx, const v1::QueryAuditRequest* req,
+                          v1::QueryAuditResponse* resp) override;
+  grpc::Status GetAuditStatus(grpc::ServerContext* ctx, const v1::GetAuditStatusRequest* req,
+                              v1::AuditStatus* resp) override;
+  grpc::Status RequestForceRelease(grpc::ServerContext* ctx,
+                                   const v1::RequestForceReleaseRequest* req,
+                                   v1::ForceRequest* resp) override;
+  grpc::Status ApproveForceRelease(grpc::ServerContext* ctx,
+                                   const v1::ApproveForceReleaseRequest* req,
+                                   v1::ApproveForceReleaseResponse* resp) override;
+  grpc::Status ListForceRequests(grpc::ServerContext* ctx,
+                                 const v1::ListForceRequestsRequest* req,
+                                 v1::ListForceRequestsResponse* resp) override;
+
  private:
   // UNAUTHENTICATED or PERMISSION_DENIED unless the caller is an admin.
   absl::Status Admit(const grpc::ServerContext& ctx) const;
 
   lock::Registry* const registry_;
   const Authenticator* const auth_;
+  audit::AuditStore* audit_store_ = nullptr;
+  lock::ForceReleases* force_ = nullptr;
+  std::function<v1::AuditStatus()> audit_status_;
 };
 
 }  // namespace holdfast::server

@@ -63,7 +63,7 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
   if (!root || root.IsNull()) return c;
   if (!root.IsMap()) return absl::InvalidArgumentError("config: the top level must be a map");
   if (auto s = Unknown(root, "", {"listen", "etcd", "sessions", "acquire", "dev_identity", "limits",
-                                  "tls", "admin_ids", "insecure"});
+                                  "tls", "admin_ids", "insecure", "audit"});
       !s.ok()) {
     return s;
   }
@@ -128,6 +128,39 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
         return absl::InvalidArgumentError("config: tls.trust_domains must be a list");
       }
       for (const auto& t : tds) c.trust_domains.push_back(t.as<std::string>());
+    }
+  }
+  if (auto audit = root["audit"]) {
+    if (!audit.IsMap()) return absl::InvalidArgumentError("config: audit must be a map");
+    if (auto s = Unknown(audit, "audit.",
+                         {"store", "compaction_interval", "compaction_keep_revisions",
+                          "lag_warn_revisions", "leader_ttl", "force_request_ttl"});
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = ReadString(audit["store"], "audit.store", &c.audit_store); !s.ok()) return s;
+    if (auto s = ReadDuration(audit["compaction_interval"], "audit.compaction_interval",
+                              &c.audit_compaction_interval);
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = ReadInt(audit["compaction_keep_revisions"], "audit.compaction_keep_revisions",
+                         &c.audit_compaction_keep_revisions);
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = ReadInt(audit["lag_warn_revisions"], "audit.lag_warn_revisions",
+                         &c.audit_lag_warn_revisions);
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = ReadDuration(audit["leader_ttl"], "audit.leader_ttl", &c.audit_leader_ttl); !s.ok()) {
+      return s;
+    }
+    if (auto s = ReadDuration(audit["force_request_ttl"], "audit.force_request_ttl",
+                              &c.force_request_ttl);
+        !s.ok()) {
+      return s;
     }
   }
   if (auto limits = root["limits"]) {
@@ -199,6 +232,17 @@ absl::Status ValidateConfig(const Config& c) {
   if (c.max_message_bytes < 4096 || c.max_concurrent_streams < 1) {
     return absl::InvalidArgumentError(
         "config: limits.max_message_bytes must be >= 4096 and max_concurrent_streams >= 1");
+  }
+  if (c.audit_compaction_keep_revisions < 100 || c.audit_lag_warn_revisions < 1) {
+    return absl::InvalidArgumentError(
+        "config: audit.compaction_keep_revisions must be >= 100 and lag_warn_revisions >= 1");
+  }
+  if (c.audit_leader_ttl < std::chrono::seconds(2) ||
+      c.audit_compaction_interval < std::chrono::seconds(1) ||
+      c.force_request_ttl < std::chrono::seconds(10)) {
+    return absl::InvalidArgumentError(
+        "config: audit.leader_ttl must be >= 2s, compaction_interval >= 1s, "
+        "force_request_ttl >= 10s");
   }
   if (auto id = spiffe::Parse(c.dev_identity); !id.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config: dev_identity: ", id.status().message()));

@@ -22,6 +22,14 @@
 //   admin_ids: [spiffe://acme.org/ops/*]   # may run the Admin API, use every namespace
 //   insecure: false                 # plaintext, loopback only, every caller is dev_identity
 //   dev_identity: spiffe://holdfast.dev/dev   # identity of every caller while insecure
+//   audit:                          # ARCHITECTURE §7-8
+//     store: sqlite:holdfast-audit.db   # or postgresql://user@host/db; "none": no audit
+//                                   #   (development only: nothing is recorded)
+//     compaction_interval: 5m       # holdfastd compacts etcd (auto-compaction stays off)
+//     compaction_keep_revisions: 10000  # ... never past audit cursor - this
+//     lag_warn_revisions: 100000    # backlog that is logged loudly
+//     leader_ttl: 10s               # the auditor's lease: fail-over time
+//     force_request_ttl: 15m        # how long a force-release request waits for approval
 //   limits:
 //     max_message_bytes: 65536
 //     max_concurrent_streams: 1000  # per connection
@@ -52,6 +60,12 @@ struct Config {
   std::vector<std::string> trust_domains;
   std::chrono::milliseconds tls_refresh{10'000};
   std::vector<std::string> admin_ids;
+  std::string audit_store = "sqlite:holdfast-audit.db";
+  std::chrono::milliseconds audit_compaction_interval{5 * 60 * 1000};
+  int audit_compaction_keep_revisions = 10000;
+  int audit_lag_warn_revisions = 100000;
+  std::chrono::milliseconds audit_leader_ttl{10'000};
+  std::chrono::milliseconds force_request_ttl{15 * 60 * 1000};
   int max_message_bytes = 64 * 1024;
   int max_concurrent_streams = 1000;
 };

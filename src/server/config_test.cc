@@ -23,6 +23,8 @@ etcd:
 sessions: {ttl_min: 2s, ttl_max: 1h}
 acquire: {max_wait: 10m}
 limits: {max_message_bytes: 8192, max_concurrent_streams: 50}
+audit: {store: "postgresql://h/db", compaction_interval: 30s, compaction_keep_revisions: 500,
+        lag_warn_revisions: 7, leader_ttl: 4s, force_request_ttl: 5m}
 )");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->listen, "0.0.0.0:9000");
@@ -31,6 +33,12 @@ limits: {max_message_bytes: 8192, max_concurrent_streams: 50}
   EXPECT_EQ(c->session_ttl_min, std::chrono::seconds(2));
   EXPECT_EQ(c->max_wait, std::chrono::minutes(10));
   EXPECT_EQ(c->max_concurrent_streams, 50);
+  EXPECT_EQ(c->audit_store, "postgresql://h/db");
+  EXPECT_EQ(c->audit_compaction_interval, std::chrono::seconds(30));
+  EXPECT_EQ(c->audit_compaction_keep_revisions, 500);
+  EXPECT_EQ(c->audit_lag_warn_revisions, 7);
+  EXPECT_EQ(c->audit_leader_ttl, std::chrono::seconds(4));
+  EXPECT_EQ(c->force_request_ttl, std::chrono::minutes(5));
 }
 
 TEST(ConfigTest, ErrorsNameTheProblem) {
@@ -55,6 +63,11 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [Acme]}", "not a trust domain"},
       {"insecure: true\nadmin_ids: [ops]", "admin_ids"},
       {"insecure: true\netcd: {tls: {cert_file: a}}", "etcd.tls needs ca_file"},
+      {"insecure: true\naudit: {stor: x}", "unknown key \"audit.stor\""},
+      {"insecure: true\naudit: [x]", "audit must be a map"},
+      {"insecure: true\naudit: {leader_ttl: 1s}", "audit.leader_ttl must be >= 2s"},
+      {"insecure: true\naudit: {compaction_keep_revisions: 5}", "compaction_keep_revisions must be >= 100"},
+      {"insecure: true\naudit: {force_request_ttl: soon}", "audit.force_request_ttl: invalid duration"},
   };
   for (const auto& c : cases) {
     auto r = ParseConfig(c.yaml);

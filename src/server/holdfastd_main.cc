@@ -16,6 +16,9 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "YAML config file");
   app.add_option("--listen", listen, "gRPC listen address host:port (default 127.0.0.1:7420)");
   app.add_option("--etcd", etcd, "etcd endpoints, comma-separated host:port");
+  std::string audit_store;
+  app.add_option("--audit-store", audit_store,
+                 "audit store URL: sqlite:PATH or postgresql://... (\"none\": no audit)");
   bool insecure = false;
   app.add_flag("--insecure", insecure,
                "serve without TLS (loopback addresses only; every caller is the dev identity)");
@@ -32,6 +35,7 @@ int main(int argc, char** argv) {
   }
   if (!listen.empty()) config.listen = listen;
   if (insecure) config.insecure = true;
+  if (!audit_store.empty()) config.audit_store = audit_store;
   if (!etcd.empty()) config.etcd_endpoints = absl::StrSplit(etcd, ',', absl::SkipEmpty());
   if (auto s = holdfast::server::ValidateConfig(config); !s.ok()) {
     std::fprintf(stderr, "holdfastd: %s\n", std::string(s.message()).c_str());

@@ -10,7 +10,10 @@
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
+#include <unistd.h>
+
 #include "absl/strings/str_cat.h"
+#include "lock/keyspace.h"
 
 namespace holdfast::server {
 
@@ -49,6 +52,20 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   lo.renew_timeout = ho.probe_timeout;
   engine_ = std::make_unique<lock::Engine>(etcd_.get(), lo, health_.get());
   registry_ = std::make_unique<lock::Registry>(etcd_.get());
+  force_ = std::make_unique<lock::ForceReleases>(
+      etcd_.get(), std::chrono::duration_cast<std::chrono::seconds>(config_.force_request_ttl));
+  if (config_.audit_store != "none") {
+    auto store = audit::OpenStore(config_.audit_store);
+    if (!store.ok()) {
+      return absl::Status(store.status().code(),
+                          absl::StrCat("audit store: ", store.status().message()));
+    }
+    audit_store_ = std::move(*store);
+  } else {
+    std::fprintf(stderr,
+                 "holdfastd: WARNING: audit.store is \"none\": grants, releases and forces are "
+                 "NOT recorded, and etcd is never compacted by holdfastd.\n");
+  }
 
   // etcd may come up after us (or be between leaders): retry the bootstrap. Short
   // attempts: a connection made while etcd is still starting can stall until its
@@ -74,6 +91,7 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   session_service_ = std::make_unique<SessionService>(engine_.get(), auth_.get());
   lock_service_ = std::make_unique<LockService>(engine_.get(), auth_.get());
   admin_service_ = std::make_unique<AdminService>(registry_.get(), auth_.get());
+  admin_service_->SetAudit(audit_store_.get(), force_.get(), [this] { return AuditStatus(); });
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -99,6 +117,19 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   health_->Start();
   auto colon = config_.listen.rfind(':');
   bound_address_ = absl::StrCat(config_.listen.substr(0, colon), ":", port);
+  if (audit_store_) {
+    audit::AuditorOptions ao;
+    char host[256] = {0};
+    gethostname(host, sizeof(host) - 1);
+    ao.replica_id = absl::StrCat(host, "/", bound_address_, "/", getpid());
+    ao.lease_ttl = std::chrono::duration_cast<std::chrono::seconds>(config_.audit_leader_ttl);
+    ao.compaction_interval = config_.audit_compaction_interval;
+    ao.compaction_keep_revisions = config_.audit_compaction_keep_revisions;
+    ao.lag_warn_revisions = config_.audit_lag_warn_revisions;
+    ao.etcd_timeout = config_.etcd_timeout;
+    auditor_ = std::make_unique<audit::Auditor>(etcd_.get(), audit_store_.get(), ao);
+    auditor_->Start();
+  }
   return absl::OkStatus();
 }
 
@@ -148,7 +179,37 @@ std::shared_ptr<grpc::ServerCredentials> Server::Credentials() const {
   return grpc::experimental::TlsServerCredentials(options);
 }
 
+v1::AuditStatus Server::AuditStatus() const {
+  v1::AuditStatus out;
+  out.set_enabled(audit_store_ != nullptr);
+  if (audit_store_) {
+    out.set_store(config_.audit_store.rfind("sqlite:", 0) == 0 ? "sqlite" : "postgresql");
+  }
+  if (auditor_) {
+    auto st = auditor_->status();
+    out.set_this_replica_leads(st.leader);
+    out.set_cluster_id(absl::StrCat(st.cluster_id));
+    out.set_cursor(st.cursor);
+    out.set_compacted_revision(st.compacted_revision);
+    out.set_last_error(st.last_error);
+  }
+  etcdserverpb::RangeRequest r;
+  r.set_key(keyspace::AuditorKey());
+  auto leader = etcd_->RangeSync(r, etcd::DeadlineIn(config_.etcd_timeout));
+  if (leader.ok()) {
+    out.set_etcd_revision(leader->header().revision());
+    if (leader->kvs_size() > 0) out.set_leader(leader->kvs(0).value());
+    if (out.cluster_id().empty() || out.cluster_id() == "0") {
+      out.set_cluster_id(absl::StrCat(leader->header().cluster_id()));
+    }
+  }
+  return out;
+}
+
 void Server::Shutdown(std::chrono::milliseconds grace) {
+  // The auditor first: it resigns, so another replica takes over at once.
+  if (auditor_) auditor_->Stop();
+  auditor_.reset();
   if (health_) health_->Stop();
   health_service_.store(nullptr);
   if (grpc_server_) {

@@ -10,9 +10,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
+#include "audit/auditor.h"
+#include "audit/store.h"
 #include "common/timer_queue.h"
 #include "etcd/client.h"
 #include "lock/engine.h"
+#include "lock/force_release.h"
 #include "lock/etcd_health.h"
 #include "lock/registry.h"
 #include "server/admin_service.h"
@@ -38,6 +41,8 @@ class Server {
   std::string bound_address() const { return bound_address_; }
 
  private:
+  // What GetAuditStatus answers (blocks on etcd; Admin's pool only).
+  v1::AuditStatus AuditStatus() const;
   // mTLS with client certificates required (or plaintext when insecure).
   std::shared_ptr<grpc::ServerCredentials> Credentials() const;
   // TLS with a client certificate to etcd (etcd --client-cert-auth).
@@ -50,6 +55,9 @@ class Server {
   std::atomic<grpc::HealthCheckServiceInterface*> health_service_{nullptr};
   std::unique_ptr<lock::Engine> engine_;
   std::unique_ptr<lock::Registry> registry_;
+  std::unique_ptr<audit::AuditStore> audit_store_;  // null: audit off ("none")
+  std::unique_ptr<audit::Auditor> auditor_;
+  std::unique_ptr<lock::ForceReleases> force_;
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<SessionService> session_service_;
   std::unique_ptr<LockService> lock_service_;

@@ -119,6 +119,12 @@ absl::Status HoldfastdProcess::Launch() {
   if (std::find(extra_args_.begin(), extra_args_.end(), "--config") == extra_args_.end()) {
     so.argv.push_back("--insecure");  // tests without TLS: plaintext on loopback
   }
+  if (std::find(extra_args_.begin(), extra_args_.end(), "--audit-store") == extra_args_.end()) {
+    // Every replica of a test cluster shares one SQLite audit store in its dir.
+    so.argv.push_back("--audit-store");
+    so.argv.push_back(absl::StrCat(
+        "sqlite:", std::filesystem::path(log_file_).parent_path().string(), "/audit.db"));
+  }
   for (const auto& a : extra_args_) so.argv.push_back(a);
   so.log_file = log_file_;
   auto proc = dev::Subprocess::Spawn(std::move(so));
@@ -197,13 +203,21 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(Options options)
       << "etcd:\n  tls:\n"
       << "    ca_file: " << c->certs_dir() << "/etcd-ca.pem\n"
       << "    cert_file: " << c->certs_dir() << "/etcd-client.pem\n"
-      << "    key_file: " << c->certs_dir() << "/etcd-client_key.pem\n";
+      << "    key_file: " << c->certs_dir() << "/etcd-client_key.pem\n"
+      << options.extra_config;
     holdfastd_args.push_back("--config");
     holdfastd_args.push_back(config);
   }
   if (options.tls) {
     c->tls_ = true;
-    if (auto s = c->SetUpTls(&holdfastd_args); !s.ok()) return s;
+    if (auto s = c->SetUpTls(&holdfastd_args, options.extra_config); !s.ok()) return s;
+  }
+  if (!options.tls && !options.etcd_tls && !options.extra_config.empty()) {
+    const std::string config = c->dir() + "/holdfastd.yaml";
+    std::ofstream f(config);
+    f << "insecure: true\n" << options.extra_config;
+    holdfastd_args.push_back("--config");
+    holdfastd_args.push_back(config);
   }
   for (int i = 0; i < options.replicas; ++i) {
     auto h = HoldfastdProcess::Start(endpoints,
@@ -263,7 +277,8 @@ absl::Status TestCluster::SetUpEtcdTls(std::vector<std::string>* etcd_args) {
   return absl::OkStatus();
 }
 
-absl::Status TestCluster::SetUpTls(std::vector<std::string>* args) {
+absl::Status TestCluster::SetUpTls(std::vector<std::string>* args,
+                                   const std::string& extra_config) {
   std::filesystem::create_directories(certs_dir());
   auto ca = MakeCa("holdfast test CA");
   auto other = MakeCa("another CA");
@@ -290,7 +305,8 @@ absl::Status TestCluster::SetUpTls(std::vector<std::string>* args) {
     << "  key_file: " << certs_dir() << "/server_key.pem\n"
     << "  trust_domains: [test.holdfast]\n"
     << "  refresh: 1s\n"
-    << "admin_ids: [spiffe://test.holdfast/ops/*]\n";
+    << "admin_ids: [spiffe://test.holdfast/ops/*]\n"
+    << extra_config;
   if (!f) return absl::InternalError("cannot write the holdfastd config");
   args->push_back("--config");
   args->push_back(config);

@@ -84,6 +84,8 @@ class TestCluster {
     // etcd serves TLS and requires client certificates (--client-cert-auth);
     // holdfastd and etcd_client() present one (single member only).
     bool etcd_tls = false;
+    // YAML appended to holdfastd's config (e.g. "audit: {leader_ttl: 2s}\n").
+    std::string extra_config;
   };
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start(Options options);
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start() { return Start(Options{}); }
@@ -116,7 +118,8 @@ class TestCluster {
 
  private:
   TestCluster() = default;
-  absl::Status SetUpTls(std::vector<std::string>* holdfastd_args);
+  absl::Status SetUpTls(std::vector<std::string>* holdfastd_args,
+                        const std::string& extra_config);
   absl::Status SetUpEtcdTls(std::vector<std::string>* etcd_args);
   TempDir dir_;
   bool tls_ = false;

@@ -1,0 +1,346 @@
+#include "audit/auditor.h"
+
+#include <cstdio>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "audit/classify.h"
+#include "lock/keyspace.h"
+
+namespace holdfast::audit {
+namespace {
+
+namespace pb = ::etcdserverpb;
+using Clock = std::chrono::steady_clock;
+
+// What the watch delivered, handed from gRPC threads to the auditor's thread. One
+// per leadership term, so a late batch of an old term never reaches a new one.
+struct Inbox {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::deque<std::vector<mvccpb::Event>> batches;
+  absl::Status error;  // the watch ended
+};
+
+int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
+
+}  // namespace
+
+Auditor::Auditor(etcd::Client* etcd, AuditStore* store, AuditorOptions options)
+    : etcd_(etcd), store_(store), options_(std::move(options)) {}
+
+Auditor::~Auditor() { Stop(); }
+
+void Auditor::Start() {
+  thread_ = std::thread([this] { Run(); });
+}
+
+void Auditor::Stop() {
+  {
+    std::lock_guard l(stop_mu_);
+    stop_ = true;
+  }
+  stop_cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+AuditorStatus Auditor::status() const {
+  std::lock_guard l(mu_);
+  return status_;
+}
+
+void Auditor::SetError(std::string e) {
+  std::lock_guard l(mu_);
+  status_.last_error = std::move(e);
+}
+
+bool Auditor::Sleep(std::chrono::milliseconds d) {
+  std::unique_lock l(stop_mu_);
+  return !stop_cv_.wait_for(l, d, [this] { return stop_.load(); });
+}
+
+void Auditor::Run() {
+  while (!stop_) {
+    int64_t lease = 0;
+    if (Campaign(&lease)) {
+      std::fprintf(stderr, "holdfastd: auditor: %s leads the audit\n",
+                   options_.replica_id.c_str());
+      Lead(lease);
+      {
+        std::lock_guard l(mu_);
+        status_.leader = false;
+      }
+      Resign(lease);
+      if (stop_) break;
+      std::fprintf(stderr, "holdfastd: auditor: %s no longer leads the audit\n",
+                   options_.replica_id.c_str());
+    }
+    if (!Sleep(options_.campaign_interval)) break;
+  }
+}
+
+bool Auditor::Campaign(int64_t* lease) {
+  auto d = etcd::DeadlineIn(options_.etcd_timeout);
+  pb::RangeRequest probe;
+  probe.set_key(keyspace::AuditorKey());
+  auto held = etcd_->RangeSync(probe, d);
+  if (!held.ok() || held->kvs_size() > 0) return false;  // unreachable, or someone leads
+  pb::LeaseGrantRequest g;
+  g.set_ttl(options_.lease_ttl.count());
+  auto granted = etcd_->LeaseGrantSync(g, d);
+  if (!granted.ok() || !granted->error().empty()) return false;
+  pb::TxnRequest txn;
+  auto* c = txn.add_compare();
+  c->set_key(keyspace::AuditorKey());
+  c->set_target(pb::Compare::CREATE);
+  c->set_result(pb::Compare::EQUAL);
+  c->set_create_revision(0);
+  auto* put = txn.add_success()->mutable_request_put();
+  put->set_key(keyspace::AuditorKey());
+  put->set_value(options_.replica_id);
+  put->set_lease(granted->id());
+  auto t = etcd_->TxnSync(txn, d);
+  if (!t.ok() || !t->succeeded()) {
+    Resign(granted->id());
+    return false;
+  }
+  *lease = granted->id();
+  return true;
+}
+
+void Auditor::Resign(int64_t lease) {
+  pb::LeaseRevokeRequest r;
+  r.set_id(lease);
+  etcd::Await<pb::LeaseRevokeResponse>([&](etcd::Callback<pb::LeaseRevokeResponse> cb) {
+    etcd_->LeaseRevoke(r, etcd::DeadlineIn(options_.etcd_timeout), std::move(cb));
+  }).IgnoreError();
+}
+
+bool Auditor::StillLeader(int64_t lease, uint64_t cluster_id) {
+  auto renewed = etcd::Await<pb::LeaseKeepAliveResponse>(
+      [&](etcd::Callback<pb::LeaseKeepAliveResponse> cb) {
+        etcd_->KeepAlive(lease, etcd::DeadlineIn(options_.etcd_timeout), std::move(cb));
+      });
+  if (!renewed.ok() || renewed->ttl() <= 0) return false;
+  pb::RangeRequest r;
+  r.set_key(keyspace::AuditorKey());
+  auto key = etcd_->RangeSync(r, etcd::DeadlineIn(options_.etcd_timeout));
+  if (!key.ok()) return false;
+  if (key->header().cluster_id() != cluster_id) {
+    std::fprintf(stderr,
+                 "holdfastd: auditor: etcd's cluster id changed (%llu -> %llu): restarting the "
+                 "audit on the new cluster's cursor\n",
+                 static_cast<unsigned long long>(cluster_id),
+                 static_cast<unsigned long long>(key->header().cluster_id()));
+    return false;
+  }
+  return key->kvs_size() == 1 && key->kvs(0).lease() == lease;
+}
+
+absl::StatusOr<int64_t> Auditor::StartRevision(uint64_t cluster_id) {
+  auto cursor = store_->Cursor(cluster_id);
+  if (!cursor.ok()) return cursor.status();
+  if (*cursor) return **cursor + 1;
+  // Never audited: from holdfast's first write on this cluster.
+  pb::RangeRequest r;
+  r.set_key(keyspace::EpochKey());
+  auto epoch = etcd_->RangeSync(r, etcd::DeadlineIn(options_.etcd_timeout));
+  if (!epoch.ok()) return epoch.status();
+  if (epoch->kvs_size() == 0) return epoch->header().revision() + 1;
+  return epoch->kvs(0).create_revision();
+}
+
+void Auditor::MaybeCompact(Clock::time_point* last) {
+  if (Clock::now() - *last < options_.compaction_interval) return;
+  *last = Clock::now();
+  int64_t cursor, compacted;
+  {
+    std::lock_guard l(mu_);
+    cursor = status_.cursor;
+    compacted = status_.compacted_revision;
+  }
+  const int64_t target = cursor - options_.compaction_keep_revisions;
+  if (target <= 0 || target <= compacted) return;
+  pb::CompactionRequest c;
+  c.set_revision(target);
+  auto r = etcd::Await<pb::CompactionResponse>([&](etcd::Callback<pb::CompactionResponse> cb) {
+    etcd_->Compact(c, etcd::DeadlineIn(options_.etcd_timeout), std::move(cb));
+  });
+  if (!r.ok() && r.status().code() != absl::StatusCode::kOutOfRange) {
+    SetError(absl::StrCat("compaction at ", target, " failed: ", r.status().message()));
+    return;
+  }
+  std::lock_guard l(mu_);
+  status_.compacted_revision = target;
+}
+
+void Auditor::Lead(int64_t lease) {
+  pb::RangeRequest probe;
+  probe.set_key(keyspace::AuditorKey());
+  auto first = etcd_->RangeSync(probe, etcd::DeadlineIn(options_.etcd_timeout));
+  if (!first.ok()) return;
+  const uint64_t cluster_id = first->header().cluster_id();
+  auto start = StartRevision(cluster_id);
+  if (!start.ok()) {
+    SetError(absl::StrCat("audit store: ", start.status().message()));
+    return;
+  }
+  {
+    std::lock_guard l(mu_);
+    status_.leader = true;
+    status_.cluster_id = cluster_id;
+    status_.cursor = *start - 1;
+    status_.last_error.clear();
+  }
+
+  auto inbox = std::make_shared<Inbox>();
+  auto watch = [&](int64_t from) {
+    etcd::WatchSpec spec;
+    spec.key = std::string(keyspace::kRoot);
+    spec.range_end = keyspace::PrefixEnd(keyspace::kRoot);
+    spec.start_revision = from;
+    spec.prev_kv = true;
+    return etcd_->watches().Watch(spec, [inbox](absl::StatusOr<etcd::WatchBatch> b) {
+      std::lock_guard l(inbox->mu);
+      if (!b.ok()) {
+        inbox->error = b.status();
+      } else if (!b->events.empty()) {
+        inbox->batches.push_back(std::move(b->events));
+      }
+      inbox->cv.notify_all();
+    });
+  };
+  etcd::WatchId watch_id = watch(*start);
+
+  const auto renew_every = std::chrono::duration_cast<std::chrono::milliseconds>(options_.lease_ttl) / 3;
+  auto last_renew = Clock::now();
+  auto last_compaction = Clock::now();
+  auto last_lag_warning = Clock::now() - options_.lag_warn_interval;
+  std::vector<mvccpb::Event> pending;  // whole revisions, not yet recorded
+
+  while (!stop_) {
+    absl::Status watch_error;
+    {
+      std::unique_lock l(inbox->mu);
+      inbox->cv.wait_for(l, std::chrono::milliseconds(200), [&] {
+        return !inbox->batches.empty() || !inbox->error.ok();
+      });
+      while (!inbox->batches.empty() && pending.size() < options_.max_batch_events) {
+        auto& b = inbox->batches.front();
+        pending.insert(pending.end(), std::make_move_iterator(b.begin()),
+                       std::make_move_iterator(b.end()));
+        inbox->batches.pop_front();
+      }
+      if (inbox->batches.empty()) watch_error = inbox->error;
+    }
+
+    if (!pending.empty()) {
+      int64_t cursor;
+      {
+        std::lock_guard l(mu_);
+        cursor = status_.cursor;
+      }
+      // A revision at or below the cursor is already recorded (a replay after a
+      // reconnect, or etcd going backwards): never record it twice.
+      std::erase_if(pending, [&](const mvccpb::Event& e) { return e.kv().mod_revision() <= cursor; });
+    }
+    if (!pending.empty()) {
+      Classified c = Classify(cluster_id, pending, NowMs());
+      auto s = store_->Record(cluster_id, c.last_revision, c.events, c.forces);
+      if (s.code() == absl::StatusCode::kFailedPrecondition) {
+        // Another auditor recorded past us: it leads now.
+        SetError(absl::StrCat("audit store: ", s.message()));
+        break;
+      }
+      if (!s.ok()) {
+        SetError(absl::StrCat("recording revisions up to ", c.last_revision,
+                              " failed (will retry): ", s.message()));
+        if (Clock::now() - last_lag_warning >= options_.lag_warn_interval) {
+          last_lag_warning = Clock::now();
+          std::fprintf(stderr, "holdfastd: AUDIT BEHIND: cannot write the audit store: %s\n",
+                       std::string(s.message()).c_str());
+        }
+        if (!Sleep(std::chrono::milliseconds(500))) break;
+      } else {
+        if (c.malformed > 0) {
+          std::fprintf(stderr,
+                       "holdfastd: auditor: %d hold events up to revision %lld had no readable "
+                       "record; recorded without holder/token\n",
+                       c.malformed, static_cast<long long>(c.last_revision));
+        }
+        pending.clear();
+        std::lock_guard l(mu_);
+        status_.cursor = c.last_revision;
+        status_.recorded_events += static_cast<int64_t>(c.events.size());
+        status_.last_error.clear();
+      }
+    }
+
+    if (!watch_error.ok() && pending.empty()) {
+      etcd_->watches().Cancel(watch_id);
+      int64_t cursor;
+      {
+        std::lock_guard l(mu_);
+        cursor = status_.cursor;
+      }
+      int64_t resume = cursor + 1;
+      if (watch_error.code() == absl::StatusCode::kOutOfRange) {
+        // The history from the cursor is gone: say exactly what was lost.
+        auto now = etcd_->StatusSync(etcd::DeadlineIn(options_.etcd_timeout));
+        int64_t compacted = 0;
+        // The error message names the compact revision; fall back to now.
+        std::string msg(watch_error.message());
+        auto pos = msg.find_last_of(' ');
+        if (pos != std::string::npos) (void)absl::SimpleAtoi(msg.substr(pos + 1), &compacted);
+        if (compacted <= cursor) compacted = now.ok() ? now->header().revision() : cursor + 1;
+        std::fprintf(stderr,
+                     "holdfastd: AUDIT GAP: etcd compacted revisions %lld..%lld before they were "
+                     "recorded (is etcd's auto-compaction on, or was it compacted by hand?); "
+                     "their events are lost; auditing goes on from %lld\n",
+                     static_cast<long long>(cursor + 1), static_cast<long long>(compacted - 1),
+                     static_cast<long long>(compacted));
+        auto s = store_->Record(cluster_id, compacted - 1, {}, {});
+        if (!s.ok()) break;
+        std::lock_guard l(mu_);
+        status_.cursor = compacted - 1;
+        ++status_.gaps;
+        status_.last_error = absl::StrCat("audit gap: revisions ", cursor + 1, "..", compacted - 1,
+                                          " were compacted before they were recorded");
+        resume = compacted;
+      }
+      inbox = std::make_shared<Inbox>();
+      watch_id = watch(resume);  // bound to the new inbox
+      if (!Sleep(std::chrono::milliseconds(100))) break;
+    }
+
+    // Backlog: events seen but not yet recorded.
+    {
+      int64_t seen = 0;
+      {
+        std::lock_guard l(inbox->mu);
+        if (!inbox->batches.empty() && !inbox->batches.back().empty()) {
+          seen = inbox->batches.back().back().kv().mod_revision();
+        }
+      }
+      std::lock_guard l(mu_);
+      status_.last_seen_revision = std::max({status_.last_seen_revision, seen, status_.cursor});
+      const int64_t lag = status_.last_seen_revision - status_.cursor;
+      if (lag > options_.lag_warn_revisions &&
+          Clock::now() - last_lag_warning >= options_.lag_warn_interval) {
+        last_lag_warning = Clock::now();
+        std::fprintf(stderr, "holdfastd: AUDIT BEHIND: %lld revisions seen but not yet recorded\n",
+                     static_cast<long long>(lag));
+      }
+    }
+
+    if (Clock::now() - last_renew >= renew_every) {
+      last_renew = Clock::now();
+      if (!StillLeader(lease, cluster_id)) break;
+    }
+    MaybeCompact(&last_compaction);
+  }
+  etcd_->watches().Cancel(watch_id);
+}
+
+}  // namespace holdfast::audit

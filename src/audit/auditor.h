@@ -1,0 +1,115 @@
+// The auditor (ARCHITECTURE §7): exactly one holdfastd at a time records every
+// grant, release, expire and force of etcd's history into the audit store, and
+// owns etcd's compaction so that no event is compacted away before it is recorded.
+//
+// Leader election: the auditor key (/holdfast/audit/leader) is created, on the
+// auditor's own lease, only if absent. The leader renews its lease every third of
+// its TTL and re-reads the key each time (etcd 3.4.23 can confirm a renewal of a
+// revoked lease, so the key, not the renewal, proves leadership). Followers try
+// again every `campaign_interval`; when a leader dies, its lease expires and
+// another replica takes over from the durable cursor.
+//
+// Recording: a watch on /holdfast/ from cursor + 1 with previous values. Each
+// watch response holds whole revisions; the loop drains what has arrived,
+// classifies it (classify.h) and writes the rows and the new cursor in ONE SQL
+// transaction (AuditStore::Record). Rows are keyed by (cluster, revision,
+// namespace, key, session) and a replay inserts nothing, so an overlap between an
+// old and a new leader, or a crash between commit and acknowledgement, records
+// each event exactly once. A store that refuses the cursor (another auditor is
+// ahead) ends this leadership term.
+//
+// A cluster never audited before is read from the creation of its epoch record
+// (holdfast's first write there). If etcd compacted past the cursor (someone
+// compacted by hand, or auto-compaction was turned on), the events in between are
+// gone: the auditor logs an AUDIT GAP loudly, names the revisions, and goes on.
+//
+// Compaction: every `compaction_interval`, the leader compacts etcd at
+// cursor − `compaction_keep_revisions` (never past the cursor), so watchers and
+// a new leader always find the history they need. etcd's own auto-compaction
+// must stay off.
+//
+// Lag: when the backlog (revisions seen but not yet recorded) exceeds
+// `lag_warn_revisions`, or recording fails, the auditor logs loudly at most once
+// per `lag_warn_interval` and reports it in status().
+//
+// Thread-safe. One thread of its own; Stop() joins it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <mutex>
+#include <string>
+#include <thread>
+
+#include "audit/store.h"
+#include "etcd/client.h"
+#include "etcd/watch_hub.h"
+
+namespace holdfast::audit {
+
+struct AuditorOptions {
+  std::string replica_id;                              // shown in the leader key
+  std::chrono::seconds lease_ttl{10};
+  std::chrono::milliseconds campaign_interval{2000};
+  std::chrono::milliseconds compaction_interval{std::chrono::minutes(5)};
+  int64_t compaction_keep_revisions = 10000;
+  int64_t lag_warn_revisions = 100000;
+  std::chrono::milliseconds lag_warn_interval{std::chrono::minutes(1)};
+  std::chrono::milliseconds etcd_timeout{5000};
+  size_t max_batch_events = 5000;                      // rows per SQL transaction
+};
+
+struct AuditorStatus {
+  bool leader = false;
+  uint64_t cluster_id = 0;
+  int64_t cursor = 0;
+  int64_t last_seen_revision = 0;
+  int64_t compacted_revision = 0;
+  int64_t recorded_events = 0;
+  int64_t gaps = 0;
+  std::string last_error;
+};
+
+class Auditor {
+ public:
+  Auditor(etcd::Client* etcd, AuditStore* store, AuditorOptions options);
+  ~Auditor();
+
+  void Start();
+  // Stops the thread; a leader resigns (revokes its lease) so another replica
+  // takes over at once.
+  void Stop();
+
+  AuditorStatus status() const;
+
+ private:
+  void Run();
+  // One leadership term: returns when leadership is lost or Stop() is called.
+  void Lead(int64_t lease);
+  bool Campaign(int64_t* lease);
+  // Renews the lease and checks the key is still ours (and the cluster the same).
+  bool StillLeader(int64_t lease, uint64_t cluster_id);
+  absl::StatusOr<int64_t> StartRevision(uint64_t cluster_id);
+  void MaybeCompact(std::chrono::steady_clock::time_point* last);
+  void Resign(int64_t lease);
+  void SetError(std::string e);
+  bool Sleep(std::chrono::milliseconds d);  // false when stopping
+
+  etcd::Client* const etcd_;
+  AuditStore* const store_;
+  const AuditorOptions options_;
+
+  std::atomic<bool> stop_{false};
+  std::thread thread_;
+
+  std::mutex stop_mu_;
+  std::condition_variable stop_cv_;  // wakes Sleep() on Stop()
+
+  mutable std::mutex mu_;
+  AuditorStatus status_;
+};
+
+}  // namespace holdfast::audit

@@ -1,0 +1,204 @@
+#include "lock/force_release.h"
+
+#include "absl/random/random.h"
+#include "absl/strings/ascii.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "common/status.h"
+#include "lock/keyspace.h"
+#include "lock/records.pb.h"
+#include "lock/snapshot.h"
+#include "lock/token.h"
+#include "lock/txn_util.h"
+
+namespace holdfast::lock {
+namespace {
+
+namespace pb = ::etcdserverpb;
+
+v1::ForceRequest ToApi(const std::string& id, const records::ForceRequestRecord& r) {
+  v1::ForceRequest out;
+  out.set_request_id(id);
+  out.set_namespace_(r.ns());
+  out.set_lock_key(r.lock_key());
+  out.set_session_id(r.session_id());
+  out.set_token(r.token());
+  out.set_holder(r.holder_identity());
+  out.set_requester(r.requester());
+  out.set_reason(r.reason());
+  out.set_requested_at_unix_ms(r.requested_at_unix_ms());
+  out.set_expires_at_unix_ms(r.expires_at_unix_ms());
+  out.set_class_is_fenced(r.class_was_fenced());
+  return out;
+}
+
+bool ValidRequestId(const std::string& id) {
+  if (id.size() != 16) return false;
+  for (char c : id) {
+    if (!absl::ascii_isdigit(c) && (c < 'a' || c > 'f')) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+absl::StatusOr<v1::ForceRequest> ForceReleases::Request(const std::string& requester,
+                                                        const v1::RequestForceReleaseRequest& req,
+                                                        etcd::Deadline d) {
+  const std::string& ns = req.namespace_();
+  const std::string& key = req.lock_key();
+  HF_RETURN_IF_ERROR(keyspace::ValidateNamespaceName(ns));
+  HF_RETURN_IF_ERROR(keyspace::ValidateLockKey(key));
+  if (absl::StripAsciiWhitespace(req.reason()).empty()) {
+    return absl::InvalidArgumentError("a force-release needs a reason (--reason)");
+  }
+  if (req.reason().size() > kMaxReasonBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("reason is ", req.reason().size(), " bytes; at most ", kMaxReasonBytes));
+  }
+  pb::TxnRequest read;
+  AddSnapshotReads(ns, /*session=*/0, key, read.mutable_success());
+  HF_ASSIGN_OR_RETURN(auto t, etcd_->TxnSync(std::move(read), d));
+  HF_ASSIGN_OR_RETURN(KeySnapshot snap, ParseSnapshot(t.header(), t.responses()));
+  if (!snap.namespace_exists) {
+    return absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist"));
+  }
+  const HoldEntry* hold = nullptr;
+  for (const auto& h : snap.holds) {
+    if (req.session_id() != 0 && h.lease != req.session_id()) continue;
+    if (hold != nullptr) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "\"", key, "\" has ", snap.holds.size(),
+          " shared holders; name the one to release with its session id (--session)"));
+    }
+    hold = &h;
+  }
+  if (hold == nullptr) {
+    return absl::NotFoundError(
+        req.session_id() != 0
+            ? absl::StrCat("session ", req.session_id(), " holds no lock on \"", key, "\" in \"",
+                           ns, "\"")
+            : absl::StrCat("nobody holds \"", key, "\" in namespace \"", ns, "\""));
+  }
+  const ClassEntry* cls = ResolveClass(snap.classes, key);
+  records::ForceRequestRecord rec;
+  rec.set_ns(ns);
+  rec.set_lock_key(key);
+  rec.set_session_id(hold->lease);
+  rec.set_grant_revision(hold->create_revision);
+  rec.set_token(token::Make(hold->record.epoch(), hold->create_revision).value_or(0));
+  rec.set_requester(requester);
+  rec.set_reason(req.reason());
+  rec.set_requested_at_unix_ms(NowUnixMs());
+  rec.set_expires_at_unix_ms(rec.requested_at_unix_ms() + request_ttl_.count() * 1000);
+  rec.set_holder_identity(hold->record.identity());
+  // Advisory if the hold was granted so, or its class says so now (holds granted
+  // before the flag existed): the safe side needs the acknowledgement.
+  rec.set_class_was_fenced(
+      !hold->record.advisory() &&
+      !(cls != nullptr && cls->record.enforcement() == v1::ENFORCEMENT_ADVISORY));
+
+  pb::LeaseGrantRequest g;
+  g.set_ttl(request_ttl_.count());
+  HF_ASSIGN_OR_RETURN(auto lease, etcd_->LeaseGrantSync(g, d));
+  if (!lease.error().empty()) return absl::UnavailableError("etcd: " + lease.error());
+  const std::string id = absl::StrFormat("%016x", absl::Uniform<uint64_t>(absl::BitGen()));
+  pb::TxnRequest txn;
+  // Only while the hold is still the one named.
+  AddCompare(&txn, keyspace::HoldKey(ns, key, hold->lease), pb::Compare::CREATE,
+             pb::Compare::EQUAL)
+      ->set_create_revision(hold->create_revision);
+  auto* put = txn.add_success()->mutable_request_put();
+  put->set_key(keyspace::ForceRequestKey(id));
+  put->set_value(rec.SerializeAsString());
+  put->set_lease(lease.id());
+  HF_ASSIGN_OR_RETURN(auto done, etcd_->TxnSync(std::move(txn), d));
+  if (!done.succeeded()) {
+    return absl::AbortedError(
+        absl::StrCat("the hold of \"", key, "\" changed while the request was made; try again"));
+  }
+  return ToApi(id, rec);
+}
+
+absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
+    const std::string& approver, const v1::ApproveForceReleaseRequest& req, etcd::Deadline d) {
+  if (!ValidRequestId(req.request_id())) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", req.request_id(), "\" is not a request id (16 hex digits, from `force request`)"));
+  }
+  pb::RangeRequest r;
+  r.set_key(keyspace::ForceRequestKey(req.request_id()));
+  HF_ASSIGN_OR_RETURN(auto got, etcd_->RangeSync(r, d));
+  if (got.kvs_size() == 0) {
+    return absl::NotFoundError(absl::StrCat("no pending force-release request ",
+                                            req.request_id(),
+                                            " (it expired, or was approved already)"));
+  }
+  records::ForceRequestRecord rec;
+  if (!rec.ParseFromString(got.kvs(0).value())) {
+    return absl::DataLossError("corrupt force-release request in etcd");
+  }
+  if (approver == rec.requester()) {
+    return absl::PermissionDeniedError(absl::StrCat(
+        "a force-release needs two people: ", approver,
+        " requested it, so another admin must approve it; nothing released"));
+  }
+  if (!rec.class_was_fenced() && !req.ack_unfenced()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "\"", rec.lock_key(), "\" is held under an advisory class: its holder (", rec.holder_identity(),
+        ") is NOT fenced off and may go on writing after the release. Approve again with "
+        "--ack-unfenced to release it anyway; nothing released"));
+  }
+  const std::string hold_key = keyspace::HoldKey(rec.ns(), rec.lock_key(), rec.session_id());
+  pb::TxnRequest txn;
+  AddCompare(&txn, hold_key, pb::Compare::CREATE, pb::Compare::EQUAL)
+      ->set_create_revision(rec.grant_revision());
+  AddCompare(&txn, got.kvs(0).key(), pb::Compare::CREATE, pb::Compare::EQUAL)
+      ->set_create_revision(got.kvs(0).create_revision());
+  txn.add_success()->mutable_request_delete_range()->set_key(hold_key);
+  txn.add_success()->mutable_request_delete_range()->set_key(got.kvs(0).key());
+  records::AuditMark mark;
+  mark.set_kind("force");
+  mark.set_request_id(req.request_id());
+  mark.set_requester(rec.requester());
+  mark.set_approver(approver);
+  mark.set_reason(rec.reason());
+  mark.set_class_was_fenced(rec.class_was_fenced());
+  mark.set_requested_at_unix_ms(rec.requested_at_unix_ms());
+  AddAuditMark(&txn, std::move(mark));
+  HF_ASSIGN_OR_RETURN(auto t, etcd_->TxnSync(std::move(txn), d));
+  if (!t.succeeded()) {
+    // Tell which compare failed.
+    pb::RangeRequest again;
+    again.set_key(got.kvs(0).key());
+    auto still = etcd_->RangeSync(again, d);
+    if (still.ok() && still->kvs_size() == 0) {
+      return absl::NotFoundError(absl::StrCat("force-release request ", req.request_id(),
+                                              " expired or was approved meanwhile"));
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the hold named by request ", req.request_id(), " (session ", rec.session_id(),
+        ", token ", rec.token(), ") is no longer there: it was released or expired, and any hold "
+        "of \"", rec.lock_key(), "\" granted since is not touched; nothing released"));
+  }
+  v1::ApproveForceReleaseResponse out;
+  *out.mutable_request() = ToApi(req.request_id(), rec);
+  out.set_revision(t.header().revision());
+  return out;
+}
+
+absl::StatusOr<std::vector<v1::ForceRequest>> ForceReleases::List(etcd::Deadline d) {
+  pb::RangeRequest r;
+  r.set_key(keyspace::ForceRequestPrefix());
+  r.set_range_end(keyspace::PrefixEnd(keyspace::ForceRequestPrefix()));
+  HF_ASSIGN_OR_RETURN(auto got, etcd_->RangeSync(r, d));
+  std::vector<v1::ForceRequest> out;
+  for (const auto& kv : got.kvs()) {
+    records::ForceRequestRecord rec;
+    if (!rec.ParseFromString(kv.value())) continue;
+    out.push_back(ToApi(kv.key().substr(keyspace::ForceRequestPrefix().size()), rec));
+  }
+  return out;
+}
+
+}  // namespace holdfast::lock

@@ -1,0 +1,454 @@
+// The audit trail and two-person force-release (ARCHITECTURE §7-8) against real
+// etcd and holdfastd processes, with the SQLite store the test cluster configures
+// (<cluster dir>/audit.db). Every check reads what was recorded: through the
+// Admin API, and where the API shows less (force_release rows), straight from the
+// store's file.
+#include <algorithm>
+#include <map>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "audit/store.h"
+#include "harness/cluster.h"
+#include "lock/keyspace.h"
+
+namespace holdfast {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+namespace pb = ::etcdserverpb;
+
+// Polls the audit until `done(events)` holds or `limit` passes; returns the last
+// answer. (A liveness bound, not a speed claim: generous on purpose.)
+std::vector<v1::AuditEvent> WaitForAudit(
+    Client& client, const v1::QueryAuditRequest& q,
+    const std::function<bool(const std::vector<v1::AuditEvent>&)>& done,
+    milliseconds limit = seconds(60)) {
+  std::vector<v1::AuditEvent> last;
+  auto until = std::chrono::steady_clock::now() + limit;
+  do {
+    auto r = client.QueryAudit(q);
+    if (r.ok()) {
+      last.assign(r->events().begin(), r->events().end());
+      if (done(last)) return last;
+    }
+    std::this_thread::sleep_for(milliseconds(200));
+  } while (std::chrono::steady_clock::now() < until);
+  return last;
+}
+
+v1::QueryAuditRequest InNamespace(const std::string& ns) {
+  v1::QueryAuditRequest q;
+  q.set_namespace_(ns);
+  q.set_limit(10000);
+  return q;
+}
+
+// (type, key, session) -> how many times recorded.
+std::map<std::tuple<std::string, std::string, int64_t>, int> Count(
+    const std::vector<v1::AuditEvent>& events) {
+  std::map<std::tuple<std::string, std::string, int64_t>, int> out;
+  for (const auto& e : events) ++out[{e.type(), e.lock_key(), e.session_id()}];
+  return out;
+}
+
+const v1::AuditEvent* Find(const std::vector<v1::AuditEvent>& events, const std::string& type,
+                           const std::string& key, int64_t session) {
+  for (const auto& e : events) {
+    if (e.type() == type && e.lock_key() == key && e.session_id() == session) return &e;
+  }
+  return nullptr;
+}
+
+absl::Status CreateAdvisoryClass(Client& client, const std::string& ns) {
+  v1::LockClass cls;
+  cls.set_namespace_(ns);
+  cls.set_class_id("adv");
+  cls.set_key_prefix("adv/");
+  cls.set_enforcement(v1::ENFORCEMENT_ADVISORY);
+  return client.CreateClass(cls).status();
+}
+
+TEST(AuditTest, EveryGrantReleaseAndExpiryIsRecordedExactlyOnce) {
+  auto cluster = testing::TestCluster::Start();
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto& c = **cluster;
+  ASSERT_TRUE(c.CreateNamespace("default").ok());
+  auto client = std::move(*c.NewClient());
+  ASSERT_TRUE(CreateAdvisoryClass(*client, "default").ok());
+
+  auto a = std::move(*client->OpenSession("default"));
+  auto b = std::move(*client->OpenSession("default"));
+  auto dying = std::move(*client->OpenSession("default"));
+  auto closing = std::move(*client->OpenSession("default"));
+  std::map<std::string, int64_t> token;  // "key/session" -> token seen by the client
+
+  // A plain grant and release.
+  {
+    auto h = a->Acquire("k1");
+    ASSERT_TRUE(h.ok()) << h.status();
+    token[absl::StrCat("k1/", a->id())] = h->token();
+    ASSERT_TRUE(h->Release().ok());
+  }
+  // A hand-over: A releases, B (waiting) is granted in the same commit.
+  {
+    auto h = a->Acquire("k2");
+    ASSERT_TRUE(h.ok()) << h.status();
+    token[absl::StrCat("k2/", a->id())] = h->token();
+    absl::StatusOr<Hold> bh = absl::UnknownError("not run");
+    std::thread waiter([&] { bh = b->Acquire("k2", {.wait = seconds(30)}); });
+    // Release once B is queued.
+    for (int i = 0; i < 300; ++i) {
+      auto d = client->Describe("default", "k2");
+      if (d.ok() && d->waiters_size() == 1) break;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    ASSERT_TRUE(h->Release().ok());
+    waiter.join();
+    ASSERT_TRUE(bh.ok()) << bh.status();
+    token[absl::StrCat("k2/", b->id())] = bh->token();
+    ASSERT_TRUE(bh->Release().ok());
+  }
+  // Two holds that expire with their session's lease (revoked behind holdfast's
+  // back: to etcd and the auditor that is a lease expiry).
+  {
+    auto h3 = dying->Acquire("k3");
+    auto h4 = dying->Acquire("adv/k4");
+    ASSERT_TRUE(h3.ok() && h4.ok());
+    token[absl::StrCat("k3/", dying->id())] = h3->token();
+    token[absl::StrCat("adv/k4/", dying->id())] = h4->token();
+    pb::LeaseRevokeRequest r;
+    r.set_id(dying->id());
+    ASSERT_TRUE(etcd::Await<pb::LeaseRevokeResponse>([&](auto cb) {
+                  c.etcd_client().LeaseRevoke(r, etcd::DeadlineIn(seconds(5)), cb);
+                }).ok());
+  }
+  // A hold ended by closing its session: a release.
+  {
+    auto h = closing->Acquire("k5");
+    ASSERT_TRUE(h.ok());
+    token[absl::StrCat("k5/", closing->id())] = h->token();
+    ASSERT_TRUE(closing->Close().ok());
+  }
+
+  const int expected = 6 /*grants*/ + 4 /*releases*/ + 2 /*expiries*/;
+  auto events = WaitForAudit(*client, InNamespace("default"), [&](const auto& ev) {
+    return static_cast<int>(ev.size()) >= expected;
+  });
+  ASSERT_EQ(static_cast<int>(events.size()), expected);
+  auto n = Count(events);
+  auto once = [&](const std::string& type, const std::string& key, int64_t session) {
+    EXPECT_EQ((n[{type, key, session}]), 1) << type << " " << key << " " << session;
+  };
+  once("grant", "k1", a->id());
+  once("release", "k1", a->id());
+  once("grant", "k2", a->id());
+  once("release", "k2", a->id());
+  once("grant", "k2", b->id());
+  once("release", "k2", b->id());
+  once("grant", "k3", dying->id());
+  once("expire", "k3", dying->id());
+  once("grant", "adv/k4", dying->id());
+  once("expire", "adv/k4", dying->id());
+  once("grant", "k5", closing->id());
+  once("release", "k5", closing->id());
+
+  for (const auto& e : events) {
+    EXPECT_EQ(e.token(), token[absl::StrCat(e.lock_key(), "/", e.session_id())])
+        << e.type() << " " << e.lock_key();
+    EXPECT_EQ(e.unprotected(), e.lock_key().rfind("adv/", 0) == 0) << e.lock_key();
+    EXPECT_EQ(e.spiffe_id(), "spiffe://holdfast.dev/dev");
+    EXPECT_GT(e.time_unix_ms(), 0);
+  }
+  // The hand-over: B's grant is the revision of A's release.
+  auto* released = Find(events, "release", "k2", a->id());
+  auto* granted = Find(events, "grant", "k2", b->id());
+  ASSERT_TRUE(released && granted);
+  EXPECT_EQ(released->revision(), granted->revision());
+  // Revision order.
+  EXPECT_TRUE(std::is_sorted(events.begin(), events.end(), [](const auto& x, const auto& y) {
+    return x.revision() < y.revision();
+  }));
+
+  // Filters.
+  v1::QueryAuditRequest q = InNamespace("default");
+  q.set_type("expire");
+  auto expiries = client->QueryAudit(q);
+  ASSERT_TRUE(expiries.ok());
+  EXPECT_EQ(expiries->events_size(), 2);
+  q.set_type("bogus");
+  auto bad = client->QueryAudit(q);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("unknown event type"), std::string::npos);
+}
+
+TEST(AuditTest, AnotherReplicaTakesOverFromTheCursorAndCompactionNeverPassesIt) {
+  testing::TestCluster::Options o;
+  o.replicas = 2;
+  o.extra_config =
+      "audit:\n  leader_ttl: 2s\n  compaction_interval: 1s\n  compaction_keep_revisions: 100\n";
+  auto cluster = testing::TestCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto& c = **cluster;
+  ASSERT_TRUE(c.CreateNamespace("default").ok());
+
+  // Which replica audits?
+  int leader = -1;
+  for (int attempt = 0; attempt < 100 && leader < 0; ++attempt) {
+    for (int i = 0; i < 2; ++i) {
+      auto st = (*c.NewClient(i))->GetAuditStatus();
+      if (st.ok() && st->this_replica_leads()) leader = i;
+    }
+    if (leader < 0) std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_GE(leader, 0) << "no replica leads the audit";
+  const int survivor = 1 - leader;
+  auto client = std::move(*c.NewClient(survivor));
+  auto session = std::move(*client->OpenSession("default"));
+
+  constexpr int kBefore = 20, kAfter = 150;
+  for (int i = 0; i < kBefore; ++i) {
+    auto h = session->Acquire(absl::StrCat("before/", i));
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Release().ok());
+  }
+  c.holdfastd(leader).Kill();  // SIGKILL: no resignation, its lease must expire
+  for (int i = 0; i < kAfter; ++i) {
+    auto h = session->Acquire(absl::StrCat("after/", i));
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Release().ok());
+  }
+  const size_t expected = 2 * (kBefore + kAfter);
+  auto events = WaitForAudit(*client, InNamespace("default"),
+                             [&](const auto& ev) { return ev.size() >= expected; });
+  EXPECT_EQ(events.size(), expected);
+  for (const auto& [k, count] : Count(events)) {
+    EXPECT_EQ(count, 1) << std::get<0>(k) << " " << std::get<1>(k);
+  }
+  auto st = client->GetAuditStatus();
+  ASSERT_TRUE(st.ok());
+  EXPECT_TRUE(st->this_replica_leads());
+
+  // holdfastd compacts etcd, never closer than 100 revisions to the cursor.
+  for (int i = 0; i < 100; ++i) {
+    st = client->GetAuditStatus();
+    if (st.ok() && st->compacted_revision() > 0) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_TRUE(st.ok());
+  ASSERT_GT(st->compacted_revision(), 0) << "no compaction happened";
+  EXPECT_LE(st->compacted_revision(), st->cursor() - 100);
+  // And etcd did compact: reading below it fails.
+  pb::RangeRequest old;
+  old.set_key(keyspace::EpochKey());
+  old.set_revision(1);
+  auto r = c.etcd_client().RangeSync(old, etcd::DeadlineIn(seconds(5)));
+  EXPECT_FALSE(r.ok());
+}
+
+class ForceReleaseTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::TestCluster::Options o;
+    o.tls = true;
+    auto c = testing::TestCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = std::move(*c);
+    ASSERT_TRUE(cluster_->CreateNamespace("default").ok());
+    ASSERT_TRUE(cluster_->MakeIdentity("admin2", "spiffe://test.holdfast/ops/bob").ok());
+    ASSERT_TRUE(cluster_->MakeIdentity("alice", "spiffe://test.holdfast/team/alice").ok());
+    admin_ = std::move(*cluster_->NewClientAs("admin"));
+    admin2_ = std::move(*cluster_->NewClientAs("admin2"));
+    alice_ = std::move(*cluster_->NewClientAs("alice"));
+    ASSERT_TRUE(CreateAdvisoryClass(*admin_, "default").ok());
+  }
+
+  v1::ForceRequest Request(const std::string& key, int64_t session = 0) {
+    v1::RequestForceReleaseRequest r;
+    r.set_namespace_("default");
+    r.set_lock_key(key);
+    r.set_session_id(session);
+    r.set_reason("job stuck since 03:00, ticket OPS-1");
+    auto out = admin_->RequestForceRelease(r);
+    EXPECT_TRUE(out.ok()) << out.status();
+    return out.ok() ? *out : v1::ForceRequest();
+  }
+
+  absl::StatusOr<v1::ApproveForceReleaseResponse> Approve(Client& who, const std::string& id,
+                                                          bool ack = false) {
+    v1::ApproveForceReleaseRequest r;
+    r.set_request_id(id);
+    r.set_ack_unfenced(ack);
+    return who.ApproveForceRelease(r);
+  }
+
+  // Tokens of the current holders of `key`.
+  std::vector<int64_t> Holders(const std::string& key) {
+    std::vector<int64_t> out;
+    auto d = admin_->Describe("default", key);
+    if (d.ok()) {
+      for (const auto& h : d->holders()) out.push_back(h.token());
+    }
+    return out;
+  }
+
+  std::unique_ptr<testing::TestCluster> cluster_;
+  std::unique_ptr<Client> admin_, admin2_, alice_;
+};
+
+TEST_F(ForceReleaseTest, NeedsASecondAdminAndIsAuditedWithItsReason) {
+  auto session = std::move(*alice_->OpenSession("default"));
+  auto hold = session->Acquire("db");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  v1::ForceRequest req = Request("db");
+  ASSERT_EQ(req.request_id().size(), 16u);
+  EXPECT_EQ(req.token(), hold->token());
+  EXPECT_EQ(req.holder(), "spiffe://test.holdfast/team/alice");
+  EXPECT_TRUE(req.class_is_fenced());
+
+  auto listed = admin2_->ListForceRequests();
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->requests_size(), 1);
+  EXPECT_EQ(listed->requests(0).request_id(), req.request_id());
+
+  // The requester cannot approve, nor can a non-admin: nothing changes.
+  auto self = Approve(*admin_, req.request_id());
+  EXPECT_EQ(self.status().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_NE(self.status().message().find("two people"), std::string::npos) << self.status();
+  EXPECT_EQ(Approve(*alice_, req.request_id()).status().code(),
+            absl::StatusCode::kPermissionDenied);
+  EXPECT_EQ(Holders("db"), std::vector<int64_t>{hold->token()});
+
+  auto ok = Approve(*admin2_, req.request_id());
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(Holders("db").empty());
+  // The old holder's token is stale now.
+  EXPECT_EQ(hold->Release().code(), absl::StatusCode::kFailedPrecondition);
+  // The request is used up.
+  EXPECT_EQ(Approve(*admin2_, req.request_id()).status().code(), absl::StatusCode::kNotFound);
+
+  v1::QueryAuditRequest q = InNamespace("default");
+  q.set_type("force");
+  auto forces = WaitForAudit(*admin_, q, [](const auto& ev) { return !ev.empty(); });
+  ASSERT_EQ(forces.size(), 1u);
+  EXPECT_EQ(forces[0].revision(), ok->revision());
+  EXPECT_EQ(forces[0].token(), hold->token());
+  EXPECT_EQ(forces[0].spiffe_id(), "spiffe://test.holdfast/team/alice");
+  EXPECT_FALSE(forces[0].unprotected());
+
+  // The force_release row, joined by revision.
+  auto store = audit::OpenSqliteStore(cluster_->dir() + "/audit.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto rows = (*store)->ForceReleases(10);
+  ASSERT_TRUE(rows.ok());
+  ASSERT_EQ(rows->size(), 1u);
+  const auto& row = (*rows)[0];
+  EXPECT_EQ(row.request_id, req.request_id());
+  EXPECT_EQ(row.revision, ok->revision());
+  EXPECT_EQ(row.requester, "spiffe://test.holdfast/ops/admin");
+  EXPECT_EQ(row.approver, "spiffe://test.holdfast/ops/bob");
+  EXPECT_EQ(row.reason, "job stuck since 03:00, ticket OPS-1");
+  EXPECT_TRUE(row.class_was_fenced);
+  EXPECT_EQ(row.token, hold->token());
+}
+
+TEST_F(ForceReleaseTest, AdvisoryHoldNeedsAnAcknowledgement) {
+  auto session = std::move(*alice_->OpenSession("default"));
+  auto hold = session->Acquire("adv/report");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  v1::ForceRequest req = Request("adv/report");
+  EXPECT_FALSE(req.class_is_fenced());
+  auto refused = Approve(*admin2_, req.request_id());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(refused.status().message().find("--ack-unfenced"), std::string::npos);
+  EXPECT_EQ(Holders("adv/report"), std::vector<int64_t>{hold->token()});
+  auto ok = Approve(*admin2_, req.request_id(), /*ack=*/true);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(Holders("adv/report").empty());
+
+  v1::QueryAuditRequest q = InNamespace("default");
+  q.set_type("force");
+  auto forces = WaitForAudit(*admin_, q, [](const auto& ev) { return !ev.empty(); });
+  ASSERT_EQ(forces.size(), 1u);
+  EXPECT_TRUE(forces[0].unprotected());
+  auto store = audit::OpenSqliteStore(cluster_->dir() + "/audit.db");
+  ASSERT_TRUE(store.ok());
+  auto rows = (*store)->ForceReleases(10);
+  ASSERT_TRUE(rows.ok());
+  ASSERT_EQ(rows->size(), 1u);
+  EXPECT_FALSE((*rows)[0].class_was_fenced);
+}
+
+TEST_F(ForceReleaseTest, AHoldGrantedSinceTheRequestIsNotTouched) {
+  auto s1 = std::move(*alice_->OpenSession("default"));
+  auto s2 = std::move(*alice_->OpenSession("default"));
+  auto first = s1->Acquire("queue");
+  ASSERT_TRUE(first.ok());
+  v1::ForceRequest req = Request("queue");
+  ASSERT_TRUE(first->Release().ok());
+  auto second = s2->Acquire("queue");
+  ASSERT_TRUE(second.ok());
+  auto r = Approve(*admin2_, req.request_id());
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("nothing released"), std::string::npos) << r.status();
+  EXPECT_EQ(Holders("queue"), std::vector<int64_t>{second->token()});
+}
+
+TEST_F(ForceReleaseTest, BadRequestsAreRefusedAndChangeNothing) {
+  auto count = [&] {
+    pb::RangeRequest r;
+    r.set_key(keyspace::ForceRequestPrefix());
+    r.set_range_end(keyspace::PrefixEnd(keyspace::ForceRequestPrefix()));
+    r.set_count_only(true);
+    auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    return got.ok() ? got->count() : -1;
+  };
+  v1::RequestForceReleaseRequest r;
+  r.set_namespace_("default");
+  r.set_lock_key("nobody-holds-this");
+  r.set_reason("x");
+  auto none = admin_->RequestForceRelease(r);
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(none.status().message().find("nobody holds"), std::string::npos);
+
+  r.set_reason("  ");
+  auto no_reason = admin_->RequestForceRelease(r);
+  EXPECT_EQ(no_reason.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(no_reason.status().message().find("reason"), std::string::npos);
+
+  r.set_reason("x");
+  r.set_namespace_("nope");
+  EXPECT_EQ(admin_->RequestForceRelease(r).status().code(), absl::StatusCode::kNotFound);
+
+  // Only admins may ask.
+  auto session = std::move(*alice_->OpenSession("default"));
+  auto hold = session->Acquire("mine");
+  ASSERT_TRUE(hold.ok());
+  r.set_namespace_("default");
+  r.set_lock_key("mine");
+  EXPECT_EQ(alice_->RequestForceRelease(r).status().code(), absl::StatusCode::kPermissionDenied);
+
+  auto malformed = Approve(*admin2_, "../../epoch");
+  EXPECT_EQ(malformed.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(Approve(*admin2_, "00000000000000ff").status().code(), absl::StatusCode::kNotFound);
+
+  // Two shared holders: the request must name one.
+  auto s2 = std::move(*alice_->OpenSession("default"));
+  auto r1 = session->Acquire("shared", {.shared = true});
+  auto r2 = s2->Acquire("shared", {.shared = true});
+  ASSERT_TRUE(r1.ok() && r2.ok()) << r1.status() << r2.status();
+  r.set_lock_key("shared");
+  auto ambiguous = admin_->RequestForceRelease(r);
+  EXPECT_EQ(ambiguous.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(ambiguous.status().message().find("--session"), std::string::npos);
+
+  EXPECT_EQ(count(), 0);  // none of these left a pending request
+  EXPECT_EQ(Holders("mine"), std::vector<int64_t>{hold->token()});
+  EXPECT_EQ(Holders("shared").size(), 2u);
+}
+
+}  // namespace
+}  // namespace holdfast
