@@ -11,6 +11,7 @@
 //                      written on every start
 //   DIR/insecure       present while the last start was --insecure (the CLI then
 //                      speaks plaintext)
+//   DIR/audit.db       the audit trail (SQLite; `holdfast audit` reads it)
 //   DIR/etcd.log       etcd's output
 //   DIR/holdfastd.log  holdfastd's output
 //   DIR/dev.lock       flock()ed while a `holdfast dev` runs on DIR
@@ -306,7 +307,9 @@ absl::Status StartHoldfastd(DevStack& stack, const std::string& listen) {
   std::string self_dir = dev::SelfDir();
   dev::SpawnOptions options;
   options.argv = {self_dir.empty() ? "holdfastd" : self_dir + "/holdfastd", "--listen", listen,
-                  "--etcd", stack.etcd->endpoint()};
+                  "--etcd", stack.etcd->endpoint(),
+                  // The embedded audit store, kept with the rest of the data.
+                  "--audit-store", "sqlite:" + (stack.dir / "audit.db").string()};
   if (stack.pki) {
     auto config = WriteHoldfastdConfig(stack.dir, *stack.pki);
     if (!config.ok()) return config.status();
@@ -393,7 +396,8 @@ void PrintBanner(const DevStack& stack) {
             << "  etcd:       " << stack.etcd->endpoint() << " (data in "
             << (stack.dir / "etcd").string() << ")\n"
             << "  logs:       " << stack.holdfastd_log().string() << ", "
-            << stack.etcd_log().string() << "\n";
+            << stack.etcd_log().string() << "\n"
+            << "  audit:      " << (stack.dir / "audit.db").string() << " (holdfast audit)\n";
   if (stack.pki) {
     std::cout << "  tls:        mTLS, trust domain " << dev::kDevTrustDomain << ", dev CA "
               << (fs::path(dev::DevCaDir(stack.dir.string())) / "ca.pem").string() << "\n"

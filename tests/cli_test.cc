@@ -515,6 +515,16 @@ TEST_F(CliDevTest, DevServesMtlsAndKeepsItsDataAndCaAcrossRestarts) {
   // and the CLI is a dev admin.
   CliResult r = Run({"lock", "default/demo", "--", "true"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
+  // ... and that hold is in the audit trail, kept in the data dir.
+  for (int i = 0; i < 300; ++i) {
+    r = Run({"audit", "--key", "demo", "--type", "release", "-o", "json"});
+    if (r.exit_code != 0 || !r.out.empty()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\"spiffe_id\":\"spiffe://holdfast.dev/dev/cli\""), std::string::npos)
+      << r.out;
+  EXPECT_TRUE(FileExists(data_dir_ + "/audit.db"));
   r = Run({"ns", "create", "kept"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   {
