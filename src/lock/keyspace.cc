@@ -37,6 +37,13 @@ std::string ForceRequestPrefix() { return "/holdfast/force/"; }
 std::string ForceRequestKey(absl::string_view request_id) {
   return absl::StrCat(ForceRequestPrefix(), request_id);
 }
+std::string ReplicaPrefix() { return "/holdfast/replica/"; }
+std::string ReplicaKey(int64_t lease) { return absl::StrCat(ReplicaPrefix(), LeaseHex(lease)); }
+std::optional<int64_t> ParseReplicaKey(absl::string_view key) {
+  const std::string dir = ReplicaPrefix();
+  if (key.substr(0, dir.size()) != dir) return std::nullopt;
+  return ParseLeaseHex(key.substr(dir.size()));
+}
 std::string NamespaceKey(absl::string_view ns) { return absl::StrCat(kNsDir, ns); }
 std::string NamespacePrefix(absl::string_view ns) { return absl::StrCat(kNsDir, ns, "/"); }
 std::string NamespacesBegin() { return std::string(kNsDir); }

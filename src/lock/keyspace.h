@@ -14,6 +14,8 @@
 //   /holdfast/audit/leader                           the auditor's replica id, on its lease
 //   /holdfast/force/<request_id>                     ForceRequestRecord, on a lease whose
 //                                                    TTL is the request's lifetime
+//   /holdfast/replica/<lease:016x>                   ReplicaRecord: one live holdfastd,
+//                                                    on its own lease (op_rate_quota)
 //
 // <ns> and <class_id> match [a-z0-9][a-z0-9._-]{0,62}, so they hold no '/'.
 // <lock_key> is 1..512 bytes of UTF-8 without control characters (no NUL), stored
@@ -57,6 +59,11 @@ std::string AuditorKey();
 // Pending force-release requests; <request_id> is 16 lower-case hex digits.
 std::string ForceRequestKey(absl::string_view request_id);
 std::string ForceRequestPrefix();
+// Live holdfastd replicas, one key each, named by and attached to the replica's
+// own lease: [ReplicaPrefix, PrefixEnd(ReplicaPrefix)) is the replica set.
+std::string ReplicaKey(int64_t lease);
+std::string ReplicaPrefix();
+std::optional<int64_t> ParseReplicaKey(absl::string_view key);
 std::string NamespaceKey(absl::string_view ns);
 // Everything under one namespace: [NamespacePrefix, PrefixEnd(NamespacePrefix)).
 std::string NamespacePrefix(absl::string_view ns);

@@ -13,6 +13,11 @@ TEST(KeyspaceTest, GoldenEncoding) {
   EXPECT_EQ(AuditMarkKey(), "/holdfast/audit/mark");
   EXPECT_EQ(AuditorKey(), "/holdfast/audit/leader");
   EXPECT_EQ(ForceRequestKey("00ab"), "/holdfast/force/00ab");
+  EXPECT_EQ(ReplicaKey(0x694d7f2a1b3c4d5e), "/holdfast/replica/694d7f2a1b3c4d5e");
+  EXPECT_EQ(ReplicaPrefix(), "/holdfast/replica/");
+  EXPECT_EQ(ParseReplicaKey(ReplicaKey(0x7fffffffffffffff)), 0x7fffffffffffffff);
+  EXPECT_FALSE(ParseReplicaKey("/holdfast/replica/xyz").has_value());
+  EXPECT_FALSE(ParseReplicaKey(SessionKey("n", 1)).has_value());
   EXPECT_EQ(NamespaceKey("payments"), "/holdfast/ns/payments");
   EXPECT_EQ(ClassKey("payments", "db"), "/holdfast/ns/payments/class/db");
   EXPECT_EQ(SessionKey("payments", 0x694d7f2a1b3c4d5e), "/holdfast/ns/payments/session/694d7f2a1b3c4d5e");
