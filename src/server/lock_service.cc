@@ -59,10 +59,14 @@ grpc::ServerUnaryReactor* LockService::Acquire(grpc::CallbackServerContext* ctx,
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  // Work may go on for the wait plus a margin for the grant itself.
-  auto deadline = RpcDeadline(*ctx, std::chrono::milliseconds(std::max<int64_t>(req->wait_ms(), 0)) + kUnaryCap);
-  // The reactor may be gone once the engine finishes it; keep `call` alive here.
-  call->SetOp(engine_->Acquire(*caller, *req, deadline, FinishInto(reactor, resp)));
+  AdmitThen(quota_, ctx, reactor, *caller, req->namespace_(), [=, this, caller = *caller] {
+    // Work may go on for the wait plus a margin for the grant itself.
+    auto deadline = RpcDeadline(
+        *ctx, std::chrono::milliseconds(std::max<int64_t>(req->wait_ms(), 0)) + kUnaryCap);
+    // The reactor may be gone once the engine finishes it; `call` (held by this
+    // closure) stays alive here.
+    call->SetOp(engine_->Acquire(caller, *req, deadline, FinishInto(reactor, resp)));
+  });
   return reactor;
 }
 
@@ -72,7 +76,9 @@ grpc::ServerUnaryReactor* LockService::Release(grpc::CallbackServerContext* ctx,
   auto* reactor = ctx->DefaultReactor();
   auto caller = auth_->CallerOf(*ctx);
   if (!caller.ok()) return FinishNow(reactor, caller.status());
-  engine_->Release(*caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  AdmitThen(quota_, ctx, reactor, *caller, req->namespace_(), [=, this, caller = *caller] {
+    engine_->Release(caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  });
   return reactor;
 }
 

@@ -1,6 +1,7 @@
 // The Lock service (Acquire, Release, CheckToken, Describe) on gRPC's callback
 // API. A waiting Acquire holds no thread; a client that cancels its Acquire ends
-// the wait.
+// the wait. Acquire and Release count against the namespace's op_rate_quota
+// (server/op_quota.h); CheckToken and Describe do not.
 //
 // Thread-safe.
 #pragma once
@@ -8,12 +9,15 @@
 #include "holdfast/v1/lock.grpc.pb.h"
 #include "lock/engine.h"
 #include "server/auth.h"
+#include "server/op_quota.h"
 
 namespace holdfast::server {
 
 class LockService final : public v1::Lock::CallbackService {
  public:
-  LockService(lock::Engine* engine, const Authenticator* auth) : engine_(engine), auth_(auth) {}
+  // `quota` may be null (no op_rate_quota enforcement).
+  LockService(lock::Engine* engine, const Authenticator* auth, OpQuota* quota = nullptr)
+      : engine_(engine), auth_(auth), quota_(quota) {}
 
   grpc::ServerUnaryReactor* Acquire(grpc::CallbackServerContext* ctx,
                                     const v1::AcquireRequest* req,
@@ -31,6 +35,7 @@ class LockService final : public v1::Lock::CallbackService {
  private:
   lock::Engine* const engine_;
   const Authenticator* const auth_;
+  OpQuota* const quota_;
 };
 
 }  // namespace holdfast::server

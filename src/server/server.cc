@@ -88,8 +88,19 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   ao.trust_domains = config_.trust_domains;
   ao.admin_ids = config_.admin_ids;
   auth_ = std::make_unique<Authenticator>(ao);
-  session_service_ = std::make_unique<SessionService>(engine_.get(), auth_.get());
-  lock_service_ = std::make_unique<LockService>(engine_.get(), auth_.get());
+  // op_rate_quota: this replica joins the replica set, through which replicas
+  // share each namespace's quota by their published demand (rate_limit.h).
+  rate_limiter_ = std::make_unique<RateLimiter>(RateLimiter::Options{});
+  ReplicaSet::Options ro;
+  ro.address = config_.listen;
+  replicas_ = std::make_unique<ReplicaSet>(etcd_.get(), rate_limiter_.get(), ro);
+  if (auto s = replicas_->Start(etcd::DeadlineIn(config_.etcd_timeout)); !s.ok()) {
+    return absl::Status(s.code(), absl::StrCat("cannot join the replica set: ", s.message()));
+  }
+  op_quota_ = std::make_unique<OpQuota>(etcd_.get(), rate_limiter_.get());
+  session_service_ =
+      std::make_unique<SessionService>(engine_.get(), auth_.get(), op_quota_.get());
+  lock_service_ = std::make_unique<LockService>(engine_.get(), auth_.get(), op_quota_.get());
   admin_service_ = std::make_unique<AdminService>(registry_.get(), auth_.get());
   admin_service_->SetAudit(audit_store_.get(), force_.get(), [this] { return AuditStatus(); });
 
@@ -217,8 +228,14 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
     grpc_server_->Wait();
     grpc_server_.reset();
   }
+  // Leave the replica set now, so the others take this replica's share at once.
+  if (op_quota_) op_quota_->Stop();
+  if (replicas_) replicas_->Stop();
   // The engine's pending callbacks end with the etcd client's streams.
   etcd_.reset();
+  // Only now: the etcd client's last callbacks may still have reached these.
+  op_quota_.reset();
+  replicas_.reset();
   timers_.reset();
 }
 

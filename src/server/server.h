@@ -22,6 +22,9 @@
 #include "server/auth.h"
 #include "server/config.h"
 #include "server/lock_service.h"
+#include "server/op_quota.h"
+#include "server/rate_limit.h"
+#include "server/replicas.h"
 #include "server/session_service.h"
 
 namespace holdfast::server {
@@ -59,6 +62,9 @@ class Server {
   std::unique_ptr<audit::Auditor> auditor_;
   std::unique_ptr<lock::ForceReleases> force_;
   std::unique_ptr<Authenticator> auth_;
+  std::unique_ptr<RateLimiter> rate_limiter_;
+  std::unique_ptr<ReplicaSet> replicas_;  // reset after etcd_ (its callbacks)
+  std::unique_ptr<OpQuota> op_quota_;     // reset after etcd_ (its callbacks)
   std::unique_ptr<SessionService> session_service_;
   std::unique_ptr<LockService> lock_service_;
   std::unique_ptr<AdminService> admin_service_;

@@ -163,7 +163,9 @@ grpc::ServerUnaryReactor* SessionService::Open(grpc::CallbackServerContext* ctx,
   auto* reactor = ctx->DefaultReactor();
   auto caller = auth_->CallerOf(*ctx);
   if (!caller.ok()) return FinishNow(reactor, caller.status());
-  engine_->OpenSession(*caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  AdmitThen(quota_, ctx, reactor, *caller, req->namespace_(), [=, this, caller = *caller] {
+    engine_->OpenSession(caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  });
   return reactor;
 }
 
@@ -180,7 +182,9 @@ grpc::ServerUnaryReactor* SessionService::Close(grpc::CallbackServerContext* ctx
   auto* reactor = ctx->DefaultReactor();
   auto caller = auth_->CallerOf(*ctx);
   if (!caller.ok()) return FinishNow(reactor, caller.status());
-  engine_->CloseSession(*caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  AdmitThen(quota_, ctx, reactor, *caller, req->namespace_(), [=, this, caller = *caller] {
+    engine_->CloseSession(caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  });
   return reactor;
 }
 

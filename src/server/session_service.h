@@ -1,5 +1,6 @@
 // The Session service (Open, KeepAlive, Close) on gRPC's callback API: no RPC
-// holds a thread while etcd answers.
+// holds a thread while etcd answers. Open and Close count against the
+// namespace's op_rate_quota (server/op_quota.h); KeepAlive never does.
 //
 // Thread-safe.
 #pragma once
@@ -7,13 +8,15 @@
 #include "holdfast/v1/session.grpc.pb.h"
 #include "lock/engine.h"
 #include "server/auth.h"
+#include "server/op_quota.h"
 
 namespace holdfast::server {
 
 class SessionService final : public v1::Session::CallbackService {
  public:
-  SessionService(lock::Engine* engine, const Authenticator* auth)
-      : engine_(engine), auth_(auth) {}
+  // `quota` may be null (no op_rate_quota enforcement).
+  SessionService(lock::Engine* engine, const Authenticator* auth, OpQuota* quota = nullptr)
+      : engine_(engine), auth_(auth), quota_(quota) {}
 
   grpc::ServerUnaryReactor* Open(grpc::CallbackServerContext* ctx,
                                  const v1::OpenSessionRequest* req,
@@ -27,6 +30,7 @@ class SessionService final : public v1::Session::CallbackService {
  private:
   lock::Engine* const engine_;
   const Authenticator* const auth_;
+  OpQuota* const quota_;
 };
 
 }  // namespace holdfast::server
