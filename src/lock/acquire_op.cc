@@ -41,6 +41,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         req_(std::move(req)),
         rpc_deadline_(rpc_deadline),
         deadline_unix_ms_(NowUnixMs() + req_.wait_ms()),
+        started_(std::chrono::steady_clock::now()),
         done_(std::move(done)) {}
 
   void Start() {
@@ -183,6 +184,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (!snap.namespace_exists) {
       return Finish(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
     }
+    NoteLabels(ns, "");
     if (auto s = CheckMember(caller_, ns, snap.ns_record.members()); !s.ok()) return Finish(s);
     if (!snap.session) {
       return Finish(absl::NotFoundError(absl::StrCat(
@@ -199,6 +201,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       return Finish(absl::FailedPreconditionError(absl::StrCat(
           "no lock class of namespace \"", ns, "\" matches \"", req_.lock_key(), "\"")));
     }
+    NoteLabels(ns, cls->class_id);
     const auto& c = cls->record;
     const int64_t ttl = snap.session->ttl_ms();
     if (ttl < c.ttl_min_ms() || ttl > c.ttl_max_ms()) {
@@ -232,6 +235,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       return Finish(absl::AbortedError(
           absl::StrCat("\"", req_.lock_key(), "\" is held by ", d.blocked_by)));
     }
+    NoteQueued();
     if (d.own_waiter == nullptr ||
         d.own_waiter->record.deadline_unix_ms() < deadline_unix_ms_) {
       return Enqueue(d.own_waiter);
@@ -370,6 +374,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       Undo(grant_rev);
       return Finish(!refuse.ok() ? refuse : *end);
     }
+    engine_->observer().OnGranted(req_.namespace_(), rec.class_id(), GrantPath::kAcquire, 1);
     Granted(MakeHoldInfo(req_.lock_key(), entry, classes));
   }
 
@@ -438,7 +443,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         if (auto self = weak.lock()) self->OnWake(gen);
       });
     }
-    bool stale = false;
+    bool stale = false, parked = false;
+    std::string ns_label, class_label;
     {
       absl::MutexLock l(&mu_);
       if (finished_ || end_reason_ || wait_gen_ != gen) {
@@ -446,8 +452,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       } else {
         watches_ = ids;
         wake_timer_ = wake_timer;
+        parked = !parked_;
+        parked_ = true;
+        ns_label = ns_label_;
+        class_label = class_label_;
       }
     }
+    if (parked) engine_->observer().OnParked(ns_label, class_label, +1);
     if (stale) {  // ended meanwhile (EndNow has already stopped what was there)
       for (auto id : ids) hub.Cancel(id);
       if (wake_timer) engine_->etcd().timers().Cancel(wake_timer);
@@ -486,16 +497,47 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   void Finish(absl::StatusOr<v1::AcquireResponse> result) {
     Done<v1::AcquireResponse> done;
     TimerQueue::TimerId timer = 0;
+    bool unpark;
+    std::optional<std::chrono::steady_clock::time_point> queued_at;
+    std::string ns_label, class_label;
     {
       absl::MutexLock l(&mu_);
       if (finished_) return;
       finished_ = true;
       done = std::move(done_);
       std::swap(timer, timer_);
+      unpark = parked_;
+      parked_ = false;
+      queued_at = queued_at_;
+      ns_label = ns_label_;
+      class_label = class_label_;
     }
     StopWaiting();
     if (timer != 0) engine_->etcd().timers().Cancel(timer);
+    // Reported before the answer: a caller that has its answer sees it counted.
+    const auto now = std::chrono::steady_clock::now();
+    AcquireEnd end;
+    end.ns = ns_label;
+    end.class_id = class_label;
+    end.code = result.status().code();
+    end.latency = now - started_;
+    if (queued_at) end.waited = now - *queued_at;
+    if (unpark) engine_->observer().OnParked(ns_label, class_label, -1);
+    engine_->observer().OnAcquireDone(end);
     done(std::move(result));
+  }
+
+  // The labels this call's metrics carry, once etcd has shown them to exist.
+  void NoteLabels(const std::string& ns, const std::string& class_id) {
+    absl::MutexLock l(&mu_);
+    ns_label_ = ns;
+    class_label_ = class_id;
+  }
+
+  // The call waits in the queue from now on (unless it already did).
+  void NoteQueued() {
+    absl::MutexLock l(&mu_);
+    if (!queued_at_) queued_at_ = std::chrono::steady_clock::now();
   }
 
   Engine* const engine_;
@@ -503,6 +545,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   const v1::AcquireRequest req_;
   const Deadline rpc_deadline_;
   const int64_t deadline_unix_ms_;  // stored in the waiter record
+  const std::chrono::steady_clock::time_point started_;
   int retries_left_ = 2;            // touched by one step at a time
 
   absl::Mutex mu_;
@@ -516,6 +559,12 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   std::vector<etcd::WatchId> watches_ ABSL_GUARDED_BY(mu_);
   TimerQueue::TimerId wake_timer_ ABSL_GUARDED_BY(mu_) = 0;
   TimerQueue::TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;
+  // For metrics: labels shown to exist, when the call joined the queue, and
+  // whether it is counted as parked (waiting on watches) now.
+  std::string ns_label_ ABSL_GUARDED_BY(mu_);
+  std::string class_label_ ABSL_GUARDED_BY(mu_);
+  std::optional<std::chrono::steady_clock::time_point> queued_at_ ABSL_GUARDED_BY(mu_);
+  bool parked_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 std::shared_ptr<Cancellable> Engine::Acquire(const Caller& caller, const v1::AcquireRequest& req,

@@ -35,6 +35,35 @@ std::string FormatMs(int64_t ms) {
   return absl::StrCat(ms, "ms");
 }
 
+// The holds a release transaction creates for the waiters it hands the key to
+// (the puts under the key's hold range; the release itself only deletes), and
+// their class.
+int HandOverGrants(const pb::TxnRequest& txn, const std::string& ns, const std::string& key,
+                   std::string* class_id) {
+  const std::string begin = keyspace::HoldRangeBegin(ns, key);
+  int n = 0;
+  for (const auto& op : txn.success()) {
+    if (!op.has_request_put() || op.request_put().key().rfind(begin, 0) != 0) continue;
+    records::HoldRecord rec;
+    if (n++ == 0 && rec.ParseFromString(op.request_put().value())) *class_id = rec.class_id();
+  }
+  return n;
+}
+
+void ReportRenewal(EngineObserver& observer, std::string_view ns,
+                   const v1::KeepAliveResponse& answer,
+                   std::chrono::steady_clock::duration round_trip) {
+  RenewEnd end;
+  end.ns = ns;
+  end.session = answer.session_id();
+  end.ttl = milliseconds(answer.ttl_ms());
+  end.lost = answer.lost();
+  end.etcd_unavailable = answer.etcd_unavailable();
+  end.renewed = !end.lost && !end.etcd_unavailable && answer.ttl_ms() > 0;
+  end.round_trip = round_trip;
+  observer.OnRenewed(end);
+}
+
 }  // namespace
 
 absl::Status CheckMember(const Caller& caller, const std::string& ns,
@@ -214,6 +243,7 @@ void Engine::CommitSession(const Caller& caller, const std::string& ns, int64_t 
       out.set_session_id(lease);
       out.set_ttl_ms(ttl_s * 1000);
       out.set_opened_revision(t->header().revision());
+      observer().OnSessionOpened(ns, lease, milliseconds(ttl_s * 1000));
       done(std::move(out));
     });
   };
@@ -277,10 +307,12 @@ void Engine::Renew(const v1::KeepAliveRequest& req, Deadline d, Done<v1::KeepAli
     // Say so at once: a renewal cannot be confirmed without a quorum.
     base.set_etcd_unavailable(true);
     base.set_reason(std::string(health.message()));
+    ReportRenewal(observer(), req.namespace_(), base, {});
     return done(std::move(base));
   }
   etcd_->KeepAlive(req.session_id(), std::min(EtcdDeadline(d), etcd::DeadlineIn(options_.renew_timeout)),
-                   [base, done](absl::StatusOr<pb::LeaseKeepAliveResponse> r) mutable {
+                   [this, ns = req.namespace_(), started = std::chrono::steady_clock::now(), base,
+                    done](absl::StatusOr<pb::LeaseKeepAliveResponse> r) mutable {
                      if (!r.ok()) {
                        bool gone = r.status().code() == absl::StatusCode::kNotFound;
                        base.set_lost(gone);
@@ -292,6 +324,7 @@ void Engine::Renew(const v1::KeepAliveRequest& req, Deadline d, Done<v1::KeepAli
                      } else {
                        base.set_ttl_ms(r->ttl() * 1000);
                      }
+                     ReportRenewal(observer(), ns, base, std::chrono::steady_clock::now() - started);
                      done(std::move(base));
                    });
 }
@@ -317,11 +350,13 @@ void Engine::CloseSession(const Caller& caller, const v1::CloseSessionRequest& r
     }
     RememberOwner(lease, rec.identity());
     if (auto s = CheckOwner(caller, lease, rec.identity()); !s.ok()) return done(s);
-    auto revoke = [this, lease, d, done] {
+    auto revoke = [this, ns, lease, d, done] {
       pb::LeaseRevokeRequest rr;
       rr.set_id(lease);
-      etcd_->LeaseRevoke(rr, EtcdDeadline(d), [done](absl::StatusOr<pb::LeaseRevokeResponse> x) {
+      etcd_->LeaseRevoke(rr, EtcdDeadline(d), [this, ns, lease,
+                                               done](absl::StatusOr<pb::LeaseRevokeResponse> x) {
         if (!x.ok() && x.status().code() != absl::StatusCode::kNotFound) return done(x.status());
+        observer().OnSessionClosed(ns, lease);
         done(v1::CloseSessionResponse());
       });
     };
@@ -406,11 +441,19 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
     AddHandOver(*snap, ns, key, session, &txn);
   }
   AddSnapshotReads(ns, session, key, txn.mutable_failure());
+  std::string handed_class;
+  const int handed_over = HandOverGrants(txn, ns, key, &handed_class);
   etcd_->Txn(std::move(txn), EtcdDeadline(d),
-             [this, req, d, attempts_left, ns, key, session, tok,
+             [this, req, d, attempts_left, ns, key, session, tok, handed_over, handed_class,
               done](absl::StatusOr<pb::TxnResponse> t) {
                if (!t.ok()) return done(t.status());
-               if (t->succeeded()) return done(v1::ReleaseResponse());
+               if (t->succeeded()) {
+                 if (handed_over > 0) {
+                   observer().OnGranted(ns, handed_class, GrantPath::kHandOver, handed_over);
+                 }
+                 observer().OnReleased(ns, handed_over);
+                 return done(v1::ReleaseResponse());
+               }
                auto snap = ParseSnapshot(t->header(), t->responses());
                if (!snap.ok()) return done(snap.status());
                epochs_.Observe(snap->epoch);

@@ -23,6 +23,7 @@
 #include "holdfast/v1/session.pb.h"
 #include "lock/epoch_cache.h"
 #include "lock/etcd_health.h"
+#include "lock/observer.h"
 
 namespace holdfast::lock {
 
@@ -53,6 +54,9 @@ struct EngineOptions {
   // Deadline of one lease renewal: an answer later than this is not a renewal a
   // holder can trust.
   std::chrono::milliseconds renew_timeout{1000};
+  // Told what the engine does, for metrics (not owned; must outlive the
+  // engine). Null: nothing is reported.
+  EngineObserver* observer = nullptr;
 };
 
 // A waiting operation that its caller may abandon (the RPC was cancelled).
@@ -118,6 +122,11 @@ class Engine {
 
   // OK, or UNAVAILABLE while etcd has no quorum (no new grants then).
   absl::Status EtcdStatus() const;
+  // options_.observer, or one that ignores everything.
+  EngineObserver& observer() const {
+    static EngineObserver ignore_all;
+    return options_.observer != nullptr ? *options_.observer : ignore_all;
+  }
 
   etcd::Client* const etcd_;
   const EngineOptions options_;
