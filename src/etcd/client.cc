@@ -68,7 +68,7 @@ void Client::ObserveHeader(const pb::ResponseHeader& h) {
 }
 
 template <class Req, class Resp, class StartFn>
-void Client::Unary(StartFn start, Req req, Deadline d, Callback<Resp> cb,
+void Client::Unary(const char* method, StartFn start, Req req, Deadline d, Callback<Resp> cb,
                    bool retry_unavailable) {
   struct Call {
     grpc::ClientContext ctx;
@@ -80,10 +80,14 @@ void Client::Unary(StartFn start, Req req, Deadline d, Callback<Resp> cb,
   call->req = std::move(req);
   call->ctx.set_deadline(d);
   calls_in_flight_.fetch_add(1);
+  const auto started = std::chrono::steady_clock::now();
   start(endpoint, &call->ctx, &call->req, &call->resp,
-        [this, call, index, d, cb = std::move(cb), start,
+        [this, method, started, call, index, d, cb = std::move(cb), start,
          retry_unavailable](grpc::Status s) mutable {
           absl::Status st = FromEtcd(s);
+          if (options_.observer != nullptr) {
+            options_.observer->OnEtcdCall(method, st, std::chrono::steady_clock::now() - started);
+          }
           Req req = std::move(call->req);
           Resp resp = std::move(call->resp);
           // The context (and its channel reference) goes here, on this thread,
@@ -96,7 +100,7 @@ void Client::Unary(StartFn start, Req req, Deadline d, Callback<Resp> cb,
           } else if (EndpointUnavailable(st) && (ReportUnavailable(index), true) &&
                      retry_unavailable && endpoints_.size() > 1 &&
                      std::chrono::system_clock::now() < d) {
-            Unary<Req, Resp>(start, std::move(req), d, std::move(cb), false);
+            Unary<Req, Resp>(method, start, std::move(req), d, std::move(cb), false);
           } else {
             cb(st);
           }
@@ -114,6 +118,7 @@ void Client::CallDone() {
 // Issues METHOD on the picked endpoint's STUB; RESP names the response type.
 #define HF_ETCD_UNARY(STUB, METHOD, RESP, RETRY)                                \
   Unary<decltype(req), pb::RESP>(                                              \
+      #METHOD,                                                                  \
       [](Endpoint* e, grpc::ClientContext* ctx, const decltype(req)* rq,        \
          pb::RESP* rs, std::function<void(grpc::Status)> done) {                \
         e->STUB->async()->METHOD(ctx, rq, rs, std::move(done));                 \

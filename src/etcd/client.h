@@ -23,6 +23,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -43,6 +44,18 @@ inline Deadline DeadlineIn(std::chrono::milliseconds d) {
   return std::chrono::system_clock::now() + d;
 }
 
+// Told about every unary etcd call, for metrics. Thread-safe implementations
+// only: called on the gRPC thread that finished the call, just before the call's
+// own callback, never under a lock of the client. Must not block.
+class CallObserver {
+ public:
+  virtual ~CallObserver() = default;
+  // `method` is the etcd RPC's name ("Txn", "Range", "LeaseGrant", ...). Every
+  // attempt is reported: a read retried on the next endpoint counts twice.
+  virtual void OnEtcdCall(std::string_view method, const absl::Status& status,
+                          std::chrono::steady_clock::duration latency) = 0;
+};
+
 struct ClientOptions {
   // host:port of each etcd member, e.g. {"127.0.0.1:2379"}.
   std::vector<std::string> endpoints;
@@ -50,6 +63,8 @@ struct ClientOptions {
   std::shared_ptr<grpc::ChannelCredentials> credentials;
   // Deadline of calls that the client starts itself (stream health checks).
   std::chrono::milliseconds internal_timeout{5000};
+  // Not owned; null: nothing is reported. Must outlive the client.
+  CallObserver* observer = nullptr;
 };
 
 class KeepAliveMux;
@@ -122,8 +137,10 @@ class Client {
 
   // Runs one unary call; `start` issues it on the given endpoint. Retries once on
   // the next endpoint when `retry_unavailable` and the answer is UNAVAILABLE.
+  // `method` names the RPC for the observer.
   template <class Req, class Resp, class StartFn>
-  void Unary(StartFn start, Req req, Deadline d, Callback<Resp> cb, bool retry_unavailable);
+  void Unary(const char* method, StartFn start, Req req, Deadline d, Callback<Resp> cb,
+             bool retry_unavailable);
 
   // A unary call finished (its callback has returned).
   void CallDone();
