@@ -288,5 +288,50 @@ TEST_F(QuotaTest, ARefusedCallChangesNothingAndQuotasChangeLive) {
   EXPECT_GE(in_a_row, 50) << "quota 0 (unlimited) still refused calls";
 }
 
+TEST_F(QuotaTest, TheReplicaSetIsInEtcdAndAReplicaThatLostItsLeaseRegistersAgain) {
+  auto replicas = [&] {
+    pb::RangeRequest r;
+    r.set_key(keyspace::ReplicaPrefix());
+    r.set_range_end(keyspace::PrefixEnd(keyspace::ReplicaPrefix()));
+    auto resp = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(10)));
+    EXPECT_TRUE(resp.ok()) << resp.status();
+    std::map<int64_t, int64_t> leases;  // id -> the key's lease
+    if (resp.ok()) {
+      for (const auto& kv : resp->kvs()) {
+        auto id = keyspace::ParseReplicaKey(kv.key());
+        EXPECT_TRUE(id.has_value()) << kv.key();
+        if (id) leases[*id] = kv.lease();
+      }
+    }
+    return leases;
+  };
+  auto before = replicas();
+  ASSERT_EQ(before.size(), 2u);
+  for (const auto& [id, lease] : before) EXPECT_EQ(id, lease);  // named by its lease
+
+  // Revoke one replica's lease behind its back: its key goes, and it comes back
+  // under a new lease.
+  const int64_t gone = before.begin()->first;
+  pb::LeaseRevokeRequest revoke;
+  revoke.set_id(gone);
+  auto revoked = etcd::Await<pb::LeaseRevokeResponse>(
+      [&](etcd::Callback<pb::LeaseRevokeResponse> cb) {
+        cluster_->etcd_client().LeaseRevoke(revoke, etcd::DeadlineIn(seconds(10)), std::move(cb));
+      });
+  ASSERT_TRUE(revoked.ok()) << revoked.status();
+  std::map<int64_t, int64_t> after;
+  const auto until = Clock::now() + seconds(60);
+  do {
+    std::this_thread::sleep_for(milliseconds(100));
+    after = replicas();
+  } while ((after.size() != 2 || after.count(gone) > 0) && Clock::now() < until);
+  EXPECT_EQ(after.size(), 2u);
+  EXPECT_EQ(after.count(gone), 0u);
+
+  // A replica that stops leaves at once (it revokes its lease).
+  cluster_->holdfastd(0).Stop();
+  EXPECT_EQ(replicas().size(), 1u);
+}
+
 }  // namespace
 }  // namespace holdfast

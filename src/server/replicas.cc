@@ -342,6 +342,14 @@ void ReplicaSet::OnWatch(absl::StatusOr<etcd::WatchBatch> batch) {
     for (const auto& e : batch->events) {
       const bool put = e.type() == mvccpb::Event::PUT;
       changed = ApplyLocked(e.kv().key(), put ? &e.kv().value() : nullptr) || changed;
+      // Our own key gone (our lease expired; etcd 3.4 may still have answered the
+      // keepalive): register again on the next tick.
+      if (!put && lease_ != 0 && keyspace::ParseReplicaKey(e.kv().key()) == lease_) {
+        std::fprintf(stderr, "holdfastd: replica key %016llx was deleted; registering again\n",
+                     static_cast<unsigned long long>(lease_));
+        lease_ = 0;
+        published_.clear();
+      }
     }
   }
   if (changed) PushView();
