@@ -9,25 +9,32 @@
 // reaches etcd through TCP proxies that can cut it off: a partition), a fenced
 // register, and N chaos clients (hf_chaos_client); runs a seeded nemesis schedule
 // for the duration; merges the history of every process into DIR/history.jsonl;
-// checks it (checker.h) and prints the counters, the measured timings and, last,
+// then, before the cluster goes, waits until every session has ended and the
+// auditor has caught up with etcd and reads the audit store and etcd's own history
+// of hold keys into DIR/audit.jsonl; checks both (checker.h) and prints the
+// counters, the measured timings and, last,
 //   chaos: seed=S ops=N grants=G faults=F stale_writes_rejected=R violations=V
 // Exits 1 when V > 0 (the seed and the kept history are printed), 2 when the run
 // could not be set up. --no-fence makes the register admit every write (a control
 // run: with --expect-violations it exits 0 only when V > 0). --check only checks a
-// recorded history.
+// recorded history (and the audit.jsonl beside it, if there is one).
 #include <signal.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <csignal>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <random>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -36,13 +43,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "audit/store.h"
 #include "checker.h"
 #include "common/timer_queue.h"
 #include "dev/subprocess.h"
 #include "etcd/client.h"
+#include "etcd/watch_hub.h"
 #include "fenced_register.h"
 #include "harness/cluster.h"
 #include "history.h"
+#include "lock/keyspace.h"
+#include "lock/records.pb.h"
 #include "tcp_proxy.h"
 
 namespace holdfast::chaos {
@@ -161,6 +173,19 @@ int CheckOnly(const std::string& path) {
     if (e.type == "run") seed = e.target;
   }
   CheckReport r = CheckHistory(*events);
+  // The audit the run captured, if it kept one beside the history.
+  const std::string audit_path =
+      (std::filesystem::path(path).parent_path() / "audit.jsonl").string();
+  if (std::filesystem::exists(audit_path)) {
+    auto audit = ReadAuditCapture(audit_path);
+    if (!audit.ok()) {
+      std::fprintf(stderr, "chaos: %s\n", audit.status().ToString().c_str());
+      return 2;
+    }
+    CheckAudit(*events, *audit, r);
+  } else {
+    CheckAudit(*events, AuditCapture{}, r);
+  }
   std::printf("%s%s\n", r.Describe().c_str(), Summary(seed, r).c_str());
   return r.violations.empty() ? 0 : 1;
 }
@@ -222,6 +247,7 @@ class ChaosRun {
                 faults_);
     std::fflush(stdout);
     Teardown();
+    CaptureAudit();
     return Check();
   }
 
@@ -540,6 +566,281 @@ class ChaosRun {
     history_.reset();  // flushed and closed
   }
 
+  // --- Check (f)'s input, read while the cluster still runs ---------------------
+
+  // Waits until no session (and so no hold) of the run's namespace is left in
+  // etcd: the clients are dead, so each lease expires within its TTL (plus a
+  // leader change's reset). False, with the problem recorded, after `bound`.
+  bool WaitSessionsEnded(std::chrono::seconds bound) {
+    etcd::Client& etcd = cluster_->etcd_client();
+    const std::string ns = audit_.ns;
+    const auto until = Clock::now() + bound;
+    std::string left;
+    while (!g_interrupted.load()) {
+      left.clear();
+      for (const auto& [what, begin] : {std::pair{"session", keyspace::SessionPrefix(ns)},
+                                        std::pair{"hold", keyspace::HoldPrefix(ns, "")}}) {
+        etcd::pb::RangeRequest r;
+        r.set_key(begin);
+        r.set_range_end(keyspace::PrefixEnd(begin));
+        r.set_count_only(true);
+        auto got = etcd.RangeSync(r, etcd::DeadlineIn(milliseconds(2000)));
+        if (!got.ok()) {
+          left = absl::StrCat("etcd unreadable: ", got.status().ToString());
+          break;
+        }
+        if (got->count() > 0) {
+          absl::StrAppend(&left, left.empty() ? "" : " and ", got->count(), " ", what, " keys");
+        }
+      }
+      if (left.empty()) return true;
+      if (Clock::now() >= until) break;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    audit_.problems.push_back(absl::StrCat(
+        "sessions did not end: ", left, " still in etcd ", bound.count(),
+        " s after every client was stopped (leases outliving their TTL); the audit cannot be "
+        "complete"));
+    return false;
+  }
+
+  // What each replica's auditor says (for a run whose audit fell behind).
+  void PrintAuditStatus() {
+    for (int r = 0; r < 2; ++r) {
+      ClientOptions o;
+      o.endpoints = {r == 0 ? cluster_->endpoint(0) : replica1_->endpoint()};
+      o.rpc_timeout = milliseconds(3000);
+      auto client = Client::Connect(o);
+      if (!client.ok()) continue;
+      auto st = (*client)->GetAuditStatus();
+      if (!st.ok()) {
+        std::printf("chaos: holdfastd%d audit status: %s\n", r, st.status().ToString().c_str());
+        continue;
+      }
+      std::printf("chaos: holdfastd%d audit status: leader=%s this_replica_leads=%d cursor=%lld "
+                  "etcd_revision=%lld last_error=%s\n",
+                  r, st->leader().c_str(), st->this_replica_leads() ? 1 : 0,
+                  static_cast<long long>(st->cursor()),
+                  static_cast<long long>(st->etcd_revision()), st->last_error().c_str());
+    }
+  }
+
+  // Every audit row of the cluster, in revision order. Pages of at most 10000
+  // rows; a full page may end inside a revision, so its last revision is read
+  // again from the start on the next page.
+  absl::Status ReadAuditRows(audit::AuditStore& store, uint64_t cluster_id) {
+    audit::AuditQuery q;
+    q.cluster_id = cluster_id;
+    q.limit = 10000;
+    for (int page = 0; page < 10'000; ++page) {
+      auto rows = store.Query(q);
+      if (!rows.ok()) return rows.status();
+      const bool last_page = static_cast<int>(rows->size()) < q.limit;
+      const int64_t last_revision = rows->empty() ? 0 : rows->back().revision;
+      if (!last_page && rows->front().revision == last_revision) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("more than ", q.limit, " audit rows at revision ", last_revision));
+      }
+      for (const audit::AuditEvent& e : *rows) {
+        if (!last_page && e.revision == last_revision) break;
+        AuditRow row;
+        row.revision = e.revision;
+        row.ns = e.ns;
+        row.key = e.lock_key;
+        row.session = e.session_id;
+        row.type = audit::EventTypeName(e.type);
+        row.token = e.token;
+        row.unprotected = e.unprotected;
+        audit_.rows.push_back(std::move(row));
+      }
+      if (last_page) return absl::OkStatus();
+      q.after_revision = last_revision - 1;
+    }
+    return absl::ResourceExhaustedError("too many audit rows");
+  }
+
+  // etcd's own history of hold keys up to `through`, by a watch of every key
+  // from etcd's first revision (or from the compaction, if etcd was compacted).
+  absl::Status ReadEtcdHoldHistory(int64_t through) {
+    struct Inbox {
+      std::mutex mu;
+      std::condition_variable cv;
+      std::vector<mvccpb::Event> events;
+      int64_t last = 0;
+      absl::Status error;
+    };
+    etcd::Client& etcd = cluster_->etcd_client();
+    int64_t from = 1;
+    std::vector<mvccpb::Event> events;
+    for (int attempt = 0;; ++attempt) {
+      auto inbox = std::make_shared<Inbox>();
+      etcd::WatchSpec spec;
+      spec.key = std::string(1, '\0');  // with range_end "\0": every key
+      spec.range_end = std::string(1, '\0');
+      spec.start_revision = from;
+      spec.prev_kv = true;
+      const etcd::WatchId id =
+          etcd.watches().Watch(spec, [inbox](absl::StatusOr<etcd::WatchBatch> b) {
+            std::lock_guard l(inbox->mu);
+            if (!b.ok()) {
+              inbox->error = b.status();
+            } else {
+              for (auto& e : b->events) {
+                inbox->last = std::max(inbox->last, e.kv().mod_revision());
+                inbox->events.push_back(std::move(e));
+              }
+            }
+            inbox->cv.notify_all();
+          });
+      absl::Status error;
+      {
+        std::unique_lock l(inbox->mu);
+        const bool done = inbox->cv.wait_for(l, std::chrono::seconds(30), [&] {
+          return inbox->last >= through || !inbox->error.ok();
+        });
+        error = done ? inbox->error
+                     : absl::DeadlineExceededError(absl::StrCat("the watch reached revision ",
+                                                                inbox->last, " of ", through,
+                                                                " in 30 s"));
+        events = std::move(inbox->events);
+      }
+      etcd.watches().Cancel(id);
+      if (error.code() == absl::StatusCode::kOutOfRange && attempt == 0) {
+        // "... (compact revision N)": the history before N is gone.
+        const std::string msg(error.message());
+        const size_t at = msg.rfind("revision ");
+        int64_t compacted = 0;
+        if (at == std::string::npos ||
+            !absl::SimpleAtoi(absl::StripSuffix(msg.substr(at + 9), ")"), &compacted) ||
+            compacted <= from) {
+          return error;
+        }
+        from = compacted;
+        audit_.etcd_note = absl::StrCat("etcd was compacted at revision ", compacted);
+        continue;
+      }
+      if (!error.ok()) return error;
+      break;
+    }
+
+    // Per revision: its audit mark, and the sessions it deleted whose record was
+    // `closing`; then the hold keys it created and deleted.
+    std::map<int64_t, std::string> marks;
+    std::set<std::tuple<int64_t, std::string, int64_t>> closed;  // revision, ns, lease
+    for (const mvccpb::Event& e : events) {
+      const std::string& key = e.kv().key();
+      const int64_t rev = e.kv().mod_revision();
+      if (e.type() == mvccpb::Event::PUT && key == keyspace::AuditMarkKey()) {
+        records::AuditMark mark;
+        marks[rev] = mark.ParseFromString(e.kv().value()) ? mark.kind() : "unreadable";
+      }
+      if (e.type() != mvccpb::Event::DELETE || !e.has_prev_kv()) continue;
+      auto ns = keyspace::NamespaceOfKey(key);
+      if (!ns) continue;
+      auto lease = keyspace::ParseSessionKey(key, *ns);
+      records::SessionRecord session;
+      if (lease && session.ParseFromString(e.prev_kv().value()) && session.closing()) {
+        closed.insert({rev, *ns, *lease});
+      }
+    }
+    for (const mvccpb::Event& e : events) {
+      const int64_t rev = e.kv().mod_revision();
+      if (rev > through) continue;
+      auto hold = keyspace::ParseHoldKey(e.kv().key());
+      if (!hold) continue;
+      EtcdHoldChange ch;
+      ch.revision = rev;
+      ch.ns = hold->ns;
+      ch.key = hold->lock_key;
+      ch.session = hold->lease;
+      ch.created = e.type() == mvccpb::Event::PUT;
+      // token = epoch << 48 | the hold key's create_revision (README, "Fencing tokens").
+      const mvccpb::KeyValue& kv = ch.created ? e.kv() : e.prev_kv();
+      records::HoldRecord rec;
+      if ((ch.created || e.has_prev_kv()) && rec.ParseFromString(kv.value())) {
+        ch.token = (static_cast<int64_t>(rec.epoch()) << 48) | kv.create_revision();
+      }
+      if (ch.created) {
+        if (e.kv().create_revision() != rev) continue;  // a rewrite, not a creation
+      } else if (auto m = marks.find(rev); m != marks.end()) {
+        ch.cause = m->second;
+      } else if (closed.contains({rev, hold->ns, hold->lease})) {
+        ch.cause = "close";
+      }
+      audit_.etcd.push_back(std::move(ch));
+    }
+    audit_.etcd_from_revision = from;
+    return absl::OkStatus();
+  }
+
+  // Check (f)'s input (audit_): every session ended, the auditor caught up with
+  // etcd (both bounded), then the store's rows and etcd's history of hold keys.
+  void CaptureAudit() {
+    audit_.present = true;
+    audit_.advisory_prefixes = {"adv/"};
+    const auto started = Clock::now();
+    audit_.sessions_ended = WaitSessionsEnded(std::chrono::seconds(30));
+    const auto sessions_done = Clock::now();
+    auto store = audit::OpenSqliteStore(cluster_->dir() + "/audit.db");
+    if (!store.ok()) {
+      audit_.problems.push_back(
+          absl::StrCat("cannot open the audit store: ", store.status().ToString()));
+      return;
+    }
+    // The auditor records asynchronously: wait until its cursor reaches etcd's
+    // revision (nothing writes any more).
+    uint64_t cluster_id = 0;
+    const auto until = Clock::now() + std::chrono::seconds(60);
+    while (!g_interrupted.load()) {
+      etcdserverpb::RangeRequest r;
+      r.set_key(keyspace::EpochKey());
+      auto head = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(milliseconds(2000)));
+      if (head.ok()) {
+        cluster_id = head->header().cluster_id();
+        audit_.etcd_revision = head->header().revision();
+      }
+      if (cluster_id != 0) {
+        auto cursor = (*store)->Cursor(cluster_id);
+        if (cursor.ok() && cursor->has_value()) audit_.cursor = **cursor;
+      }
+      if (audit_.etcd_revision > 0 && audit_.cursor >= audit_.etcd_revision) break;
+      if (Clock::now() >= until) break;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    audit_.waited_ms =
+        std::chrono::duration_cast<milliseconds>(Clock::now() - sessions_done).count();
+    if (audit_.cursor < audit_.etcd_revision) PrintAuditStatus();
+    if (cluster_id == 0) {
+      audit_.problems.push_back("cannot read etcd's cluster id: the audit was not read");
+      return;
+    }
+    if (absl::Status s = ReadAuditRows(**store, cluster_id); !s.ok()) {
+      audit_.problems.push_back(absl::StrCat("cannot read the audit rows: ", s.ToString()));
+      return;
+    }
+    // Rows are written with the cursor in one transaction: the cursor read after
+    // them is at or past every row read.
+    if (auto cursor = (*store)->Cursor(cluster_id); cursor.ok() && cursor->has_value()) {
+      audit_.cursor = **cursor;
+    }
+    if (absl::Status s = ReadEtcdHoldHistory(audit_.cursor); s.ok()) {
+      audit_.etcd_present = true;
+    } else {
+      audit_.etcd_present = false;
+      audit_.etcd.clear();
+      audit_.etcd_note = absl::StrCat("cannot read etcd's history: ", s.ToString());
+    }
+    std::printf("chaos: audit: sessions ended in %.1fs, auditor at revision %lld of %lld after "
+                "%.1fs; %zu rows, %zu hold changes in etcd's history from revision %lld%s%s\n",
+                std::chrono::duration<double>(sessions_done - started).count(),
+                static_cast<long long>(audit_.cursor),
+                static_cast<long long>(audit_.etcd_revision), audit_.waited_ms / 1000.0,
+                audit_.rows.size(), audit_.etcd.size(),
+                static_cast<long long>(audit_.etcd_from_revision),
+                audit_.etcd_note.empty() ? "" : "; ", audit_.etcd_note.c_str());
+    std::fflush(stdout);
+  }
+
   int Check() {
     std::vector<std::string> files = {f_.out + "/driver.jsonl"};
     int silent = 0;  // clients that died before they could record anything
@@ -556,6 +857,10 @@ class ChaosRun {
     const std::string merged = f_.out + "/history.jsonl";
     if (absl::Status s = WriteHistory(merged, *events); !s.ok()) return Error(s);
     CheckReport r = CheckHistory(*events);
+    if (absl::Status s = WriteAuditCapture(f_.out + "/audit.jsonl", audit_); !s.ok()) {
+      return Error(s);
+    }
+    CheckAudit(*events, audit_, r);
     std::printf("%s", r.Describe().c_str());
     std::printf("partitions: holdfastd1 cut off from etcd %d times (loopback proxies)\n",
                 partitions_);
@@ -594,6 +899,7 @@ class ChaosRun {
   std::unique_ptr<FencedRegister> register_;
   std::vector<std::unique_ptr<Slot>> clients_;
   std::vector<std::string> history_files_;
+  AuditCapture audit_;  // check (f)'s input, captured before the cluster goes
   std::string keys_arg_;
   std::string endpoints_[2];
   std::vector<int> etcd_paused_;

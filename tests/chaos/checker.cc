@@ -266,19 +266,297 @@ CheckReport CheckHistory(const std::vector<Event>& events, const CheckerOptions&
   return r;
 }
 
+namespace {
+
+constexpr int64_t kRevisionMask = (int64_t{1} << 48) - 1;
+
+// A hold is named by where and by whom it was held, and its token (the grant).
+using HoldId = std::tuple<std::string, std::string, int64_t, int64_t>;  // ns, key, session, token
+
+struct HoldRows {
+  std::vector<const AuditRow*> grants;
+  std::vector<const AuditRow*> ends;
+};
+
+std::string Name(const std::string& ns, const std::string& key, int64_t session, int64_t token) {
+  return absl::StrCat(ns, "/", key, " session ", session, " token ", token, " (grant revision ",
+                      token & kRevisionMask, ")");
+}
+
+std::string Name(const HoldId& id) {
+  return Name(std::get<0>(id), std::get<1>(id), std::get<2>(id), std::get<3>(id));
+}
+
+std::string Rows(const std::vector<const AuditRow*>& rows) {
+  std::string out;
+  for (const AuditRow* row : rows) {
+    absl::StrAppend(&out, out.empty() ? "" : ", ", row->type, " at revision ", row->revision);
+  }
+  return out;
+}
+
+// The end event etcd's revision calls for (EtcdHoldChange::cause).
+std::string ExpectedEnd(const std::string& cause) {
+  if (cause == "release" || cause == "close") return "release";
+  if (cause == "force") return "force";
+  return "expire";
+}
+
+}  // namespace
+
+void CheckAudit(const std::vector<Event>& events, const AuditCapture& a, CheckReport& r) {
+  AuditCounters& c = r.audit;
+  if (!a.present) {
+    c.note = "not checked: the run captured no audit";
+    return;
+  }
+  c.checked = true;
+  auto violation = [&r](std::string message) { r.violations.push_back({'f', std::move(message)}); };
+  for (const std::string& p : a.problems) violation(p);
+  // Rows after the cursor may be missing without a fault of their own: only
+  // revisions up to the cursor are judged for presence.
+  const int64_t judged_through = a.cursor;
+  const bool complete = a.cursor >= a.etcd_revision && a.etcd_revision > 0;
+  if (!complete && a.etcd_revision > 0) {
+    violation(absl::StrCat("the audit fell behind: the store's cursor is at revision ", a.cursor,
+                           ", etcd's revision is ", a.etcd_revision, " after waiting ",
+                           a.waited_ms, " ms; revisions after ", a.cursor,
+                           " are not judged"));
+  }
+  auto advisory = [&a](const std::string& ns, const std::string& key) {
+    if (ns != a.ns) return false;
+    for (const std::string& p : a.advisory_prefixes) {
+      if (key.rfind(p, 0) == 0) return true;
+    }
+    return false;
+  };
+
+  // The rows by themselves: one grant and (all sessions over) one end per hold.
+  std::map<HoldId, HoldRows> holds;
+  for (const AuditRow& row : a.rows) {
+    ++c.rows;
+    const HoldId id{row.ns, row.key, row.session, row.token};
+    if (row.type == "grant") {
+      ++c.audit_grants;
+      holds[id].grants.push_back(&row);
+    } else if (row.type == "release" || row.type == "expire" || row.type == "force") {
+      ++(row.type == "release" ? c.audit_releases
+         : row.type == "expire" ? c.audit_expiries
+                                : c.audit_forces);
+      holds[id].ends.push_back(&row);
+    } else {
+      violation(absl::StrCat("audit row of unknown type \"", row.type, "\" at revision ",
+                             row.revision, ": ", Name(id)));
+      continue;
+    }
+    if (row.token <= 0) {
+      violation(absl::StrCat("audit ", row.type, " at revision ", row.revision, " of ", row.ns,
+                             "/", row.key, " session ", row.session,
+                             " was recorded without a token"));
+    }
+    if (row.unprotected != advisory(row.ns, row.key)) {
+      violation(absl::StrCat("audit ", row.type, " at revision ", row.revision, " of ", Name(id),
+                             " is marked ", row.unprotected ? "unprotected" : "protected",
+                             ", but the key's class is ",
+                             advisory(row.ns, row.key) ? "advisory" : "fenced"));
+    }
+  }
+  c.holds = static_cast<int64_t>(holds.size());
+  for (const auto& [id, h] : holds) {
+    const int64_t grant_revision = std::get<3>(id) & kRevisionMask;
+    if (h.grants.empty()) {
+      if (grant_revision <= judged_through) {
+        violation(absl::StrCat("audit has ", Rows(h.ends), " of ", Name(id),
+                               " but no grant of it"));
+      }
+    } else if (h.grants.size() > 1) {
+      violation(absl::StrCat("audit granted ", Name(id), " ", h.grants.size(),
+                             " times: ", Rows(h.grants)));
+    }
+    for (const AuditRow* g : h.grants) {
+      if (g->revision != grant_revision) {
+        violation(absl::StrCat("audit grant at revision ", g->revision, " of ", Name(id),
+                               ": the token names revision ", grant_revision));
+      }
+    }
+    if (h.ends.size() > 1) {
+      violation(absl::StrCat("audit ended ", Name(id), " ", h.ends.size(), " times: ",
+                             Rows(h.ends)));
+    } else if (h.ends.empty() && !h.grants.empty() && a.sessions_ended && complete) {
+      violation(absl::StrCat("audit never ended ", Name(id),
+                             ", though every session had ended"));
+    }
+    for (const AuditRow* e : h.ends) {
+      if (e->revision <= grant_revision) {
+        violation(absl::StrCat("audit ", e->type, " at revision ", e->revision, " of ", Name(id),
+                               " is not after its grant"));
+      }
+    }
+  }
+
+  // The client history: what a client saw granted or released must be there.
+  std::vector<Window> server_faults;
+  absl::flat_hash_map<std::string, int64_t> open_fault;
+  for (const Event& e : events) {
+    if (e.type != "fault" || e.kind == "client_pause" || e.kind == "client_kill") continue;
+    const std::string id = absl::StrCat(e.kind, "/", e.target);
+    if (e.phase == "start") {
+      open_fault[id] = e.ts;
+    } else if (auto it = open_fault.find(id); it != open_fault.end()) {
+      server_faults.push_back({it->second, e.ts});
+      open_fault.erase(it);
+    }
+  }
+  for (const auto& [id, start] : open_fault) server_faults.push_back({start});
+  // Whether a client saw the session of a release lost between the hold's grant
+  // and (allowing the on_lost callback a second to race the answer) the release's
+  // OK: libholdfast answers OK without asking when the session counts as lost,
+  // and after an unknown outcome when the hold is gone, which a lease expiry
+  // explains only once the local deadline has passed. lost_notice names no
+  // session; a process has one at a time.
+  absl::flat_hash_map<std::string, std::vector<int64_t>> lost_notices;  // by process
+  absl::flat_hash_map<int64_t, std::vector<int64_t>> session_lost_seen;
+  for (const Event& e : events) {
+    if (e.type == "lost_notice") lost_notices[e.p].push_back(e.ts);
+    if (e.type == "lost" && e.session_lost) session_lost_seen[e.session].push_back(e.ts);
+  }
+  auto saw_lost = [&](const Event& release_ok, int64_t since) {
+    const int64_t until = release_ok.ts + 1000 * kNanosPerMilli;
+    for (int64_t ts : session_lost_seen[release_ok.session]) {
+      if (ts >= since && ts <= until) return true;
+    }
+    for (int64_t ts : lost_notices[release_ok.p]) {
+      if (ts >= since && ts <= until) return true;
+    }
+    return false;
+  };
+  std::set<HoldId> history_grants;
+  absl::flat_hash_map<std::string, int64_t> granted_at;  // p/session/key/token -> ts
+  absl::flat_hash_map<std::string, int64_t> release_invoked;  // p/op -> ts
+  for (const Event& e : events) {
+    if (e.type == "acquire_ok") {
+      const HoldId id{a.ns, e.key, e.session, e.token};
+      granted_at.try_emplace(absl::StrCat(e.p, "/", e.session, "/", e.key, "/", e.token), e.ts);
+      if (!history_grants.insert(id).second) continue;  // the same hold, asked again
+      auto it = holds.find(id);
+      if (it != holds.end() && !it->second.grants.empty()) {
+        ++c.history_grants;
+      } else if ((e.token & kRevisionMask) <= judged_through) {
+        violation(absl::StrCat(e.p, " was granted ", Name(id), " at ", Ms(e.ts),
+                               "; the audit has no grant of it"));
+      }
+    } else if (e.type == "release_invoke") {
+      release_invoked[absl::StrCat(e.p, "/", e.op)] = e.ts;
+    } else if (e.type == "release_ok") {
+      const HoldId id{a.ns, e.key, e.session, e.token};
+      auto it = holds.find(id);
+      // A missing grant or end is reported above.
+      if (it == holds.end() || it->second.ends.size() != 1) continue;
+      const AuditRow& end = *it->second.ends.front();
+      if (end.type == "release") {
+        ++c.history_releases;
+        continue;
+      }
+      auto inv = release_invoked.find(absl::StrCat(e.p, "/", e.op));
+      const int64_t from = inv == release_invoked.end() ? e.ts : inv->second;
+      auto g = granted_at.find(absl::StrCat(e.p, "/", e.session, "/", e.key, "/", e.token));
+      const int64_t since = g == granted_at.end() ? 0 : g->second;
+      bool fault = false;
+      for (const Window& w : server_faults) fault = fault || (w.start <= e.ts && from <= w.end);
+      if (end.type == "expire" && (fault || saw_lost(e, since))) {
+        ++c.releases_seen_expired;
+        continue;
+      }
+      violation(absl::StrCat(e.p, " released ", Name(id), " at ", Ms(e.ts),
+                             " (release_ok), but the audit recorded ", end.type, " at revision ",
+                             end.revision));
+    }
+  }
+
+  // etcd's own history: one row per change of a hold key, and nothing else.
+  if (!a.etcd_present) {
+    c.note = absl::StrCat("etcd's history not compared: ", a.etcd_note);
+    return;
+  }
+  if (a.etcd_from_revision > 1) {
+    c.note = absl::StrCat("etcd's history compared from revision ", a.etcd_from_revision, " (",
+                          a.etcd_note, ")");
+  }
+  // revision, ns, key, session, is a grant
+  using RowKey = std::tuple<int64_t, std::string, std::string, int64_t, bool>;
+  std::map<RowKey, std::vector<const AuditRow*>> by_change;
+  for (const AuditRow& row : a.rows) {
+    by_change[{row.revision, row.ns, row.key, row.session, row.type == "grant"}].push_back(&row);
+  }
+  std::set<const AuditRow*> matched;
+  for (const EtcdHoldChange& ch : a.etcd) {
+    if (ch.revision > judged_through) continue;
+    const std::string what = ch.created ? "grant" : "end event";
+    const std::string change = absl::StrCat(
+        "etcd ", ch.created ? "created" : "deleted", " hold key ", ch.ns, "/", ch.key,
+        " of session ", ch.session, " at revision ", ch.revision, " (token ", ch.token, ")");
+    auto it = by_change.find({ch.revision, ch.ns, ch.key, ch.session, ch.created});
+    const AuditRow* row = nullptr;
+    if (it != by_change.end()) {
+      for (const AuditRow* candidate : it->second) {
+        if (!matched.contains(candidate)) {
+          row = candidate;
+          break;
+        }
+      }
+    }
+    if (row == nullptr) {
+      violation(absl::StrCat(change, "; the audit has no ", what, " for it"));
+      continue;
+    }
+    matched.insert(row);
+    bool ok = true;
+    if (row->token != ch.token) {
+      ok = false;
+      violation(absl::StrCat(change, "; the audit's ", row->type, " has token ", row->token));
+    }
+    if (!ch.created && row->type != ExpectedEnd(ch.cause)) {
+      ok = false;
+      violation(absl::StrCat(change, ", ",
+                             ch.cause.empty() ? "without an audit mark or a close"
+                                              : absl::StrCat("by a ", ch.cause),
+                             ": expected ", ExpectedEnd(ch.cause), ", the audit recorded ",
+                             row->type));
+    }
+    if (ok) ++(ch.created ? c.etcd_creations : c.etcd_deletions);
+  }
+  for (const AuditRow& row : a.rows) {
+    if (row.revision < a.etcd_from_revision || matched.contains(&row)) continue;
+    violation(absl::StrCat("audit ", row.type, " at revision ", row.revision, " of ",
+                           Name(row.ns, row.key, row.session, row.token),
+                           " matches no change in etcd's history (an extra row)"));
+  }
+}
+
 std::string CheckReport::Describe(int max_violations) const {
   std::string out = absl::StrCat(
       "checked: ops=", ops, " grants=", grants, " writes_admitted=", writes_admitted,
       " stale_writes_rejected=", stale_writes_rejected, " token_pairs=", token_pairs_checked,
       " deadlines_checked=", deadlines_checked, " deadlines_skipped=", deadlines_skipped,
       " losts=", losts, " faults=", faults, "\n");
-  int counts[5] = {0, 0, 0, 0, 0};
+  if (audit.checked) {
+    absl::StrAppend(&out, "audit: rows=", audit.rows, " audit_grants=", audit.audit_grants,
+                    " audit_releases=", audit.audit_releases,
+                    " audit_expiries=", audit.audit_expiries, " audit_forces=", audit.audit_forces,
+                    " holds=", audit.holds, " history_grants=", audit.history_grants,
+                    " history_releases=", audit.history_releases,
+                    " releases_seen_expired=", audit.releases_seen_expired,
+                    " etcd_creations=", audit.etcd_creations,
+                    " etcd_deletions=", audit.etcd_deletions, "\n");
+  }
+  if (!audit.note.empty()) absl::StrAppend(&out, "audit: ", audit.note, "\n");
+  int counts[6] = {0, 0, 0, 0, 0, 0};
   for (const Violation& v : violations) {
-    if (v.item >= 'a' && v.item <= 'e') ++counts[v.item - 'a'];
+    if (v.item >= 'a' && v.item <= 'f') ++counts[v.item - 'a'];
   }
   absl::StrAppend(&out, "violations: (a) fence=", counts[0], " (b) interleave=", counts[1],
                   " (c) token_order=", counts[2], " (d) deadline=", counts[3],
-                  " (e) lost_is_final=", counts[4], "\n");
+                  " (e) lost_is_final=", counts[4], " (f) audit=", counts[5], "\n");
   int shown = 0;
   for (const Violation& v : violations) {
     if (shown++ >= max_violations) {

@@ -16,6 +16,24 @@
 //       late) and are counted as skipped.
 //   (e) lost is final: no acquire invoked after its session was seen lost (or
 //       closed) succeeded, and no acquire returned a token whose hold was seen lost.
+//   (f) audit (CheckAudit): once every session ended and the auditor caught up,
+//       the audit store holds exactly the grants and ends of etcd's history of
+//       hold keys and of the client history:
+//       - the store's cursor reached etcd's revision (else: the audit fell behind);
+//       - per hold (namespace, key, session, token): one grant, at the revision
+//         the token names, and (every session having ended) one end event
+//         (release | expire | force) after it; `unprotected` exactly for keys of
+//         advisory classes;
+//       - etcd: one grant per hold-key creation and one end per hold-key deletion,
+//         same revision, key, session and token; the end's type as etcd's revision
+//         says (an audit mark: release or force; its session closed: release;
+//         otherwise: expire); no row that etcd's history does not have;
+//       - history: every grant a client saw is there exactly once; a release a
+//         client saw succeed is a `release` (an `expire` only if the client saw
+//         its session lost, or a holdfastd or etcd fault overlapped the release:
+//         libholdfast answers OK for a release on a session it counts as lost).
+//       What the history cannot know (an acquire whose answer was lost, a killed
+//       holder) is judged against etcd only.
 //
 // Thread-compatible.
 #pragma once
@@ -35,8 +53,25 @@ struct CheckerOptions {
 };
 
 struct Violation {
-  char item;  // 'a'...'e'
+  char item;  // 'a'...'f'
   std::string message;
+};
+
+// What check (f) compared.
+struct AuditCounters {
+  bool checked = false;
+  std::string note;                  // why it was not checked, or what was left out
+  int64_t rows = 0;
+  int64_t audit_grants = 0;          // rows of each type checked
+  int64_t audit_releases = 0;
+  int64_t audit_expiries = 0;
+  int64_t audit_forces = 0;
+  int64_t holds = 0;                 // distinct holds in the audit
+  int64_t history_grants = 0;        // client-seen grants found in the audit
+  int64_t history_releases = 0;      // client-seen releases recorded as `release`
+  int64_t releases_seen_expired = 0; // client-seen releases recorded as `expire` (excused)
+  int64_t etcd_creations = 0;        // etcd hold creations matched by a grant row
+  int64_t etcd_deletions = 0;        // etcd hold deletions matched by an end row
 };
 
 // Time-to-notice and time-to-regrant of one fault kind, in milliseconds.
@@ -61,6 +96,7 @@ struct CheckReport {
   int64_t deadlines_checked = 0;
   int64_t deadlines_skipped = 0;
   int64_t losts = 0;
+  AuditCounters audit;
   std::vector<Violation> violations;
   std::map<std::string, FaultTimings> timings;  // by fault kind
 
@@ -69,5 +105,10 @@ struct CheckReport {
 };
 
 CheckReport CheckHistory(const std::vector<Event>& events, const CheckerOptions& options = {});
+
+// Check (f): compares `audit` (the store's rows and, when present, etcd's history
+// of hold keys) with `events` and adds its counters and violations to `r`.
+// Does nothing but say so when !audit.present.
+void CheckAudit(const std::vector<Event>& events, const AuditCapture& audit, CheckReport& r);
 
 }  // namespace holdfast::chaos

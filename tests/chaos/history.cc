@@ -143,4 +143,96 @@ absl::Status WriteHistory(const std::string& path, const std::vector<Event>& eve
   return absl::OkStatus();
 }
 
+
+// audit.jsonl: one "capture" line with the scalars, then one line per audit row
+// ("row") and per etcd hold change ("etcd").
+absl::Status WriteAuditCapture(const std::string& path, const AuditCapture& c) {
+  std::ofstream out(path, std::ios::trunc);
+  if (!out) return absl::InternalError(absl::StrCat("cannot write ", path));
+  json head;
+  head["line"] = "capture";
+  head["present"] = c.present;
+  head["ns"] = c.ns;
+  head["cursor"] = c.cursor;
+  head["etcd_revision"] = c.etcd_revision;
+  head["waited_ms"] = c.waited_ms;
+  head["sessions_ended"] = c.sessions_ended;
+  head["advisory_prefixes"] = c.advisory_prefixes;
+  head["problems"] = c.problems;
+  head["etcd_present"] = c.etcd_present;
+  head["etcd_from_revision"] = c.etcd_from_revision;
+  head["etcd_note"] = c.etcd_note;
+  const auto dump = [](const json& j) {
+    return j.dump(-1, ' ', false, json::error_handler_t::replace);
+  };
+  out << dump(head) << "\n";
+  for (const AuditRow& r : c.rows) {
+    out << dump(json{{"line", "row"}, {"revision", r.revision}, {"ns", r.ns}, {"key", r.key},
+                     {"session", r.session}, {"type", r.type}, {"token", r.token},
+                     {"unprotected", r.unprotected}})
+        << "\n";
+  }
+  for (const EtcdHoldChange& e : c.etcd) {
+    out << dump(json{{"line", "etcd"}, {"revision", e.revision}, {"ns", e.ns}, {"key", e.key},
+                     {"session", e.session}, {"created", e.created}, {"token", e.token},
+                     {"cause", e.cause}})
+        << "\n";
+  }
+  out.close();
+  if (!out) return absl::InternalError(absl::StrCat("write failed: ", path));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<AuditCapture> ReadAuditCapture(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
+  AuditCapture c;
+  bool have_head = false;
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty()) continue;
+    json j = json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_discarded() || !j.is_object() || !j.contains("line")) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ": not an audit capture line: ", line));
+    }
+    const std::string kind = j.value("line", "");
+    if (kind == "capture") {
+      have_head = true;
+      c.present = j.value("present", false);
+      c.ns = j.value("ns", "default");
+      c.cursor = j.value("cursor", int64_t{0});
+      c.etcd_revision = j.value("etcd_revision", int64_t{0});
+      c.waited_ms = j.value("waited_ms", int64_t{0});
+      c.sessions_ended = j.value("sessions_ended", false);
+      c.advisory_prefixes = j.value("advisory_prefixes", std::vector<std::string>{});
+      c.problems = j.value("problems", std::vector<std::string>{});
+      c.etcd_present = j.value("etcd_present", false);
+      c.etcd_from_revision = j.value("etcd_from_revision", int64_t{1});
+      c.etcd_note = j.value("etcd_note", "");
+    } else if (kind == "row") {
+      AuditRow r;
+      r.revision = j.value("revision", int64_t{0});
+      r.ns = j.value("ns", "");
+      r.key = j.value("key", "");
+      r.session = j.value("session", int64_t{0});
+      r.type = j.value("type", "");
+      r.token = j.value("token", int64_t{0});
+      r.unprotected = j.value("unprotected", false);
+      c.rows.push_back(std::move(r));
+    } else if (kind == "etcd") {
+      EtcdHoldChange e;
+      e.revision = j.value("revision", int64_t{0});
+      e.ns = j.value("ns", "");
+      e.key = j.value("key", "");
+      e.session = j.value("session", int64_t{0});
+      e.created = j.value("created", false);
+      e.token = j.value("token", int64_t{0});
+      e.cause = j.value("cause", "");
+      c.etcd.push_back(std::move(e));
+    }
+  }
+  if (!have_head) return absl::InvalidArgumentError(absl::StrCat(path, ": no capture line"));
+  return c;
+}
+
 }  // namespace holdfast::chaos

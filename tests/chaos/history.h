@@ -57,6 +57,61 @@ struct Event {
   std::string detail;
 };
 
+// --- Check (f): what the driver reads at the end of a run -------------------
+
+// One audit_event row (audit/store.h).
+struct AuditRow {
+  int64_t revision = 0;
+  std::string ns;
+  std::string key;       // the lock key
+  int64_t session = 0;   // the holder's lease id
+  std::string type;      // "grant" | "release" | "expire" | "force"
+  int64_t token = 0;
+  bool unprotected = false;
+};
+
+// One change of a hold key in etcd's own history: the ground truth the audit
+// must match, read by the driver with a watch from etcd's first revision.
+struct EtcdHoldChange {
+  int64_t revision = 0;
+  std::string ns;
+  std::string key;
+  int64_t session = 0;
+  bool created = false;  // the hold key was created (else deleted)
+  int64_t token = 0;     // epoch << 48 | the hold's create_revision (0: record unreadable)
+  // For a deletion, what etcd's revision says ended the hold:
+  //   "release" / "force": the revision carries an audit mark of that kind;
+  //   "close": the session's key went in the same revision, its record `closing`;
+  //   "": neither (the lease expired, or was revoked without a close).
+  std::string cause;
+};
+
+// Everything check (f) judges, captured after the workload (and written to
+// audit.jsonl beside the history, so `--check` replays it).
+struct AuditCapture {
+  bool present = false;        // false: the run captured no audit; (f) is not checked
+  std::string ns = "default";  // the namespace the clients used
+  int64_t cursor = 0;          // the store's cursor when the rows were read
+  int64_t etcd_revision = 0;   // etcd's revision then
+  int64_t waited_ms = 0;       // how long the driver waited for the cursor
+  // Every session had ended when the rows were read, so every hold has ended.
+  bool sessions_ended = false;
+  // Lock keys under these prefixes are in an advisory class (grants unprotected).
+  std::vector<std::string> advisory_prefixes;
+  // What kept the driver from a full capture; each one is a violation.
+  std::vector<std::string> problems;
+  std::vector<AuditRow> rows;  // every row of the cluster, in store order
+  // etcd's hold changes at revisions >= etcd_from_revision; absent when etcd's
+  // history could not be read (etcd_note says why).
+  bool etcd_present = false;
+  int64_t etcd_from_revision = 1;
+  std::string etcd_note;
+  std::vector<EtcdHoldChange> etcd;
+};
+
+absl::Status WriteAuditCapture(const std::string& path, const AuditCapture& c);
+absl::StatusOr<AuditCapture> ReadAuditCapture(const std::string& path);
+
 // steady_clock now, in nanoseconds.
 int64_t MonotonicNanos();
 // system_clock now, in milliseconds since the Unix epoch.
