@@ -63,7 +63,7 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
   if (!root || root.IsNull()) return c;
   if (!root.IsMap()) return absl::InvalidArgumentError("config: the top level must be a map");
   if (auto s = Unknown(root, "", {"listen", "etcd", "sessions", "acquire", "dev_identity", "limits",
-                                  "tls", "admin_ids", "insecure", "audit"});
+                                  "tls", "admin_ids", "insecure", "audit", "metrics"});
       !s.ok()) {
     return s;
   }
@@ -163,6 +163,13 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
       return s;
     }
   }
+  if (auto metrics = root["metrics"]) {
+    if (!metrics.IsMap()) return absl::InvalidArgumentError("config: metrics must be a map");
+    if (auto s = Unknown(metrics, "metrics.", {"listen"}); !s.ok()) return s;
+    if (auto s = ReadString(metrics["listen"], "metrics.listen", &c.metrics_listen); !s.ok()) {
+      return s;
+    }
+  }
   if (auto limits = root["limits"]) {
     if (auto s = Unknown(limits, "limits.", {"max_message_bytes", "max_concurrent_streams"}); !s.ok()) {
       return s;
@@ -216,6 +223,9 @@ absl::Status ValidateConfig(const Config& c) {
     return absl::OkStatus();
   };
   if (auto s = host_port("listen", c.listen); !s.ok()) return s;
+  if (!c.metrics_listen.empty()) {
+    if (auto s = host_port("metrics.listen", c.metrics_listen); !s.ok()) return s;
+  }
   if (c.etcd_endpoints.empty()) {
     return absl::InvalidArgumentError("config: etcd.endpoints is empty");
   }

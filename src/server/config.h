@@ -30,6 +30,9 @@
 //     lag_warn_revisions: 100000    # backlog that is logged loudly
 //     leader_ttl: 10s               # the auditor's lease: fail-over time
 //     force_request_ttl: 15m        # how long a force-release request waits for approval
+//   metrics:
+//     listen: 127.0.0.1:9420        # Prometheus text at GET /metrics, plain HTTP without
+//                                   #   auth (empty or absent: off); flag --metrics-listen
 //   limits:
 //     max_message_bytes: 65536
 //     max_concurrent_streams: 1000  # per connection
@@ -68,6 +71,7 @@ struct Config {
   std::chrono::milliseconds force_request_ttl{15 * 60 * 1000};
   int max_message_bytes = 64 * 1024;
   int max_concurrent_streams = 1000;
+  std::string metrics_listen;  // host:port; empty: no metrics endpoint
 };
 
 // Parses YAML text. Errors: INVALID_ARGUMENT naming the key and the problem.

@@ -10,6 +10,7 @@ TEST(ConfigTest, EmptyIsDefaults) {
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->listen, "127.0.0.1:7420");
   EXPECT_EQ(c->etcd_endpoints, std::vector<std::string>{"127.0.0.1:2379"});
+  EXPECT_EQ(c->metrics_listen, "");  // no metrics endpoint unless asked for
 }
 
 TEST(ConfigTest, ReadsEveryField) {
@@ -25,6 +26,7 @@ acquire: {max_wait: 10m}
 limits: {max_message_bytes: 8192, max_concurrent_streams: 50}
 audit: {store: "postgresql://h/db", compaction_interval: 30s, compaction_keep_revisions: 500,
         lag_warn_revisions: 7, leader_ttl: 4s, force_request_ttl: 5m}
+metrics: {listen: 0.0.0.0:9420}
 )");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->listen, "0.0.0.0:9000");
@@ -39,6 +41,7 @@ audit: {store: "postgresql://h/db", compaction_interval: 30s, compaction_keep_re
   EXPECT_EQ(c->audit_lag_warn_revisions, 7);
   EXPECT_EQ(c->audit_leader_ttl, std::chrono::seconds(4));
   EXPECT_EQ(c->force_request_ttl, std::chrono::minutes(5));
+  EXPECT_EQ(c->metrics_listen, "0.0.0.0:9420");
 }
 
 TEST(ConfigTest, ErrorsNameTheProblem) {
@@ -64,6 +67,11 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\nadmin_ids: [ops]", "admin_ids"},
       {"insecure: true\netcd: {tls: {cert_file: a}}", "etcd.tls needs ca_file"},
       {"insecure: true\naudit: {stor: x}", "unknown key \"audit.stor\""},
+      {"insecure: true\nmetrics: {port: 9420}", "unknown key \"metrics.port\""},
+      {"insecure: true\nmetrics: 9420", "metrics must be a map"},
+      {"insecure: true\nmetrics: {listen: [a]}", "metrics.listen must be a string"},
+      {"insecure: true\nmetrics: {listen: 9420}", "metrics.listen \"9420\" is not host:port"},
+      {"insecure: true\nmetrics: {listen: \"localhost:metrics\"}", "has a bad port"},
       {"insecure: true\naudit: [x]", "audit must be a map"},
       {"insecure: true\naudit: {leader_ttl: 1s}", "audit.leader_ttl must be >= 2s"},
       {"insecure: true\naudit: {compaction_keep_revisions: 5}", "compaction_keep_revisions must be >= 100"},

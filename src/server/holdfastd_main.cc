@@ -19,6 +19,10 @@ int main(int argc, char** argv) {
   std::string audit_store;
   app.add_option("--audit-store", audit_store,
                  "audit store URL: sqlite:PATH or postgresql://... (\"none\": no audit)");
+  std::string metrics_listen;
+  auto* metrics_flag = app.add_option(
+      "--metrics-listen", metrics_listen,
+      "serve Prometheus metrics over HTTP at host:port/metrics (\"\": off)");
   bool insecure = false;
   app.add_flag("--insecure", insecure,
                "serve without TLS (loopback addresses only; every caller is the dev identity)");
@@ -36,6 +40,7 @@ int main(int argc, char** argv) {
   if (!listen.empty()) config.listen = listen;
   if (insecure) config.insecure = true;
   if (!audit_store.empty()) config.audit_store = audit_store;
+  if (metrics_flag->count() > 0) config.metrics_listen = metrics_listen;
   if (!etcd.empty()) config.etcd_endpoints = absl::StrSplit(etcd, ',', absl::SkipEmpty());
   if (auto s = holdfast::server::ValidateConfig(config); !s.ok()) {
     std::fprintf(stderr, "holdfastd: %s\n", std::string(s.message()).c_str());

@@ -22,6 +22,7 @@
 #include "server/auth.h"
 #include "server/config.h"
 #include "server/lock_service.h"
+#include "server/metrics.h"
 #include "server/op_quota.h"
 #include "server/rate_limit.h"
 #include "server/replicas.h"
@@ -52,6 +53,9 @@ class Server {
   absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials() const;
 
   Config config_;
+  // Null unless metrics are on. Declared first: the etcd client and the engine
+  // report to it until they are gone.
+  std::unique_ptr<Metrics> metrics_;
   std::shared_ptr<TimerQueue> timers_;
   std::unique_ptr<etcd::Client> etcd_;
   std::unique_ptr<lock::EtcdHealth> health_;

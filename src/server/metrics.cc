@@ -1,0 +1,359 @@
+#include "server/metrics.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <exception>
+#include <map>
+#include <vector>
+
+#include <prometheus/collectable.h>
+#include <prometheus/counter.h>
+#include <prometheus/exposer.h>
+#include <prometheus/gauge.h>
+#include <prometheus/histogram.h>
+#include <prometheus/registry.h>
+#include <prometheus/text_serializer.h>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+
+namespace holdfast::server {
+
+namespace {
+
+using Seconds = std::chrono::duration<double>;
+
+// From 1 ms (an uncontended grant on a quiet etcd) to the longest wait (1 h).
+const prometheus::Histogram::BucketBoundaries kAcquireBuckets = {
+    0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+    1,     2.5,    5,     10,   30,    60,   300, 900,  3600};
+// One etcd round trip: from 0.5 ms to the etcd timeout.
+const prometheus::Histogram::BucketBoundaries kEtcdBuckets = {
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5};
+// Waiters granted by one release (at most 32, engine.cc).
+const prometheus::Histogram::BucketBoundaries kBatchBuckets = {1, 2, 4, 8, 16, 32};
+// Time between two renewals of a session / its TTL: libholdfast renews every
+// third of the TTL; near 1 the session was about to expire.
+const prometheus::Histogram::BucketBoundaries kRatioBuckets = {0.1, 0.2, 0.3, 0.4, 0.5,
+                                                               0.6, 0.7, 0.8, 0.9, 1.0};
+
+std::string CodeName(absl::StatusCode code) { return absl::StatusCodeToString(code); }
+
+}  // namespace
+
+// What the HTTP server collects: the scrape-time gauges first, then everything.
+class Metrics::Scrape : public prometheus::Collectable {
+ public:
+  explicit Scrape(Metrics* metrics) : metrics_(metrics) {}
+  std::vector<prometheus::MetricFamily> Collect() const override {
+    metrics_->Refresh();
+    return metrics_->registry_->Collect();
+  }
+
+ private:
+  Metrics* const metrics_;
+};
+
+struct Metrics::AuditGauges {
+  prometheus::Gauge* leader;
+  prometheus::Gauge* cursor;
+  prometheus::Gauge* last_seen;
+  prometheus::Gauge* compacted;
+  prometheus::Gauge* lag;
+  prometheus::Gauge* gaps;
+  prometheus::Gauge* recorded;
+};
+
+Metrics::Metrics(Clock now)
+    : now_(now ? std::move(now) : Clock([] { return std::chrono::steady_clock::now(); })),
+      registry_(std::make_shared<prometheus::Registry>()),
+      scrape_(std::make_shared<Scrape>(this)) {
+  auto& r = *registry_;
+  acquire_seconds_ = &prometheus::BuildHistogram()
+                          .Name("holdfast_acquire_duration_seconds")
+                          .Help("Granted acquires: from the call reaching holdfastd to the grant, "
+                                "waiting included")
+                          .Register(r);
+  wait_seconds_ = &prometheus::BuildHistogram()
+                       .Name("holdfast_acquire_wait_seconds")
+                       .Help("Granted acquires that queued: time from joining the queue to the "
+                             "grant")
+                       .Register(r);
+  acquires_ = &prometheus::BuildCounter()
+                   .Name("holdfast_acquires_total")
+                   .Help("Acquire answers by status code (OK includes asking again for a "
+                         "hold already held)")
+                   .Register(r);
+  grants_ = &prometheus::BuildCounter()
+                 .Name("holdfast_grants_total")
+                 .Help("Holds created by this replica's commits: path=acquire (an acquire's "
+                       "own grant) or handover (a release granting queued waiters)")
+                 .Register(r);
+  releases_ = &prometheus::BuildCounter()
+                   .Name("holdfast_releases_total")
+                   .Help("Releases committed by this replica")
+                   .Register(r);
+  handover_batch_ = &prometheus::BuildHistogram()
+                         .Name("holdfast_handover_batch_size")
+                         .Help("Waiters granted in one releasing commit (releases that handed "
+                               "the key over)")
+                         .Register(r);
+  parked_ = &prometheus::BuildGauge()
+                 .Name("holdfast_waiters_parked")
+                 .Help("Acquires of this replica waiting in a queue now")
+                 .Register(r);
+  sessions_opened_ = &prometheus::BuildCounter()
+                          .Name("holdfast_sessions_opened_total")
+                          .Help("Sessions opened through this replica")
+                          .Register(r);
+  sessions_closed_ = &prometheus::BuildCounter()
+                          .Name("holdfast_sessions_closed_total")
+                          .Help("Sessions closed by their client through this replica")
+                          .Register(r);
+  sessions_lost_ = &prometheus::BuildCounter()
+                        .Name("holdfast_sessions_lost_total")
+                        .Help("Expiries: renewals on this replica that found the session's "
+                              "lease gone")
+                        .Register(r);
+  sessions_live_ = &prometheus::BuildGauge()
+                        .Name("holdfast_sessions_live")
+                        .Help("Sessions opened or renewed on this replica within their TTL "
+                              "and not closed or lost since")
+                        .Register(r);
+  keepalives_ = &prometheus::BuildCounter()
+                     .Name("holdfast_keepalives_total")
+                     .Help("Keepalive answers: result=renewed, lost or etcd_unavailable")
+                     .Register(r);
+  keepalive_round_trip_ = &prometheus::BuildHistogram()
+                               .Name("holdfast_keepalive_round_trip_seconds")
+                               .Help("One renewal: from the request to etcd's answer on the "
+                                     "LeaseKeepAlive stream")
+                               .Register(r)
+                               .Add({}, kEtcdBuckets);
+  keepalive_interval_ratio_ = &prometheus::BuildHistogram()
+                                   .Name("holdfast_keepalive_interval_ttl_ratio")
+                                   .Help("Time since the session's previous renewal (or open) "
+                                         "on this replica, divided by its TTL")
+                                   .Register(r)
+                                   .Add({}, kRatioBuckets);
+  etcd_seconds_ = &prometheus::BuildHistogram()
+                       .Name("holdfast_etcd_request_duration_seconds")
+                       .Help("Unary etcd calls (each attempt), by method")
+                       .Register(r);
+  etcd_errors_ = &prometheus::BuildCounter()
+                      .Name("holdfast_etcd_request_errors_total")
+                      .Help("Unary etcd calls that failed, by method and status code")
+                      .Register(r);
+  for (const char* method : {"Range", "Put", "DeleteRange", "Txn", "Compact", "LeaseGrant",
+                             "LeaseRevoke", "LeaseTimeToLive", "Status"}) {
+    etcd_method_seconds_[method] = &etcd_seconds_->Add({{"method", method}}, kEtcdBuckets);
+  }
+  next_prune_ = now_();
+}
+
+Metrics::~Metrics() { StopServing(); }
+
+absl::Status Metrics::Serve(const std::string& listen) {
+  absl::MutexLock l(&serve_mu_);
+  if (exposer_) return absl::FailedPreconditionError("metrics: already serving");
+  // civetweb reports a port it cannot bind by throwing: this is the boundary.
+  try {
+    exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
+  } catch (const std::exception& e) {
+    return absl::UnavailableError(
+        absl::StrCat("metrics: cannot listen on ", listen, ": ", e.what()));
+  }
+  exposer_->RegisterCollectable(scrape_);
+  auto ports = exposer_->GetListeningPorts();
+  port_ = ports.empty() ? 0 : ports.front();
+  std::fprintf(stderr, "holdfastd: metrics on http://%s/metrics\n", listen.c_str());
+  return absl::OkStatus();
+}
+
+void Metrics::StopServing() {
+  std::unique_ptr<prometheus::Exposer> exposer;
+  {
+    absl::MutexLock l(&serve_mu_);
+    exposer = std::move(exposer_);
+    port_ = 0;
+  }
+  exposer.reset();  // joins the HTTP threads: no scrape runs after this
+}
+
+void Metrics::SetAuditSource(std::function<audit::AuditorStatus()> source) {
+  std::unique_ptr<AuditGauges> gauges;
+  {
+    absl::MutexLock l(&mu_);
+    audit_source_ = std::move(source);
+    if (!audit_source_ || audit_) return;
+  }
+  auto gauge = [this](const char* name, const char* help) {
+    return &prometheus::BuildGauge().Name(name).Help(help).Register(*registry_).Add({});
+  };
+  gauges = std::make_unique<AuditGauges>();
+  gauges->leader = gauge("holdfast_audit_leader", "1 while this replica is the auditor");
+  gauges->cursor = gauge("holdfast_audit_cursor_revision",
+                         "Last etcd revision recorded in the audit store");
+  gauges->last_seen = gauge("holdfast_audit_last_seen_revision",
+                            "Highest etcd revision the auditor has seen");
+  gauges->compacted = gauge("holdfast_audit_compacted_revision",
+                            "Revision holdfastd last compacted etcd at");
+  gauges->lag = gauge("holdfast_audit_lag_revisions",
+                      "Revisions seen but not yet recorded (0 unless the auditor)");
+  gauges->gaps = gauge("holdfast_audit_gaps",
+                       "Audit gaps (history compacted away before it was recorded) since "
+                       "start");
+  gauges->recorded = gauge("holdfast_audit_recorded_events",
+                           "Events recorded by this replica since start");
+  absl::MutexLock l(&mu_);
+  if (!audit_) audit_ = std::move(gauges);
+}
+
+std::string Metrics::Render() {
+  return prometheus::TextSerializer().Serialize(scrape_->Collect());
+}
+
+void Metrics::Refresh() {
+  const auto now = now_();
+  std::map<std::string, int64_t> live;
+  std::function<audit::AuditorStatus()> source;
+  AuditGauges* audit = nullptr;
+  {
+    absl::MutexLock l(&mu_);
+    PruneLocked(now);
+    for (const auto& [id, s] : sessions_) ++live[s.ns];
+    // Namespaces that had live sessions and have none now read 0.
+    for (const auto& ns : live_namespaces_) live.emplace(ns, 0);
+    source = audit_source_;
+    audit = audit_.get();  // lives as long as this object, once made
+  }
+  for (const auto& [ns, n] : live) {
+    sessions_live_->Add({{"namespace", ns}}).Set(static_cast<double>(n));
+  }
+  if (source && audit != nullptr) {
+    const audit::AuditorStatus st = source();
+    audit->leader->Set(st.leader ? 1 : 0);
+    audit->cursor->Set(static_cast<double>(st.cursor));
+    audit->last_seen->Set(static_cast<double>(st.last_seen_revision));
+    audit->compacted->Set(static_cast<double>(st.compacted_revision));
+    audit->lag->Set(st.leader ? static_cast<double>(std::max<int64_t>(
+                                    0, st.last_seen_revision - st.cursor))
+                              : 0.0);
+    audit->gaps->Set(static_cast<double>(st.gaps));
+    audit->recorded->Set(static_cast<double>(st.recorded_events));
+  }
+}
+
+void Metrics::PruneLocked(std::chrono::steady_clock::time_point now) {
+  for (auto it = sessions_.begin(); it != sessions_.end();) {
+    if (it->second.last + it->second.ttl < now) {
+      it = sessions_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  next_prune_ = now + std::chrono::seconds(10);
+}
+
+// --- engine hooks --------------------------------------------------------------
+
+void Metrics::OnAcquireDone(const lock::AcquireEnd& end) {
+  const std::string ns(end.ns), cls(end.class_id);
+  acquires_->Add({{"namespace", ns}, {"class", cls}, {"code", CodeName(end.code)}}).Increment();
+  if (end.code != absl::StatusCode::kOk) return;
+  acquire_seconds_->Add({{"namespace", ns}, {"class", cls}}, kAcquireBuckets)
+      .Observe(Seconds(end.latency).count());
+  if (end.waited) {
+    wait_seconds_->Add({{"namespace", ns}, {"class", cls}}, kAcquireBuckets)
+        .Observe(Seconds(*end.waited).count());
+  }
+}
+
+void Metrics::OnGranted(std::string_view ns, std::string_view class_id, lock::GrantPath path,
+                        int count) {
+  const char* via = path == lock::GrantPath::kHandOver ? "handover" : "acquire";
+  grants_->Add({{"namespace", std::string(ns)}, {"class", std::string(class_id)}, {"path", via}})
+      .Increment(count);
+}
+
+void Metrics::OnReleased(std::string_view ns, int handed_over) {
+  releases_->Add({{"namespace", std::string(ns)}}).Increment();
+  if (handed_over > 0) {
+    handover_batch_->Add({{"namespace", std::string(ns)}}, kBatchBuckets).Observe(handed_over);
+  }
+}
+
+void Metrics::OnParked(std::string_view ns, std::string_view class_id, int delta) {
+  auto& gauge = parked_->Add({{"namespace", std::string(ns)}, {"class", std::string(class_id)}});
+  if (delta >= 0) {
+    gauge.Increment(delta);
+  } else {
+    gauge.Decrement(-delta);
+  }
+}
+
+void Metrics::OnSessionOpened(std::string_view ns, int64_t session,
+                              std::chrono::milliseconds ttl) {
+  sessions_opened_->Add({{"namespace", std::string(ns)}}).Increment();
+  const auto now = now_();
+  absl::MutexLock l(&mu_);
+  sessions_[session] = SeenSession{std::string(ns), now, ttl};
+  live_namespaces_.emplace(ns);
+  if (now >= next_prune_) PruneLocked(now);
+}
+
+void Metrics::OnSessionClosed(std::string_view ns, int64_t session) {
+  sessions_closed_->Add({{"namespace", std::string(ns)}}).Increment();
+  absl::MutexLock l(&mu_);
+  sessions_.erase(session);
+}
+
+void Metrics::OnRenewed(const lock::RenewEnd& end) {
+  const std::string ns(end.ns);
+  const char* result = end.renewed ? "renewed" : end.lost ? "lost" : "etcd_unavailable";
+  keepalives_->Add({{"namespace", ns}, {"result", result}}).Increment();
+  if (end.round_trip.count() > 0) {
+    keepalive_round_trip_->Observe(Seconds(end.round_trip).count());
+  }
+  if (end.lost) {
+    sessions_lost_->Add({{"namespace", ns}}).Increment();
+    absl::MutexLock l(&mu_);
+    sessions_.erase(end.session);
+    return;
+  }
+  if (!end.renewed || end.ttl.count() <= 0) return;
+  const auto now = now_();
+  std::optional<double> ratio;
+  {
+    absl::MutexLock l(&mu_);
+    auto [it, added] = sessions_.try_emplace(end.session, SeenSession{ns, now, end.ttl});
+    if (added) {
+      live_namespaces_.insert(ns);  // came from another replica
+    } else {
+      // Against the TTL the session had until now: that is when it would have
+      // expired.
+      ratio = Seconds(now - it->second.last) / Seconds(it->second.ttl);
+      it->second.last = now;
+      it->second.ttl = end.ttl;
+    }
+    if (now >= next_prune_) PruneLocked(now);
+  }
+  if (ratio) keepalive_interval_ratio_->Observe(*ratio);
+}
+
+// --- etcd hook ---------------------------------------------------------------------
+
+void Metrics::OnEtcdCall(std::string_view method, const absl::Status& status,
+                         std::chrono::steady_clock::duration latency) {
+  auto known = etcd_method_seconds_.find(method);
+  auto& histogram = known != etcd_method_seconds_.end()
+                        ? *known->second
+                        : etcd_seconds_->Add({{"method", std::string(method)}}, kEtcdBuckets);
+  histogram.Observe(Seconds(latency).count());
+  if (!status.ok()) {
+    etcd_errors_->Add({{"method", std::string(method)}, {"code", CodeName(status.code())}})
+        .Increment();
+  }
+}
+
+}  // namespace holdfast::server

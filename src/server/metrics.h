@@ -1,0 +1,145 @@
+// holdfastd's Prometheus metrics (prometheus-cpp), served as text over plain
+// HTTP at GET /metrics (config `metrics.listen`, flag --metrics-listen). Every
+// metric, its labels and what it counts is listed in the README (Operations,
+// Metrics); this header says where each one is measured.
+//
+// Metrics implements the engine's and the etcd client's observer interfaces, so
+// neither knows prometheus: the engine reports acquires, grants, releases,
+// parked waiters, sessions and renewals (lock/observer.h); the etcd client
+// reports each unary call (etcd/client.h). The auditor's progress and the live
+// sessions are read at scrape time, on the HTTP server's thread.
+//
+// Labels are bounded: namespace and class names that etcd showed to exist, etcd
+// method names, status-code names. Never lock keys, session ids or identities.
+//
+// Live sessions are counted per replica, from what this replica sees: a session
+// is live here from its Open or a renewal on this replica until its TTL has run
+// out without another renewal here, or until it is closed or found lost here.
+// Summed over replicas this is the cluster's live sessions (a session that just
+// moved to another replica counts on both for at most one TTL). The map behind
+// it costs about 100 bytes per session.
+//
+// Thread-safe. Hooks never block and take no lock of the caller's.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <map>
+#include <set>
+#include <unordered_map>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "audit/auditor.h"
+#include "etcd/client.h"
+#include "lock/observer.h"
+
+namespace prometheus {
+class Counter;
+class Exposer;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace holdfast::server {
+
+class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
+ public:
+  using Clock = std::function<std::chrono::steady_clock::time_point()>;
+  // `now` is injected for tests (default: the steady clock).
+  explicit Metrics(Clock now = nullptr);
+  ~Metrics() override;
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // Serves GET /metrics on `listen` (host:port) over plain HTTP, on two threads
+  // of its own. Errors: UNAVAILABLE when it cannot listen there.
+  absl::Status Serve(const std::string& listen);
+  // Stops serving; no scrape runs once it returns. Idempotent.
+  void StopServing();
+  // The port bound by Serve (0 when not serving).
+  int port() const { return port_.load(); }
+
+  // Where scrapes read the auditor's progress: called on the HTTP thread, so it
+  // must not block for long. Adds the holdfast_audit_* gauges. Null: none.
+  void SetAuditSource(std::function<audit::AuditorStatus()> source);
+
+  // What a scrape answers, in Prometheus' text format.
+  std::string Render();
+
+  // lock::EngineObserver
+  void OnAcquireDone(const lock::AcquireEnd& end) override;
+  void OnGranted(std::string_view ns, std::string_view class_id, lock::GrantPath path,
+                 int count) override;
+  void OnReleased(std::string_view ns, int handed_over) override;
+  void OnParked(std::string_view ns, std::string_view class_id, int delta) override;
+  void OnSessionOpened(std::string_view ns, int64_t session,
+                       std::chrono::milliseconds ttl) override;
+  void OnSessionClosed(std::string_view ns, int64_t session) override;
+  void OnRenewed(const lock::RenewEnd& end) override;
+
+  // etcd::CallObserver
+  void OnEtcdCall(std::string_view method, const absl::Status& status,
+                  std::chrono::steady_clock::duration latency) override;
+
+ private:
+  class Scrape;
+  struct AuditGauges;
+  struct SeenSession {
+    std::string ns;
+    std::chrono::steady_clock::time_point last;  // opened or last renewed here
+    std::chrono::milliseconds ttl;
+  };
+
+  // Brings the scrape-time gauges up to date (live sessions, the auditor).
+  void Refresh();
+  // Forgets sessions whose TTL ran out since they were last seen here.
+  void PruneLocked(std::chrono::steady_clock::time_point now)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  const Clock now_;
+  std::shared_ptr<prometheus::Registry> registry_;
+  std::shared_ptr<Scrape> scrape_;
+
+  prometheus::Family<prometheus::Histogram>* acquire_seconds_;
+  prometheus::Family<prometheus::Histogram>* wait_seconds_;
+  prometheus::Family<prometheus::Counter>* acquires_;
+  prometheus::Family<prometheus::Counter>* grants_;
+  prometheus::Family<prometheus::Counter>* releases_;
+  prometheus::Family<prometheus::Histogram>* handover_batch_;
+  prometheus::Family<prometheus::Gauge>* parked_;
+  prometheus::Family<prometheus::Counter>* sessions_opened_;
+  prometheus::Family<prometheus::Counter>* sessions_closed_;
+  prometheus::Family<prometheus::Counter>* sessions_lost_;
+  prometheus::Family<prometheus::Gauge>* sessions_live_;
+  prometheus::Family<prometheus::Counter>* keepalives_;
+  prometheus::Histogram* keepalive_round_trip_;
+  prometheus::Histogram* keepalive_interval_ratio_;
+  prometheus::Family<prometheus::Histogram>* etcd_seconds_;
+  // Made up front for etcd's methods, so a call's hook takes no family lock.
+  std::map<std::string, prometheus::Histogram*, std::less<>> etcd_method_seconds_;
+  prometheus::Family<prometheus::Counter>* etcd_errors_;
+
+  // Lock order: serve_mu_ before mu_.
+  absl::Mutex serve_mu_;
+  std::unique_ptr<prometheus::Exposer> exposer_ ABSL_GUARDED_BY(serve_mu_);
+  std::atomic<int> port_{0};
+
+  absl::Mutex mu_;
+  std::unordered_map<int64_t, SeenSession> sessions_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string, std::less<>> live_namespaces_ ABSL_GUARDED_BY(mu_);  // ever had one
+  std::chrono::steady_clock::time_point next_prune_ ABSL_GUARDED_BY(mu_);
+  std::function<audit::AuditorStatus()> audit_source_ ABSL_GUARDED_BY(mu_);
+  std::unique_ptr<AuditGauges> audit_ ABSL_GUARDED_BY(mu_);
+};
+
+}  // namespace holdfast::server
