@@ -67,6 +67,18 @@ int ReplicaSet::size() const {
 }
 
 absl::Status ReplicaSet::Start(etcd::Deadline d) {
+  absl::Status status = StartSync(d);
+  if (!status.ok()) {
+    // Keep trying in the background: the first ticks register and read the set.
+    absl::MutexLock l(&mu_);
+    stopped_ = false;
+    lease_ = 0;
+    timer_ = etcd_->timers().ScheduleAfter(options_.tick, [this] { Tick(); });
+  }
+  return status;
+}
+
+absl::Status ReplicaSet::StartSync(etcd::Deadline d) {
   pb::LeaseGrantRequest grant;
   grant.set_ttl(options_.ttl.count());
   auto lease = etcd_->LeaseGrantSync(grant, d);

@@ -46,7 +46,8 @@ class ReplicaSet {
   ~ReplicaSet();
 
   // Registers this replica, reads the set, and starts renewing, publishing and
-  // watching. Errors: what etcd answered.
+  // watching. Errors: what etcd answered; the replica then goes on trying in
+  // the background (from the first tick), so a failure need not stop the server.
   absl::Status Start(etcd::Deadline d);
   // Stops all of that and revokes this replica's lease (waits up to a second).
   // Safe to call twice.
@@ -58,6 +59,7 @@ class ReplicaSet {
   int size() const;
 
  private:
+  absl::Status StartSync(etcd::Deadline d);
   void Tick();
   void RenewLease();
   void Register();

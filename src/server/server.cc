@@ -102,7 +102,9 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   ro.address = config_.listen;
   replicas_ = std::make_unique<ReplicaSet>(etcd_.get(), rate_limiter_.get(), ro);
   if (auto s = replicas_->Start(etcd::DeadlineIn(config_.etcd_timeout)); !s.ok()) {
-    return absl::Status(s.code(), absl::StrCat("cannot join the replica set: ", s.message()));
+    // Not fatal: it goes on trying; until then the others count this replica idle.
+    std::fprintf(stderr, "holdfastd: joining the replica set failed (%s); retrying\n",
+                 s.ToString().c_str());
   }
   op_quota_ = std::make_unique<OpQuota>(etcd_.get(), rate_limiter_.get());
   session_service_ =
