@@ -1,0 +1,310 @@
+// holdfastd's Prometheus endpoint against real etcd and holdfastd: the counters
+// move by exactly what the test did through libholdfast. Every hook reports
+// before the RPC answers, so once a call has returned its effect is visible; the
+// only polls (bounded) are for things no call returns: a waiter parking, the
+// auditor's election.
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <future>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "dev/subprocess.h"
+#include "harness/cluster.h"
+
+namespace holdfast {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+struct HttpAnswer {
+  std::string status_line, headers, body;
+};
+
+// GET http://127.0.0.1:port/path with a plain socket (HTTP/1.0: the server
+// closes the connection after the answer).
+absl::StatusOr<HttpAnswer> HttpGet(int port, const std::string& path) {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  if (fd < 0) return absl::InternalError("socket");
+  timeval timeout{10, 0};  // a bound on a hung server, not a synchronisation
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return absl::UnavailableError(absl::StrCat("connect to port ", port, " failed"));
+  }
+  const std::string request =
+      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1:", port, "\r\n\r\n");
+  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return absl::UnavailableError("short write");
+  }
+  std::string raw;
+  char buf[16384];
+  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) raw.append(buf, n);
+  close(fd);
+  const auto head_end = raw.find("\r\n\r\n");
+  if (head_end == std::string::npos) return absl::DataLossError("no HTTP header: " + raw);
+  HttpAnswer a;
+  const std::string head = raw.substr(0, head_end);
+  a.status_line = head.substr(0, head.find("\r\n"));
+  a.headers = head;
+  a.body = raw.substr(head_end + 4);
+  return a;
+}
+
+// The value of the first sample `name` whose labels include all of `labels`
+// (label values are compared exactly); -1 when there is none.
+double Sample(const std::string& text, const std::string& name,
+              const std::map<std::string, std::string>& labels = {}) {
+  std::istringstream in(text);
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.empty() || line[0] == '#') continue;
+    const auto space = line.rfind(' ');
+    const std::string series = line.substr(0, space);
+    if (series != name && series.rfind(name + "{", 0) != 0) continue;
+    bool all = true;
+    for (const auto& [k, v] : labels) {
+      all = all && (series.find("{" + k + "=\"" + v + "\"") != std::string::npos ||
+                    series.find("," + k + "=\"" + v + "\"") != std::string::npos);
+    }
+    if (all) return std::stod(line.substr(space + 1));
+  }
+  return -1;
+}
+
+class MetricsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto port = dev::PickFreePort();
+    ASSERT_TRUE(port.ok()) << port.status();
+    port_ = *port;
+    testing::TestCluster::Options o;
+    o.extra_config = absl::StrCat("metrics: {listen: 127.0.0.1:", port_, "}\n");
+    auto c = testing::TestCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = std::move(*c);
+    ASSERT_TRUE(cluster_->CreateNamespace("default").ok());
+    auto client = cluster_->NewClient();
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(*client);
+  }
+  void TearDown() override {
+    client_.reset();
+    cluster_.reset();
+  }
+
+  std::string Scrape() {
+    auto a = HttpGet(port_, "/metrics");
+    EXPECT_TRUE(a.ok()) << a.status();
+    if (!a.ok()) return "";
+    EXPECT_NE(a->status_line.find(" 200"), std::string::npos) << a->status_line;
+    return a->body;
+  }
+
+  // Scrapes until `pred` holds (bounded); returns the last scrape.
+  std::string ScrapeUntil(const std::function<bool(const std::string&)>& pred,
+                          const std::string& what) {
+    auto until = std::chrono::steady_clock::now() + seconds(30);
+    std::string text;
+    while (std::chrono::steady_clock::now() < until) {
+      text = Scrape();
+      if (pred(text)) return text;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    ADD_FAILURE() << "not reached: " << what << "\n" << text;
+    return text;
+  }
+
+  std::unique_ptr<Session> Open(milliseconds ttl = seconds(10)) {
+    SessionOptions o;
+    o.ttl = ttl;
+    auto s = client_->OpenSession("default", o);
+    EXPECT_TRUE(s.ok()) << s.status();
+    return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  int port_ = 0;
+  std::unique_ptr<testing::TestCluster> cluster_;
+  std::unique_ptr<Client> client_;
+};
+
+AcquireOptions Waiting(milliseconds wait, bool shared = false) {
+  AcquireOptions o;
+  o.wait = wait;
+  o.shared = shared;
+  return o;
+}
+
+const std::map<std::string, std::string> kDefault = {{"namespace", "default"},
+                                                     {"class", "default"}};
+
+TEST_F(MetricsTest, CountersMoveByWhatTheClientsDid) {
+  const std::string before = Scrape();
+  EXPECT_EQ(Sample(before, "holdfast_grants_total"), -1);  // nothing granted yet
+  // The start-up's etcd calls are already there.
+  EXPECT_GT(Sample(before, "holdfast_etcd_request_duration_seconds_count", {{"method", "Status"}}),
+            0);
+
+  auto a = Open(), b = Open(), c = Open();
+  ASSERT_TRUE(a && b && c);
+
+  // 1. A free key: one grant of an acquire, one plain release.
+  auto h1 = a->Acquire("metrics/one");
+  ASSERT_TRUE(h1.ok()) << h1.status();
+  ASSERT_TRUE(h1->Release().ok());
+
+  // 2. Contended: B queues behind A, C's try is refused, A's release hands over.
+  auto h2 = a->Acquire("metrics/two");
+  ASSERT_TRUE(h2.ok()) << h2.status();
+  auto b2 = std::async(std::launch::async, [&] { return b->Acquire("metrics/two", Waiting(seconds(30))); });
+  ScrapeUntil([](const std::string& t) { return Sample(t, "holdfast_waiters_parked", kDefault) == 1; },
+              "B parked");
+  auto c2 = c->Acquire("metrics/two", Waiting(milliseconds(0)));
+  EXPECT_EQ(c2.status().code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(h2->Release().ok());
+  auto hb2 = b2.get();
+  ASSERT_TRUE(hb2.ok()) << hb2.status();
+  ASSERT_TRUE(hb2->Release().ok());
+
+  // 3. Shared: B and C queue as readers behind A's exclusive hold; one release
+  //    hands the key to both in one commit.
+  auto h3 = a->Acquire("metrics/three");
+  ASSERT_TRUE(h3.ok()) << h3.status();
+  auto b3 = std::async(std::launch::async,
+                       [&] { return b->Acquire("metrics/three", Waiting(seconds(30), true)); });
+  ScrapeUntil([](const std::string& t) { return Sample(t, "holdfast_waiters_parked", kDefault) == 1; },
+              "B parked on three");
+  auto c3 = std::async(std::launch::async,
+                       [&] { return c->Acquire("metrics/three", Waiting(seconds(30), true)); });
+  ScrapeUntil([](const std::string& t) { return Sample(t, "holdfast_waiters_parked", kDefault) == 2; },
+              "B and C parked on three");
+  ASSERT_TRUE(h3->Release().ok());
+  auto hb3 = b3.get();
+  auto hc3 = c3.get();
+  ASSERT_TRUE(hb3.ok()) << hb3.status();
+  ASSERT_TRUE(hc3.ok()) << hc3.status();
+  EXPECT_EQ(hb3->info().grant_revision(), hc3->info().grant_revision());  // one commit
+  ASSERT_TRUE(hb3->Release().ok());
+  ASSERT_TRUE(hc3->Release().ok());
+
+  const std::string t = Scrape();
+  // Grants: three by acquires (one, two, three), three by hand-over (B; B and C).
+  EXPECT_EQ(Sample(t, "holdfast_grants_total",
+                   {{"namespace", "default"}, {"class", "default"}, {"path", "acquire"}}), 3);
+  EXPECT_EQ(Sample(t, "holdfast_grants_total",
+                   {{"namespace", "default"}, {"class", "default"}, {"path", "handover"}}), 3);
+  EXPECT_EQ(Sample(t, "holdfast_releases_total", {{"namespace", "default"}}), 6);
+  EXPECT_EQ(Sample(t, "holdfast_handover_batch_size_count", {{"namespace", "default"}}), 2);
+  EXPECT_EQ(Sample(t, "holdfast_handover_batch_size_sum", {{"namespace", "default"}}), 3);
+  EXPECT_EQ(Sample(t, "holdfast_handover_batch_size_bucket",
+                   {{"namespace", "default"}, {"le", "1"}}), 1);
+  EXPECT_EQ(Sample(t, "holdfast_handover_batch_size_bucket",
+                   {{"namespace", "default"}, {"le", "2"}}), 2);
+  // Answers: six grants, one refused try.
+  EXPECT_EQ(Sample(t, "holdfast_acquires_total",
+                   {{"namespace", "default"}, {"class", "default"}, {"code", "OK"}}), 6);
+  EXPECT_EQ(Sample(t, "holdfast_acquires_total",
+                   {{"namespace", "default"}, {"class", "default"}, {"code", "ABORTED"}}), 1);
+  EXPECT_EQ(Sample(t, "holdfast_acquire_duration_seconds_count", kDefault), 6);
+  EXPECT_EQ(Sample(t, "holdfast_acquire_duration_seconds_bucket",
+                   {{"namespace", "default"}, {"le", "+Inf"}}), 6);
+  EXPECT_GT(Sample(t, "holdfast_acquire_duration_seconds_sum", kDefault), 0);
+  EXPECT_EQ(Sample(t, "holdfast_acquire_wait_seconds_count", kDefault), 3);  // the queued ones
+  EXPECT_EQ(Sample(t, "holdfast_waiters_parked", kDefault), 0);
+  // Sessions: three opened here, all live.
+  EXPECT_EQ(Sample(t, "holdfast_sessions_opened_total", {{"namespace", "default"}}), 3);
+  EXPECT_EQ(Sample(t, "holdfast_sessions_live", {{"namespace", "default"}}), 3);
+  // etcd: every grant and release is a transaction; sessions are leases.
+  EXPECT_GT(Sample(t, "holdfast_etcd_request_duration_seconds_count", {{"method", "Txn"}}), 12);
+  EXPECT_GE(Sample(t, "holdfast_etcd_request_duration_seconds_count", {{"method", "LeaseGrant"}}),
+            3);
+  EXPECT_EQ(Sample(t, "holdfast_etcd_request_errors_total", {{"method", "Txn"}}), -1);
+  // Lock keys never become labels.
+  EXPECT_EQ(t.find("metrics/"), std::string::npos);
+}
+
+TEST_F(MetricsTest, SessionsRenewalsAndCloses) {
+  auto keep = Open(seconds(10));
+  auto fast = Open(seconds(2));  // renewed every 667 ms by libholdfast
+  ASSERT_TRUE(keep && fast);
+  auto until = std::chrono::steady_clock::now() + seconds(20);
+  while (fast->renewals() < 2 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_GE(fast->renewals(), 2);
+  std::string t = Scrape();
+  EXPECT_GE(Sample(t, "holdfast_keepalives_total",
+                   {{"namespace", "default"}, {"result", "renewed"}}), 2);
+  EXPECT_GE(Sample(t, "holdfast_keepalive_round_trip_seconds_count"), 2);
+  // Each renewal after the first is timed against the previous one (or the open).
+  EXPECT_GE(Sample(t, "holdfast_keepalive_interval_ttl_ratio_count"), 2);
+  EXPECT_EQ(Sample(t, "holdfast_keepalive_interval_ttl_ratio_bucket", {{"le", "+Inf"}}),
+            Sample(t, "holdfast_keepalive_interval_ttl_ratio_count"));
+  EXPECT_EQ(Sample(t, "holdfast_sessions_live", {{"namespace", "default"}}), 2);
+
+  ASSERT_TRUE(fast->Close().ok());
+  t = Scrape();
+  EXPECT_EQ(Sample(t, "holdfast_sessions_closed_total", {{"namespace", "default"}}), 1);
+  EXPECT_EQ(Sample(t, "holdfast_sessions_live", {{"namespace", "default"}}), 1);
+  EXPECT_EQ(Sample(t, "holdfast_sessions_opened_total", {{"namespace", "default"}}), 2);
+  EXPECT_EQ(Sample(t, "holdfast_sessions_lost_total", {{"namespace", "default"}}), -1);
+}
+
+TEST_F(MetricsTest, AuditorProgressIsExposed) {
+  auto s = Open();
+  ASSERT_TRUE(s);
+  auto h = s->Acquire("metrics/audited");
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(h->Release().ok());
+  // The only replica becomes the auditor and records the grant and the release.
+  const std::string t = ScrapeUntil(
+      [](const std::string& t) {
+        return Sample(t, "holdfast_audit_leader") == 1 &&
+               Sample(t, "holdfast_audit_recorded_events") >= 2;
+      },
+      "the auditor leads and has recorded the grant and the release");
+  EXPECT_GT(Sample(t, "holdfast_audit_cursor_revision"), 0);
+  EXPECT_GE(Sample(t, "holdfast_audit_last_seen_revision"),
+            Sample(t, "holdfast_audit_cursor_revision"));
+  EXPECT_EQ(Sample(t, "holdfast_audit_lag_revisions"),
+            Sample(t, "holdfast_audit_last_seen_revision") -
+                Sample(t, "holdfast_audit_cursor_revision"));
+  EXPECT_EQ(Sample(t, "holdfast_audit_gaps"), 0);
+  EXPECT_GE(Sample(t, "holdfast_audit_compacted_revision"), 0);
+}
+
+TEST(MetricsFlagTest, MetricsListenFlagServesTextFormat) {
+  auto port = dev::PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  testing::TestCluster::Options o;
+  o.holdfastd_args = {"--metrics-listen", absl::StrCat("127.0.0.1:", *port)};
+  auto cluster = testing::TestCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto a = HttpGet(*port, "/metrics");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_NE(a->status_line.find(" 200"), std::string::npos) << a->status_line;
+  EXPECT_NE(a->headers.find("text/plain"), std::string::npos) << a->headers;
+  EXPECT_NE(a->body.find("# TYPE holdfast_etcd_request_duration_seconds histogram"),
+            std::string::npos)
+      << a->body;
+  // Families without a sample yet (grants, sessions) are left out until they have one.
+  EXPECT_NE(a->body.find("# TYPE holdfast_keepalive_interval_ttl_ratio histogram"),
+            std::string::npos);
+  EXPECT_EQ(a->body.find("holdfast_grants_total"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace holdfast
