@@ -61,6 +61,7 @@ void RegisterNamespaceCommand(CLI::App& app, CommandContext& ctx);
 void RegisterClassCommand(CLI::App& app, CommandContext& ctx);
 void RegisterAuditCommand(CLI::App& app, CommandContext& ctx);
 void RegisterForceCommand(CLI::App& app, CommandContext& ctx);
+void RegisterEpochCommand(CLI::App& app, CommandContext& ctx);
 
 // Runs `run(*options)` as the action when `cmd` is the parsed subcommand.
 // `options` holds the values CLI11 fills in.

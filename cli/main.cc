@@ -6,6 +6,7 @@
 //   holdfast ns|class create|get|list|delete
 //   holdfast audit [--ns NS] [--key KEY] [--type T] [--follow]   the audit trail
 //   holdfast force request|approve|list    two-person force-release
+//   holdfast epoch show|advance            token epochs (restore, rehome)
 //
 // Exit codes: 0 ok (or CMD's code for `lock`), 1 error, 2 usage, 74 hold lost,
 // 75 not acquired.
@@ -40,6 +41,7 @@ void BuildApp(CLI::App& app, CommandContext& ctx) {
   holdfast::cli::RegisterClassCommand(app, ctx);
   holdfast::cli::RegisterAuditCommand(app, ctx);
   holdfast::cli::RegisterForceCommand(app, ctx);
+  holdfast::cli::RegisterEpochCommand(app, ctx);
 }
 
 // CLI11 reports parse problems by throwing: turn them into exit codes here.

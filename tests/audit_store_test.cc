@@ -453,6 +453,24 @@ TEST_P(AuditStoreContract, LowerCursorIsRefusedAndWritesNothing) {
   EXPECT_EQ(CursorOf(kClusterA), 50);
 }
 
+TEST_P(AuditStoreContract, RewindMovesOnlyThatClusterBackAndKeepsRows) {
+  std::vector<AuditEvent> rows = {Event(kClusterA, 40, "ns", "a", 1, EventType::kGrant)};
+  ASSERT_TRUE(store_->Record(kClusterA, 50, rows, {}).ok());
+  ASSERT_TRUE(store_->Record(kClusterHigh, 70, {}, {}).ok());
+  ASSERT_TRUE(store_->RewindCursor(kClusterA, 30).ok());
+  EXPECT_EQ(CursorOf(kClusterA), 30);
+  EXPECT_EQ(CursorOf(kClusterHigh), 70);
+  EXPECT_EQ(All(), Sorted(rows));
+  // Never forward, and a cluster without a cursor stays without.
+  ASSERT_TRUE(store_->RewindCursor(kClusterA, 35).ok());
+  EXPECT_EQ(CursorOf(kClusterA), 30);
+  ASSERT_TRUE(store_->RewindCursor(0x1234, 5).ok());
+  EXPECT_EQ(CursorOf(0x1234), std::nullopt);
+  // Recording goes on from the rewound cursor.
+  EXPECT_TRUE(store_->Record(kClusterA, 31, {}, {}).ok());
+  EXPECT_EQ(CursorOf(kClusterA), 31);
+}
+
 TEST_P(AuditStoreContract, CursorsArePerClusterAndMoveWithEmptyBatches) {
   EXPECT_EQ(CursorOf(kClusterA), std::nullopt);
   EXPECT_EQ(CursorOf(kClusterHigh), std::nullopt);

@@ -178,6 +178,7 @@ class Client {
   absl::StatusOr<std::vector<v1::LockClass>> ListClasses(const std::string& ns);
   absl::Status DeleteClass(const std::string& ns, const std::string& class_id);
   absl::StatusOr<v1::Epoch> GetEpoch();
+  absl::StatusOr<v1::Epoch> AdvanceEpoch(const v1::AdvanceEpochRequest& req);
 
   // --- Audit and force-release (admin) ---
   absl::StatusOr<v1::QueryAuditResponse> QueryAudit(const v1::QueryAuditRequest& req);

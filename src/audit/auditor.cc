@@ -7,6 +7,7 @@
 #include "absl/time/clock.h"
 #include "audit/classify.h"
 #include "lock/keyspace.h"
+#include "lock/records.pb.h"
 
 namespace holdfast::audit {
 namespace {
@@ -148,6 +149,12 @@ absl::StatusOr<int64_t> Auditor::StartRevision(uint64_t cluster_id) {
   auto epoch = etcd_->RangeSync(r, etcd::DeadlineIn(options_.etcd_timeout));
   if (!epoch.ok()) return epoch.status();
   if (epoch->kvs_size() == 0) return epoch->header().revision() + 1;
+  records::EpochRecord rec;
+  if (!rec.ParseFromString(epoch->kvs(0).value()) || rec.etcd_cluster_id() != cluster_id) {
+    // A cluster restored (or copied) from another's snapshot: its history up to
+    // now was recorded under the other cluster id. Audit what happens from now.
+    return epoch->header().revision() + 1;
+  }
   return epoch->kvs(0).create_revision();
 }
 
@@ -337,6 +344,21 @@ void Auditor::Lead(int64_t lease) {
     if (Clock::now() - last_renew >= renew_every) {
       last_renew = Clock::now();
       if (!StillLeader(lease, cluster_id)) break;
+      // An epoch advance after a restore rewinds the stored cursor: start over
+      // from it, so the restored cluster's new events are recorded.
+      auto stored = store_->Cursor(cluster_id);
+      int64_t mine;
+      {
+        std::lock_guard l(mu_);
+        mine = status_.cursor;
+      }
+      if (stored.ok() && *stored && **stored < mine && pending.empty()) {
+        std::fprintf(stderr,
+                     "holdfastd: auditor: the audit cursor was rewound to %lld (an epoch "
+                     "advance after a restore); resuming from there\n",
+                     static_cast<long long>(**stored));
+        break;
+      }
     }
     MaybeCompact(&last_compaction);
   }

@@ -85,6 +85,7 @@ class PostgresStore final : public AuditStore {
                       const std::vector<AuditEvent>& events,
                       const std::vector<ForceReleaseRow>& forces) override;
   absl::StatusOr<std::optional<int64_t>> Cursor(uint64_t cluster_id) override;
+  absl::Status RewindCursor(uint64_t cluster_id, int64_t revision) override;
   absl::StatusOr<std::vector<AuditEvent>> Query(const AuditQuery& q) override;
   absl::StatusOr<std::vector<ForceReleaseRow>> ForceReleases(int limit) override;
   absl::Status AppendEpoch(const EpochRow& row) override;
@@ -337,6 +338,18 @@ absl::StatusOr<std::optional<int64_t>> PostgresStore::Cursor(uint64_t cluster_id
     return absl::OkStatus();
   }));
   return out;
+}
+
+absl::Status PostgresStore::RewindCursor(uint64_t cluster_id, int64_t revision) {
+  absl::MutexLock l(&mu_);
+  return RunLockHeld([&]() -> absl::Status {
+    return ExecLockHeld(
+               "UPDATE audit_cursor SET revision = $2, updated_at_unix_ms = $3 "
+               "WHERE cluster_id = $1 AND revision > $2",
+               {IntParam(ClusterToSql(cluster_id)), IntParam(revision),
+                IntParam(internal::NowUnixMs())})
+        .status();
+  });
 }
 
 absl::StatusOr<std::vector<AuditEvent>> PostgresStore::Query(const AuditQuery& q) {

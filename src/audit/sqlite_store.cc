@@ -117,6 +117,7 @@ class SqliteStore final : public AuditStore {
                       const std::vector<AuditEvent>& events,
                       const std::vector<ForceReleaseRow>& forces) override;
   absl::StatusOr<std::optional<int64_t>> Cursor(uint64_t cluster_id) override;
+  absl::Status RewindCursor(uint64_t cluster_id, int64_t revision) override;
   absl::StatusOr<std::vector<AuditEvent>> Query(const AuditQuery& q) override;
   absl::StatusOr<std::vector<ForceReleaseRow>> ForceReleases(int limit) override;
   absl::Status AppendEpoch(const EpochRow& row) override;
@@ -328,6 +329,16 @@ absl::Status SqliteStore::Record(uint64_t cluster_id, int64_t cursor_revision,
 absl::StatusOr<std::optional<int64_t>> SqliteStore::Cursor(uint64_t cluster_id) {
   absl::MutexLock l(&mu_);
   return CursorLockHeld(cluster_id);
+}
+
+absl::Status SqliteStore::RewindCursor(uint64_t cluster_id, int64_t revision) {
+  absl::MutexLock l(&mu_);
+  HF_ASSIGN_OR_RETURN(
+      Statement update,
+      PrepareLockHeld("UPDATE audit_cursor SET revision = ?2, updated_at_unix_ms = ?3 "
+                      "WHERE cluster_id = ?1 AND revision > ?2"));
+  update.Int(ClusterToSql(cluster_id)).Int(revision).Int(internal::NowUnixMs());
+  return update.Run();
 }
 
 absl::StatusOr<std::vector<AuditEvent>> SqliteStore::Query(const AuditQuery& q) {

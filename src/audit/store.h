@@ -115,6 +115,12 @@ class AuditStore {
   // this cluster was never audited.
   virtual absl::StatusOr<std::optional<int64_t>> Cursor(uint64_t cluster_id) = 0;
 
+  // Moves the cluster's cursor back to `revision` (no-op if it is already at or
+  // below it). Only for an etcd cluster whose revisions went backwards (restored
+  // from a snapshot with the same cluster id): the epoch advance calls it, so the
+  // auditor resumes from the restored cluster's revision. Rows stay.
+  virtual absl::Status RewindCursor(uint64_t cluster_id, int64_t revision) = 0;
+
   // q.limit is clamped to 1..10000.
   virtual absl::StatusOr<std::vector<AuditEvent>> Query(const AuditQuery& q) = 0;
   // Newest approval first; `limit` is clamped to 1..10000.

@@ -478,6 +478,10 @@ absl::StatusOr<v1::Epoch> Client::GetEpoch() {
   return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::GetEpoch, v1::GetEpochRequest());
 }
 
+absl::StatusOr<v1::Epoch> Client::AdvanceEpoch(const v1::AdvanceEpochRequest& req) {
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::AdvanceEpoch, req);
+}
+
 absl::StatusOr<v1::QueryAuditResponse> Client::QueryAudit(const v1::QueryAuditRequest& req) {
   return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::QueryAudit, req);
 }

@@ -146,4 +146,11 @@ absl::Status EtcdProcess::Restart(bool wait_healthy) {
   return Launch(wait_healthy);
 }
 
+absl::Status EtcdProcess::RestartOn(const std::string& data_dir) {
+  Stop();
+  options_.data_dir = data_dir;
+  options_.initial_cluster_state = "existing";
+  return Launch(/*wait_healthy=*/true);
+}
+
 }  // namespace holdfast::dev

@@ -54,6 +54,9 @@ class EtcdProcess {
   // Starts it again on the same ports and data. Waits for health only when the
   // member can form a quorum alone (`wait_healthy`).
   absl::Status Restart(bool wait_healthy = true);
+  // Stops etcd and starts it on another data dir (e.g. one `etcdctl snapshot
+  // restore` made), same name and ports.
+  absl::Status RestartOn(const std::string& data_dir);
 
  private:
   explicit EtcdProcess(EtcdOptions options) : options_(std::move(options)) {}

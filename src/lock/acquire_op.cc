@@ -218,6 +218,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       return Granted(MakeHoldInfo(req_.lock_key(), *d.own_hold, snap.classes));
     }
     if (auto s = CheckEpoch(snap.epoch, snap.cluster_id); !s.ok()) return Finish(s);
+    if (auto s = engine_->GrantBlock(); !s.ok()) return Finish(s);
     if (auto s = engine_->EtcdStatus(); !s.ok()) {
       return Finish(absl::UnavailableError(absl::StrCat(s.message(), ": no new grants; retry")));
     }
@@ -234,6 +235,12 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (req_.wait_ms() == 0) {
       return Finish(absl::AbortedError(
           absl::StrCat("\"", req_.lock_key(), "\" is held by ", d.blocked_by)));
+    }
+    const size_t max_waiters = engine_->options().max_waiters_per_key;
+    if (d.own_waiter == nullptr && max_waiters > 0 && snap.waiters.size() >= max_waiters) {
+      return Finish(absl::ResourceExhaustedError(absl::StrCat(
+          "\"", req_.lock_key(), "\" already has ", snap.waiters.size(),
+          " waiters, the most one key may have (limits.max_waiters_per_key); not queued")));
     }
     NoteQueued();
     if (d.own_waiter == nullptr ||

@@ -107,16 +107,27 @@ Deadline Engine::EtcdDeadline(Deadline d) const {
   return std::min(d, etcd::DeadlineIn(options_.etcd_timeout));
 }
 
-absl::Status Engine::Bootstrap(Deadline d) {
+void Engine::SetGrantBlock(std::string reason) {
+  absl::MutexLock l(&block_mu_);
+  block_reason_ = std::move(reason);
+}
+
+absl::Status Engine::GrantBlock() const {
+  absl::MutexLock l(&block_mu_);
+  if (block_reason_.empty()) return absl::OkStatus();
+  return absl::FailedPreconditionError(block_reason_);
+}
+
+absl::Status Engine::Bootstrap(Deadline d, int32_t epoch) {
   // Learn the cluster id from any answer, then create the record only if absent.
   auto status = etcd_->StatusSync(d);
   if (!status.ok()) return status.status();
   uint64_t cluster_id = status->header().cluster_id();
   records::EpochRecord rec;
-  rec.set_epoch(1);
+  rec.set_epoch(epoch);
   rec.set_etcd_cluster_id(cluster_id);
   rec.set_advanced_at_unix_ms(NowUnixMs());
-  rec.set_reason("init");
+  rec.set_reason(epoch == 1 ? "init" : "restore");
   pb::TxnRequest txn;
   AddCompare(&txn, keyspace::EpochKey(), pb::Compare::CREATE, pb::Compare::EQUAL)
       ->set_create_revision(0);
@@ -438,7 +449,7 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
     no_waiters->set_range_end(keyspace::WaitRangeEnd(ns, key));
     no_waiters->set_create_revision(0);
   } else {
-    AddHandOver(*snap, ns, key, session, &txn);
+    AddHandOver(*snap, ns, key, session, GrantBlock().ok(), &txn);
   }
   AddSnapshotReads(ns, session, key, txn.mutable_failure());
   std::string handed_class;
@@ -485,7 +496,7 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
 }
 
 void Engine::AddHandOver(const KeySnapshot& snap, const std::string& ns, const std::string& key,
-                         int64_t releasing, pb::TxnRequest* txn) {
+                         int64_t releasing, bool grants_allowed, pb::TxnRequest* txn) {
   auto plan = queue::PlanHandOver(snap, releasing, NowUnixMs());
   for (const WaiterEntry* dead : plan.dead) {
     txn->add_success()->mutable_request_delete_range()->set_key(
@@ -494,7 +505,7 @@ void Engine::AddHandOver(const KeySnapshot& snap, const std::string& ns, const s
   const ClassEntry* cls = ResolveClass(snap.classes, key);
   // Grants need a usable epoch for this cluster and a class; the release itself
   // never does.
-  if (cls == nullptr || !CheckEpoch(snap.epoch, snap.cluster_id).ok()) return;
+  if (!grants_allowed || cls == nullptr || !CheckEpoch(snap.epoch, snap.cluster_id).ok()) return;
   if (plan.grant.empty()) return;  // a plain release: nothing else to guard
   // No hold was created since the snapshot: the holds it shows are all there is.
   auto* no_new = AddCompare(txn, keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,

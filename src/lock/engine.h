@@ -51,6 +51,10 @@ struct EngineOptions {
   // Longest Acquire wait.
   std::chrono::milliseconds max_wait{3600 * 1000};
   size_t max_holder_meta_bytes = 1024;
+  // Waiters one lock key may have at once (0: no limit). A new waiter beyond it
+  // is refused with RESOURCE_EXHAUSTED; checked on the read that decides, so
+  // concurrent enqueues on several replicas can pass it by at most their number.
+  size_t max_waiters_per_key = 1000;
   // Deadline of one lease renewal: an answer later than this is not a renewal a
   // holder can trust.
   std::chrono::milliseconds renew_timeout{1000};
@@ -72,10 +76,17 @@ class Engine {
   // `health` (optional, not owned) gates new grants and keepalive answers.
   Engine(etcd::Client* etcd, EngineOptions options, EtcdHealth* health = nullptr);
 
-  // Makes sure /holdfast/epoch exists: creates {epoch 1, the answering cluster's
-  // id} when absent (by compare-and-swap, so racing replicas agree). Blocking;
-  // call once at start-up, not from a gRPC thread.
-  absl::Status Bootstrap(Deadline d);
+  // Makes sure /holdfast/epoch exists: creates {epoch, the answering cluster's
+  // id} when absent (by compare-and-swap, so racing replicas agree). `epoch` is 1
+  // on a fresh install, or above the audit store's history when the record is
+  // missing but epochs were used before. Blocking; call once at start-up, not
+  // from a gRPC thread.
+  absl::Status Bootstrap(Deadline d, int32_t epoch = 1);
+
+  // Refuses every new grant (and hand-over) with FAILED_PRECONDITION and this
+  // reason, until called with "" (the restore guard, ARCHITECTURE §6).
+  void SetGrantBlock(std::string reason);
+  absl::Status GrantBlock() const;
 
   void OpenSession(const Caller& caller, const v1::OpenSessionRequest& req, Deadline d,
                    Done<v1::OpenSessionResponse> done);
@@ -118,7 +129,7 @@ class Engine {
                   std::optional<KeySnapshot> snap, Done<v1::ReleaseResponse> done);
   // Adds the hand-over to the head of the queue to a release transaction.
   static void AddHandOver(const KeySnapshot& snap, const std::string& ns, const std::string& key,
-                          int64_t releasing, etcdserverpb::TxnRequest* txn);
+                          int64_t releasing, bool grants_allowed, etcdserverpb::TxnRequest* txn);
 
   // OK, or UNAVAILABLE while etcd has no quorum (no new grants then).
   absl::Status EtcdStatus() const;
@@ -132,6 +143,8 @@ class Engine {
   const EngineOptions options_;
   EtcdHealth* const health_;
   EpochCache epochs_;
+  mutable absl::Mutex block_mu_;
+  std::string block_reason_ ABSL_GUARDED_BY(block_mu_);
   // Owner of each session seen (identities never change): lets Release check
   // ownership without a read. Bounded; a miss costs one read.
   absl::Mutex owners_mu_;

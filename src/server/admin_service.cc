@@ -94,9 +94,51 @@ grpc::Status AdminService::DeleteClass(grpc::ServerContext* ctx,
 
 grpc::Status AdminService::GetEpoch(grpc::ServerContext* ctx, const v1::GetEpochRequest* req,
                                     v1::Epoch* resp) {
-  // Any authenticated caller may read the epoch (it is also a readiness probe).
-  if (auto caller = auth_->CallerOf(*ctx); !caller.ok()) return ToGrpcStatus(caller.status());
-  return Reply(registry_->GetEpoch(RpcDeadline(*ctx, kUnaryCap)), resp);
+  // Any authenticated caller may read the epoch (it is also a readiness probe);
+  // admins also get the history.
+  auto caller = auth_->CallerOf(*ctx);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  auto epoch = registry_->GetEpoch(RpcDeadline(*ctx, kUnaryCap));
+  if (!epoch.ok()) return ToGrpcStatus(epoch.status());
+  *resp = std::move(*epoch);
+  if (restore_reason_) resp->set_restore_detected(restore_reason_());
+  if (epochs_ != nullptr && Authenticator::RequireAdmin(*caller).ok()) {
+    auto state = epochs_->Read(RpcDeadline(*ctx, kUnaryCap));
+    if (state.ok()) {
+      for (const auto& row : state->history) {
+        auto* h = resp->add_history();
+        h->set_epoch(row.epoch);
+        h->set_etcd_cluster_id(absl::StrCat(row.cluster_id));
+        h->set_advanced_at_unix_ms(row.advanced_at_unix_ms);
+        h->set_reason(row.reason);
+        h->set_actor(row.actor);
+      }
+      // Fresher than the guard's last look.
+      resp->set_restore_detected(audit::Epochs::RestoreReason(*state));
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status AdminService::AdvanceEpoch(grpc::ServerContext* ctx,
+                                        const v1::AdvanceEpochRequest* req, v1::Epoch* resp) {
+  auto caller = auth_->CallerOf(*ctx);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (auto s = Authenticator::RequireAdmin(*caller); !s.ok()) return ToGrpcStatus(s);
+  if (!req->cluster().empty() && req->cluster() != "default") {
+    return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
+        "no etcd cluster named \"", req->cluster(),
+        "\": this holdfastd has one cluster (\"default\"); leave --cluster out")));
+  }
+  auto advanced = epochs_->Advance(req->reason(), caller->identity, RpcDeadline(*ctx, kUnaryCap));
+  if (!advanced.ok()) return ToGrpcStatus(advanced.status());
+  if (on_advanced_) on_advanced_();
+  resp->set_epoch(advanced->epoch());
+  resp->set_etcd_cluster_id(absl::StrCat(advanced->etcd_cluster_id()));
+  resp->set_advanced_at_unix_ms(advanced->advanced_at_unix_ms());
+  resp->set_reason(advanced->reason());
+  resp->set_observed_cluster_id(absl::StrCat(advanced->etcd_cluster_id()));
+  return grpc::Status::OK;
 }
 
 // --- audit and force-release ------------------------------------------------

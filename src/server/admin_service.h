@@ -8,6 +8,7 @@
 
 #include <functional>
 
+#include "audit/epochs.h"
 #include "audit/store.h"
 #include "holdfast/v1/admin.grpc.pb.h"
 #include "lock/force_release.h"
@@ -50,6 +51,15 @@ class AdminService final : public v1::Admin::Service {
     force_ = force;
     audit_status_ = std::move(status);
   }
+  // `on_advanced` runs after a successful advance (the server re-checks at once).
+  void SetEpochs(audit::Epochs* epochs, std::function<std::string()> restore_reason,
+                 std::function<void()> on_advanced) {
+    epochs_ = epochs;
+    restore_reason_ = std::move(restore_reason);
+    on_advanced_ = std::move(on_advanced);
+  }
+  grpc::Status AdvanceEpoch(grpc::ServerContext* ctx, const v1::AdvanceEpochRequest* req,
+                            v1::Epoch* resp) override;
   grpc::Status QueryAudit(grpc::ServerContext* ctx, const v1::QueryAuditRequest* req,
                           v1::QueryAuditResponse* resp) override;
   grpc::Status GetAuditStatus(grpc::ServerContext* ctx, const v1::GetAuditStatusRequest* req,
@@ -73,6 +83,9 @@ class AdminService final : public v1::Admin::Service {
   audit::AuditStore* audit_store_ = nullptr;
   lock::ForceReleases* force_ = nullptr;
   std::function<v1::AuditStatus()> audit_status_;
+  audit::Epochs* epochs_ = nullptr;
+  std::function<std::string()> restore_reason_;
+  std::function<void()> on_advanced_;
 };
 
 }  // namespace holdfast::server

@@ -63,7 +63,7 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
   if (!root || root.IsNull()) return c;
   if (!root.IsMap()) return absl::InvalidArgumentError("config: the top level must be a map");
   if (auto s = Unknown(root, "", {"listen", "etcd", "sessions", "acquire", "dev_identity", "limits",
-                                  "tls", "admin_ids", "insecure", "audit", "metrics"});
+                                  "tls", "admin_ids", "insecure", "audit", "epochs", "metrics"});
       !s.ok()) {
     return s;
   }
@@ -130,6 +130,29 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
       for (const auto& t : tds) c.trust_domains.push_back(t.as<std::string>());
     }
   }
+  if (auto epochs = root["epochs"]) {
+    if (!epochs.IsMap()) return absl::InvalidArgumentError("config: epochs must be a map");
+    if (auto s = Unknown(epochs, "epochs.", {"auto_advance_on_restore", "check_interval"});
+        !s.ok()) {
+      return s;
+    }
+    if (auto a = epochs["auto_advance_on_restore"]) {
+      try {
+        c.auto_advance_on_restore = a.as<bool>();
+      } catch (const YAML::Exception&) {
+        return absl::InvalidArgumentError(
+            "config: epochs.auto_advance_on_restore must be true or false");
+      }
+    }
+    if (auto s = ReadDuration(epochs["check_interval"], "epochs.check_interval",
+                              &c.epoch_check_interval);
+        !s.ok()) {
+      return s;
+    }
+    if (c.epoch_check_interval < std::chrono::milliseconds(100)) {
+      return absl::InvalidArgumentError("config: epochs.check_interval must be >= 100ms");
+    }
+  }
   if (auto audit = root["audit"]) {
     if (!audit.IsMap()) return absl::InvalidArgumentError("config: audit must be a map");
     if (auto s = Unknown(audit, "audit.",
@@ -171,11 +194,21 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     }
   }
   if (auto limits = root["limits"]) {
-    if (auto s = Unknown(limits, "limits.", {"max_message_bytes", "max_concurrent_streams"}); !s.ok()) {
+    if (auto s = Unknown(limits, "limits.",
+                         {"max_message_bytes", "max_concurrent_streams", "max_waiters_per_key"});
+        !s.ok()) {
       return s;
     }
     if (auto s = ReadInt(limits["max_message_bytes"], "limits.max_message_bytes", &c.max_message_bytes); !s.ok()) return s;
     if (auto s = ReadInt(limits["max_concurrent_streams"], "limits.max_concurrent_streams", &c.max_concurrent_streams); !s.ok()) return s;
+    if (auto s = ReadInt(limits["max_waiters_per_key"], "limits.max_waiters_per_key",
+                         &c.max_waiters_per_key);
+        !s.ok()) {
+      return s;
+    }
+    if (c.max_waiters_per_key < 1) {
+      return absl::InvalidArgumentError("config: limits.max_waiters_per_key must be >= 1");
+    }
   }
   return c;
 }

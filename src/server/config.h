@@ -30,12 +30,16 @@
 //     lag_warn_revisions: 100000    # backlog that is logged loudly
 //     leader_ttl: 10s               # the auditor's lease: fail-over time
 //     force_request_ttl: 15m        # how long a force-release request waits for approval
+//   epochs:                         # ARCHITECTURE §6, docs/operations.md
+//     auto_advance_on_restore: false  # advance by itself when a restore is detected
+//     check_interval: 2s            # how often the restore guard looks
 //   metrics:
 //     listen: 127.0.0.1:9420        # Prometheus text at GET /metrics, plain HTTP without
 //                                   #   auth (empty or absent: off); flag --metrics-listen
 //   limits:
 //     max_message_bytes: 65536
 //     max_concurrent_streams: 1000  # per connection
+//     max_waiters_per_key: 1000     # a longer queue is refused (RESOURCE_EXHAUSTED)
 //
 // Unknown keys are errors (a typo must not silently keep a default).
 #pragma once
@@ -69,8 +73,11 @@ struct Config {
   int audit_lag_warn_revisions = 100000;
   std::chrono::milliseconds audit_leader_ttl{10'000};
   std::chrono::milliseconds force_request_ttl{15 * 60 * 1000};
+  bool auto_advance_on_restore = false;
+  std::chrono::milliseconds epoch_check_interval{2000};
   int max_message_bytes = 64 * 1024;
   int max_concurrent_streams = 1000;
+  int max_waiters_per_key = 1000;
   std::string metrics_listen;  // host:port; empty: no metrics endpoint
 };
 

@@ -46,6 +46,7 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   lo.session_ttl_min = config_.session_ttl_min;
   lo.session_ttl_max = config_.session_ttl_max;
   lo.max_wait = config_.max_wait;
+  lo.max_waiters_per_key = static_cast<size_t>(config_.max_waiters_per_key);
   lo.observer = metrics_.get();
   lock::EtcdHealth::Options ho;
   ho.probe_timeout = std::min<std::chrono::milliseconds>(config_.etcd_timeout, std::chrono::seconds(1));
@@ -74,6 +75,11 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
                  "NOT recorded, and etcd is never compacted by holdfastd.\n");
   }
 
+  epochs_ = std::make_unique<audit::Epochs>(etcd_.get(), audit_store_.get());
+  // A missing record is created above every epoch the history knows.
+  auto first_epoch = epochs_->BootstrapEpoch();
+  if (!first_epoch.ok()) return first_epoch.status();
+
   // etcd may come up after us (or be between leaders): retry the bootstrap. Short
   // attempts: a connection made while etcd is still starting can stall until its
   // deadline, and the next attempt gets a fresh one.
@@ -81,12 +87,16 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   auto attempt = std::min<std::chrono::milliseconds>(config_.etcd_timeout, std::chrono::seconds(1));
   absl::Status boot;
   do {
-    boot = engine_->Bootstrap(etcd::DeadlineIn(attempt));
+    boot = engine_->Bootstrap(etcd::DeadlineIn(attempt), *first_epoch);
     if (boot.ok()) break;
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   } while (std::chrono::steady_clock::now() < until);
   if (!boot.ok()) {
     return absl::Status(boot.code(), absl::StrCat("epoch bootstrap failed: ", boot.message()));
+  }
+  if (auto s = epochs_->RecordCurrent(etcd::DeadlineIn(config_.etcd_timeout)); !s.ok()) {
+    std::fprintf(stderr, "holdfastd: cannot write the epoch history (will not block): %s\n",
+                 s.ToString().c_str());
   }
 
   Authenticator::Options ao;
@@ -112,6 +122,12 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   lock_service_ = std::make_unique<LockService>(engine_.get(), auth_.get(), op_quota_.get());
   admin_service_ = std::make_unique<AdminService>(registry_.get(), auth_.get());
   admin_service_->SetAudit(audit_store_.get(), force_.get(), [this] { return AuditStatus(); });
+  admin_service_->SetEpochs(
+      epochs_.get(), [this] { return RestoreReason(); }, [this] { GuardEpochsOnce(); });
+
+  // The restore guard looks once before the first call is served: a holdfastd
+  // started on a restored cluster refuses grants from its first call on.
+  GuardEpochsOnce();
 
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -134,6 +150,9 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.listen));
   }
   health_service_.store(grpc_server_->GetHealthCheckService());
+  if (!RestoreReason().empty()) {
+    grpc_server_->GetHealthCheckService()->SetServingStatus("holdfast.v1.Lock", false);
+  }
   health_->Start();
   auto colon = config_.listen.rfind(':');
   bound_address_ = absl::StrCat(config_.listen.substr(0, colon), ":", port);
@@ -152,7 +171,53 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
     // Shutdown stops the metrics endpoint before the auditor goes.
     if (metrics_) metrics_->SetAuditSource([a = auditor_.get()] { return a->status(); });
   }
+  epoch_guard_ = std::thread([this] { GuardEpochs(); });
   return absl::OkStatus();
+}
+
+void Server::GuardEpochsOnce() {
+  auto state = epochs_->Read(etcd::DeadlineIn(config_.etcd_timeout));
+  if (!state.ok()) return;  // etcd unreachable: the engine refuses on its own
+  std::string reason = audit::Epochs::RestoreReason(*state);
+  if (!reason.empty() && config_.auto_advance_on_restore) {
+    // Once: the history row and the compare-and-swap make racing replicas agree.
+    auto advanced = epochs_->Advance("restore", "holdfastd (auto_advance_on_restore)",
+                                     etcd::DeadlineIn(config_.etcd_timeout));
+    std::fprintf(stderr, "holdfastd: restore detected (%s); auto_advance_on_restore: %s\n",
+                 reason.c_str(),
+                 advanced.ok() ? absl::StrCat("advanced to epoch ", advanced->epoch()).c_str()
+                               : advanced.status().ToString().c_str());
+    state = epochs_->Read(etcd::DeadlineIn(config_.etcd_timeout));
+    if (!state.ok()) return;
+    reason = audit::Epochs::RestoreReason(*state);
+  }
+  std::lock_guard l(guard_mu_);
+  if (reason != restore_reason_) {
+    if (reason.empty()) {
+      std::fprintf(stderr, "holdfastd: epoch %d is current; grants resume\n",
+                   state->record.epoch());
+    } else {
+      std::fprintf(stderr, "holdfastd: RESTORE DETECTED: %s\n", reason.c_str());
+    }
+    restore_reason_ = reason;
+    engine_->SetGrantBlock(reason);
+    // grpc.health.v1: the Lock service is NOT_SERVING while grants are refused.
+    if (auto* h = health_service_.load()) h->SetServingStatus("holdfast.v1.Lock", reason.empty());
+  }
+}
+
+void Server::GuardEpochs() {
+  std::unique_lock l(guard_stop_mu_);
+  while (!guard_stop_cv_.wait_for(l, config_.epoch_check_interval, [this] { return guard_stop_; })) {
+    l.unlock();
+    GuardEpochsOnce();
+    l.lock();
+  }
+}
+
+std::string Server::RestoreReason() const {
+  std::lock_guard l(guard_mu_);
+  return restore_reason_;
 }
 
 namespace {
@@ -231,6 +296,12 @@ v1::AuditStatus Server::AuditStatus() const {
 void Server::Shutdown(std::chrono::milliseconds grace) {
   // No scrape from here on: it would read the auditor that goes next.
   if (metrics_) metrics_->StopServing();
+  {
+    std::lock_guard l(guard_stop_mu_);
+    guard_stop_ = true;
+  }
+  guard_stop_cv_.notify_all();
+  if (epoch_guard_.joinable()) epoch_guard_.join();
   // The auditor first: it resigns, so another replica takes over at once.
   if (auditor_) auditor_->Stop();
   auditor_.reset();

@@ -10,7 +10,12 @@
 #include <grpcpp/grpcpp.h>
 
 #include "absl/status/status.h"
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+
 #include "audit/auditor.h"
+#include "audit/epochs.h"
 #include "audit/store.h"
 #include "common/timer_queue.h"
 #include "etcd/client.h"
@@ -45,6 +50,11 @@ class Server {
   std::string bound_address() const { return bound_address_; }
 
  private:
+  // The restore guard (audit/epochs.h): every epochs.check_interval, refuses
+  // grants while a restore is detected (and advances, if configured).
+  void GuardEpochs();
+  void GuardEpochsOnce();
+  std::string RestoreReason() const;
   // What GetAuditStatus answers (blocks on etcd; Admin's pool only).
   v1::AuditStatus AuditStatus() const;
   // mTLS with client certificates required (or plaintext when insecure).
@@ -65,6 +75,13 @@ class Server {
   std::unique_ptr<audit::AuditStore> audit_store_;  // null: audit off ("none")
   std::unique_ptr<audit::Auditor> auditor_;
   std::unique_ptr<lock::ForceReleases> force_;
+  std::unique_ptr<audit::Epochs> epochs_;
+  std::thread epoch_guard_;
+  std::mutex guard_stop_mu_;
+  std::condition_variable guard_stop_cv_;
+  bool guard_stop_ = false;
+  mutable std::mutex guard_mu_;
+  std::string restore_reason_;  // "" while grants may go on
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<RateLimiter> rate_limiter_;
   std::unique_ptr<ReplicaSet> replicas_;  // reset after etcd_ (its callbacks)

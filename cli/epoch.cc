@@ -1,0 +1,100 @@
+// `holdfast epoch show [-o json]`: the cluster's current epoch record, whether a
+//   restore was detected (grants then wait for an advance), and the history.
+// `holdfast epoch advance [--cluster NAME] --reason restore|rehome [-o json]`:
+//   new epoch = 1 + max(the record, the history's highest); admins only.
+// Runbook: docs/operations.md.
+#include <iostream>
+
+#include "absl/strings/str_cat.h"
+#include "cli/common.h"
+#include "cli/output.h"
+
+namespace holdfast::cli {
+namespace {
+
+struct ShowFlags {
+  OutputFormat output = OutputFormat::kTable;
+};
+
+struct AdvanceFlags {
+  std::string reason;
+  std::string cluster;
+  OutputFormat output = OutputFormat::kTable;
+};
+
+int RunShow(const GlobalOptions& global, const ShowFlags& flags) {
+  int exit_code = kExitOk;
+  std::unique_ptr<Client> client = ConnectOrReport(global, &exit_code);
+  if (!client) return exit_code;
+  auto e = client->GetEpoch();
+  if (!e.ok()) return ReportError(e.status(), "epoch show");
+  if (flags.output == OutputFormat::kJson) {
+    if (auto s = PrintJson(*e, std::cout); !s.ok()) return ReportError(s);
+    std::cout << "\n";
+    return kExitOk;
+  }
+  PrintFields({{"cluster", "default"},
+               {"epoch", absl::StrCat(e->epoch())},
+               {"etcd_cluster_id", e->etcd_cluster_id()},
+               {"observed_cluster_id", e->observed_cluster_id()},
+               {"advanced_at", FormatMillis(e->advanced_at_unix_ms())},
+               {"reason", OrDash(e->reason())},
+               {"grants", e->restore_detected().empty()
+                              ? "allowed"
+                              : "REFUSED: " + e->restore_detected()}},
+              std::cout);
+  if (e->history_size() > 0) {
+    std::cout << "\nhistory:\n";
+    Table table({"EPOCH", "ETCD_CLUSTER_ID", "ADVANCED_AT", "REASON", "ACTOR"});
+    for (const auto& h : e->history()) {
+      table.AddRow({absl::StrCat(h.epoch()), h.etcd_cluster_id(),
+                    FormatMillis(h.advanced_at_unix_ms()), h.reason(), h.actor()});
+    }
+    table.Print(std::cout);
+  }
+  return kExitOk;
+}
+
+int RunAdvance(const GlobalOptions& global, const AdvanceFlags& flags) {
+  if (flags.reason != "restore" && flags.reason != "rehome") {
+    return ReportUsageError(absl::InvalidArgumentError(
+        absl::StrCat("--reason \"", flags.reason, "\": use restore or rehome")));
+  }
+  int exit_code = kExitOk;
+  std::unique_ptr<Client> client = ConnectOrReport(global, &exit_code);
+  if (!client) return exit_code;
+  v1::AdvanceEpochRequest req;
+  req.set_reason(flags.reason);
+  req.set_cluster(flags.cluster);
+  auto e = client->AdvanceEpoch(req);
+  if (!e.ok()) return ReportError(e.status(), "epoch advance");
+  if (flags.output == OutputFormat::kJson) {
+    if (auto s = PrintJson(*e, std::cout); !s.ok()) return ReportError(s);
+    std::cout << "\n";
+    return kExitOk;
+  }
+  std::cout << "epoch advanced to " << e->epoch() << " on etcd cluster " << e->etcd_cluster_id()
+            << " (" << e->reason() << "); every new token is above every earlier one\n";
+  return kExitOk;
+}
+
+}  // namespace
+
+void RegisterEpochCommand(CLI::App& app, CommandContext& ctx) {
+  CLI::App* epoch = app.add_subcommand("epoch", "Show or advance the token epoch");
+  epoch->require_subcommand(1);
+  auto sf = std::make_shared<ShowFlags>();
+  CLI::App* show = epoch->add_subcommand("show", "The current epoch, restore state and history");
+  AddOutputOption(show, &sf->output);
+  SetAction(show, ctx, sf, RunShow);
+
+  auto af = std::make_shared<AdvanceFlags>();
+  CLI::App* advance =
+      epoch->add_subcommand("advance", "Advance the epoch after a restore or for a rehome");
+  advance->add_option("--reason", af->reason, "restore | rehome")->required();
+  advance->add_option("--cluster", af->cluster, "etcd cluster name (one cluster: leave out)");
+  AddOutputOption(advance, &af->output);
+  SetAction(advance, ctx, af, RunAdvance);
+}
+
+}  // namespace holdfast::cli

@@ -1,0 +1,282 @@
+// Epochs against real etcd processes (ARCHITECTURE §6): an etcd restored from a
+// snapshot (`etcdctl snapshot save` / `snapshot restore`, the Debian binaries)
+// refuses grants until the epoch is advanced, and every token minted after the
+// advance is above every token the audit store recorded before the restore.
+#include <algorithm>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "dev/subprocess.h"
+#include "harness/cluster.h"
+#include "lock/keyspace.h"
+#include "lock/records.pb.h"
+#include "lock/token.h"
+
+namespace holdfast {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+namespace pb = ::etcdserverpb;
+
+absl::Status Etcdctl(const std::string& dir, std::vector<std::string> args) {
+  dev::SpawnOptions so;
+  so.argv = {"etcdctl"};
+  for (auto& a : args) so.argv.push_back(std::move(a));
+  so.env = {{"ETCDCTL_API", "3"}};
+  so.log_file = dir + "/etcdctl.log";
+  auto p = dev::Subprocess::Spawn(std::move(so));
+  if (!p.ok()) return p.status();
+  auto code = (*p)->Wait(seconds(60));
+  if (!code || *code != 0) {
+    return absl::InternalError(absl::StrCat("etcdctl failed; see ", dir, "/etcdctl.log"));
+  }
+  return absl::OkStatus();
+}
+
+class EpochTest : public ::testing::Test {
+ protected:
+  void Start(const std::string& extra_config = "") {
+    testing::TestCluster::Options o;
+    o.extra_config = extra_config;
+    auto c = testing::TestCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = std::move(*c);
+    ASSERT_TRUE(cluster_->CreateNamespace("default").ok());
+    client_ = std::move(*cluster_->NewClient());
+  }
+
+  // Acquires and releases `n` keys; returns their tokens.
+  std::vector<int64_t> Cycles(const std::string& prefix, int n) {
+    std::vector<int64_t> tokens;
+    auto session = client_->OpenSession("default");
+    EXPECT_TRUE(session.ok()) << session.status();
+    if (!session.ok()) return tokens;
+    for (int i = 0; i < n; ++i) {
+      auto h = (*session)->Acquire(absl::StrCat(prefix, i));
+      EXPECT_TRUE(h.ok()) << h.status();
+      if (!h.ok()) continue;
+      tokens.push_back(h->token());
+      EXPECT_TRUE(h->Release().ok());
+    }
+    return tokens;
+  }
+
+  // Every token the audit store holds (after waiting for `grants` grants).
+  std::vector<int64_t> AuditedTokens(size_t grants) {
+    std::vector<int64_t> out;
+    for (int i = 0; i < 300; ++i) {
+      v1::QueryAuditRequest q;
+      q.set_type("grant");
+      q.set_limit(10000);
+      auto r = client_->QueryAudit(q);
+      if (r.ok() && static_cast<size_t>(r->events_size()) >= grants) {
+        for (const auto& e : r->events()) out.push_back(e.token());
+        return out;
+      }
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    ADD_FAILURE() << "the audit did not record " << grants << " grants";
+    return out;
+  }
+
+  // Saves a snapshot, runs `between`, then stops etcd and restores the snapshot
+  // into a fresh data dir (with `cluster_token`) and starts etcd on it. With
+  // `stop_holdfastd`, holdfastd is stopped around the restore, as the runbook
+  // (docs/operations.md) says.
+  void SnapshotAndRestore(const std::function<void()>& between, const std::string& cluster_token,
+                          bool stop_holdfastd = false) {
+    auto& etcd = cluster_->etcd();
+    const std::string snap = cluster_->dir() + "/snap.db";
+    ASSERT_TRUE(Etcdctl(cluster_->dir(), {"--endpoints", etcd.endpoint(), "snapshot", "save", snap})
+                    .ok());
+    between();
+    const std::string restored = cluster_->dir() + "/restored";
+    ASSERT_TRUE(Etcdctl(cluster_->dir(),
+                        {"snapshot", "restore", snap, "--data-dir", restored, "--name",
+                         etcd.options().name, "--initial-cluster",
+                         absl::StrCat(etcd.options().name, "=", etcd.peer_url()),
+                         "--initial-advertise-peer-urls", etcd.peer_url(),
+                         "--initial-cluster-token", cluster_token})
+                    .ok());
+    if (stop_holdfastd) cluster_->holdfastd().Stop();
+    ASSERT_TRUE(etcd.RestartOn(restored).ok());
+    if (stop_holdfastd) ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+  }
+
+  // Tries to acquire until the answer is not UNAVAILABLE (holdfastd reconnecting).
+  absl::StatusOr<int64_t> TryAcquire(const std::string& key) {
+    absl::Status last;
+    for (int i = 0; i < 300; ++i) {
+      auto session = client_->OpenSession("default");
+      if (session.ok()) {
+        auto h = (*session)->Acquire(key);
+        if (h.ok()) {
+          int64_t t = h->token();
+          (void)h->Release();
+          return t;
+        }
+        last = h.status();
+      } else {
+        last = session.status();
+      }
+      if (last.code() == absl::StatusCode::kFailedPrecondition) return last;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    return last;
+  }
+
+  // Waits until acquires succeed again (the restore guard re-checks on its interval).
+  absl::StatusOr<int64_t> AcquireOnceAllowed(const std::string& key) {
+    absl::StatusOr<int64_t> t = absl::UnknownError("not tried");
+    for (int i = 0; i < 100; ++i) {
+      t = TryAcquire(key);
+      if (t.ok()) return t;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    return t;
+  }
+
+  records::EpochRecord EtcdRecord() {
+    pb::RangeRequest r;
+    r.set_key(keyspace::EpochKey());
+    auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    records::EpochRecord rec;
+    if (got.ok() && got->kvs_size() == 1) rec.ParseFromString(got->kvs(0).value());
+    return rec;
+  }
+
+  std::unique_ptr<testing::TestCluster> cluster_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(EpochTest, RestoredClusterRefusesGrantsUntilAdvancedThenTokensAreAboveAllBefore) {
+  Start();
+  auto before = Cycles("before/", 5);
+  SnapshotAndRestore([&] { Cycles("after-snapshot/", 5); }, "restored-1");
+  auto audited = AuditedTokens(10);
+  ASSERT_EQ(audited.size(), 10u);
+
+  // The restored cluster has a new id: grants are refused, and say what to run.
+  auto refused = TryAcquire("post-restore");
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("holdfast epoch advance --reason restore"),
+            std::string::npos)
+      << refused.status();
+  auto shown = client_->GetEpoch();
+  ASSERT_TRUE(shown.ok());
+  EXPECT_EQ(shown->epoch(), 1);
+
+  v1::AdvanceEpochRequest bad;
+  bad.set_reason("because");
+  EXPECT_EQ(client_->AdvanceEpoch(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(EtcdRecord().epoch(), 1);
+
+  v1::AdvanceEpochRequest req;
+  req.set_reason("restore");
+  auto advanced = client_->AdvanceEpoch(req);
+  ASSERT_TRUE(advanced.ok()) << advanced.status();
+  EXPECT_EQ(advanced->epoch(), 2);
+  EXPECT_EQ(EtcdRecord().epoch(), 2);
+
+  auto t = AcquireOnceAllowed("post-advance");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(token::EpochOf(*t), 2);
+  EXPECT_GT(*t, *std::max_element(audited.begin(), audited.end()));
+
+  // The history: the first epoch, then the advance with who did it.
+  shown = client_->GetEpoch();
+  ASSERT_TRUE(shown.ok());
+  EXPECT_TRUE(shown->restore_detected().empty()) << shown->restore_detected();
+  ASSERT_EQ(shown->history_size(), 2);
+  EXPECT_EQ(shown->history(0).epoch(), 1);
+  EXPECT_EQ(shown->history(0).reason(), "init");
+  EXPECT_EQ(shown->history(1).epoch(), 2);
+  EXPECT_EQ(shown->history(1).reason(), "restore");
+  EXPECT_EQ(shown->history(1).actor(), "spiffe://holdfast.dev/dev");
+  EXPECT_EQ(shown->history(1).etcd_cluster_id(), shown->observed_cluster_id());
+}
+
+TEST_F(EpochTest, RestoreThatKeepsTheClusterIdIsCaughtByTheAuditCursor) {
+  Start();
+  Cycles("before/", 3);
+  uint64_t id_before = 0;
+  SnapshotAndRestore(
+      [&] {
+        Cycles("after-snapshot/", 10);
+        AuditedTokens(13);  // the cursor is past the snapshot now
+        auto e = client_->GetEpoch();
+        if (e.ok()) (void)absl::SimpleAtoi(e->observed_cluster_id(), &id_before);
+      },
+      "holdfast",  // the harness's token: same member and cluster id as before
+      /*stop_holdfastd=*/true);
+  auto audited = AuditedTokens(13);
+
+  auto refused = TryAcquire("post-restore");
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("below the audit cursor"), std::string::npos)
+      << refused.status();
+  auto shown = client_->GetEpoch();
+  ASSERT_TRUE(shown.ok());
+  EXPECT_EQ(shown->observed_cluster_id(), absl::StrCat(id_before));  // same id indeed
+
+  v1::AdvanceEpochRequest req;
+  req.set_reason("restore");
+  ASSERT_TRUE(client_->AdvanceEpoch(req).ok());
+  auto t = AcquireOnceAllowed("post-advance");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_GT(*t, *std::max_element(audited.begin(), audited.end()));
+  // The auditor resumed on the restored cluster: the new grant is recorded.
+  auto after = AuditedTokens(14);
+  EXPECT_NE(std::find(after.begin(), after.end(), *t), after.end());
+}
+
+TEST_F(EpochTest, AutoAdvanceOnRestoreAdvancesOnce) {
+  Start("epochs:\n  auto_advance_on_restore: true\n  check_interval: 200ms\n");
+  auto before = Cycles("before/", 3);
+  SnapshotAndRestore([] {}, "restored-2");
+  auto t = AcquireOnceAllowed("post-restore");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(token::EpochOf(*t), 2);
+  EXPECT_GT(*t, *std::max_element(before.begin(), before.end()));
+  auto shown = client_->GetEpoch();
+  ASSERT_TRUE(shown.ok());
+  ASSERT_EQ(shown->history_size(), 2);
+  EXPECT_EQ(shown->history(1).actor(), "holdfastd (auto_advance_on_restore)");
+  // Once: later checks leave it alone.
+  std::this_thread::sleep_for(milliseconds(600));
+  EXPECT_EQ(EtcdRecord().epoch(), 2);
+}
+
+TEST_F(EpochTest, AdvancePastTheLastEpochIsRefusedAndChangesNothing) {
+  Start();
+  records::EpochRecord rec = EtcdRecord();
+  rec.set_epoch(token::kMaxEpoch);
+  pb::PutRequest put;
+  put.set_key(keyspace::EpochKey());
+  put.set_value(rec.SerializeAsString());
+  ASSERT_TRUE(cluster_->etcd_client().PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+  v1::AdvanceEpochRequest req;
+  req.set_reason("rehome");
+  auto r = client_->AdvanceEpoch(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("32767"), std::string::npos) << r.status();
+  EXPECT_EQ(EtcdRecord().epoch(), token::kMaxEpoch);
+  auto shown = client_->GetEpoch();
+  ASSERT_TRUE(shown.ok());
+  for (const auto& h : shown->history()) EXPECT_LE(h.epoch(), token::kMaxEpoch);
+  EXPECT_EQ(shown->history_size(), 1);  // only the first epoch
+  // Tokens of the last epoch still work.
+  auto t = AcquireOnceAllowed("last-epoch");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(token::EpochOf(*t), token::kMaxEpoch);
+  // An unknown cluster name.
+  req.set_cluster("tier-2");
+  EXPECT_EQ(client_->AdvanceEpoch(req).status().code(), absl::StatusCode::kNotFound);
+}
+
+}  // namespace
+}  // namespace holdfast

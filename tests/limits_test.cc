@@ -1,0 +1,197 @@
+// Limits a shared service needs against one greedy or hostile caller (ARCHITECTURE
+// §9, §12): waiters per key, message size and streams per connection. Each refused
+// call must change nothing in etcd (checked by reading the key space before and
+// after).
+#include <thread>
+
+#include <gtest/gtest.h>
+#include <grpcpp/grpcpp.h>
+
+#include "absl/strings/str_cat.h"
+#include "harness/cluster.h"
+#include "holdfast/v1/lock.grpc.pb.h"
+#include "holdfast/v1/session.grpc.pb.h"
+#include "lock/keyspace.h"
+
+namespace holdfast {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+namespace pb = ::etcdserverpb;
+
+class LimitsTest : public ::testing::Test {
+ protected:
+  // Small limits, so a test can reach them. libholdfast clients use a stream per
+  // session for renewals: the streams test uses a raw channel of its own.
+  virtual std::string Limits() const { return "limits:\n  max_waiters_per_key: 3\n"; }
+
+  void SetUp() override {
+    testing::TestCluster::Options o;
+    o.extra_config = Limits();
+    auto c = testing::TestCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = std::move(*c);
+    ASSERT_TRUE(cluster_->CreateNamespace("default").ok());
+  }
+
+  // Every key and value under /holdfast/ns/ (the audit mark and leader aside).
+  std::map<std::string, std::string> Keys() {
+    pb::RangeRequest r;
+    r.set_key(keyspace::NamespacesBegin());
+    r.set_range_end(keyspace::NamespacesEnd());
+    auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    std::map<std::string, std::string> out;
+    if (got.ok()) {
+      for (const auto& kv : got->kvs()) out[kv.key()] = kv.value();
+    }
+    return out;
+  }
+
+  int64_t Waiters(const std::string& key) {
+    pb::RangeRequest r;
+    r.set_key(keyspace::WaitRangeBegin("default", key));
+    r.set_range_end(keyspace::WaitRangeEnd("default", key));
+    r.set_count_only(true);
+    auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    return got.ok() ? got->count() : -1;
+  }
+
+  std::unique_ptr<testing::TestCluster> cluster_;
+};
+
+TEST_F(LimitsTest, AFullQueueRefusesANewWaiterAndAddsNoKey) {
+  auto client = std::move(*cluster_->NewClient());
+  auto holder = std::move(*client->OpenSession("default"));
+  auto hold = holder->Acquire("busy");
+  ASSERT_TRUE(hold.ok());
+  // Three waiters, each on its own client (its own connection: streams are
+  // limited per connection too).
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<std::thread> threads;
+  std::vector<absl::Status> results(3);
+  for (int i = 0; i < 3; ++i) {
+    clients.push_back(std::move(*cluster_->NewClient()));
+    sessions.push_back(std::move(*clients.back()->OpenSession("default")));
+  }
+  for (int i = 0; i < 3; ++i) {
+    threads.emplace_back([&, i] {
+      AcquireOptions o;
+      o.wait = seconds(30);
+      results[i] = sessions[i]->Acquire("busy", o).status();
+    });
+  }
+  for (int i = 0; i < 300 && Waiters("busy") < 3; ++i) std::this_thread::sleep_for(milliseconds(20));
+  ASSERT_EQ(Waiters("busy"), 3);
+
+  auto before = Keys();
+  auto late = std::move(*client->OpenSession("default"));
+  before = Keys();  // with the late session's own key
+  AcquireOptions wait5;
+  wait5.wait = seconds(5);
+  auto refused = late->Acquire("busy", wait5);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("max_waiters_per_key"), std::string::npos)
+      << refused.status();
+  EXPECT_EQ(Keys(), before);
+  // Another key is not affected.
+  EXPECT_TRUE(late->Acquire("elsewhere").ok());
+
+  ASSERT_TRUE(hold->Release().ok());
+  for (auto& t : threads) t.join();
+  // The three waiters were served in turn (each releases when its Hold goes).
+  for (const auto& r : results) EXPECT_TRUE(r.ok()) << r;
+}
+
+TEST_F(LimitsTest, AnOversizedMessageIsRefusedBeforeItReachesEtcd) {
+  auto channel = grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials());
+  auto sessions = v1::Session::NewStub(channel);
+  auto before = Keys();
+  v1::OpenSessionRequest req;
+  req.set_namespace_("default");
+  req.set_ttl_ms(5000);
+  req.mutable_namespace_()->append(100 * 1024, 'x');  // far above max_message_bytes (64 KiB)
+  v1::OpenSessionResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  auto s = sessions->Open(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_EQ(Keys(), before);
+}
+
+class StreamLimitTest : public LimitsTest {
+ protected:
+  std::string Limits() const override { return "limits:\n  max_concurrent_streams: 3\n"; }
+};
+
+TEST_F(StreamLimitTest, StreamsBeyondThePerConnectionLimitWaitOnTheClient) {
+  // One connection, max_concurrent_streams 3: three parked Acquire calls take the
+  // streams; a fourth call on that connection never reaches holdfastd until one
+  // ends, so it cannot add a waiter.
+  auto client = std::move(*cluster_->NewClient());
+  auto holder = std::move(*client->OpenSession("default"));
+  auto hold = holder->Acquire("streams");
+  ASSERT_TRUE(hold.ok());
+
+  auto channel = grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials());
+  auto sessions = v1::Session::NewStub(channel);
+  auto locks = v1::Lock::NewStub(channel);
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 4; ++i) {
+    v1::OpenSessionRequest req;
+    req.set_namespace_("default");
+    req.set_ttl_ms(30000);
+    v1::OpenSessionResponse resp;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(sessions->Open(&ctx, req, &resp).ok());
+    ids.push_back(resp.session_id());
+  }
+  std::vector<std::thread> parked;
+  std::vector<std::unique_ptr<grpc::ClientContext>> contexts;
+  for (int i = 0; i < 3; ++i) contexts.push_back(std::make_unique<grpc::ClientContext>());
+  for (int i = 0; i < 3; ++i) {
+    parked.emplace_back([&, i] {
+      v1::AcquireRequest req;
+      req.set_namespace_("default");
+      req.set_session_id(ids[i]);
+      req.set_lock_key("streams");
+      req.set_wait_ms(60000);
+      v1::AcquireResponse resp;
+      (void)locks->Acquire(contexts[i].get(), req, &resp);
+    });
+  }
+  for (int i = 0; i < 300 && Waiters("streams") < 3; ++i) {
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  ASSERT_EQ(Waiters("streams"), 3);
+
+  // The fourth waits for a stream (the server's SETTINGS allow no more).
+  v1::AcquireRequest req;
+  req.set_namespace_("default");
+  req.set_session_id(ids[3]);
+  req.set_lock_key("other-key");
+  req.set_wait_ms(0);
+  v1::AcquireResponse resp;
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(2));
+  auto s = locks->Acquire(&ctx, req, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << s.error_message();
+  pb::RangeRequest r;
+  r.set_key(keyspace::HoldRangeBegin("default", "other-key"));
+  r.set_range_end(keyspace::HoldRangeEnd("default", "other-key"));
+  r.set_count_only(true);
+  auto held = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(held.ok());
+  EXPECT_EQ(held->count(), 0);  // it never reached holdfastd
+
+  for (auto& c : contexts) c->TryCancel();
+  for (auto& t : parked) t.join();
+  // With the streams free again the same connection serves the call.
+  grpc::ClientContext again;
+  again.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  EXPECT_TRUE(locks->Acquire(&again, req, &resp).ok());
+}
+
+}  // namespace
+}  // namespace holdfast
