@@ -35,10 +35,7 @@ struct AuditFlags {
   OutputFormat output = OutputFormat::kTable;
 };
 
-std::string Rfc3339(int64_t unix_ms) {
-  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(unix_ms),
-                          absl::UTCTimeZone());
-}
+std::string Rfc3339(int64_t unix_ms) { return FormatUnixMillis(unix_ms); }
 
 absl::StatusOr<int64_t> ParseSince(const std::string& text) {
   if (text.empty()) return 0;

@@ -37,7 +37,7 @@ int RunShow(const GlobalOptions& global, const ShowFlags& flags) {
                {"epoch", absl::StrCat(e->epoch())},
                {"etcd_cluster_id", e->etcd_cluster_id()},
                {"observed_cluster_id", e->observed_cluster_id()},
-               {"advanced_at", FormatMillis(e->advanced_at_unix_ms())},
+               {"advanced_at", FormatUnixMillis(e->advanced_at_unix_ms())},
                {"reason", OrDash(e->reason())},
                {"grants", e->restore_detected().empty()
                               ? "allowed"
@@ -48,7 +48,7 @@ int RunShow(const GlobalOptions& global, const ShowFlags& flags) {
     Table table({"EPOCH", "ETCD_CLUSTER_ID", "ADVANCED_AT", "REASON", "ACTOR"});
     for (const auto& h : e->history()) {
       table.AddRow({absl::StrCat(h.epoch()), h.etcd_cluster_id(),
-                    FormatMillis(h.advanced_at_unix_ms()), h.reason(), h.actor()});
+                    FormatUnixMillis(h.advanced_at_unix_ms()), h.reason(), h.actor()});
     }
     table.Print(std::cout);
   }

@@ -41,7 +41,7 @@ void PrintRequest(const v1::ForceRequest& r, std::ostream& out) {
                {"requester", r.requester()},
                {"reason", r.reason()},
                {"class", r.class_is_fenced() ? "fenced" : "advisory (holder NOT fenced off)"},
-               {"expires", FormatMillis(r.expires_at_unix_ms())}},
+               {"expires", FormatUnixMillis(r.expires_at_unix_ms())}},
               out);
 }
 
@@ -107,7 +107,7 @@ int RunList(const GlobalOptions& global, const ListFlags& flags) {
   for (const auto& f : r->requests()) {
     table.AddRow({f.request_id(), absl::StrCat(f.namespace_(), "/", f.lock_key()),
                   absl::StrCat(f.session_id()), absl::StrCat(f.token()), f.requester(),
-                  f.class_is_fenced() ? "fenced" : "advisory", FormatMillis(f.expires_at_unix_ms()),
+                  f.class_is_fenced() ? "fenced" : "advisory", FormatUnixMillis(f.expires_at_unix_ms()),
                   f.reason()});
   }
   table.Print(std::cout);

@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace holdfast::cli {
@@ -65,6 +66,12 @@ void PrintFields(const std::vector<std::pair<std::string, std::string>>& fields,
   for (const auto& [name, value] : fields) {
     out << name << ':' << std::string(width - name.size() + 2, ' ') << value << '\n';
   }
+}
+
+std::string FormatUnixMillis(int64_t unix_ms) {
+  if (unix_ms == 0) return "-";
+  return absl::FormatTime("%Y-%m-%dT%H:%M:%E3SZ", absl::FromUnixMillis(unix_ms),
+                          absl::UTCTimeZone());
 }
 
 std::string FormatMillis(int64_t ms) {

@@ -44,6 +44,8 @@ void PrintFields(const std::vector<std::pair<std::string, std::string>>& fields,
 
 // In the form ParseDuration reads: 1500 -> "1s500ms", 3600000 -> "1h", 90000 -> "1m30s".
 std::string FormatMillis(int64_t ms);
+// A wall-clock time as RFC 3339 in UTC ("2026-11-29T16:17:37.964Z"); "-" for 0.
+std::string FormatUnixMillis(int64_t unix_ms);
 // "X" / "S", "fenced" / "advisory", "closed" / "open" ("-" when unspecified).
 std::string ModeName(v1::LockMode mode);
 std::string EnforcementName(v1::Enforcement enforcement);

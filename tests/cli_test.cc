@@ -372,6 +372,26 @@ TEST_F(CliTest, AuditPrintsJsonLinesInRevisionOrder) {
   EXPECT_NE(r.err.find("RFC 3339"), std::string::npos) << r.err;
 }
 
+TEST_F(CliTest, EpochShowsTheRecordAndHistoryAndAdvanceChecksItsReason) {
+  CliResult r = Run({"epoch", "show", "-o", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  auto e = ParseJson<v1::Epoch>(r.out);
+  EXPECT_GE(e.epoch(), 1);
+  EXPECT_EQ(e.etcd_cluster_id(), e.observed_cluster_id());
+  EXPECT_TRUE(e.restore_detected().empty());
+  ASSERT_GE(e.history_size(), 1);
+  EXPECT_EQ(e.history(0).reason(), "init");
+  r = Run({"epoch", "show"});
+  EXPECT_NE(r.out.find("grants:               allowed"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("T"), std::string::npos);  // RFC 3339 times
+  r = Run({"epoch", "advance", "--reason", "because"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("use restore or rehome"), std::string::npos) << r.err;
+  auto after = client_->GetEpoch();
+  ASSERT_TRUE(after.ok());
+  EXPECT_EQ(after->epoch(), e.epoch());  // nothing changed
+}
+
 TEST_F(CliTest, ForceReleaseRefusesTheRequesterAsApprover) {
   auto session = client_->OpenSession("default");
   ASSERT_TRUE(session.ok());
