@@ -35,7 +35,6 @@ struct AuditFlags {
   OutputFormat output = OutputFormat::kTable;
 };
 
-std::string Rfc3339(int64_t unix_ms) { return FormatUnixMillis(unix_ms); }
 
 absl::StatusOr<int64_t> ParseSince(const std::string& text) {
   if (text.empty()) return 0;
@@ -55,7 +54,7 @@ void PrintJsonLine(const v1::AuditEvent& e) {
       {"type", e.type()},             {"namespace", e.namespace_()},
       {"lock_key", e.lock_key()},     {"session_id", e.session_id()},
       {"spiffe_id", e.spiffe_id()},   {"token", e.token()},
-      {"unprotected", e.unprotected()}, {"time", Rfc3339(e.time_unix_ms())},
+      {"unprotected", e.unprotected()}, {"time", FormatUnixMillis(e.time_unix_ms())},
   };
   std::cout << j.dump() << "\n";
 }
@@ -117,7 +116,7 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
         table.AddRow({absl::StrCat(e.revision()),
                       e.type() + (e.unprotected() ? " (unprotected)" : ""), e.namespace_(),
                       e.lock_key(), absl::StrCat(e.session_id()), e.spiffe_id(),
-                      absl::StrCat(e.token()), Rfc3339(e.time_unix_ms())});
+                      absl::StrCat(e.token()), FormatUnixMillis(e.time_unix_ms())});
       }
     }
     if (full) continue;
