@@ -183,6 +183,12 @@ TEST(AuditTest, EveryGrantReleaseAndExpiryIsRecordedExactlyOnce) {
   auto bad = client->QueryAudit(q);
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(bad.status().message().find("unknown event type"), std::string::npos);
+  q.set_type("");
+  q.set_limit(20000);
+  auto too_many = client->QueryAudit(q);
+  EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.status().message().find("out of range (1..10000)"), std::string::npos)
+      << too_many.status();
 }
 
 TEST(AuditTest, AnotherReplicaTakesOverFromTheCursorAndCompactionNeverPassesIt) {
