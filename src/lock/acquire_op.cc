@@ -139,6 +139,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     pb::TxnRequest txn;
     AddCompare(&txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)->set_create_revision(own);
     txn.add_success()->mutable_request_delete_range()->set_key(wait_key);
+    txn.add_success()->mutable_request_delete_range()->set_key(
+        keyspace::ClaimKey(req_.namespace_(), req_.lock_key(), req_.session_id()));
     AddSnapshotReads(req_.namespace_(), req_.session_id(), req_.lock_key(),
                      txn.mutable_failure());
     auto self = shared_from_this();
@@ -179,6 +181,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
 
   // Called between steps (not busy); starts the next step, waits, or finishes.
   void Decide(KeySnapshot snap) {
+    read_revision_ = snap.revision;
     engine_->epochs_.Observe(snap.epoch);
     const std::string& ns = req_.namespace_();
     if (!snap.namespace_exists) {
@@ -216,6 +219,17 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     auto d = queue::DecideAcquire(snap, req_.session_id(), req_.shared(), NowUnixMs());
     if (d.kind == queue::AcquireDecision::Kind::kHeld) {
       return Granted(MakeHoldInfo(req_.lock_key(), *d.own_hold, snap.classes));
+    }
+    // A new claim (neither held nor queued yet) counts against the session's limit;
+    // the grant or enqueue that adds it is guarded by "no claim of this session
+    // changed since the read", so concurrent calls on one session cannot pass it.
+    const size_t max_holds = engine_->options().max_holds_per_session;
+    if (d.own_waiter == nullptr && max_holds > 0 &&
+        snap.session_claims >= static_cast<int64_t>(max_holds)) {
+      return Finish(absl::ResourceExhaustedError(absl::StrCat(
+          "session ", req_.session_id(), " already holds or waits for ", snap.session_claims,
+          " locks, the most one session may (limits.max_holds_per_session); release one "
+          "first; \"", req_.lock_key(), "\" not acquired")));
     }
     if (auto s = CheckEpoch(snap.epoch, snap.cluster_id); !s.ok()) return Finish(s);
     if (auto s = engine_->GrantBlock(); !s.ok()) return Finish(s);
@@ -272,6 +286,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     put->set_key(wait_key);
     put->set_value(rec.SerializeAsString());
     put->set_lease(lease);
+    if (existing == nullptr) AddNewClaim(&txn);
     auto self = shared_from_this();
     engine_->etcd().Txn(std::move(txn), EtcdDeadline(),
                         [self, existing_rev = existing ? existing->create_revision : 0](
@@ -289,6 +304,18 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                           }
                           if (self->BeginStep()) self->Read();
                         });
+  }
+
+  // Puts the session's claim on this key, guarded by "none of the session's claims
+  // was put since the read" (the read counted them against max_holds_per_session).
+  void AddNewClaim(pb::TxnRequest* txn) {
+    const std::string prefix = keyspace::ClaimPrefix(req_.namespace_(), req_.session_id());
+    auto* unchanged = AddCompare(txn, prefix, pb::Compare::MOD, pb::Compare::LESS);
+    unchanged->set_range_end(keyspace::PrefixEnd(prefix));
+    unchanged->set_mod_revision(read_revision_ + 1);
+    auto* put = txn->add_success()->mutable_request_put();
+    put->set_key(keyspace::ClaimKey(req_.namespace_(), req_.lock_key(), req_.session_id()));
+    put->set_lease(req_.session_id());
   }
 
   void Grant(const KeySnapshot& snap, const ClassEntry& cls, const queue::AcquireDecision& d) {
@@ -323,10 +350,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                                  pb::Compare::LESS);
       waiters->set_range_end(keyspace::WaitRangeEnd(ns, key));
       waiters->set_mod_revision(snap.revision + 1);
+      AddNewClaim(&txn);
     }
     for (const WaiterEntry* dead : d.dead_ahead) {
       txn.add_success()->mutable_request_delete_range()->set_key(
           keyspace::WaitKey(ns, key, dead->lease));
+      txn.add_success()->mutable_request_delete_range()->set_key(
+          keyspace::ClaimKey(ns, key, dead->lease));
     }
     records::HoldRecord rec;
     rec.set_class_id(cls.class_id);
@@ -405,6 +435,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     AddCompare(&txn, hold_key, pb::Compare::CREATE, pb::Compare::EQUAL)
         ->set_create_revision(grant_rev);
     txn.add_success()->mutable_request_delete_range()->set_key(hold_key);
+    txn.add_success()->mutable_request_delete_range()->set_key(
+        keyspace::ClaimKey(req_.namespace_(), req_.lock_key(), req_.session_id()));
     AddAuditMark(&txn);  // recorded as a release, not an expiry
     engine_->etcd().Txn(std::move(txn), etcd::DeadlineIn(engine_->options().etcd_timeout),
                         [](auto) {});
@@ -560,6 +592,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // an etcd step is in flight
   std::optional<absl::Status> end_reason_ ABSL_GUARDED_BY(mu_);
+  // The revision of the snapshot the last Decide saw (only Decide and the step it
+  // starts use it, one at a time).
+  int64_t read_revision_ = 0;
   int64_t own_waiter_rev_ ABSL_GUARDED_BY(mu_) = 0;  // create_revision of the own waiter
   std::string blocked_by_ ABSL_GUARDED_BY(mu_);       // for the deadline's message
   uint64_t wait_gen_ ABSL_GUARDED_BY(mu_) = 0;

@@ -442,6 +442,7 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
   AddCompare(&txn, keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
       ->set_mod_revision(epoch_matches ? epoch->mod_revision : -1);
   txn.add_success()->mutable_request_delete_range()->set_key(hold_key);
+  txn.add_success()->mutable_request_delete_range()->set_key(keyspace::ClaimKey(ns, key, session));
   AddAuditMark(&txn);  // a release, not an expiry
   if (!snap) {
     auto* no_waiters = AddCompare(&txn, keyspace::WaitRangeBegin(ns, key), pb::Compare::CREATE,
@@ -501,6 +502,8 @@ void Engine::AddHandOver(const KeySnapshot& snap, const std::string& ns, const s
   for (const WaiterEntry* dead : plan.dead) {
     txn->add_success()->mutable_request_delete_range()->set_key(
         keyspace::WaitKey(ns, key, dead->lease));
+    txn->add_success()->mutable_request_delete_range()->set_key(
+        keyspace::ClaimKey(ns, key, dead->lease));
   }
   const ClassEntry* cls = ResolveClass(snap.classes, key);
   // Grants need a usable epoch for this cluster and a class; the release itself
@@ -515,7 +518,8 @@ void Engine::AddHandOver(const KeySnapshot& snap, const std::string& ns, const s
   const int64_t now = NowUnixMs();
   for (const WaiterEntry* w : plan.grant) {
     const std::string wait_key = keyspace::WaitKey(ns, key, w->lease);
-    // Still queued, same incarnation (so its session's lease is alive).
+    // Still queued, same incarnation (so its session's lease is alive). Its claim
+    // on the key stays: the waiter becomes a holder.
     AddCompare(txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)
         ->set_create_revision(w->create_revision);
     txn->add_success()->mutable_request_delete_range()->set_key(wait_key);

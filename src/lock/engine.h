@@ -55,6 +55,10 @@ struct EngineOptions {
   // is refused with RESOURCE_EXHAUSTED; checked on the read that decides, so
   // concurrent enqueues on several replicas can pass it by at most their number.
   size_t max_waiters_per_key = 1000;
+  // Lock keys one session may hold or wait for at once (0: no limit). Beyond it an
+  // Acquire of another key is refused with RESOURCE_EXHAUSTED; exact, also under
+  // concurrent acquires on the session (keyspace::ClaimKey).
+  size_t max_holds_per_session = 1000;
   // Deadline of one lease renewal: an answer later than this is not a renewal a
   // holder can trust.
   std::chrono::milliseconds renew_timeout{1000};

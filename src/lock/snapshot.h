@@ -49,6 +49,7 @@ struct KeySnapshot {
   std::vector<ClassEntry> classes;
   std::vector<HoldEntry> holds;  // every hold of the lock key, in key order
   std::vector<WaiterEntry> waiters;  // every waiter of the lock key, in queue order
+  int64_t session_claims = 0;  // lock keys the session holds or waits for (keyspace::ClaimKey)
 };
 
 // Appends the snapshot's range requests to a txn branch (success or failure).
