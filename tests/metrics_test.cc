@@ -236,6 +236,30 @@ TEST_F(MetricsTest, CountersMoveByWhatTheClientsDid) {
   EXPECT_EQ(t.find("metrics/"), std::string::npos);
 }
 
+// issue 9: "no extra round trip on the grant path". Once the replica has read the
+// namespace and the session, an acquire of a free key is one etcd transaction
+// (the fast grant, lock/view_cache.h) and its release one more. Counted with
+// the replica's own etcd request counter; background work (the auditor, the
+// restore guard, the replica set) uses no Txn, and a slack covers a stray one.
+TEST_F(MetricsTest, AnUncontendedCycleOnAWarmReplicaIsTwoTransactions) {
+  auto session = Open();
+  ASSERT_NE(session, nullptr);
+  ASSERT_TRUE(session->Acquire("warm-up").ok());  // reads the namespace and session once
+  constexpr int kCycles = 30;
+  const double before =
+      Sample(Scrape(), "holdfast_etcd_request_duration_seconds_count", {{"method", "Txn"}});
+  for (int i = 0; i < kCycles; ++i) {
+    auto h = session->Acquire(absl::StrCat("free/", i));
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Release().ok());
+  }
+  const double after =
+      Sample(Scrape(), "holdfast_etcd_request_duration_seconds_count", {{"method", "Txn"}});
+  // With a read before each grant it would be 3 per cycle (90).
+  EXPECT_GE(after - before, 2 * kCycles);
+  EXPECT_LE(after - before, 2 * kCycles + 5);
+}
+
 TEST_F(MetricsTest, SessionsRenewalsAndCloses) {
   auto keep = Open(seconds(10));
   auto fast = Open(seconds(2));  // renewed every 667 ms by libholdfast

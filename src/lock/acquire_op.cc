@@ -1,18 +1,23 @@
 // Engine::Acquire: one state machine per call (ARCHITECTURE §4, lock/queue.h).
 //
-//   Start ─▶ Read ─▶ Decide ─┬─ held ───────────────────────────▶ done (the hold)
-//              ▲             ├─ grant ─▶ Grant txn ──────────────▶ done (new hold)
-//              │             │            └ compare failed: Decide on the else branch
-//              │             └─ blocked ─┬─ try ─────────────────▶ done (ABORTED)
-//              │                         ├─ not queued: Enqueue txn ─▶ Read
-//              │                         └─ queued: Wait on watches
+//   Start ─┬─ views allow: Fast grant txn ─▶ done (new hold)
+//          │            └ compare failed: Decide on the else branch
+//          └─▶ Read ─▶ Decide ─┬─ held ───────────────────────▶ done (the hold)
+//              ▲                ├─ grant ─▶ Grant txn ──────────▶ done (new hold)
+//              │                │            └ compare failed: Decide on the else branch
+//              │                └─ blocked ─┬─ try ──────────────▶ done (ABORTED)
+//              │                            ├─ not queued: Enqueue txn ─▶ Read
+//              │                            └─ queued: Wait on watches
 //              └──────────────── a watched key deleted, or a waiter ahead's deadline
 //   the wait deadline, or a cancel ─▶ End: remove the own waiter (guarded) ─▶ done
 //
 // While waiting the call watches only the keys it depends on, each from the read's
 // revision + 1: its own waiter key (a release that hands it the lock deletes it),
 // the waiter just ahead of it, and, at the head, the key's holds. No thread is
-// held. One etcd step is in flight at a time; a deadline or cancel that arrives
+// held. The fast grant is the common case of a free key with no extra round trip:
+// built from this replica's views (lock/view_cache.h) with compares that hold only
+// while they are true, so it grants exactly what Decide on a fresh read would;
+// otherwise its else branch is that read. One etcd step is in flight at a time; a deadline or cancel that arrives
 // during a step takes effect when the step completes. A grant that commits after
 // the call has ended is deleted again by a guarded delete.
 #include <atomic>
@@ -55,7 +60,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       timer_ = engine_->etcd().timers().ScheduleAfter(
           std::chrono::milliseconds(req_.wait_ms()), [self] { self->OnWaitDeadline(); });
     }
-    if (BeginStep()) Read();
+    if (BeginStep() && !FastGrant()) Read();
   }
 
   void Cancel() override { End(absl::CancelledError("acquire cancelled by the caller")); }
@@ -183,6 +188,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   void Decide(KeySnapshot snap) {
     read_revision_ = snap.revision;
     engine_->epochs_.Observe(snap.epoch);
+    engine_->views_.Observe(req_.namespace_(), req_.session_id(), snap);
     const std::string& ns = req_.namespace_();
     if (!snap.namespace_exists) {
       return Finish(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
@@ -318,8 +324,91 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     put->set_lease(req_.session_id());
   }
 
+  // The first step when this replica's views show the key free for this caller:
+  // the grant transaction of Grant for a key with no hold and no waiter, with the
+  // read's facts replaced by compares on what the views show (the namespace and
+  // session records unchanged, no class changed since the views' read, the
+  // resolved class unchanged, no claim of the session put since its count).
+  // False (nothing sent) when the views do not show that: the call reads first.
+  // Never refuses: every error comes from a fresh read.
+  bool FastGrant() {
+    const std::string& ns = req_.namespace_();
+    const std::string& key = req_.lock_key();
+    const int64_t lease = req_.session_id();
+    auto nsv = engine_->views_.Namespace(ns);
+    auto sv = engine_->views_.Session(lease);
+    auto epoch = engine_->epochs_.Get();
+    if (!nsv || !sv || !epoch) return false;
+    if (sv->record.identity() != caller_.identity || sv->record.closing()) return false;
+    if (!CheckMember(caller_, ns, nsv->record.members()).ok()) return false;
+    const ClassEntry* cls = ResolveClass(nsv->classes, key);
+    if (cls == nullptr) return false;
+    const auto& c = cls->record;
+    const int64_t ttl = sv->record.ttl_ms();
+    if (ttl < c.ttl_min_ms() || ttl > c.ttl_max_ms()) return false;
+    if (req_.shared() && c.mode() != v1::LOCK_MODE_SHARED) return false;
+    const size_t max_holds = engine_->options().max_holds_per_session;
+    if (max_holds > 0 && sv->claims >= static_cast<int64_t>(max_holds)) return false;
+    if (!CheckEpoch(epoch, nsv->cluster_id).ok() || !engine_->GrantBlock().ok()) return false;
+    NoteLabels(ns, cls->class_id);
+
+    pb::TxnRequest txn;
+    AddCompare(&txn, keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
+        ->set_mod_revision(epoch->mod_revision);
+    AddCompare(&txn, keyspace::NamespaceKey(ns), pb::Compare::MOD, pb::Compare::EQUAL)
+        ->set_mod_revision(nsv->mod_revision);
+    AddCompare(&txn, keyspace::SessionKey(ns, lease), pb::Compare::MOD, pb::Compare::EQUAL)
+        ->set_mod_revision(sv->mod_revision);
+    auto* classes = AddCompare(&txn, keyspace::ClassPrefix(ns), pb::Compare::MOD,
+                               pb::Compare::LESS);
+    classes->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
+    classes->set_mod_revision(nsv->classes_revision + 1);
+    AddCompare(&txn, keyspace::ClassKey(ns, cls->class_id), pb::Compare::MOD, pb::Compare::EQUAL)
+        ->set_mod_revision(cls->mod_revision);
+    // No hold and no waiter at all (a range with no key compares as create 0).
+    auto* holds = AddCompare(&txn, keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,
+                             pb::Compare::EQUAL);
+    holds->set_range_end(keyspace::HoldRangeEnd(ns, key));
+    holds->set_create_revision(0);
+    auto* waiters = AddCompare(&txn, keyspace::WaitRangeBegin(ns, key), pb::Compare::CREATE,
+                               pb::Compare::EQUAL);
+    waiters->set_range_end(keyspace::WaitRangeEnd(ns, key));
+    waiters->set_create_revision(0);
+    read_revision_ = sv->claims_revision;
+    AddNewClaim(&txn);
+    claims_before_ = sv->claims;
+    records::HoldRecord rec = NewHold(*cls, epoch->record.epoch());
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(keyspace::HoldKey(ns, key, lease));
+    put->set_value(rec.SerializeAsString());
+    put->set_lease(lease);
+    AddSnapshotReads(ns, lease, key, txn.mutable_failure());
+
+    const uint64_t epoch_cluster = epoch->record.etcd_cluster_id();
+    auto self = shared_from_this();
+    engine_->etcd().Txn(std::move(txn), EtcdDeadline(),
+                        [self, epoch_cluster, rec, classes = std::move(nsv->classes)](
+                            absl::StatusOr<pb::TxnResponse> t) {
+                          self->OnGrantDone(std::move(t), epoch_cluster, rec, classes);
+                        });
+    return true;
+  }
+
+  records::HoldRecord NewHold(const ClassEntry& cls, int32_t epoch) const {
+    records::HoldRecord rec;
+    rec.set_class_id(cls.class_id);
+    rec.set_shared(req_.shared());
+    rec.set_holder_meta(req_.holder_meta());
+    rec.set_identity(caller_.identity);
+    rec.set_epoch(epoch);
+    rec.set_granted_at_unix_ms(NowUnixMs());
+    rec.set_advisory(cls.record.enforcement() == v1::ENFORCEMENT_ADVISORY);
+    return rec;
+  }
+
   void Grant(const KeySnapshot& snap, const ClassEntry& cls, const queue::AcquireDecision& d) {
     if (!BeginStep()) return;
+    claims_before_ = -1;
     const std::string& ns = req_.namespace_();
     const std::string& key = req_.lock_key();
     const int64_t lease = req_.session_id();
@@ -351,6 +440,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       waiters->set_range_end(keyspace::WaitRangeEnd(ns, key));
       waiters->set_mod_revision(snap.revision + 1);
       AddNewClaim(&txn);
+      claims_before_ = snap.session_claims;
     }
     for (const WaiterEntry* dead : d.dead_ahead) {
       txn.add_success()->mutable_request_delete_range()->set_key(
@@ -358,14 +448,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       txn.add_success()->mutable_request_delete_range()->set_key(
           keyspace::ClaimKey(ns, key, dead->lease));
     }
-    records::HoldRecord rec;
-    rec.set_class_id(cls.class_id);
-    rec.set_shared(req_.shared());
-    rec.set_holder_meta(req_.holder_meta());
-    rec.set_identity(caller_.identity);
-    rec.set_epoch(snap.epoch->record.epoch());
-    rec.set_granted_at_unix_ms(NowUnixMs());
-    rec.set_advisory(cls.record.enforcement() == v1::ENFORCEMENT_ADVISORY);
+    records::HoldRecord rec = NewHold(cls, snap.epoch->record.epoch());
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(keyspace::HoldKey(ns, key, lease));
     put->set_value(rec.SerializeAsString());
@@ -397,6 +480,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       return Decide(std::move(*snap));
     }
     const int64_t grant_rev = t->header().revision();
+    if (claims_before_ >= 0) {
+      engine_->views_.ClaimAdded(req_.session_id(), claims_before_, grant_rev);
+    }
     HoldEntry entry{req_.session_id(), grant_rev, rec};
     absl::Status refuse;
     if (t->header().cluster_id() != epoch_cluster) {
@@ -595,6 +681,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // The revision of the snapshot the last Decide saw (only Decide and the step it
   // starts use it, one at a time).
   int64_t read_revision_ = 0;
+  // The claim count the grant in flight was guarded with, when it adds a claim
+  // (-1: it adds none). Same discipline as read_revision_.
+  int64_t claims_before_ = -1;
   int64_t own_waiter_rev_ ABSL_GUARDED_BY(mu_) = 0;  // create_revision of the own waiter
   std::string blocked_by_ ABSL_GUARDED_BY(mu_);       // for the deadline's message
   uint64_t wait_gen_ ABSL_GUARDED_BY(mu_) = 0;

@@ -362,6 +362,7 @@ void Engine::CloseSession(const Caller& caller, const v1::CloseSessionRequest& r
     RememberOwner(lease, rec.identity());
     if (auto s = CheckOwner(caller, lease, rec.identity()); !s.ok()) return done(s);
     auto revoke = [this, ns, lease, d, done] {
+      views_.Forget(lease);
       pb::LeaseRevokeRequest rr;
       rr.set_id(lease);
       etcd_->LeaseRevoke(rr, EtcdDeadline(d), [this, ns, lease,

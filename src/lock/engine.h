@@ -22,6 +22,7 @@
 #include "holdfast/v1/lock.pb.h"
 #include "holdfast/v1/session.pb.h"
 #include "lock/epoch_cache.h"
+#include "lock/view_cache.h"
 #include "lock/etcd_health.h"
 #include "lock/observer.h"
 
@@ -147,6 +148,7 @@ class Engine {
   const EngineOptions options_;
   EtcdHealth* const health_;
   EpochCache epochs_;
+  ViewCache views_;
   mutable absl::Mutex block_mu_;
   std::string block_reason_ ABSL_GUARDED_BY(block_mu_);
   // Owner of each session seen (identities never change): lets Release check

@@ -48,12 +48,14 @@ absl::StatusOr<KeySnapshot> ParseSnapshot(
   if (s.namespace_exists && !s.ns_record.ParseFromString(range(0).kvs(0).value())) {
     return absl::DataLossError("corrupt namespace record in etcd");
   }
+  if (s.namespace_exists) s.ns_mod_revision = range(0).kvs(0).mod_revision();
   if (range(1).kvs_size() > 0) {
     records::SessionRecord rec;
     if (!rec.ParseFromString(range(1).kvs(0).value())) {
       return absl::DataLossError("corrupt session record in etcd");
     }
     s.session = std::move(rec);
+    s.session_mod_revision = range(1).kvs(0).mod_revision();
   }
   if (range(2).kvs_size() > 0) {
     EpochEntry e;

@@ -44,7 +44,9 @@ struct KeySnapshot {
   uint64_t cluster_id = 0;     // the read's header cluster id
   bool namespace_exists = false;
   records::NamespaceRecord ns_record;
+  int64_t ns_mod_revision = 0;
   std::optional<records::SessionRecord> session;
+  int64_t session_mod_revision = 0;
   std::optional<EpochEntry> epoch;
   std::vector<ClassEntry> classes;
   std::vector<HoldEntry> holds;  // every hold of the lock key, in key order
