@@ -5,11 +5,13 @@
 //                  [--ttl-ms MS] [--out DIR] [--keep]
 //   holdfast-chaos --check HISTORY.jsonl
 //
-// Starts a 3-member etcd cluster and 2 holdfastd replicas on loopback (replica 1
-// reaches etcd through TCP proxies that can cut it off: a partition), a fenced
-// register, and N chaos clients (hf_chaos_client); runs a seeded nemesis schedule
-// for the duration; merges the history of every process into DIR/history.jsonl;
-// then, before the cluster goes, waits until every session has ended and the
+// Starts a 3-member etcd cluster (each member in its own network namespace where
+// the machine allows it, so that a partition can cut one off; else on loopback)
+// and 2 holdfastd replicas (replica 1 reaches etcd through TCP proxies that can cut
+// it off: another partition; chaos_cluster.h), a fenced register, and N chaos
+// clients (hf_chaos_client); runs a seeded nemesis schedule for the duration;
+// merges the history of every process into DIR/history.jsonl; then, before the
+// cluster goes, waits until every session has ended and the
 // auditor has caught up with etcd and reads the audit store and etcd's own history
 // of hold keys into DIR/audit.jsonl; checks both (checker.h) and prints the
 // counters, the measured timings and, last,
@@ -45,17 +47,16 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "audit/store.h"
+#include "chaos_cluster.h"
 #include "checker.h"
 #include "common/timer_queue.h"
 #include "dev/subprocess.h"
 #include "etcd/client.h"
 #include "etcd/watch_hub.h"
 #include "fenced_register.h"
-#include "harness/cluster.h"
 #include "history.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
-#include "tcp_proxy.h"
 
 namespace holdfast::chaos {
 namespace {
@@ -68,9 +69,10 @@ void OnSignal(int) { g_interrupted.store(true); }
 
 const std::vector<std::string> kFaultKinds = {
     "client_pause",      "client_kill",         "holdfastd_kill",     "holdfastd_pause",
-    "etcd_leader_pause", "etcd_majority_pause", "holdfastd_partition"};
+    "etcd_leader_pause", "etcd_majority_pause", "holdfastd_partition",
+    "etcd_member_partition"};
 // Relative weights, in kFaultKinds order.
-const std::vector<int> kFaultWeights = {3, 2, 1, 1, 1, 1, 1};
+const std::vector<int> kFaultWeights = {3, 2, 1, 1, 1, 1, 1, 1};
 
 struct Flags {
   uint64_t seed = 0;
@@ -190,17 +192,6 @@ int CheckOnly(const std::string& path) {
   return r.violations.empty() ? 0 : 1;
 }
 
-std::string EtcdPartitionsSkippedReason() {
-  const bool have_ip = access("/usr/sbin/ip", X_OK) == 0 || access("/sbin/ip", X_OK) == 0 ||
-                       access("/usr/bin/ip", X_OK) == 0;
-  return absl::StrCat(
-      "cutting one etcd member off: the harness wires the members' peer links directly on "
-      "127.0.0.1 in one network namespace; a cut needs per-member namespaces with veth "
-      "links or proxied peer URLs, not built yet (",
-      have_ip && geteuid() == 0 ? "ip netns would be usable here" : "no root or no ip(8) here",
-      "; no iptables/nft for a loopback port filter)");
-}
-
 // One run of the suite. Thread-compatible (one thread drives it).
 class ChaosRun {
  public:
@@ -208,7 +199,7 @@ class ChaosRun {
 
   ~ChaosRun() {
     // Nothing may stay stopped: SIGCONT whatever a fault left paused, then the
-    // Subprocess and TestCluster destructors kill every process.
+    // Subprocess and ChaosCluster destructors kill every process.
     ResumeAll();
     clients_.clear();
     if (register_ != nullptr) register_->Stop();
@@ -278,28 +269,21 @@ class ChaosRun {
   }
 
   absl::Status Setup() {
-    testing::TestCluster::Options o;
-    o.replicas = 1;  // replica 0; replica 1 reaches etcd through proxies (below)
-    o.etcd_members = 3;
-    auto cluster = testing::TestCluster::Start(o);
+    auto cluster = ChaosCluster::Start(ChaosCluster::Options{});
     if (!cluster.ok()) return cluster.status();
     cluster_ = *std::move(cluster);
-    if (absl::Status s = cluster_->CreateNamespace(); !s.ok()) return s;
-    std::vector<std::string> proxied;
-    for (int m = 0; m < cluster_->etcd_members(); ++m) {
-      const std::string ep = cluster_->etcd(m).endpoint();
-      int port = 0;
-      if (!absl::SimpleAtoi(ep.substr(ep.rfind(':') + 1), &port)) {
-        return absl::InternalError(absl::StrCat("etcd endpoint ", ep));
-      }
-      auto proxy = TcpProxy::Start(port);
-      if (!proxy.ok()) return proxy.status();
-      proxied.push_back(absl::StrCat("127.0.0.1:", (*proxy)->port()));
-      proxies_.push_back(*std::move(proxy));
+    if (!cluster_->stale_removed().empty()) {
+      std::printf("chaos: removed what an earlier run left: %s\n",
+                  absl::StrJoin(cluster_->stale_removed(), " ").c_str());
     }
-    auto replica1 = testing::HoldfastdProcess::Start(proxied, cluster_->dir() + "/holdfastd-1.log");
-    if (!replica1.ok()) return replica1.status();
-    replica1_ = *std::move(replica1);
+    std::vector<std::string> members;
+    for (int m = 0; m < cluster_->etcd_members(); ++m) {
+      members.push_back(cluster_->etcd(m).endpoint());
+    }
+    std::printf("chaos: etcd members %s (%s)\n", absl::StrJoin(members, ",").c_str(),
+                cluster_->members_cuttable() ? "each in its own network namespace"
+                                             : "on loopback");
+    if (absl::Status s = cluster_->CreateNamespace(); !s.ok()) return s;
     auto admin = cluster_->NewClient(0);
     if (!admin.ok()) return admin.status();
     v1::LockClass adv;
@@ -344,7 +328,7 @@ class ChaosRun {
     keys_arg_ = absl::StrJoin(keys, ",");
     std::printf("chaos: keys %s (\":s\": may be taken shared)\n", keys_arg_.c_str());
     endpoints_[0] = cluster_->endpoint(0);
-    endpoints_[1] = replica1_->endpoint();
+    endpoints_[1] = cluster_->endpoint(1);
     for (int i = 0; i < f_.clients; ++i) {
       clients_.push_back(std::make_unique<Slot>());
       clients_.back()->index = i;
@@ -398,13 +382,14 @@ class ChaosRun {
   }
 
   void RecordFault(const std::string& kind, const std::string& target, const std::string& key,
-                   const char* phase) {
+                   const char* phase, const std::string& detail = "") {
     Event e;
     e.type = "fault";
     e.kind = kind;
     e.target = target;
     e.key = key;
     e.phase = phase;
+    e.detail = detail;
     history_->Record(std::move(e));
   }
 
@@ -430,6 +415,24 @@ class ChaosRun {
     for (int m : members) cluster_->etcd(m).process()->Signal(SIGCONT);
     etcd_paused_.clear();
     RecordFault(kind, target, "", "end");
+  }
+
+  // Member m (its role: "leader" or "follower") cut off from its peers and every
+  // client for `d`. The history names the role in the fault's detail.
+  bool CutMember(int m, const std::string& role, milliseconds d) {
+    const std::string kind = "etcd_member_partition";
+    const std::string target = absl::StrCat("etcd", m);
+    RecordFault(kind, target, "", "start", role);
+    absl::Status cut = cluster_->CutMember(m, true);
+    if (cut.ok()) Tick(d);
+    absl::Status healed = cluster_->CutMember(m, false);
+    RecordFault(kind, target, "", "end", role);
+    for (const absl::Status& s : {cut, healed}) {
+      if (!s.ok()) std::fprintf(stderr, "chaos: %s %s: %s\n", kind.c_str(), target.c_str(),
+                                s.ToString().c_str());
+    }
+    ++member_partitions_[role];
+    return true;
   }
 
   // Runs one fault of `kind`, from start to heal. False if it found no target.
@@ -485,15 +488,24 @@ class ChaosRun {
     if (kind == "holdfastd_partition") {
       // Replica 1 cut off from every etcd member; its clients stay connected to it.
       RecordFault(kind, "holdfastd1", "", "start");
-      for (auto& proxy : proxies_) proxy->Cut(true);
+      cluster_->CutReplica1(true);
       Tick(milliseconds(Uniform(2000, 5000)));
-      for (auto& proxy : proxies_) proxy->Cut(false);
+      cluster_->CutReplica1(false);
       RecordFault(kind, "holdfastd1", "", "end");
       ++partitions_;
       return true;
     }
+    if (kind == "etcd_member_partition" && !cluster_->members_cuttable()) return false;
     std::vector<int> leaders, followers;
     EtcdRoles(leaders, followers);
+    if (kind == "etcd_member_partition") {
+      // The leader about half the time (an election follows), else a follower.
+      const bool leader = leaders.size() == 1 && (followers.empty() || Uniform(0, 1) == 0);
+      if (!leader && followers.empty()) return false;
+      const int m = leader ? leaders[0]
+                           : followers[Uniform(0, static_cast<int64_t>(followers.size()) - 1)];
+      return CutMember(m, leader ? "leader" : "follower", milliseconds(Uniform(2000, 5000)));
+    }
     if (kind == "etcd_leader_pause") {
       if (leaders.size() != 1) return false;
       PauseEtcd(leaders, kind, milliseconds(Uniform(1500, 4000)));
@@ -551,12 +563,10 @@ class ChaosRun {
     }
     etcd_paused_.clear();
     holdfastd_paused_ = -1;
-    for (auto& proxy : proxies_) proxy->Cut(false);
+    if (cluster_ != nullptr) cluster_->HealAll();
   }
 
-  testing::HoldfastdProcess& Replica(int r) {
-    return r == 0 ? cluster_->holdfastd(0) : *replica1_;
-  }
+  testing::HoldfastdProcess& Replica(int r) { return cluster_->holdfastd(r); }
 
   void Teardown() {
     ResumeAll();
@@ -608,7 +618,7 @@ class ChaosRun {
   void PrintAuditStatus() {
     for (int r = 0; r < 2; ++r) {
       ClientOptions o;
-      o.endpoints = {r == 0 ? cluster_->endpoint(0) : replica1_->endpoint()};
+      o.endpoints = {cluster_->endpoint(r)};
       o.rpc_timeout = milliseconds(3000);
       auto client = Client::Connect(o);
       if (!client.ok()) continue;
@@ -864,7 +874,15 @@ class ChaosRun {
     std::printf("%s", r.Describe().c_str());
     std::printf("partitions: holdfastd1 cut off from etcd %d times (loopback proxies)\n",
                 partitions_);
-    std::printf("partitions skipped: %s\n", EtcdPartitionsSkippedReason().c_str());
+    if (cluster_->members_cuttable()) {
+      std::printf("partitions: an etcd member cut off %d times: the leader %d, a follower %d "
+                  "(network namespaces)\n",
+                  member_partitions_["leader"] + member_partitions_["follower"],
+                  member_partitions_["leader"], member_partitions_["follower"]);
+    } else {
+      std::printf("partitions skipped: cutting one etcd member off: %s\n",
+                  cluster_->partitions_skipped().c_str());
+    }
     const bool failed = f_.expect_violations ? r.violations.empty() : !r.violations.empty();
     if (f_.expect_violations) {
       std::printf("chaos: control run %s\n", r.violations.empty()
@@ -890,10 +908,7 @@ class ChaosRun {
   Flags f_;
   std::mt19937_64 rng_;
   std::unique_ptr<HistoryWriter> history_;
-  std::unique_ptr<testing::TestCluster> cluster_;
-  // Replica 1 and the proxies it reaches etcd through (destroyed before cluster_).
-  std::vector<std::unique_ptr<TcpProxy>> proxies_;
-  std::unique_ptr<testing::HoldfastdProcess> replica1_;
+  std::unique_ptr<ChaosCluster> cluster_;
   std::shared_ptr<TimerQueue> timers_ = std::make_shared<TimerQueue>();
   std::vector<std::unique_ptr<etcd::Client>> members_;
   std::unique_ptr<FencedRegister> register_;
@@ -906,6 +921,7 @@ class ChaosRun {
   int holdfastd_paused_ = -1;
   int faults_ = 0;
   int partitions_ = 0;
+  std::map<std::string, int> member_partitions_;  // by the role of the member cut
 };
 
 }  // namespace

@@ -230,7 +230,9 @@ CheckReport CheckHistory(const std::vector<Event>& events, const CheckerOptions&
   for (size_t i = 0; i < events.size(); ++i) {
     const Event& f = events[i];
     if (f.type != "fault" || f.phase != "start") continue;
-    FaultTimings& t = r.timings[f.kind];
+    // A fault that names its victim's role (etcd_member_partition: "leader" or
+    // "follower") is timed apart per role.
+    FaultTimings& t = r.timings[f.detail.empty() ? f.kind : absl::StrCat(f.kind, "/", f.detail)];
     ++t.count;
     const bool client_fault = f.kind == "client_pause" || f.kind == "client_kill";
     int64_t end_ts = f.ts;

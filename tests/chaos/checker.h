@@ -98,7 +98,8 @@ struct CheckReport {
   int64_t losts = 0;
   AuditCounters audit;
   std::vector<Violation> violations;
-  std::map<std::string, FaultTimings> timings;  // by fault kind
+  // By fault kind ("etcd_member_partition/leader": kind and the victim's role).
+  std::map<std::string, FaultTimings> timings;
 
   // Counters, then one line per violation (at most `max_violations`), then timings.
   std::string Describe(int max_violations = 20) const;
