@@ -386,8 +386,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
 
     const uint64_t epoch_cluster = epoch->record.etcd_cluster_id();
     auto self = shared_from_this();
-    engine_->etcd().Txn(std::move(txn), EtcdDeadline(),
-                        [self, epoch_cluster, rec, classes = std::move(nsv->classes)](
+    engine_->commits_.Txn({ns, key, lease}, std::move(txn), EtcdDeadline(),
+                          [self, epoch_cluster, rec, classes = std::move(nsv->classes)](
                             absl::StatusOr<pb::TxnResponse> t) {
                           self->OnGrantDone(std::move(t), epoch_cluster, rec, classes);
                         });
@@ -458,10 +458,10 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     const uint64_t epoch_cluster = snap.epoch->record.etcd_cluster_id();
     auto self = shared_from_this();
     auto classes = snap.classes;
-    engine_->etcd().Txn(std::move(txn), EtcdDeadline(),
-                        [self, epoch_cluster, rec, classes](absl::StatusOr<pb::TxnResponse> t) {
-                          self->OnGrantDone(std::move(t), epoch_cluster, rec, classes);
-                        });
+    engine_->commits_.Txn({ns, key, lease}, std::move(txn), EtcdDeadline(),
+                          [self, epoch_cluster, rec, classes](absl::StatusOr<pb::TxnResponse> t) {
+                            self->OnGrantDone(std::move(t), epoch_cluster, rec, classes);
+                          });
   }
 
   void OnGrantDone(absl::StatusOr<pb::TxnResponse> t, uint64_t epoch_cluster,

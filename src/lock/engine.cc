@@ -97,7 +97,12 @@ std::optional<std::string> Engine::KnownOwner(int64_t session) {
 }
 
 Engine::Engine(etcd::Client* etcd, EngineOptions options, EtcdHealth* health)
-    : etcd_(etcd), options_(std::move(options)), health_(health) {}
+    : etcd_(etcd),
+      options_(std::move(options)),
+      health_(health),
+      commits_(etcd, options_.group_commit, [this](int members) {
+        observer().OnCommitBatch(members);
+      }) {}
 
 absl::Status Engine::EtcdStatus() const {
   return health_ ? health_->status() : absl::OkStatus();
@@ -456,7 +461,7 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
   AddSnapshotReads(ns, session, key, txn.mutable_failure());
   std::string handed_class;
   const int handed_over = HandOverGrants(txn, ns, key, &handed_class);
-  etcd_->Txn(std::move(txn), EtcdDeadline(d),
+  commits_.Txn({ns, key, session}, std::move(txn), EtcdDeadline(d),
              [this, req, d, attempts_left, ns, key, session, tok, handed_over, handed_class,
               done](absl::StatusOr<pb::TxnResponse> t) {
                if (!t.ok()) return done(t.status());
