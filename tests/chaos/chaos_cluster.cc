@@ -3,6 +3,7 @@
 #include <signal.h>
 
 #include <filesystem>
+#include <fstream>
 
 #include "absl/strings/str_cat.h"
 #include "dev/subprocess.h"
@@ -48,6 +49,7 @@ absl::StatusOr<std::unique_ptr<ChaosCluster>> ChaosCluster::Start(Options option
     if (!replica.ok()) return replica.status();
     c->holdfastd_.push_back(*std::move(replica));
   }
+  c->direct_ = direct;
   etcd::ClientOptions eo;
   eo.endpoints = direct;
   auto etcd_client = etcd::Client::Create(eo, c->timers_);
@@ -133,6 +135,18 @@ absl::Status ChaosCluster::CreateNamespace(const std::string& ns) {
   cls->set_ttl_min_ms(1000);
   cls->set_ttl_max_ms(3'600'000);
   return (*client)->CreateNamespace(req).status();
+}
+
+absl::StatusOr<std::unique_ptr<testing::HoldfastdProcess>> ChaosCluster::StartAdminReplica(
+    const std::string& identity) {
+  const std::string config = dir() + "/admin-replica.yaml";
+  {
+    std::ofstream f(config, std::ios::trunc);
+    f << "insecure: true\ndev_identity: " << identity << "\n";
+    if (!f) return absl::InternalError(absl::StrCat("cannot write ", config));
+  }
+  return testing::HoldfastdProcess::Start(direct_, dir() + "/holdfastd-admin.log", 0,
+                                          {"--config", config});
 }
 
 void ChaosCluster::CutReplica1(bool cut) {

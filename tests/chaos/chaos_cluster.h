@@ -61,6 +61,11 @@ class ChaosCluster {
   // Member m cut off from its peers and every client (its link down), or healed.
   // FAILED_PRECONDITION when !members_cuttable().
   absl::Status CutMember(int m, bool cut);
+  // A third replica, on the direct endpoints, whose every caller is `identity`
+  // (insecure, dev_identity): the second admin of a two-person force-release
+  // (replicas 0 and 1 answer as spiffe://holdfast.dev/dev). The caller stops it.
+  absl::StatusOr<std::unique_ptr<testing::HoldfastdProcess>> StartAdminReplica(
+      const std::string& identity);
   // Heals every cut (proxies and links).
   void HealAll();
   // Namespaces and links of an earlier run that died, removed at the start.
@@ -81,6 +86,7 @@ class ChaosCluster {
   std::vector<std::unique_ptr<testing::HoldfastdProcess>> holdfastd_;
   std::shared_ptr<TimerQueue> timers_ = std::make_shared<TimerQueue>();
   std::unique_ptr<etcd::Client> etcd_client_;
+  std::vector<std::string> direct_;  // every member's endpoint
 };
 
 }  // namespace holdfast::chaos

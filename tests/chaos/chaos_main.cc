@@ -70,9 +70,9 @@ void OnSignal(int) { g_interrupted.store(true); }
 const std::vector<std::string> kFaultKinds = {
     "client_pause",      "client_kill",         "holdfastd_kill",     "holdfastd_pause",
     "etcd_leader_pause", "etcd_majority_pause", "holdfastd_partition",
-    "etcd_member_partition"};
+    "etcd_member_partition", "force_release"};
 // Relative weights, in kFaultKinds order.
-const std::vector<int> kFaultWeights = {3, 2, 1, 1, 1, 1, 1, 1};
+const std::vector<int> kFaultWeights = {3, 2, 1, 1, 1, 1, 1, 1, 1};
 
 struct Flags {
   uint64_t seed = 0;
@@ -382,7 +382,7 @@ class ChaosRun {
   }
 
   void RecordFault(const std::string& kind, const std::string& target, const std::string& key,
-                   const char* phase, const std::string& detail = "") {
+                   const char* phase, const std::string& detail = "", int64_t session = 0) {
     Event e;
     e.type = "fault";
     e.kind = kind;
@@ -390,6 +390,7 @@ class ChaosRun {
     e.key = key;
     e.phase = phase;
     e.detail = detail;
+    e.session = session;
     history_->Record(std::move(e));
   }
 
@@ -432,6 +433,73 @@ class ChaosRun {
                                 s.ToString().c_str());
     }
     ++member_partitions_[role];
+    return true;
+  }
+
+  // Two admins force-release a current hold (the last writer's): replica 0's
+  // caller asks, a short-lived admin replica with another identity approves (with
+  // the acknowledgement an advisory hold needs). The history gets a `force` event
+  // with the release's revision. False if no hold was found to force.
+  bool ForceRelease() {
+    auto approver = cluster_->StartAdminReplica("spiffe://holdfast.dev/chaos-approver");
+    if (!approver.ok()) {
+      std::fprintf(stderr, "chaos: force_release: %s\n", approver.status().ToString().c_str());
+      return false;
+    }
+    const bool forced = ForceReleaseVia(**approver);
+    (*approver)->Stop();  // SIGTERM: it hands back what it led (the auditor)
+    return forced;
+  }
+
+  bool ForceReleaseVia(testing::HoldfastdProcess& approver) {
+    const std::string kind = "force_release";
+    ClientOptions o;
+    o.endpoints = {approver.endpoint()};
+    auto second = Client::Connect(o);
+    auto first = cluster_->NewClient(0);
+    if (!first.ok() || !second.ok()) return false;
+    // The approver is up: pick the hold now, so the fault is timed from the force.
+    FencedRegister::LastWrite w =
+        register_->RecentWriter(500'000'000, static_cast<uint64_t>(Uniform(0, 1 << 20)));
+    if (w.writer.empty()) return false;
+    auto described = (*first)->Describe("default", w.key);
+    if (!described.ok()) return false;
+    int64_t session = 0;
+    for (const v1::HoldInfo& h : described->holders()) {
+      if (h.token() == w.token) session = h.session_id();
+    }
+    if (session == 0) return false;  // that hold has ended already
+    v1::RequestForceReleaseRequest request;
+    request.set_namespace_("default");
+    request.set_lock_key(w.key);
+    request.set_session_id(session);
+    request.set_reason("chaos nemesis: force_release");
+    auto requested = (*first)->RequestForceRelease(request);
+    if (!requested.ok()) {
+      std::fprintf(stderr, "chaos: %s %s: %s\n", kind.c_str(), w.key.c_str(),
+                   requested.status().ToString().c_str());
+      return false;
+    }
+    RecordFault(kind, w.writer, w.key, "start", "", session);
+    v1::ApproveForceReleaseRequest approve;
+    approve.set_request_id(requested->request_id());
+    approve.set_ack_unfenced(!requested->class_is_fenced());
+    auto approved = (*second)->ApproveForceRelease(approve);
+    if (approved.ok()) {
+      Event force;
+      force.type = "force";
+      force.target = w.writer;
+      force.key = w.key;
+      force.session = approved->request().session_id();
+      force.token = approved->request().token();
+      force.revision = approved->revision();
+      history_->Record(std::move(force));
+      ++forces_;
+    } else {
+      std::fprintf(stderr, "chaos: %s %s: %s\n", kind.c_str(), w.key.c_str(),
+                   approved.status().ToString().c_str());
+    }
+    RecordFault(kind, w.writer, w.key, "end", "", session);
     return true;
   }
 
@@ -495,6 +563,7 @@ class ChaosRun {
       ++partitions_;
       return true;
     }
+    if (kind == "force_release") return ForceRelease();
     if (kind == "etcd_member_partition" && !cluster_->members_cuttable()) return false;
     std::vector<int> leaders, followers;
     EtcdRoles(leaders, followers);
@@ -874,6 +943,7 @@ class ChaosRun {
     std::printf("%s", r.Describe().c_str());
     std::printf("partitions: holdfastd1 cut off from etcd %d times (loopback proxies)\n",
                 partitions_);
+    std::printf("forces: %d holds force-released by two admins\n", forces_);
     if (cluster_->members_cuttable()) {
       std::printf("partitions: an etcd member cut off %d times: the leader %d, a follower %d "
                   "(network namespaces)\n",
@@ -922,6 +992,7 @@ class ChaosRun {
   int faults_ = 0;
   int partitions_ = 0;
   std::map<std::string, int> member_partitions_;  // by the role of the member cut
+  int forces_ = 0;
 };
 
 }  // namespace
