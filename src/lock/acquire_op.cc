@@ -12,14 +12,20 @@
 //   the wait deadline, or a cancel ─▶ End: remove the own waiter (guarded) ─▶ done
 //
 // While waiting the call watches only the keys it depends on, each from the read's
-// revision + 1: its own waiter key (a release that hands it the lock deletes it),
-// the waiter just ahead of it, and, at the head, the key's holds. No thread is
-// held. The fast grant is the common case of a free key with no extra round trip:
-// built from this replica's views (lock/view_cache.h) with compares that hold only
-// while they are true, so it grants exactly what Decide on a fresh read would;
-// otherwise its else branch is that read. One etcd step is in flight at a time; a deadline or cancel that arrives
-// during a step takes effect when the step completes. A grant that commits after
-// the call has ended is deleted again by a guarded delete.
+// revision + 1: its own hold key (a release that hands it the lock puts it: the
+// call answers from that event), its own waiter key (deleted without a hand-over:
+// read again), the waiter just ahead of it, and, at the head, the key's holds
+// (deletions wake it kLookAgainAfterDelete later, so a hand-over's own-hold event
+// of the same revision comes first). No thread is held.
+//
+// The fast grant is the common case of a free key with no extra round trip: built
+// from this replica's views (lock/view_cache.h) with compares that hold only while
+// they are true, so it grants exactly what Decide on a fresh read would; otherwise
+// its else branch is that read.
+//
+// One etcd step is in flight at a time; a deadline or cancel that arrives during a
+// step takes effect when the step completes. A grant that commits after the call
+// has ended is deleted again by a guarded delete.
 #include <atomic>
 #include <optional>
 
@@ -36,6 +42,12 @@
 namespace holdfast::lock {
 
 namespace pb = ::etcdserverpb;
+
+// How long a waiter woken by a deletion (the hold it waits for, the waiter ahead,
+// its own waiter key) waits for the own hold's event of a hand-over in the same
+// revision before it reads again. Only a holder that ends without a hand-over (an
+// expiry, a force-release) makes a waiter pay it.
+constexpr std::chrono::milliseconds kLookAgainAfterDelete{50};
 
 class AcquireOp : public Cancellable, public std::enable_shared_from_this<AcquireOp> {
  public:
@@ -541,7 +553,6 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       s.no_put = true;
       specs.push_back(std::move(s));
     };
-    deletes_of(keyspace::WaitKey(ns, key, req_.session_id()));  // handed the lock, or removed
     if (d.predecessor != nullptr) {
       deletes_of(keyspace::WaitKey(ns, key, d.predecessor->lease));
     } else {
@@ -551,15 +562,37 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     {
       absl::MutexLock l(&mu_);
       gen = ++wait_gen_;
+      wait_classes_ = snap.classes;
     }
     std::weak_ptr<AcquireOp> weak = weak_from_this();
     auto& hub = engine_->etcd().watches();
     std::vector<etcd::WatchId> ids;
-    for (auto& s : specs) {
-      ids.push_back(hub.Watch(std::move(s), [weak, gen](absl::StatusOr<etcd::WatchBatch>) {
-        if (auto self = weak.lock()) self->OnWake(gen);
-      }));
-    }
+    // A deletion wakes the call a moment later: when it is a hand-over to this call,
+    // the same revision puts the own hold, and that event answers without a read.
+    auto look_again_soon = [weak, gen](absl::StatusOr<etcd::WatchBatch>) {
+      auto self = weak.lock();
+      if (!self) return;
+      self->engine_->etcd().timers().ScheduleAfter(kLookAgainAfterDelete, [weak, gen] {
+        if (auto again = weak.lock()) again->OnWake(gen);
+      });
+    };
+    for (auto& s : specs) ids.push_back(hub.Watch(std::move(s), look_again_soon));
+    // Handed the lock: the releasing commit puts the own hold (and deletes the own
+    // waiter and the released hold) in one revision.
+    etcd::WatchSpec own_hold;
+    own_hold.key = keyspace::HoldKey(ns, key, req_.session_id());
+    own_hold.start_revision = snap.revision + 1;
+    own_hold.no_delete = true;
+    ids.push_back(hub.Watch(std::move(own_hold), [weak, gen](absl::StatusOr<etcd::WatchBatch> b) {
+      if (auto self = weak.lock()) self->OnHandedOver(gen, std::move(b));
+    }));
+    // The own waiter deleted with no hold put: found dead by another server, or the
+    // namespace deleted.
+    etcd::WatchSpec own_waiter;
+    own_waiter.key = keyspace::WaitKey(ns, key, req_.session_id());
+    own_waiter.start_revision = snap.revision + 1;
+    own_waiter.no_put = true;
+    ids.push_back(hub.Watch(std::move(own_waiter), look_again_soon));
     TimerQueue::TimerId wake_timer = 0;
     if (d.wake_at_ms > 0) {
       // A waiter ahead whose own server is gone dies at its deadline: look again then.
@@ -588,6 +621,31 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       for (auto id : ids) hub.Cancel(id);
       if (wake_timer) engine_->etcd().timers().Cancel(wake_timer);
     }
+  }
+
+  // The own hold's put: the lock was handed over while this call waited.
+  void OnHandedOver(uint64_t gen, absl::StatusOr<etcd::WatchBatch> batch) {
+    if (!batch.ok()) return OnWake(gen);  // the watch broke: read instead
+    const mvccpb::KeyValue* kv = nullptr;
+    for (const auto& e : batch->events) {
+      if (e.type() == mvccpb::Event::PUT) kv = &e.kv();
+    }
+    if (kv == nullptr) return;
+    records::HoldRecord rec;
+    if (!rec.ParseFromString(kv->value())) return OnWake(gen);
+    std::vector<ClassEntry> classes;
+    {
+      absl::MutexLock l(&mu_);
+      // Busy: a read is in flight and will find the hold. Ending: EndNow's
+      // guarded delete fails and returns the hold.
+      if (finished_ || end_reason_ || busy_ || gen != wait_gen_) return;
+      ++wait_gen_;
+      busy_ = true;
+      classes = wait_classes_;
+    }
+    StopWaiting();
+    Granted(MakeHoldInfo(req_.lock_key(), HoldEntry{req_.session_id(), kv->create_revision(), rec},
+                         classes));
   }
 
   void OnWake(uint64_t gen) {
@@ -687,6 +745,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   int64_t own_waiter_rev_ ABSL_GUARDED_BY(mu_) = 0;  // create_revision of the own waiter
   std::string blocked_by_ ABSL_GUARDED_BY(mu_);       // for the deadline's message
   uint64_t wait_gen_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<ClassEntry> wait_classes_ ABSL_GUARDED_BY(mu_);  // of the wait's snapshot
   std::vector<etcd::WatchId> watches_ ABSL_GUARDED_BY(mu_);
   TimerQueue::TimerId wake_timer_ ABSL_GUARDED_BY(mu_) = 0;
   TimerQueue::TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;
