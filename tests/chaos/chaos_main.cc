@@ -418,6 +418,24 @@ class ChaosRun {
     RecordFault(kind, target, "", "end");
   }
 
+  // Waits (at most 10 s) until every member names one leader in one term. A
+  // member cut off keeps calling elections (etcd 3.4 runs without --pre-vote), and
+  // when it returns its higher term makes the leader step down: a partition lasts
+  // until that election is over too.
+  void WaitEtcdSettled() {
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < until && !g_interrupted.load()) {
+      std::set<std::pair<uint64_t, uint64_t>> views;  // leader, term
+      for (auto& member : members_) {
+        auto st = member->StatusSync(etcd::DeadlineIn(milliseconds(1000)));
+        views.insert(st.ok() ? std::pair<uint64_t, uint64_t>{st->leader(), st->raftterm()}
+                             : std::pair<uint64_t, uint64_t>{0, 0});
+      }
+      if (views.size() == 1 && views.begin()->first != 0) return;
+      Tick(milliseconds(100));
+    }
+  }
+
   // Member m (its role: "leader" or "follower") cut off from its peers and every
   // client for `d`. The history names the role in the fault's detail.
   bool CutMember(int m, const std::string& role, milliseconds d) {
@@ -427,6 +445,7 @@ class ChaosRun {
     absl::Status cut = cluster_->CutMember(m, true);
     if (cut.ok()) Tick(d);
     absl::Status healed = cluster_->CutMember(m, false);
+    WaitEtcdSettled();
     RecordFault(kind, target, "", "end", role);
     for (const absl::Status& s : {cut, healed}) {
       if (!s.ok()) std::fprintf(stderr, "chaos: %s %s: %s\n", kind.c_str(), target.c_str(),
@@ -457,18 +476,29 @@ class ChaosRun {
     o.endpoints = {approver.endpoint()};
     auto second = Client::Connect(o);
     auto first = cluster_->NewClient(0);
-    if (!first.ok() || !second.ok()) return false;
+    if (!first.ok() || !second.ok()) {
+      std::fprintf(stderr, "chaos: %s: no admin client: %s\n", kind.c_str(),
+                   (first.ok() ? second.status() : first.status()).ToString().c_str());
+      return false;
+    }
     // The approver is up: pick the hold now, so the fault is timed from the force.
     FencedRegister::LastWrite w =
         register_->RecentWriter(500'000'000, static_cast<uint64_t>(Uniform(0, 1 << 20)));
-    if (w.writer.empty()) return false;
-    auto described = (*first)->Describe("default", w.key);
-    if (!described.ok()) return false;
-    int64_t session = 0;
-    for (const v1::HoldInfo& h : described->holders()) {
-      if (h.token() == w.token) session = h.session_id();
+    if (w.writer.empty()) {
+      std::printf("chaos: %s: no current holder\n", kind.c_str());
+      return false;
     }
-    if (session == 0) return false;  // that hold has ended already
+    auto described = (*first)->Describe("default", w.key);
+    int64_t session = 0;
+    for (int i = 0; described.ok() && i < described->holders_size(); ++i) {
+      if (described->holders(i).token() == w.token) session = described->holders(i).session_id();
+    }
+    if (session == 0) {  // that hold has ended already
+      std::printf("chaos: %s: the hold of %s token %lld is gone: %s\n", kind.c_str(),
+                  w.key.c_str(), static_cast<long long>(w.token),
+                  described.ok() ? "not among the holders" : described.status().ToString().c_str());
+      return false;
+    }
     v1::RequestForceReleaseRequest request;
     request.set_namespace_("default");
     request.set_lock_key(w.key);
