@@ -217,6 +217,15 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (d.kind == queue::AcquireDecision::Kind::kHeld) {
       return Granted(MakeHoldInfo(req_.lock_key(), *d.own_hold, snap.classes));
     }
+    if (!snap.ns_record.draining_to().empty()) {
+      // A rehome drains the namespace: no grant and no queueing here; a waiter
+      // leaves the queue.
+      {
+        absl::MutexLock l(&mu_);
+        own_waiter_rev_ = d.own_waiter ? d.own_waiter->create_revision : 0;
+      }
+      return EndNow(Engine::Rehoming(ns, snap.ns_record.draining_to(), snap.ns_record.moved()));
+    }
     if (auto s = CheckEpoch(snap.epoch, snap.cluster_id); !s.ok()) return Finish(s);
     if (auto s = engine_->GrantBlock(); !s.ok()) return Finish(s);
     if (auto s = engine_->EtcdStatus(); !s.ok()) {
