@@ -8,15 +8,19 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
+#include <fstream>
 #include <map>
+#include <sstream>
 #include <thread>
 
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "dev/subprocess.h"
 #include "harness/cluster.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
+#include "lock/token.h"
 
 namespace holdfast {
 namespace {
@@ -250,6 +254,94 @@ TEST_F(RehomeTest, RehomeWhileClientsHoldAndWaitKeepsTokensIncreasingAndOneHolde
   for (int64_t x : before) EXPECT_GT(t->token(), x);
 }
 
+// Clients take turns on one key through a rehome, reopening their sessions when
+// they lose them. Each records when it knew it held (after the grant, before the
+// release), so two records that overlap would be two holders at once; and a
+// hold that began after another ended must have the higher token.
+TEST_F(RehomeTest, ClientsTakingTurnsThroughARehomeNeverOverlapAndTokensOnlyGrow) {
+  CreateNamespace("pay", "");
+  struct Held {
+    int64_t token;
+    std::chrono::steady_clock::time_point from, to;
+  };
+  absl::Mutex mu;
+  std::vector<Held> held;
+  std::atomic<bool> stop{false};
+  std::atomic<int> after_flip{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 3; ++w) {
+    workers.emplace_back([&] {
+      auto client = cluster_->NewClient();
+      if (!client.ok()) return;
+      std::unique_ptr<Session> session;
+      while (!stop) {
+        if (session == nullptr || session->lost()) {
+          auto s = (*client)->OpenSession("pay", {.ttl = seconds(5)});
+          if (!s.ok()) {
+            std::this_thread::sleep_for(milliseconds(50));
+            continue;
+          }
+          session = std::move(*s);
+        }
+        auto h = session->Acquire("k", {.wait = seconds(2)});
+        if (!h.ok()) {
+          if (h.status().code() != absl::StatusCode::kDeadlineExceeded) session.reset();
+          continue;
+        }
+        Held one{h->token(), std::chrono::steady_clock::now(), {}};
+        std::this_thread::sleep_for(milliseconds(20));
+        one.to = std::chrono::steady_clock::now();
+        if (!h->Release().ok()) session.reset();
+        absl::MutexLock l(&mu);
+        held.push_back(one);
+        if (token::EpochOf(one.token) > 1) ++after_flip;
+      }
+    });
+  }
+  std::this_thread::sleep_for(milliseconds(800));
+  auto r = Rehome("pay", "b", seconds(20));
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (int i = 0; i < 100 && after_flip < 5; ++i) std::this_thread::sleep_for(milliseconds(100));
+  stop = true;
+  for (auto& t : workers) t.join();
+  absl::MutexLock l(&mu);
+  ASSERT_GE(after_flip.load(), 5);
+  std::sort(held.begin(), held.end(), [](const Held& x, const Held& y) { return x.from < y.from; });
+  int before_flip = 0;
+  for (size_t i = 0; i < held.size(); ++i) {
+    if (token::EpochOf(held[i].token) == 1) ++before_flip;
+    if (i == 0) continue;
+    EXPECT_LE(held[i - 1].to, held[i].from) << "two holders at once: tokens "
+                                            << held[i - 1].token << " and " << held[i].token;
+    EXPECT_LT(held[i - 1].token, held[i].token) << "a token went backwards";
+  }
+  EXPECT_GT(before_flip, 0);
+  // Every grant the audit recorded for the namespace on cluster a is below every
+  // token granted on b.
+  int64_t max_before = 0, min_after = INT64_MAX;
+  for (const auto& h : held) {
+    if (token::EpochOf(h.token) > 1) min_after = std::min(min_after, h.token);
+  }
+  v1::QueryAuditRequest q;
+  q.set_namespace_("pay");
+  q.set_type("grant");
+  q.set_limit(10000);
+  int audited_before = 0;
+  for (int i = 0; i < 100 && audited_before < before_flip; ++i) {
+    auto events = client_->QueryAudit(q);
+    ASSERT_TRUE(events.ok());
+    audited_before = 0;
+    for (const auto& e : events->events()) {
+      if (token::EpochOf(e.token()) != 1) continue;
+      ++audited_before;
+      max_before = std::max(max_before, e.token());
+    }
+    if (audited_before < before_flip) std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_GE(audited_before, before_flip);
+  EXPECT_LT(max_before, min_after);
+}
+
 TEST_F(RehomeTest, HoldsPastTheDeadlineFailTheRehomeAndChangeNothing) {
   CreateNamespace("pay", "");
   auto s = client_->OpenSession("pay");
@@ -360,6 +452,69 @@ TEST_F(RehomeTest, AnInterruptedRehomeCanBeRolledBack) {
   auto s = client_->OpenSession("pay");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_TRUE((*s)->Acquire("x").ok());
+}
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Runs the holdfast binary against `endpoint` (plaintext, no dev credentials).
+CliResult RunCli(const std::string& dir, const std::string& endpoint,
+                 const std::vector<std::string>& args) {
+  static int counter = 0;
+  const std::string out = absl::StrCat(dir, "/cli-", ++counter, ".out");
+  const std::string err = absl::StrCat(dir, "/cli-", counter, ".err");
+  dev::SpawnOptions so;
+  so.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >\"$HF_TEST_OUT\" 2>\"$HF_TEST_ERR\"",
+             testing::BinDir() + "/holdfast", "--endpoint", endpoint};
+  for (const auto& a : args) so.argv.push_back(a);
+  so.env = {{"HF_TEST_OUT", out}, {"HF_TEST_ERR", err}, {"HOLDFAST_DEV_DIR", dir + "/none"}};
+  CliResult r;
+  auto p = dev::Subprocess::Spawn(std::move(so));
+  if (!p.ok()) return r;
+  auto code = (*p)->Wait(seconds(60));
+  r.exit_code = code ? *code : -1;
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  r.out = read(out);
+  r.err = read(err);
+  return r;
+}
+
+// The runbook's commands (docs/operations.md, "Rehome"), as an operator types them.
+TEST_F(RehomeTest, TheRunbookCommandsWork) {
+  const std::string dir = cluster_->dir(), ep = cluster_->endpoint();
+  auto r = RunCli(dir, ep, {"ns", "create", "payments"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = RunCli(dir, ep, {"ns", "rehome", "payments", "--to", "fast"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no etcd cluster named \"fast\" (clusters: a, b)"), std::string::npos)
+      << r.err;
+  r = RunCli(dir, ep, {"ns", "rehome", "payments", "--to", "b", "--deadline", "5m"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("namespace payments moved from a to b"), std::string::npos) << r.out;
+  r = RunCli(dir, ep, {"ns", "get", "payments"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("home cluster"), std::string::npos) << r.out;
+  r = RunCli(dir, ep, {"epoch", "show", "--cluster", "b"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("grants"), std::string::npos) << r.out;
+  r = RunCli(dir, ep, {"ns", "list"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("HOME"), std::string::npos) << r.out;
+  r = RunCli(dir, ep, {"ns", "rehome", "payments", "--to", "a", "--abort"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no rehome of namespace \"payments\" is in progress"), std::string::npos)
+      << r.err;
+  r = RunCli(dir, ep, {"ns", "rehome", "payments", "--to", "a", "--deadline", "2m", "--force",
+                       "--reason", "back to a, OPS-456"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(client_->GetNamespace("payments")->home_cluster(), "a");
 }
 
 TEST(RehomeAdminTest, OnlyAdminsMayRehome) {
