@@ -394,43 +394,49 @@ TEST_F(RehomeTest, ForceReleasesTheRemainingHoldsAndAuditsThem) {
   EXPECT_GT(next->token(), token);
 }
 
-TEST_F(RehomeTest, AnInterruptedRehomeIsFinishedByRunningItAgain) {
-  CreateNamespace("pay", "");
-  auto s = client_->OpenSession("pay");
-  ASSERT_TRUE(s.ok());
-  auto h = (*s)->Acquire("x");
-  ASSERT_TRUE(h.ok());
-  const int64_t token = h->token();
-  ASSERT_TRUE(h->Release().ok());
-  // holdfastd exits right after the copy step is recorded (a crash).
-  ::setenv("HOLDFAST_TEST_REHOME_EXIT_AFTER", "4", 1);
-  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
-  ::unsetenv("HOLDFAST_TEST_REHOME_EXIT_AFTER");
-  auto crashed = Rehome("pay", "b", seconds(5));
-  EXPECT_FALSE(crashed.ok());
-  // Half-way: both clusters have the namespace, the home is still a.
-  auto in_a = KeySpace(a());
-  records::PlacementRecord p;
-  ASSERT_TRUE(p.ParseFromString(in_a[keyspace::PlacementKey("pay")]));
-  EXPECT_EQ(p.home(), "a");
-  EXPECT_EQ(p.rehome().to(), "b");
-  EXPECT_TRUE(HasKeysOf(KeySpace(b()), "pay"));
-  // Another target is refused while this one is unfinished.
-  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
-  client_ = std::move(*cluster_->NewClient());
-  auto other = Rehome("pay", "a");
-  EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
-  EXPECT_NE(other.status().message().find("in progress"), std::string::npos) << other.status();
-  // Running it again finishes it.
-  auto resumed = Rehome("pay", "b", seconds(5));
-  ASSERT_TRUE(resumed.ok()) << resumed.status();
-  EXPECT_TRUE(resumed->resumed());
-  EXPECT_FALSE(HasKeysOf(KeySpace(a()), "pay"));
-  auto again = client_->OpenSession("pay");
-  ASSERT_TRUE(again.ok()) << again.status();
-  auto next = (*again)->Acquire("x");
-  ASSERT_TRUE(next.ok()) << next.status();
-  EXPECT_GT(next->token(), token);
+// holdfastd exits right after each step in turn (HOLDFAST_TEST_REHOME_EXIT_AFTER,
+// a crash); running the command again finishes the move.
+TEST_F(RehomeTest, ARehomeInterruptedAfterAnyStepIsFinishedByRunningItAgain) {
+  for (int phase = 1; phase <= 5; ++phase) {
+    SCOPED_TRACE(absl::StrCat("exit after phase ", phase));
+    const std::string ns = absl::StrCat("pay", phase);
+    CreateNamespace(ns, "");
+    auto s = client_->OpenSession(ns);
+    ASSERT_TRUE(s.ok());
+    auto h = (*s)->Acquire("x");
+    ASSERT_TRUE(h.ok());
+    const int64_t token = h->token();
+    ASSERT_TRUE(h->Release().ok());
+    ::setenv("HOLDFAST_TEST_REHOME_EXIT_AFTER", absl::StrCat(phase).c_str(), 1);
+    ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+    ::unsetenv("HOLDFAST_TEST_REHOME_EXIT_AFTER");
+    auto crashed = Rehome(ns, "b", seconds(5));
+    EXPECT_FALSE(crashed.ok());
+    // Half-way: the placement record names the rehome in progress.
+    auto in_a = KeySpace(a());
+    records::PlacementRecord p;
+    ASSERT_TRUE(p.ParseFromString(in_a[keyspace::PlacementKey(ns)]));
+    EXPECT_EQ(p.rehome().to(), "b");
+    EXPECT_EQ(p.rehome().phase(), phase);
+    EXPECT_EQ(p.home(), phase >= 5 ? "b" : "a");
+    ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+    client_ = std::move(*cluster_->NewClient());
+    // Another target is refused while this one is unfinished.
+    auto other = Rehome(ns, "a");
+    EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(other.status().message().find("in progress"), std::string::npos) << other.status();
+    // Running it again finishes it.
+    auto resumed = Rehome(ns, "b", seconds(5));
+    ASSERT_TRUE(resumed.ok()) << resumed.status();
+    EXPECT_TRUE(resumed->resumed());
+    EXPECT_FALSE(HasKeysOf(KeySpace(a()), ns));
+    EXPECT_TRUE(HasKeysOf(KeySpace(b()), ns));
+    auto again = client_->OpenSession(ns);
+    ASSERT_TRUE(again.ok()) << again.status();
+    auto next = (*again)->Acquire("x");
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_GT(next->token(), token);
+  }
 }
 
 TEST_F(RehomeTest, AnInterruptedRehomeCanBeRolledBack) {
@@ -515,6 +521,29 @@ TEST_F(RehomeTest, TheRunbookCommandsWork) {
                        "--reason", "back to a, OPS-456"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(client_->GetNamespace("payments")->home_cluster(), "a");
+}
+
+// The default config (one etcd cluster, "default"): there is nowhere to go.
+TEST(RehomeOneClusterTest, WithOneClusterRehomeSaysSoAndChangesNothing) {
+  auto c = testing::TestCluster::Start();
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->CreateNamespace("default").ok());
+  auto client = (*c)->NewClient();
+  ASSERT_TRUE(client.ok());
+  auto before = KeySpace((*c)->etcd_client());
+  v1::RehomeNamespaceRequest req;
+  req.set_name("default");
+  req.set_to("b");
+  auto r = (*client)->RehomeNamespace(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("no etcd cluster named \"b\" (this holdfastd has one: "
+                                      "\"default\")"),
+            std::string::npos)
+      << r.status();
+  req.set_to("default");
+  EXPECT_EQ((*client)->RehomeNamespace(req).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KeySpace((*c)->etcd_client()), before);
+  EXPECT_EQ((*client)->GetNamespace("default")->home_cluster(), "default");
 }
 
 TEST(RehomeAdminTest, OnlyAdminsMayRehome) {
