@@ -450,6 +450,13 @@ TEST_F(RehomeTest, AnInterruptedRehomeCanBeRolledBack) {
   client_ = std::move(*cluster_->NewClient());
   // Sealed: the namespace refuses new sessions until the rehome is finished or undone.
   EXPECT_EQ(client_->OpenSession("pay").status().code(), absl::StatusCode::kUnavailable);
+  // Its records are not changed meanwhile (a copy could miss the change).
+  v1::UpdateNamespaceRequest update;
+  update.set_name("pay");
+  update.set_held_lease_quota(3);
+  auto changed = client_->UpdateNamespace(update);
+  EXPECT_EQ(changed.status().code(), absl::StatusCode::kFailedPrecondition) << changed.status();
+  EXPECT_NE(changed.status().message().find("finish or abort the rehome"), std::string::npos);
   auto undone = Rehome("pay", "b", seconds(5), false, /*abort=*/true);
   ASSERT_TRUE(undone.ok()) << undone.status();
   EXPECT_TRUE(undone->aborted());

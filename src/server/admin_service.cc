@@ -28,6 +28,17 @@ absl::Status AdminService::Admit(const grpc::ServerContext& ctx) const {
     return ToGrpcStatus(admitted);                           \
   }
 
+absl::Status AdminService::NotRehoming(const std::string& ns) const {
+  if (auto* p = clusters_->placements()) {
+    if (auto rec = p->Get(ns); rec && rec->has_rehome()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "namespace \"", ns, "\" is being rehomed to \"", rec->rehome().to(),
+          "\"; finish or abort the rehome first (its records are being copied)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
 void AdminService::AddPlacement(v1::Namespace* n) const {
   n->set_home_cluster(clusters_->Home(n->name()).name());
   if (auto* p = clusters_->placements()) {
@@ -125,6 +136,7 @@ grpc::Status AdminService::UpdateNamespace(grpc::ServerContext* ctx,
                                            const v1::UpdateNamespaceRequest* req,
                                            v1::Namespace* resp) {
   HF_ADMIN_ONLY(ctx);
+  if (auto s = NotRehoming(req->name()); !s.ok()) return ToGrpcStatus(s);
   auto n = RegistryOf(req->name()).UpdateNamespace(*req, RpcDeadline(*ctx, kUnaryCap));
   if (n.ok()) AddPlacement(&*n);
   return Reply(std::move(n), resp);
@@ -134,14 +146,10 @@ grpc::Status AdminService::DeleteNamespace(grpc::ServerContext* ctx,
                                            const v1::DeleteNamespaceRequest* req,
                                            v1::DeleteNamespaceResponse* resp) {
   HF_ADMIN_ONLY(ctx);
+  if (auto s = NotRehoming(req->name()); !s.ok()) return ToGrpcStatus(s);
   auto* placements = clusters_->placements();
   std::optional<records::PlacementRecord> placed;
   if (placements != nullptr) placed = placements->Get(req->name());
-  if (placed && placed->has_rehome()) {
-    return ToGrpcStatus(absl::FailedPreconditionError(absl::StrCat(
-        "namespace \"", req->name(), "\" is being rehomed to \"", placed->rehome().to(),
-        "\"; finish or abort the rehome first")));
-  }
   auto d = RpcDeadline(*ctx, kUnaryCap);
   if (auto s = RegistryOf(req->name()).DeleteNamespace(req->name(), d); !s.ok()) {
     return ToGrpcStatus(s);
@@ -161,6 +169,7 @@ grpc::Status AdminService::CreateClass(grpc::ServerContext* ctx,
                                        const v1::CreateClassRequest* req, v1::LockClass* resp) {
   HF_ADMIN_ONLY(ctx);
   const auto& ns = req->class_().namespace_();
+  if (auto s = NotRehoming(ns); !s.ok()) return ToGrpcStatus(s);
   return Reply(RegistryOf(ns).CreateClass(req->class_(), RpcDeadline(*ctx, kUnaryCap)), resp);
 }
 
@@ -187,6 +196,7 @@ grpc::Status AdminService::DeleteClass(grpc::ServerContext* ctx,
                                        v1::DeleteClassResponse* resp) {
   HF_ADMIN_ONLY(ctx);
   const auto& ns = req->namespace_();
+  if (auto s = NotRehoming(ns); !s.ok()) return ToGrpcStatus(s);
   return ToGrpcStatus(
       RegistryOf(ns).DeleteClass(ns, req->class_id(), RpcDeadline(*ctx, kUnaryCap)));
 }

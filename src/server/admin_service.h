@@ -86,6 +86,9 @@ class AdminService final : public v1::Admin::Service {
   lock::Registry& RegistryOf(const std::string& ns) const {
     return *clusters_->Home(ns).registry;
   }
+  // FAILED_PRECONDITION while a rehome of `ns` is unfinished: a change of its
+  // records then could miss the copy (as this replica's placements show it).
+  absl::Status NotRehoming(const std::string& ns) const;
   // Fills home_cluster and rehoming_to.
   void AddPlacement(v1::Namespace* n) const;
   absl::StatusOr<v1::Namespace> CreateNamespaceOn(const v1::CreateNamespaceRequest& req,
