@@ -1,5 +1,6 @@
-// `holdfast epoch show [-o json]`: the cluster's current epoch record, whether a
-//   restore was detected (grants then wait for an advance), and the history.
+// `holdfast epoch show [--cluster NAME] [-o json]`: the cluster's current epoch
+//   record, whether a restore was detected (grants then wait for an advance), the
+//   history, and with several clusters (none named) every cluster's record.
 // `holdfast epoch advance [--cluster NAME] --reason restore|rehome [-o json]`:
 //   new epoch = 1 + max(the record, the history's highest); admins only.
 // Runbook: docs/operations.md.
@@ -44,6 +45,15 @@ int RunShow(const GlobalOptions& global, const ShowFlags& flags) {
                               ? "allowed"
                               : "REFUSED: " + e->restore_detected()}},
               std::cout);
+  if (e->clusters_size() > 0) {
+    std::cout << "\nclusters:\n";
+    Table table({"CLUSTER", "EPOCH", "ETCD_CLUSTER_ID", "REASON", "GRANTS"});
+    for (const auto& c : e->clusters()) {
+      table.AddRow({c.cluster(), absl::StrCat(c.epoch()), c.etcd_cluster_id(), OrDash(c.reason()),
+                    c.restore_detected().empty() ? "allowed" : "REFUSED"});
+    }
+    table.Print(std::cout);
+  }
   if (e->history_size() > 0) {
     std::cout << "\nhistory:\n";
     Table table({"EPOCH", "ETCD_CLUSTER_ID", "ADVANCED_AT", "REASON", "ACTOR"});

@@ -517,6 +517,15 @@ TEST_F(RehomeTest, TheRunbookCommandsWork) {
   r = RunCli(dir, ep, {"epoch", "show", "--cluster", "b"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("grants"), std::string::npos) << r.out;
+  r = RunCli(dir, ep, {"epoch", "show"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("clusters:"), std::string::npos) << r.out;
+  auto shown = client_->GetEpoch();
+  ASSERT_TRUE(shown.ok());
+  EXPECT_EQ(shown->cluster(), "a");
+  ASSERT_EQ(shown->clusters_size(), 2);
+  EXPECT_EQ(shown->clusters(1).cluster(), "b");
+  EXPECT_GE(shown->clusters(1).epoch(), 2);
   r = RunCli(dir, ep, {"ns", "list"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_NE(r.out.find("HOME"), std::string::npos) << r.out;

@@ -248,6 +248,15 @@ grpc::Status AdminService::GetEpoch(grpc::ServerContext* ctx, const v1::GetEpoch
       resp->set_restore_detected(audit::Epochs::RestoreReason(*state));
     }
   }
+  if (req->cluster().empty() && !clusters_->single()) {
+    for (const auto& c : clusters_->all()) {
+      auto each = c->registry->GetEpoch(RpcDeadline(*ctx, kUnaryCap));
+      if (!each.ok()) return ToGrpcStatus(each.status());
+      each->set_cluster(c->name());
+      if (restore_reason_) each->set_restore_detected(restore_reason_(c->name()));
+      *resp->add_clusters() = std::move(*each);
+    }
+  }
   return grpc::Status::OK;
 }
 
