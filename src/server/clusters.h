@@ -40,7 +40,8 @@
 namespace holdfast::server {
 
 // One etcd cluster and what this replica runs on it. Filled by the server at
-// start; the pointers do not change afterwards.
+// start; the pointers do not change while it serves (Shutdown resets them).
+// Thread-safe: healthy and the restore reason may be read and set from any thread.
 struct Cluster {
   ClusterConfig config;
   std::unique_ptr<etcd::Client> etcd;
@@ -56,17 +57,17 @@ struct Cluster {
   const std::string& name() const { return config.name; }
   // Why grants are refused on this cluster ("" while they are not).
   std::string restore_reason() const {
-    absl::MutexLock l(&guard_mu);
+    absl::MutexLock l(&guard_mu_);
     return restore_reason_;
   }
   void set_restore_reason(std::string r) {
-    absl::MutexLock l(&guard_mu);
+    absl::MutexLock l(&guard_mu_);
     restore_reason_ = std::move(r);
   }
 
  private:
-  mutable absl::Mutex guard_mu;
-  std::string restore_reason_ ABSL_GUARDED_BY(guard_mu);
+  mutable absl::Mutex guard_mu_;
+  std::string restore_reason_ ABSL_GUARDED_BY(guard_mu_);
 };
 
 // What a namespace-scoped call needs: the engine and the quota of its home.
