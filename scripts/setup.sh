@@ -23,6 +23,7 @@ packages=(
   libgtest-dev libgmock-dev libbenchmark-dev clang-14 libclang-rt-14-dev
   # process tools used by the test harness (pkill, ps)
   procps
+  iproute2  # ip netns: the chaos suite cuts an etcd member off in its own namespace
 )
 
 missing=()

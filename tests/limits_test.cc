@@ -1,7 +1,9 @@
 // Limits a shared service needs against one greedy or hostile caller (ARCHITECTURE
-// §9, §12): waiters per key, message size and streams per connection. Each refused
+// §9, §12): waiters per key, holds per session, message size and streams per
+// connection. Each refused
 // call must change nothing in etcd (checked by reading the key space before and
 // after).
+#include <atomic>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -118,6 +120,137 @@ TEST_F(LimitsTest, AnOversizedMessageIsRefusedBeforeItReachesEtcd) {
   auto s = sessions->Open(&ctx, req, &resp);
   EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
   EXPECT_EQ(Keys(), before);
+}
+
+class HoldsPerSessionTest : public LimitsTest {
+ protected:
+  std::string Limits() const override { return "limits:\n  max_holds_per_session: 3\n"; }
+
+  // The session's claims (keys it holds or waits for) as etcd counts them.
+  int64_t Claims(int64_t session) {
+    pb::RangeRequest r;
+    r.set_key(keyspace::ClaimPrefix("default", session));
+    r.set_range_end(keyspace::PrefixEnd(keyspace::ClaimPrefix("default", session)));
+    r.set_count_only(true);
+    auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    return got.ok() ? got->count() : -1;
+  }
+};
+
+TEST_F(HoldsPerSessionTest, AFourthLockIsRefusedAndChangesNothing) {
+  auto client = std::move(*cluster_->NewClient());
+  auto session = std::move(*client->OpenSession("default"));
+  std::vector<Hold> holds;
+  for (const char* key : {"a", "b", "c"}) {
+    auto h = session->Acquire(key);
+    ASSERT_TRUE(h.ok()) << h.status();
+    holds.push_back(std::move(*h));
+  }
+  EXPECT_EQ(Claims(session->id()), 3);
+
+  auto before = Keys();
+  auto refused = session->Acquire("d");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_NE(refused.status().message().find("max_holds_per_session"), std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("already holds or waits for 3 locks"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(Keys(), before);
+
+  // Asking again for a key it holds is not a new lock.
+  auto again = session->Acquire("a");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->token(), holds[0].token());
+  // Another session is not affected.
+  auto other = std::move(*client->OpenSession("default"));
+  EXPECT_TRUE(other->Acquire("d").ok());
+
+  // One released, one more may be taken.
+  ASSERT_TRUE(holds[1].Release().ok());
+  EXPECT_EQ(Claims(session->id()), 2);
+  auto e = session->Acquire("e");
+  EXPECT_TRUE(e.ok()) << e.status();
+  EXPECT_EQ(Claims(session->id()), 3);
+}
+
+TEST_F(HoldsPerSessionTest, AQueuedWaitCountsAndLeavesNoClaimWhenItTimesOut) {
+  auto client = std::move(*cluster_->NewClient());
+  auto blocker = std::move(*client->OpenSession("default"));
+  auto busy = blocker->Acquire("busy");
+  ASSERT_TRUE(busy.ok());
+
+  auto client2 = std::move(*cluster_->NewClient());
+  auto session = std::move(*client2->OpenSession("default"));
+  auto a = session->Acquire("a");
+  auto b = session->Acquire("b");
+  ASSERT_TRUE(a.ok() && b.ok());
+  std::atomic<bool> waiting_done{false};
+  absl::Status waited;
+  std::thread waiter([&] {
+    AcquireOptions o;
+    o.wait = seconds(3);
+    waited = session->Acquire("busy", o).status();
+    waiting_done = true;
+  });
+  for (int i = 0; i < 300 && Waiters("busy") < 1; ++i) std::this_thread::sleep_for(milliseconds(20));
+  ASSERT_EQ(Waiters("busy"), 1);
+  EXPECT_EQ(Claims(session->id()), 3);  // two holds and one wait
+
+  auto before = Keys();
+  auto refused = session->Acquire("c");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_EQ(Keys(), before);
+
+  waiter.join();
+  EXPECT_EQ(waited.code(), absl::StatusCode::kDeadlineExceeded) << waited;
+  EXPECT_EQ(Claims(session->id()), 2);  // the wait that ended left no claim behind
+  EXPECT_TRUE(session->Acquire("c").ok());
+}
+
+TEST_F(HoldsPerSessionTest, AHandOverKeepsTheClaimAndAReleaseDropsIt) {
+  auto client = std::move(*cluster_->NewClient());
+  auto first = std::move(*client->OpenSession("default"));
+  auto held = first->Acquire("k");
+  ASSERT_TRUE(held.ok());
+  auto client2 = std::move(*cluster_->NewClient());
+  auto second = std::move(*client2->OpenSession("default"));
+  absl::StatusOr<Hold> handed = absl::UnknownError("not yet");
+  std::thread waiter([&] {
+    AcquireOptions o;
+    o.wait = seconds(20);
+    handed = second->Acquire("k", o);
+  });
+  for (int i = 0; i < 300 && Waiters("k") < 1; ++i) std::this_thread::sleep_for(milliseconds(20));
+  ASSERT_EQ(Waiters("k"), 1);
+  ASSERT_TRUE(held->Release().ok());
+  waiter.join();
+  ASSERT_TRUE(handed.ok()) << handed.status();
+  EXPECT_EQ(Claims(first->id()), 0);
+  EXPECT_EQ(Claims(second->id()), 1);
+  ASSERT_TRUE(handed->Release().ok());
+  EXPECT_EQ(Claims(second->id()), 0);
+}
+
+TEST_F(HoldsPerSessionTest, ConcurrentAcquiresOnOneSessionPassTheLimitExactly) {
+  auto client = std::move(*cluster_->NewClient());
+  auto session = std::move(*client->OpenSession("default"));
+  constexpr int kCalls = 12;
+  std::vector<absl::StatusOr<Hold>> results;
+  for (int i = 0; i < kCalls; ++i) results.emplace_back(absl::UnknownError("not run"));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < kCalls; ++i) {
+    threads.emplace_back([&, i] { results[i] = session->Acquire(absl::StrCat("key-", i)); });
+  }
+  for (auto& t : threads) t.join();
+  int granted = 0, exhausted = 0;
+  for (const auto& r : results) {
+    if (r.ok()) ++granted;
+    if (r.status().code() == absl::StatusCode::kResourceExhausted) ++exhausted;
+  }
+  EXPECT_EQ(granted, 3);
+  EXPECT_EQ(exhausted, kCalls - 3);
+  EXPECT_EQ(Claims(session->id()), 3);
 }
 
 class StreamLimitTest : public LimitsTest {

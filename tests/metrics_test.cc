@@ -236,6 +236,64 @@ TEST_F(MetricsTest, CountersMoveByWhatTheClientsDid) {
   EXPECT_EQ(t.find("metrics/"), std::string::npos);
 }
 
+// issue 9: "no extra round trip on the grant path". Once the replica has read the
+// namespace and the session, an acquire of a free key is one etcd transaction
+// (the fast grant, lock/view_cache.h) and its release one more. Counted with
+// the replica's own etcd request counter; background work (the auditor, the
+// restore guard, the replica set) uses no Txn, and a slack covers a stray one.
+TEST_F(MetricsTest, AnUncontendedCycleOnAWarmReplicaIsTwoTransactions) {
+  auto session = Open();
+  ASSERT_NE(session, nullptr);
+  ASSERT_TRUE(session->Acquire("warm-up").ok());  // reads the namespace and session once
+  constexpr int kCycles = 30;
+  const double before =
+      Sample(Scrape(), "holdfast_etcd_request_duration_seconds_count", {{"method", "Txn"}});
+  for (int i = 0; i < kCycles; ++i) {
+    auto h = session->Acquire(absl::StrCat("free/", i));
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Release().ok());
+  }
+  const double after =
+      Sample(Scrape(), "holdfast_etcd_request_duration_seconds_count", {{"method", "Txn"}});
+  // With a read before each grant it would be 3 per cycle (90).
+  EXPECT_GE(after - before, 2 * kCycles);
+  EXPECT_LE(after - before, 2 * kCycles + 5);
+}
+
+// A waiter handed the lock answers from the hold's watch event: a hand-over costs
+// the release's transactions (the plain delete that finds the queue, then the
+// hand-over) and no read for the waiter. Counted over several hand-overs, each
+// from the release to the waiter's answer; background work (the auditor's lease
+// check, the restore guard) may add a stray transaction, hence the slack.
+TEST_F(MetricsTest, AHandedOverWaiterAnswersWithoutARead) {
+  auto a = Open(), b = Open();
+  ASSERT_TRUE(a && b);
+  constexpr int kHandOvers = 10;
+  double spent = 0;
+  for (int i = 0; i < kHandOvers; ++i) {
+    const std::string key = absl::StrCat("handed/", i);
+    auto held = a->Acquire(key);
+    ASSERT_TRUE(held.ok()) << held.status();
+    auto waiting =
+        std::async(std::launch::async, [&] { return b->Acquire(key, Waiting(seconds(30))); });
+    ScrapeUntil(
+        [](const std::string& t) { return Sample(t, "holdfast_waiters_parked", kDefault) == 1; },
+        "B parked");
+    const double before =
+        Sample(Scrape(), "holdfast_etcd_request_duration_seconds_count", {{"method", "Txn"}});
+    ASSERT_TRUE(held->Release().ok());
+    auto got = waiting.get();
+    ASSERT_TRUE(got.ok()) << got.status();
+    spent += Sample(Scrape(), "holdfast_etcd_request_duration_seconds_count", {{"method", "Txn"}}) -
+             before;
+    EXPECT_GT(got->token(), held->token());
+    ASSERT_TRUE(got->Release().ok());
+  }
+  // With a read by each waiter it would be 3 per hand-over (30).
+  EXPECT_GE(spent, 2 * kHandOvers);
+  EXPECT_LE(spent, 2 * kHandOvers + 3);
+}
+
 TEST_F(MetricsTest, SessionsRenewalsAndCloses) {
   auto keep = Open(seconds(10));
   auto fast = Open(seconds(2));  // renewed every 667 ms by libholdfast

@@ -275,6 +275,23 @@ TEST_F(QuotaTest, ARefusedCallChangesNothingAndQuotasChangeLive) {
     }
   }
 
+  // libholdfast hands the hint on: RetryAfter() of the refusal.
+  auto lib = cluster_->NewClient();
+  ASSERT_TRUE(lib.ok()) << lib.status();
+  bool lib_refused = false;
+  for (int i = 0; i < 50 && !lib_refused; ++i) {
+    auto s = (*lib)->OpenSession(kNs);
+    if (s.status().code() != absl::StatusCode::kResourceExhausted) continue;
+    lib_refused = true;
+    auto hint = RetryAfter(s.status());
+    ASSERT_TRUE(hint.has_value()) << s.status();
+    EXPECT_GT(hint->count(), 0);
+    EXPECT_LE(hint->count(), 2000) << "a 1/s quota asks for at most a couple of seconds";
+  }
+  EXPECT_TRUE(lib_refused) << "quota 1/s never refused a libholdfast Open";
+  EXPECT_FALSE(RetryAfter(absl::ResourceExhaustedError("no hint")).has_value());
+  EXPECT_FALSE(RetryAfter(absl::OkStatus()).has_value());
+
   // Lifted live: every call goes through again.
   SetQuotaWithCli(0);
   int in_a_row = 0;

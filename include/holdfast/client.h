@@ -26,6 +26,7 @@
 #pragma once
 
 #include <chrono>
+#include <optional>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -153,6 +154,12 @@ class Session {
   explicit Session(std::shared_ptr<internal::SessionState> state) : state_(std::move(state)) {}
   std::shared_ptr<internal::SessionState> state_;
 };
+
+// When a call was refused with RESOURCE_EXHAUSTED because its namespace is over
+// its op_rate_quota, how long to wait before asking again (the server's
+// `retry-after-ms` hint); nullopt for any other status. libholdfast does not retry
+// such calls itself: the caller decides whether to wait or to give up.
+std::optional<std::chrono::milliseconds> RetryAfter(const absl::Status& s);
 
 class Client {
  public:

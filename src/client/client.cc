@@ -4,6 +4,8 @@
 
 #include <thread>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include <grpcpp/security/credentials.h>
@@ -15,6 +17,31 @@
 #include "common/names.h"
 
 namespace holdfast {
+
+namespace {
+constexpr char kRetryAfterPayload[] = "type.holdfast.dev/retry-after-ms";
+
+// FromGrpcStatus, keeping the server's retry-after-ms trailer (op_rate_quota) as a
+// payload that RetryAfter() reads.
+absl::Status FromCall(const grpc::ClientContext& ctx, const grpc::Status& g) {
+  absl::Status s = FromGrpcStatus(g);
+  if (s.code() != absl::StatusCode::kResourceExhausted) return s;
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  if (auto it = trailers.find("retry-after-ms"); it != trailers.end()) {
+    s.SetPayload(kRetryAfterPayload, absl::Cord(absl::string_view(it->second.data(),
+                                                                    it->second.size())));
+  }
+  return s;
+}
+}  // namespace
+
+std::optional<std::chrono::milliseconds> RetryAfter(const absl::Status& s) {
+  if (s.code() != absl::StatusCode::kResourceExhausted) return std::nullopt;
+  auto payload = s.GetPayload(kRetryAfterPayload);
+  int64_t ms = 0;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &ms) || ms < 0) return std::nullopt;
+  return std::chrono::milliseconds(ms);
+}
 
 namespace internal {
 
@@ -277,7 +304,7 @@ absl::Status Hold::Release() {
     v1::ReleaseResponse resp;
     grpc::ClientContext ctx;
     session_->core().SetDeadline(&ctx);
-    s = FromGrpcStatus(session_->core().lock_stub().Release(&ctx, req, &resp));
+    s = FromCall(ctx, session_->core().lock_stub().Release(&ctx, req, &resp));
     if (unknown && s.code() == absl::StatusCode::kFailedPrecondition) s = absl::OkStatus();
     if (s.code() != absl::StatusCode::kAborted && s.code() != absl::StatusCode::kUnavailable &&
         s.code() != absl::StatusCode::kDeadlineExceeded) {
@@ -332,7 +359,7 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   for (int attempt = 0; attempt < 10; ++attempt) {
     grpc::ClientContext ctx;
     state_->core().SetDeadline(&ctx, options.wait);
-    s = FromGrpcStatus(state_->core().lock_stub().Acquire(&ctx, req, &resp));
+    s = FromCall(ctx, state_->core().lock_stub().Acquire(&ctx, req, &resp));
     if (s.code() != absl::StatusCode::kUnavailable || state_->lost()) break;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         wait_until - std::chrono::steady_clock::now());
@@ -357,7 +384,7 @@ absl::Status Session::Close() {
   v1::CloseSessionResponse resp;
   grpc::ClientContext ctx;
   state_->core().SetDeadline(&ctx);
-  return FromGrpcStatus(state_->core().session_stub().Close(&ctx, req, &resp));
+  return FromCall(ctx, state_->core().session_stub().Close(&ctx, req, &resp));
 }
 
 // --- Client -----------------------------------------------------------------
@@ -380,7 +407,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const std::string& 
   grpc::ClientContext ctx;
   core_->SetDeadline(&ctx);
   auto sent_at = std::chrono::steady_clock::now();
-  auto s = FromGrpcStatus(core_->session_stub().Open(&ctx, req, &resp));
+  auto s = FromCall(ctx, core_->session_stub().Open(&ctx, req, &resp));
   if (!s.ok()) return s;
   auto state = std::make_shared<internal::SessionState>(
       core_, ns, resp.session_id(), std::chrono::milliseconds(resp.ttl_ms()), options, sent_at);
@@ -396,7 +423,7 @@ absl::StatusOr<Resp> Call(internal::ClientCore& core, Stub& stub,
   Resp resp;
   grpc::ClientContext ctx;
   core.SetDeadline(&ctx);
-  auto s = FromGrpcStatus((stub.*method)(&ctx, req, &resp));
+  auto s = FromCall(ctx, (stub.*method)(&ctx, req, &resp));
   if (!s.ok()) return s;
   return resp;
 }

@@ -20,20 +20,22 @@ std::string EtcdBinary() {
   return "etcd";
 }
 
-bool EtcdHealthy(int client_port) {
+bool EtcdHealthy(int client_port) { return EtcdHealthy("127.0.0.1", client_port); }
+
+bool EtcdHealthy(const std::string& host, int client_port) {
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(client_port);
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return false;
   int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return false;
   timeval tv{1, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
   ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = htons(client_port);
   bool ok = false;
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    const char req[] = "GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
-    if (::write(fd, req, sizeof req - 1) == static_cast<ssize_t>(sizeof req - 1)) {
+    const std::string req = absl::StrCat("GET /health HTTP/1.0\r\nHost: ", host, "\r\n\r\n");
+    if (::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
       std::string resp;
       char buf[512];
       ssize_t n;
@@ -66,11 +68,11 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(EtcdOptions opti
 EtcdProcess::~EtcdProcess() { Stop(); }
 
 std::string EtcdProcess::endpoint() const {
-  return absl::StrCat("127.0.0.1:", options_.client_port);
+  return absl::StrCat(options_.host, ":", options_.client_port);
 }
 
 std::string EtcdProcess::peer_url() const {
-  return absl::StrCat("http://127.0.0.1:", options_.peer_port);
+  return absl::StrCat("http://", options_.host, ":", options_.peer_port);
 }
 
 absl::Status EtcdProcess::Launch(bool wait_healthy) {
@@ -79,7 +81,7 @@ absl::Status EtcdProcess::Launch(bool wait_healthy) {
     return absl::NotFoundError("etcd binary not found: run scripts/setup.sh (package etcd-server)");
   }
   std::string client_url =
-      absl::StrCat(options_.client_scheme, "://127.0.0.1:", options_.client_port);
+      absl::StrCat(options_.client_scheme, "://", options_.host, ":", options_.client_port);
   std::string initial_cluster = options_.initial_cluster.empty()
                                     ? absl::StrCat(options_.name, "=", peer_url())
                                     : options_.initial_cluster;
@@ -98,6 +100,8 @@ absl::Status EtcdProcess::Launch(bool wait_healthy) {
              "--auto-compaction-retention", "0",
              "--logger", "zap",
              "--log-level", "warn"};
+  so.argv.insert(so.argv.begin(), options_.command_prefix.begin(),
+                 options_.command_prefix.end());
   for (const auto& a : options_.extra_args) so.argv.push_back(a);
   // etcd 3.4 reads ETCD_* variables as flags: keep the caller's out.
   so.log_file = options_.log_file;
@@ -119,12 +123,12 @@ absl::Status EtcdProcess::WaitHealthy() {
       int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
       sockaddr_in addr{};
       addr.sin_family = AF_INET;
-      addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
       addr.sin_port = htons(options_.client_port);
+      inet_pton(AF_INET, options_.host.c_str(), &addr.sin_addr);
       bool open = ::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0;
       ::close(fd);
       if (open) return absl::OkStatus();
-    } else if (EtcdHealthy(options_.client_port)) {
+    } else if (EtcdHealthy(options_.host, options_.client_port)) {
       return absl::OkStatus();
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));

@@ -1,6 +1,7 @@
-// A real etcd-server process (the Debian binary) on loopback, for `holdfast dev`
-// and the tests. Single member by default; several EtcdProcess objects that share
-// `initial_cluster` form a multi-member cluster.
+// A real etcd-server process (the Debian binary) on loopback (or on an address in
+// a network namespace: EtcdOptions::host), for `holdfast dev` and the tests. Single
+// member by default; several EtcdProcess objects that share `initial_cluster` form
+// a multi-member cluster.
 //
 // Thread-compatible.
 #pragma once
@@ -31,6 +32,12 @@ struct EtcdOptions {
   // cannot be healthy before a quorum of its peers runs: start them all with
   // false, then WaitHealthy() on each.
   bool wait_healthy = true;
+  // The IPv4 address the member listens on and advertises (client and peer URLs).
+  std::string host = "127.0.0.1";
+  // Put before the etcd command line, e.g. {"ip", "netns", "exec", "<ns>"} to run
+  // the member in a network namespace. It must exec etcd in place, so that the
+  // process signalled (SIGSTOP, SIGKILL) is etcd itself.
+  std::vector<std::string> command_prefix;
 };
 
 class EtcdProcess {
@@ -71,5 +78,7 @@ std::string EtcdBinary();
 
 // True if GET http://127.0.0.1:<port>/health answers {"health":"true"}.
 bool EtcdHealthy(int client_port);
+// The same at http://<host>:<port> (an IPv4 address).
+bool EtcdHealthy(const std::string& host, int client_port);
 
 }  // namespace holdfast::dev

@@ -1,20 +1,31 @@
 // Engine::Acquire: one state machine per call (ARCHITECTURE §4, lock/queue.h).
 //
-//   Start ─▶ Read ─▶ Decide ─┬─ held ───────────────────────────▶ done (the hold)
-//              ▲             ├─ grant ─▶ Grant txn ──────────────▶ done (new hold)
-//              │             │            └ compare failed: Decide on the else branch
-//              │             └─ blocked ─┬─ try ─────────────────▶ done (ABORTED)
-//              │                         ├─ not queued: Enqueue txn ─▶ Read
-//              │                         └─ queued: Wait on watches
+//   Start ─┬─ views allow: Fast grant txn ─▶ done (new hold)
+//          │            └ compare failed: Decide on the else branch
+//          └─▶ Read ─▶ Decide ─┬─ held ───────────────────────▶ done (the hold)
+//              ▲                ├─ grant ─▶ Grant txn ──────────▶ done (new hold)
+//              │                │            └ compare failed: Decide on the else branch
+//              │                └─ blocked ─┬─ try ──────────────▶ done (ABORTED)
+//              │                            ├─ not queued: Enqueue txn ─▶ Read
+//              │                            └─ queued: Wait on watches
 //              └──────────────── a watched key deleted, or a waiter ahead's deadline
 //   the wait deadline, or a cancel ─▶ End: remove the own waiter (guarded) ─▶ done
 //
 // While waiting the call watches only the keys it depends on, each from the read's
-// revision + 1: its own waiter key (a release that hands it the lock deletes it),
-// the waiter just ahead of it, and, at the head, the key's holds. No thread is
-// held. One etcd step is in flight at a time; a deadline or cancel that arrives
-// during a step takes effect when the step completes. A grant that commits after
-// the call has ended is deleted again by a guarded delete.
+// revision + 1: its own hold key (a release that hands it the lock puts it: the
+// call answers from that event), its own waiter key (deleted without a hand-over:
+// read again), the waiter just ahead of it, and, at the head, the key's holds
+// (deletions wake it kLookAgainAfterDelete later, so a hand-over's own-hold event
+// of the same revision comes first). No thread is held.
+//
+// The fast grant is the common case of a free key with no extra round trip: built
+// from this replica's views (lock/view_cache.h) with compares that hold only while
+// they are true, so it grants exactly what Decide on a fresh read would; otherwise
+// its else branch is that read.
+//
+// One etcd step is in flight at a time; a deadline or cancel that arrives during a
+// step takes effect when the step completes. A grant that commits after the call
+// has ended is deleted again by a guarded delete.
 #include <atomic>
 #include <optional>
 
@@ -31,6 +42,12 @@
 namespace holdfast::lock {
 
 namespace pb = ::etcdserverpb;
+
+// How long a waiter woken by a deletion (the hold it waits for, the waiter ahead,
+// its own waiter key) waits for the own hold's event of a hand-over in the same
+// revision before it reads again. Only a holder that ends without a hand-over (an
+// expiry, a force-release) makes a waiter pay it.
+constexpr std::chrono::milliseconds kLookAgainAfterDelete{50};
 
 class AcquireOp : public Cancellable, public std::enable_shared_from_this<AcquireOp> {
  public:
@@ -55,7 +72,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       timer_ = engine_->etcd().timers().ScheduleAfter(
           std::chrono::milliseconds(req_.wait_ms()), [self] { self->OnWaitDeadline(); });
     }
-    if (BeginStep()) Read();
+    if (BeginStep() && !FastGrant()) Read();
   }
 
   void Cancel() override { End(absl::CancelledError("acquire cancelled by the caller")); }
@@ -139,6 +156,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     pb::TxnRequest txn;
     AddCompare(&txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)->set_create_revision(own);
     txn.add_success()->mutable_request_delete_range()->set_key(wait_key);
+    txn.add_success()->mutable_request_delete_range()->set_key(
+        keyspace::ClaimKey(req_.namespace_(), req_.lock_key(), req_.session_id()));
     AddSnapshotReads(req_.namespace_(), req_.session_id(), req_.lock_key(),
                      txn.mutable_failure());
     auto self = shared_from_this();
@@ -179,7 +198,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
 
   // Called between steps (not busy); starts the next step, waits, or finishes.
   void Decide(KeySnapshot snap) {
+    read_revision_ = snap.revision;
     engine_->epochs_.Observe(snap.epoch);
+    engine_->views_.Observe(req_.namespace_(), req_.session_id(), snap);
     const std::string& ns = req_.namespace_();
     if (!snap.namespace_exists) {
       return Finish(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
@@ -225,6 +246,17 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         own_waiter_rev_ = d.own_waiter ? d.own_waiter->create_revision : 0;
       }
       return EndNow(Engine::Rehoming(ns, snap.ns_record.draining_to(), snap.ns_record.moved()));
+    }
+    // A new claim (neither held nor queued yet) counts against the session's limit;
+    // the grant or enqueue that adds it is guarded by "no claim of this session
+    // changed since the read", so concurrent calls on one session cannot pass it.
+    const size_t max_holds = engine_->options().max_holds_per_session;
+    if (d.own_waiter == nullptr && max_holds > 0 &&
+        snap.session_claims >= static_cast<int64_t>(max_holds)) {
+      return Finish(absl::ResourceExhaustedError(absl::StrCat(
+          "session ", req_.session_id(), " already holds or waits for ", snap.session_claims,
+          " locks, the most one session may (limits.max_holds_per_session); release one "
+          "first; \"", req_.lock_key(), "\" not acquired")));
     }
     if (auto s = CheckEpoch(snap.epoch, snap.cluster_id); !s.ok()) return Finish(s);
     if (auto s = engine_->GrantBlock(); !s.ok()) return Finish(s);
@@ -281,6 +313,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     put->set_key(wait_key);
     put->set_value(rec.SerializeAsString());
     put->set_lease(lease);
+    if (existing == nullptr) AddNewClaim(&txn);
     auto self = shared_from_this();
     engine_->etcd().Txn(std::move(txn), EtcdDeadline(),
                         [self, existing_rev = existing ? existing->create_revision : 0](
@@ -300,8 +333,105 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                         });
   }
 
+  // Puts the session's claim on this key, guarded by "none of the session's claims
+  // was put since the read" (the read counted them against max_holds_per_session).
+  void AddNewClaim(pb::TxnRequest* txn) {
+    const std::string prefix = keyspace::ClaimPrefix(req_.namespace_(), req_.session_id());
+    auto* unchanged = AddCompare(txn, prefix, pb::Compare::MOD, pb::Compare::LESS);
+    unchanged->set_range_end(keyspace::PrefixEnd(prefix));
+    unchanged->set_mod_revision(read_revision_ + 1);
+    auto* put = txn->add_success()->mutable_request_put();
+    put->set_key(keyspace::ClaimKey(req_.namespace_(), req_.lock_key(), req_.session_id()));
+    put->set_lease(req_.session_id());
+  }
+
+  // The first step when this replica's views show the key free for this caller:
+  // the grant transaction of Grant for a key with no hold and no waiter, with the
+  // read's facts replaced by compares on what the views show (the namespace and
+  // session records unchanged, no class changed since the views' read, the
+  // resolved class unchanged, no claim of the session put since its count).
+  // False (nothing sent) when the views do not show that: the call reads first.
+  // Never refuses: every error comes from a fresh read.
+  bool FastGrant() {
+    const std::string& ns = req_.namespace_();
+    const std::string& key = req_.lock_key();
+    const int64_t lease = req_.session_id();
+    auto nsv = engine_->views_.Namespace(ns);
+    auto sv = engine_->views_.Session(lease);
+    auto epoch = engine_->epochs_.Get();
+    if (!nsv || !sv || !epoch) return false;
+    // A namespace being rehomed (or moved away) is refused from a fresh read.
+    if (!nsv->record.draining_to().empty() || nsv->record.moved()) return false;
+    if (sv->record.identity() != caller_.identity || sv->record.closing()) return false;
+    if (!CheckMember(caller_, ns, nsv->record.members()).ok()) return false;
+    const ClassEntry* cls = ResolveClass(nsv->classes, key);
+    if (cls == nullptr) return false;
+    const auto& c = cls->record;
+    const int64_t ttl = sv->record.ttl_ms();
+    if (ttl < c.ttl_min_ms() || ttl > c.ttl_max_ms()) return false;
+    if (req_.shared() && c.mode() != v1::LOCK_MODE_SHARED) return false;
+    const size_t max_holds = engine_->options().max_holds_per_session;
+    if (max_holds > 0 && sv->claims >= static_cast<int64_t>(max_holds)) return false;
+    if (!CheckEpoch(epoch, nsv->cluster_id).ok() || !engine_->GrantBlock().ok()) return false;
+    NoteLabels(ns, cls->class_id);
+
+    pb::TxnRequest txn;
+    AddCompare(&txn, keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
+        ->set_mod_revision(epoch->mod_revision);
+    AddCompare(&txn, keyspace::NamespaceKey(ns), pb::Compare::MOD, pb::Compare::EQUAL)
+        ->set_mod_revision(nsv->mod_revision);
+    AddCompare(&txn, keyspace::SessionKey(ns, lease), pb::Compare::MOD, pb::Compare::EQUAL)
+        ->set_mod_revision(sv->mod_revision);
+    auto* classes = AddCompare(&txn, keyspace::ClassPrefix(ns), pb::Compare::MOD,
+                               pb::Compare::LESS);
+    classes->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
+    classes->set_mod_revision(nsv->classes_revision + 1);
+    AddCompare(&txn, keyspace::ClassKey(ns, cls->class_id), pb::Compare::MOD, pb::Compare::EQUAL)
+        ->set_mod_revision(cls->mod_revision);
+    // No hold and no waiter at all (a range with no key compares as create 0).
+    auto* holds = AddCompare(&txn, keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,
+                             pb::Compare::EQUAL);
+    holds->set_range_end(keyspace::HoldRangeEnd(ns, key));
+    holds->set_create_revision(0);
+    auto* waiters = AddCompare(&txn, keyspace::WaitRangeBegin(ns, key), pb::Compare::CREATE,
+                               pb::Compare::EQUAL);
+    waiters->set_range_end(keyspace::WaitRangeEnd(ns, key));
+    waiters->set_create_revision(0);
+    read_revision_ = sv->claims_revision;
+    AddNewClaim(&txn);
+    claims_before_ = sv->claims;
+    records::HoldRecord rec = NewHold(*cls, epoch->record.epoch());
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(keyspace::HoldKey(ns, key, lease));
+    put->set_value(rec.SerializeAsString());
+    put->set_lease(lease);
+    AddSnapshotReads(ns, lease, key, txn.mutable_failure());
+
+    const uint64_t epoch_cluster = epoch->record.etcd_cluster_id();
+    auto self = shared_from_this();
+    engine_->commits_.Txn({ns, key, lease}, std::move(txn), EtcdDeadline(),
+                          [self, epoch_cluster, rec, classes = std::move(nsv->classes)](
+                            absl::StatusOr<pb::TxnResponse> t) {
+                          self->OnGrantDone(std::move(t), epoch_cluster, rec, classes);
+                        });
+    return true;
+  }
+
+  records::HoldRecord NewHold(const ClassEntry& cls, int32_t epoch) const {
+    records::HoldRecord rec;
+    rec.set_class_id(cls.class_id);
+    rec.set_shared(req_.shared());
+    rec.set_holder_meta(req_.holder_meta());
+    rec.set_identity(caller_.identity);
+    rec.set_epoch(epoch);
+    rec.set_granted_at_unix_ms(NowUnixMs());
+    rec.set_advisory(cls.record.enforcement() == v1::ENFORCEMENT_ADVISORY);
+    return rec;
+  }
+
   void Grant(const KeySnapshot& snap, const ClassEntry& cls, const queue::AcquireDecision& d) {
     if (!BeginStep()) return;
+    claims_before_ = -1;
     const std::string& ns = req_.namespace_();
     const std::string& key = req_.lock_key();
     const int64_t lease = req_.session_id();
@@ -332,19 +462,16 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                                  pb::Compare::LESS);
       waiters->set_range_end(keyspace::WaitRangeEnd(ns, key));
       waiters->set_mod_revision(snap.revision + 1);
+      AddNewClaim(&txn);
+      claims_before_ = snap.session_claims;
     }
     for (const WaiterEntry* dead : d.dead_ahead) {
       txn.add_success()->mutable_request_delete_range()->set_key(
           keyspace::WaitKey(ns, key, dead->lease));
+      txn.add_success()->mutable_request_delete_range()->set_key(
+          keyspace::ClaimKey(ns, key, dead->lease));
     }
-    records::HoldRecord rec;
-    rec.set_class_id(cls.class_id);
-    rec.set_shared(req_.shared());
-    rec.set_holder_meta(req_.holder_meta());
-    rec.set_identity(caller_.identity);
-    rec.set_epoch(snap.epoch->record.epoch());
-    rec.set_granted_at_unix_ms(NowUnixMs());
-    rec.set_advisory(cls.record.enforcement() == v1::ENFORCEMENT_ADVISORY);
+    records::HoldRecord rec = NewHold(cls, snap.epoch->record.epoch());
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(keyspace::HoldKey(ns, key, lease));
     put->set_value(rec.SerializeAsString());
@@ -354,10 +481,10 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     const uint64_t epoch_cluster = snap.epoch->record.etcd_cluster_id();
     auto self = shared_from_this();
     auto classes = snap.classes;
-    engine_->etcd().Txn(std::move(txn), EtcdDeadline(),
-                        [self, epoch_cluster, rec, classes](absl::StatusOr<pb::TxnResponse> t) {
-                          self->OnGrantDone(std::move(t), epoch_cluster, rec, classes);
-                        });
+    engine_->commits_.Txn({ns, key, lease}, std::move(txn), EtcdDeadline(),
+                          [self, epoch_cluster, rec, classes](absl::StatusOr<pb::TxnResponse> t) {
+                            self->OnGrantDone(std::move(t), epoch_cluster, rec, classes);
+                          });
   }
 
   void OnGrantDone(absl::StatusOr<pb::TxnResponse> t, uint64_t epoch_cluster,
@@ -376,6 +503,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       return Decide(std::move(*snap));
     }
     const int64_t grant_rev = t->header().revision();
+    if (claims_before_ >= 0) {
+      engine_->views_.ClaimAdded(req_.session_id(), claims_before_, grant_rev);
+    }
     HoldEntry entry{req_.session_id(), grant_rev, rec};
     absl::Status refuse;
     if (t->header().cluster_id() != epoch_cluster) {
@@ -414,6 +544,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     AddCompare(&txn, hold_key, pb::Compare::CREATE, pb::Compare::EQUAL)
         ->set_create_revision(grant_rev);
     txn.add_success()->mutable_request_delete_range()->set_key(hold_key);
+    txn.add_success()->mutable_request_delete_range()->set_key(
+        keyspace::ClaimKey(req_.namespace_(), req_.lock_key(), req_.session_id()));
     AddAuditMark(&txn);  // recorded as a release, not an expiry
     engine_->etcd().Txn(std::move(txn), etcd::DeadlineIn(engine_->options().etcd_timeout),
                         [](auto) {});
@@ -432,7 +564,6 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       s.no_put = true;
       specs.push_back(std::move(s));
     };
-    deletes_of(keyspace::WaitKey(ns, key, req_.session_id()));  // handed the lock, or removed
     if (d.predecessor != nullptr) {
       deletes_of(keyspace::WaitKey(ns, key, d.predecessor->lease));
     } else {
@@ -442,15 +573,37 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     {
       absl::MutexLock l(&mu_);
       gen = ++wait_gen_;
+      wait_classes_ = snap.classes;
     }
     std::weak_ptr<AcquireOp> weak = weak_from_this();
     auto& hub = engine_->etcd().watches();
     std::vector<etcd::WatchId> ids;
-    for (auto& s : specs) {
-      ids.push_back(hub.Watch(std::move(s), [weak, gen](absl::StatusOr<etcd::WatchBatch>) {
-        if (auto self = weak.lock()) self->OnWake(gen);
-      }));
-    }
+    // A deletion wakes the call a moment later: when it is a hand-over to this call,
+    // the same revision puts the own hold, and that event answers without a read.
+    auto look_again_soon = [weak, gen](absl::StatusOr<etcd::WatchBatch>) {
+      auto self = weak.lock();
+      if (!self) return;
+      self->engine_->etcd().timers().ScheduleAfter(kLookAgainAfterDelete, [weak, gen] {
+        if (auto again = weak.lock()) again->OnWake(gen);
+      });
+    };
+    for (auto& s : specs) ids.push_back(hub.Watch(std::move(s), look_again_soon));
+    // Handed the lock: the releasing commit puts the own hold (and deletes the own
+    // waiter and the released hold) in one revision.
+    etcd::WatchSpec own_hold;
+    own_hold.key = keyspace::HoldKey(ns, key, req_.session_id());
+    own_hold.start_revision = snap.revision + 1;
+    own_hold.no_delete = true;
+    ids.push_back(hub.Watch(std::move(own_hold), [weak, gen](absl::StatusOr<etcd::WatchBatch> b) {
+      if (auto self = weak.lock()) self->OnHandedOver(gen, std::move(b));
+    }));
+    // The own waiter deleted with no hold put: found dead by another server, or the
+    // namespace deleted.
+    etcd::WatchSpec own_waiter;
+    own_waiter.key = keyspace::WaitKey(ns, key, req_.session_id());
+    own_waiter.start_revision = snap.revision + 1;
+    own_waiter.no_put = true;
+    ids.push_back(hub.Watch(std::move(own_waiter), look_again_soon));
     TimerQueue::TimerId wake_timer = 0;
     if (d.wake_at_ms > 0) {
       // A waiter ahead whose own server is gone dies at its deadline: look again then.
@@ -479,6 +632,31 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       for (auto id : ids) hub.Cancel(id);
       if (wake_timer) engine_->etcd().timers().Cancel(wake_timer);
     }
+  }
+
+  // The own hold's put: the lock was handed over while this call waited.
+  void OnHandedOver(uint64_t gen, absl::StatusOr<etcd::WatchBatch> batch) {
+    if (!batch.ok()) return OnWake(gen);  // the watch broke: read instead
+    const mvccpb::KeyValue* kv = nullptr;
+    for (const auto& e : batch->events) {
+      if (e.type() == mvccpb::Event::PUT) kv = &e.kv();
+    }
+    if (kv == nullptr) return;
+    records::HoldRecord rec;
+    if (!rec.ParseFromString(kv->value())) return OnWake(gen);
+    std::vector<ClassEntry> classes;
+    {
+      absl::MutexLock l(&mu_);
+      // Busy: a read is in flight and will find the hold. Ending: EndNow's
+      // guarded delete fails and returns the hold.
+      if (finished_ || end_reason_ || busy_ || gen != wait_gen_) return;
+      ++wait_gen_;
+      busy_ = true;
+      classes = wait_classes_;
+    }
+    StopWaiting();
+    Granted(MakeHoldInfo(req_.lock_key(), HoldEntry{req_.session_id(), kv->create_revision(), rec},
+                         classes));
   }
 
   void OnWake(uint64_t gen) {
@@ -569,9 +747,16 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // an etcd step is in flight
   std::optional<absl::Status> end_reason_ ABSL_GUARDED_BY(mu_);
+  // The revision of the snapshot the last Decide saw (only Decide and the step it
+  // starts use it, one at a time).
+  int64_t read_revision_ = 0;
+  // The claim count the grant in flight was guarded with, when it adds a claim
+  // (-1: it adds none). Same discipline as read_revision_.
+  int64_t claims_before_ = -1;
   int64_t own_waiter_rev_ ABSL_GUARDED_BY(mu_) = 0;  // create_revision of the own waiter
   std::string blocked_by_ ABSL_GUARDED_BY(mu_);       // for the deadline's message
   uint64_t wait_gen_ ABSL_GUARDED_BY(mu_) = 0;
+  std::vector<ClassEntry> wait_classes_ ABSL_GUARDED_BY(mu_);  // of the wait's snapshot
   std::vector<etcd::WatchId> watches_ ABSL_GUARDED_BY(mu_);
   TimerQueue::TimerId wake_timer_ ABSL_GUARDED_BY(mu_) = 0;
   TimerQueue::TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;

@@ -97,7 +97,12 @@ std::optional<std::string> Engine::KnownOwner(int64_t session) {
 }
 
 Engine::Engine(etcd::Client* etcd, EngineOptions options, EtcdHealth* health)
-    : etcd_(etcd), options_(std::move(options)), health_(health) {}
+    : etcd_(etcd),
+      options_(std::move(options)),
+      health_(health),
+      commits_(etcd, options_.group_commit, [this](int members) {
+        observer().OnCommitBatch(members);
+      }) {}
 
 absl::Status Engine::EtcdStatus() const {
   return health_ ? health_->status() : absl::OkStatus();
@@ -374,6 +379,7 @@ void Engine::CloseSession(const Caller& caller, const v1::CloseSessionRequest& r
     RememberOwner(lease, rec.identity());
     if (auto s = CheckOwner(caller, lease, rec.identity()); !s.ok()) return done(s);
     auto revoke = [this, ns, lease, d, done] {
+      views_.Forget(lease);
       pb::LeaseRevokeRequest rr;
       rr.set_id(lease);
       etcd_->LeaseRevoke(rr, EtcdDeadline(d), [this, ns, lease,
@@ -454,6 +460,7 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
   AddCompare(&txn, keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
       ->set_mod_revision(epoch_matches ? epoch->mod_revision : -1);
   txn.add_success()->mutable_request_delete_range()->set_key(hold_key);
+  txn.add_success()->mutable_request_delete_range()->set_key(keyspace::ClaimKey(ns, key, session));
   AddAuditMark(&txn);  // a release, not an expiry
   if (!snap) {
     auto* no_waiters = AddCompare(&txn, keyspace::WaitRangeBegin(ns, key), pb::Compare::CREATE,
@@ -468,7 +475,7 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
   AddSnapshotReads(ns, session, key, txn.mutable_failure());
   std::string handed_class;
   const int handed_over = HandOverGrants(txn, ns, key, &handed_class);
-  etcd_->Txn(std::move(txn), EtcdDeadline(d),
+  commits_.Txn({ns, key, session}, std::move(txn), EtcdDeadline(d),
              [this, req, d, attempts_left, ns, key, session, tok, handed_over, handed_class,
               done](absl::StatusOr<pb::TxnResponse> t) {
                if (!t.ok()) return done(t.status());
@@ -515,6 +522,8 @@ void Engine::AddHandOver(const KeySnapshot& snap, const std::string& ns, const s
   for (const WaiterEntry* dead : plan.dead) {
     txn->add_success()->mutable_request_delete_range()->set_key(
         keyspace::WaitKey(ns, key, dead->lease));
+    txn->add_success()->mutable_request_delete_range()->set_key(
+        keyspace::ClaimKey(ns, key, dead->lease));
   }
   const ClassEntry* cls = ResolveClass(snap.classes, key);
   // Grants need a usable epoch for this cluster and a class; the release itself
@@ -529,7 +538,8 @@ void Engine::AddHandOver(const KeySnapshot& snap, const std::string& ns, const s
   const int64_t now = NowUnixMs();
   for (const WaiterEntry* w : plan.grant) {
     const std::string wait_key = keyspace::WaitKey(ns, key, w->lease);
-    // Still queued, same incarnation (so its session's lease is alive).
+    // Still queued, same incarnation (so its session's lease is alive). Its claim
+    // on the key stays: the waiter becomes a holder.
     AddCompare(txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)
         ->set_create_revision(w->create_revision);
     txn->add_success()->mutable_request_delete_range()->set_key(wait_key);

@@ -22,6 +22,8 @@
 #include "holdfast/v1/lock.pb.h"
 #include "holdfast/v1/session.pb.h"
 #include "lock/epoch_cache.h"
+#include "lock/group_commit.h"
+#include "lock/view_cache.h"
 #include "lock/etcd_health.h"
 #include "lock/observer.h"
 
@@ -55,6 +57,12 @@ struct EngineOptions {
   // is refused with RESOURCE_EXHAUSTED; checked on the read that decides, so
   // concurrent enqueues on several replicas can pass it by at most their number.
   size_t max_waiters_per_key = 1000;
+  // Lock keys one session may hold or wait for at once (0: no limit). Beyond it an
+  // Acquire of another key is refused with RESOURCE_EXHAUSTED; exact, also under
+  // concurrent acquires on the session (keyspace::ClaimKey).
+  size_t max_holds_per_session = 1000;
+  // Batching of grants and releases on different keys into one etcd transaction.
+  GroupCommitOptions group_commit;
   // Deadline of one lease renewal: an answer later than this is not a renewal a
   // holder can trust.
   std::chrono::milliseconds renew_timeout{1000};
@@ -145,6 +153,9 @@ class Engine {
   const EngineOptions options_;
   EtcdHealth* const health_;
   EpochCache epochs_;
+  ViewCache views_;
+  // Grants and releases go through it (lock/group_commit.h). After options_.
+  GroupCommit commits_;
   mutable absl::Mutex block_mu_;
   std::string block_reason_ ABSL_GUARDED_BY(block_mu_);
   // Owner of each session seen (identities never change): lets Release check

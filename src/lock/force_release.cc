@@ -156,6 +156,8 @@ absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
   AddCompare(&txn, got.kvs(0).key(), pb::Compare::CREATE, pb::Compare::EQUAL)
       ->set_create_revision(got.kvs(0).create_revision());
   txn.add_success()->mutable_request_delete_range()->set_key(hold_key);
+  txn.add_success()->mutable_request_delete_range()->set_key(
+      keyspace::ClaimKey(rec.ns(), rec.lock_key(), rec.session_id()));
   txn.add_success()->mutable_request_delete_range()->set_key(got.kvs(0).key());
   records::AuditMark mark;
   mark.set_kind("force");

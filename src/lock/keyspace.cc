@@ -65,6 +65,12 @@ std::string SessionKey(absl::string_view ns, int64_t lease) {
   return absl::StrCat(kNsDir, ns, "/session/", LeaseHex(lease));
 }
 std::string SessionPrefix(absl::string_view ns) { return absl::StrCat(kNsDir, ns, "/session/"); }
+std::string ClaimKey(absl::string_view ns, absl::string_view lock_key, int64_t lease) {
+  return absl::StrCat(ClaimPrefix(ns, lease), lock_key);
+}
+std::string ClaimPrefix(absl::string_view ns, int64_t lease) {
+  return absl::StrCat(kNsDir, ns, "/claim/", LeaseHex(lease), "/");
+}
 std::string SlotKey(absl::string_view ns, int64_t index) {
   return absl::StrFormat("%s%s/slot/%08d", kNsDir, ns, index);
 }

@@ -9,6 +9,9 @@
 //   /holdfast/ns/<ns>/wait/<lock_key>\0<lease:016x>  WaiterRecord, on <lease>
 //   /holdfast/ns/<ns>/slot/<index:08d>               session id (decimal), on the session's
 //                                                    lease: one of held_lease_quota slots
+//   /holdfast/ns/<ns>/claim/<lease:016x>/<lock_key>  empty, on <lease>: the session holds or
+//                                                    waits for <lock_key> (counted against
+//                                                    limits.max_holds_per_session)
 //   /holdfast/audit/mark                             AuditMark, put by every release and
 //                                                    force-release transaction
 //   /holdfast/audit/leader                           the auditor's replica id, on its lease
@@ -107,6 +110,13 @@ std::string SessionPrefix(absl::string_view ns);
 std::string SlotKey(absl::string_view ns, int64_t index);
 std::string SlotPrefix(absl::string_view ns);
 std::optional<int64_t> ParseSlotKey(absl::string_view key, absl::string_view ns);
+// A session's claims: one key per lock key it holds or waits for, so that the
+// number of them is one count-only range ([ClaimPrefix, PrefixEnd(ClaimPrefix))).
+// Put with the session's first waiter or hold on the key, kept when a waiter is
+// handed the lock, deleted with the last of them (release, undo, force, a waiter
+// leaving or removed as dead); a lease that ends takes them all.
+std::string ClaimKey(absl::string_view ns, absl::string_view lock_key, int64_t lease);
+std::string ClaimPrefix(absl::string_view ns, int64_t lease);
 std::string HoldKey(absl::string_view ns, absl::string_view lock_key, int64_t lease);
 // All holds of one lock key: [HoldRangeBegin, HoldRangeEnd).
 std::string HoldRangeBegin(absl::string_view ns, absl::string_view lock_key);

@@ -34,6 +34,12 @@ TEST(KeyspaceTest, GoldenEncoding) {
   EXPECT_EQ(WaitKey("p", "a", 2), "/holdfast/ns/p/wait/a"s + '\0' + "0000000000000002");
   EXPECT_EQ(SlotKey("p", 7), "/holdfast/ns/p/slot/00000007");
   EXPECT_EQ(ParseSlotKey(SlotKey("p", 123), "p"), 123);
+  EXPECT_EQ(ClaimKey("p", "db/primary", 0x1f), "/holdfast/ns/p/claim/000000000000001f/db/primary");
+  EXPECT_EQ(ClaimPrefix("p", 0x1f), "/holdfast/ns/p/claim/000000000000001f/");
+  // A claim is none of the keys the engine and the auditor parse.
+  EXPECT_FALSE(ParseHoldKey(ClaimKey("p", "a", 2)).has_value());
+  EXPECT_FALSE(ParseWaitKey(ClaimKey("p", "a", 2)).has_value());
+  EXPECT_FALSE(ParseSessionKey(ClaimKey("p", "a", 2), "p").has_value());
 }
 
 bool InRange(const std::string& k, const std::string& begin, const std::string& end) {

@@ -68,6 +68,9 @@ class EngineObserver {
                                std::chrono::milliseconds ttl) {}
   virtual void OnSessionClosed(std::string_view ns, int64_t session) {}
   virtual void OnRenewed(const RenewEnd& end) {}
+  // A grant or release transaction went to etcd carrying `members` of them (1:
+  // alone; more: a group commit, lock/group_commit.h).
+  virtual void OnCommitBatch(int members) {}
 };
 
 }  // namespace holdfast::lock

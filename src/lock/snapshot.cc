@@ -27,12 +27,15 @@ void AddSnapshotReads(const std::string& ns, int64_t session, const std::string&
   AddRange(ops, keyspace::ClassPrefix(ns), keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));  // 3
   AddRange(ops, keyspace::HoldRangeBegin(ns, lock_key), keyspace::HoldRangeEnd(ns, lock_key));  // 4
   AddRange(ops, keyspace::WaitRangeBegin(ns, lock_key), keyspace::WaitRangeEnd(ns, lock_key));  // 5
+  AddRange(ops, keyspace::ClaimPrefix(ns, session),
+           keyspace::PrefixEnd(keyspace::ClaimPrefix(ns, session)));  // 6
+  ops->rbegin()->mutable_request_range()->set_count_only(true);
 }
 
 absl::StatusOr<KeySnapshot> ParseSnapshot(
     const pb::ResponseHeader& header,
     const google::protobuf::RepeatedPtrField<pb::ResponseOp>& responses, int first) {
-  if (responses.size() < first + 6) {
+  if (responses.size() < first + 7) {
     return absl::InternalError("etcd: snapshot read returned too few responses");
   }
   auto range = [&](int i) -> const pb::RangeResponse& {
@@ -45,12 +48,14 @@ absl::StatusOr<KeySnapshot> ParseSnapshot(
   if (s.namespace_exists && !s.ns_record.ParseFromString(range(0).kvs(0).value())) {
     return absl::DataLossError("corrupt namespace record in etcd");
   }
+  if (s.namespace_exists) s.ns_mod_revision = range(0).kvs(0).mod_revision();
   if (range(1).kvs_size() > 0) {
     records::SessionRecord rec;
     if (!rec.ParseFromString(range(1).kvs(0).value())) {
       return absl::DataLossError("corrupt session record in etcd");
     }
     s.session = std::move(rec);
+    s.session_mod_revision = range(1).kvs(0).mod_revision();
   }
   if (range(2).kvs_size() > 0) {
     EpochEntry e;
@@ -93,6 +98,7 @@ absl::StatusOr<KeySnapshot> ParseSnapshot(
   std::sort(s.waiters.begin(), s.waiters.end(), [](const WaiterEntry& a, const WaiterEntry& b) {
     return a.create_revision < b.create_revision;
   });
+  s.session_claims = range(6).count();
   return s;
 }
 

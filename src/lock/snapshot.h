@@ -44,11 +44,14 @@ struct KeySnapshot {
   uint64_t cluster_id = 0;     // the read's header cluster id
   bool namespace_exists = false;
   records::NamespaceRecord ns_record;
+  int64_t ns_mod_revision = 0;
   std::optional<records::SessionRecord> session;
+  int64_t session_mod_revision = 0;
   std::optional<EpochEntry> epoch;
   std::vector<ClassEntry> classes;
   std::vector<HoldEntry> holds;  // every hold of the lock key, in key order
   std::vector<WaiterEntry> waiters;  // every waiter of the lock key, in queue order
+  int64_t session_claims = 0;  // lock keys the session holds or waits for (keyspace::ClaimKey)
 };
 
 // Appends the snapshot's range requests to a txn branch (success or failure).

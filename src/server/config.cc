@@ -249,7 +249,8 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
   }
   if (auto limits = root["limits"]) {
     if (auto s = Unknown(limits, "limits.",
-                         {"max_message_bytes", "max_concurrent_streams", "max_waiters_per_key"});
+                         {"max_message_bytes", "max_concurrent_streams", "max_waiters_per_key",
+                          "max_holds_per_session"});
         !s.ok()) {
       return s;
     }
@@ -262,6 +263,14 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     }
     if (c.max_waiters_per_key < 1) {
       return absl::InvalidArgumentError("config: limits.max_waiters_per_key must be >= 1");
+    }
+    if (auto s = ReadInt(limits["max_holds_per_session"], "limits.max_holds_per_session",
+                         &c.max_holds_per_session);
+        !s.ok()) {
+      return s;
+    }
+    if (c.max_holds_per_session < 1) {
+      return absl::InvalidArgumentError("config: limits.max_holds_per_session must be >= 1");
     }
   }
   return c;

@@ -50,6 +50,8 @@
 //     max_message_bytes: 65536
 //     max_concurrent_streams: 1000  # per connection
 //     max_waiters_per_key: 1000     # a longer queue is refused (RESOURCE_EXHAUSTED)
+//     max_holds_per_session: 1000   # lock keys one session holds or waits for at once;
+//                                   #   one more is refused (RESOURCE_EXHAUSTED)
 //
 // Unknown keys are errors (a typo must not silently keep a default).
 #pragma once
@@ -102,6 +104,7 @@ struct Config {
   int max_message_bytes = 64 * 1024;
   int max_concurrent_streams = 1000;
   int max_waiters_per_key = 1000;
+  int max_holds_per_session = 1000;
   std::string metrics_listen;  // host:port; empty: no metrics endpoint
   // `clusters:`; empty: the one cluster of the `etcd:` fields above.
   std::vector<ClusterConfig> clusters;

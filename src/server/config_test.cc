@@ -75,6 +75,7 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\nepochs: {auto_advance_on_restore: maybe}", "true or false"},
       {"insecure: true\nepochs: {check_interval: 1ms}", "check_interval must be >= 100ms"},
       {"insecure: true\nlimits: {max_waiters_per_key: 0}", "max_waiters_per_key must be >= 1"},
+      {"insecure: true\nlimits: {max_holds_per_session: 0}", "max_holds_per_session must be >= 1"},
       {"insecure: true\naudit: [x]", "audit must be a map"},
       {"insecure: true\naudit: {leader_ttl: 1s}", "audit.leader_ttl must be >= 2s"},
       {"insecure: true\naudit: {compaction_keep_revisions: 5}", "compaction_keep_revisions must be >= 100"},

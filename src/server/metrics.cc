@@ -98,6 +98,12 @@ Metrics::Metrics(Clock now)
                          .Help("Waiters granted in one releasing commit (releases that handed "
                                "the key over)")
                          .Register(r);
+  commit_batch_ = &prometheus::BuildHistogram()
+                       .Name("holdfast_commit_batch_size")
+                       .Help("Grants and releases carried by one etcd transaction (1: sent "
+                             "alone; more: a group commit)")
+                       .Register(r)
+                       .Add({}, kBatchBuckets);
   parked_ = &prometheus::BuildGauge()
                  .Name("holdfast_waiters_parked")
                  .Help("Acquires of this replica waiting in a queue now")
@@ -282,6 +288,8 @@ void Metrics::OnReleased(std::string_view ns, int handed_over) {
     handover_batch_->Add({{"namespace", std::string(ns)}}, kBatchBuckets).Observe(handed_over);
   }
 }
+
+void Metrics::OnCommitBatch(int members) { commit_batch_->Observe(members); }
 
 void Metrics::OnParked(std::string_view ns, std::string_view class_id, int delta) {
   auto& gauge = parked_->Add({{"namespace", std::string(ns)}, {"class", std::string(class_id)}});

@@ -86,6 +86,7 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
                        std::chrono::milliseconds ttl) override;
   void OnSessionClosed(std::string_view ns, int64_t session) override;
   void OnRenewed(const lock::RenewEnd& end) override;
+  void OnCommitBatch(int members) override;
 
   // etcd::CallObserver
   void OnEtcdCall(std::string_view method, const absl::Status& status,
@@ -116,6 +117,7 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
   prometheus::Family<prometheus::Counter>* grants_;
   prometheus::Family<prometheus::Counter>* releases_;
   prometheus::Family<prometheus::Histogram>* handover_batch_;
+  prometheus::Histogram* commit_batch_;
   prometheus::Family<prometheus::Gauge>* parked_;
   prometheus::Family<prometheus::Counter>* sessions_opened_;
   prometheus::Family<prometheus::Counter>* sessions_closed_;

@@ -45,6 +45,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Server::StartCluster(
   lo.session_ttl_max = config_.session_ttl_max;
   lo.max_wait = config_.max_wait;
   lo.max_waiters_per_key = static_cast<size_t>(config_.max_waiters_per_key);
+  lo.max_holds_per_session = static_cast<size_t>(config_.max_holds_per_session);
   lo.observer = metrics_.get();
   lock::EtcdHealth::Options ho;
   ho.probe_timeout = std::min<std::chrono::milliseconds>(cc.timeout, std::chrono::seconds(1));

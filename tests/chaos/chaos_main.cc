@@ -5,11 +5,13 @@
 //                  [--ttl-ms MS] [--out DIR] [--keep]
 //   holdfast-chaos --check HISTORY.jsonl
 //
-// Starts a 3-member etcd cluster and 2 holdfastd replicas on loopback (replica 1
-// reaches etcd through TCP proxies that can cut it off: a partition), a fenced
-// register, and N chaos clients (hf_chaos_client); runs a seeded nemesis schedule
-// for the duration; merges the history of every process into DIR/history.jsonl;
-// then, before the cluster goes, waits until every session has ended and the
+// Starts a 3-member etcd cluster (each member in its own network namespace where
+// the machine allows it, so that a partition can cut one off; else on loopback)
+// and 2 holdfastd replicas (replica 1 reaches etcd through TCP proxies that can cut
+// it off: another partition; chaos_cluster.h), a fenced register, and N chaos
+// clients (hf_chaos_client); runs a seeded nemesis schedule for the duration;
+// merges the history of every process into DIR/history.jsonl; then, before the
+// cluster goes, waits until every session has ended and the
 // auditor has caught up with etcd and reads the audit store and etcd's own history
 // of hold keys into DIR/audit.jsonl; checks both (checker.h) and prints the
 // counters, the measured timings and, last,
@@ -45,17 +47,16 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
 #include "audit/store.h"
+#include "chaos_cluster.h"
 #include "checker.h"
 #include "common/timer_queue.h"
 #include "dev/subprocess.h"
 #include "etcd/client.h"
 #include "etcd/watch_hub.h"
 #include "fenced_register.h"
-#include "harness/cluster.h"
 #include "history.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
-#include "tcp_proxy.h"
 
 namespace holdfast::chaos {
 namespace {
@@ -68,9 +69,10 @@ void OnSignal(int) { g_interrupted.store(true); }
 
 const std::vector<std::string> kFaultKinds = {
     "client_pause",      "client_kill",         "holdfastd_kill",     "holdfastd_pause",
-    "etcd_leader_pause", "etcd_majority_pause", "holdfastd_partition"};
+    "etcd_leader_pause", "etcd_majority_pause", "holdfastd_partition",
+    "etcd_member_partition", "force_release"};
 // Relative weights, in kFaultKinds order.
-const std::vector<int> kFaultWeights = {3, 2, 1, 1, 1, 1, 1};
+const std::vector<int> kFaultWeights = {3, 2, 1, 1, 1, 1, 1, 1, 1};
 
 struct Flags {
   uint64_t seed = 0;
@@ -190,17 +192,6 @@ int CheckOnly(const std::string& path) {
   return r.violations.empty() ? 0 : 1;
 }
 
-std::string EtcdPartitionsSkippedReason() {
-  const bool have_ip = access("/usr/sbin/ip", X_OK) == 0 || access("/sbin/ip", X_OK) == 0 ||
-                       access("/usr/bin/ip", X_OK) == 0;
-  return absl::StrCat(
-      "cutting one etcd member off: the harness wires the members' peer links directly on "
-      "127.0.0.1 in one network namespace; a cut needs per-member namespaces with veth "
-      "links or proxied peer URLs, not built yet (",
-      have_ip && geteuid() == 0 ? "ip netns would be usable here" : "no root or no ip(8) here",
-      "; no iptables/nft for a loopback port filter)");
-}
-
 // One run of the suite. Thread-compatible (one thread drives it).
 class ChaosRun {
  public:
@@ -208,7 +199,7 @@ class ChaosRun {
 
   ~ChaosRun() {
     // Nothing may stay stopped: SIGCONT whatever a fault left paused, then the
-    // Subprocess and TestCluster destructors kill every process.
+    // Subprocess and ChaosCluster destructors kill every process.
     ResumeAll();
     clients_.clear();
     if (register_ != nullptr) register_->Stop();
@@ -278,28 +269,21 @@ class ChaosRun {
   }
 
   absl::Status Setup() {
-    testing::TestCluster::Options o;
-    o.replicas = 1;  // replica 0; replica 1 reaches etcd through proxies (below)
-    o.etcd_members = 3;
-    auto cluster = testing::TestCluster::Start(o);
+    auto cluster = ChaosCluster::Start(ChaosCluster::Options{});
     if (!cluster.ok()) return cluster.status();
     cluster_ = *std::move(cluster);
-    if (absl::Status s = cluster_->CreateNamespace(); !s.ok()) return s;
-    std::vector<std::string> proxied;
-    for (int m = 0; m < cluster_->etcd_members(); ++m) {
-      const std::string ep = cluster_->etcd(m).endpoint();
-      int port = 0;
-      if (!absl::SimpleAtoi(ep.substr(ep.rfind(':') + 1), &port)) {
-        return absl::InternalError(absl::StrCat("etcd endpoint ", ep));
-      }
-      auto proxy = TcpProxy::Start(port);
-      if (!proxy.ok()) return proxy.status();
-      proxied.push_back(absl::StrCat("127.0.0.1:", (*proxy)->port()));
-      proxies_.push_back(*std::move(proxy));
+    if (!cluster_->stale_removed().empty()) {
+      std::printf("chaos: removed what an earlier run left: %s\n",
+                  absl::StrJoin(cluster_->stale_removed(), " ").c_str());
     }
-    auto replica1 = testing::HoldfastdProcess::Start(proxied, cluster_->dir() + "/holdfastd-1.log");
-    if (!replica1.ok()) return replica1.status();
-    replica1_ = *std::move(replica1);
+    std::vector<std::string> members;
+    for (int m = 0; m < cluster_->etcd_members(); ++m) {
+      members.push_back(cluster_->etcd(m).endpoint());
+    }
+    std::printf("chaos: etcd members %s (%s)\n", absl::StrJoin(members, ",").c_str(),
+                cluster_->members_cuttable() ? "each in its own network namespace"
+                                             : "on loopback");
+    if (absl::Status s = cluster_->CreateNamespace(); !s.ok()) return s;
     auto admin = cluster_->NewClient(0);
     if (!admin.ok()) return admin.status();
     v1::LockClass adv;
@@ -344,7 +328,7 @@ class ChaosRun {
     keys_arg_ = absl::StrJoin(keys, ",");
     std::printf("chaos: keys %s (\":s\": may be taken shared)\n", keys_arg_.c_str());
     endpoints_[0] = cluster_->endpoint(0);
-    endpoints_[1] = replica1_->endpoint();
+    endpoints_[1] = cluster_->endpoint(1);
     for (int i = 0; i < f_.clients; ++i) {
       clients_.push_back(std::make_unique<Slot>());
       clients_.back()->index = i;
@@ -398,13 +382,15 @@ class ChaosRun {
   }
 
   void RecordFault(const std::string& kind, const std::string& target, const std::string& key,
-                   const char* phase) {
+                   const char* phase, const std::string& detail = "", int64_t session = 0) {
     Event e;
     e.type = "fault";
     e.kind = kind;
     e.target = target;
     e.key = key;
     e.phase = phase;
+    e.detail = detail;
+    e.session = session;
     history_->Record(std::move(e));
   }
 
@@ -430,6 +416,121 @@ class ChaosRun {
     for (int m : members) cluster_->etcd(m).process()->Signal(SIGCONT);
     etcd_paused_.clear();
     RecordFault(kind, target, "", "end");
+  }
+
+  // Waits (at most 10 s) until every member names one leader in one term. A
+  // member cut off keeps calling elections (etcd 3.4 runs without --pre-vote), and
+  // when it returns its higher term makes the leader step down: a partition lasts
+  // until that election is over too.
+  void WaitEtcdSettled() {
+    const auto until = Clock::now() + std::chrono::seconds(10);
+    while (Clock::now() < until && !g_interrupted.load()) {
+      std::set<std::pair<uint64_t, uint64_t>> views;  // leader, term
+      for (auto& member : members_) {
+        auto st = member->StatusSync(etcd::DeadlineIn(milliseconds(1000)));
+        views.insert(st.ok() ? std::pair<uint64_t, uint64_t>{st->leader(), st->raftterm()}
+                             : std::pair<uint64_t, uint64_t>{0, 0});
+      }
+      if (views.size() == 1 && views.begin()->first != 0) return;
+      Tick(milliseconds(100));
+    }
+  }
+
+  // Member m (its role: "leader" or "follower") cut off from its peers and every
+  // client for `d`. The history names the role in the fault's detail.
+  bool CutMember(int m, const std::string& role, milliseconds d) {
+    const std::string kind = "etcd_member_partition";
+    const std::string target = absl::StrCat("etcd", m);
+    RecordFault(kind, target, "", "start", role);
+    absl::Status cut = cluster_->CutMember(m, true);
+    if (cut.ok()) Tick(d);
+    absl::Status healed = cluster_->CutMember(m, false);
+    WaitEtcdSettled();
+    RecordFault(kind, target, "", "end", role);
+    for (const absl::Status& s : {cut, healed}) {
+      if (!s.ok()) std::fprintf(stderr, "chaos: %s %s: %s\n", kind.c_str(), target.c_str(),
+                                s.ToString().c_str());
+    }
+    ++member_partitions_[role];
+    return true;
+  }
+
+  // Two admins force-release a current hold (the last writer's): replica 0's
+  // caller asks, a short-lived admin replica with another identity approves (with
+  // the acknowledgement an advisory hold needs). The history gets a `force` event
+  // with the release's revision. False if no hold was found to force.
+  bool ForceRelease() {
+    auto approver = cluster_->StartAdminReplica("spiffe://holdfast.dev/chaos-approver");
+    if (!approver.ok()) {
+      std::fprintf(stderr, "chaos: force_release: %s\n", approver.status().ToString().c_str());
+      return false;
+    }
+    const bool forced = ForceReleaseVia(**approver);
+    (*approver)->Stop();  // SIGTERM: it hands back what it led (the auditor)
+    return forced;
+  }
+
+  bool ForceReleaseVia(testing::HoldfastdProcess& approver) {
+    const std::string kind = "force_release";
+    ClientOptions o;
+    o.endpoints = {approver.endpoint()};
+    auto second = Client::Connect(o);
+    auto first = cluster_->NewClient(0);
+    if (!first.ok() || !second.ok()) {
+      std::fprintf(stderr, "chaos: %s: no admin client: %s\n", kind.c_str(),
+                   (first.ok() ? second.status() : first.status()).ToString().c_str());
+      return false;
+    }
+    // The approver is up: pick the hold now, so the fault is timed from the force.
+    FencedRegister::LastWrite w =
+        register_->RecentWriter(500'000'000, static_cast<uint64_t>(Uniform(0, 1 << 20)));
+    if (w.writer.empty()) {
+      std::printf("chaos: %s: no current holder\n", kind.c_str());
+      return false;
+    }
+    auto described = (*first)->Describe("default", w.key);
+    int64_t session = 0;
+    for (int i = 0; described.ok() && i < described->holders_size(); ++i) {
+      if (described->holders(i).token() == w.token) session = described->holders(i).session_id();
+    }
+    if (session == 0) {  // that hold has ended already
+      std::printf("chaos: %s: the hold of %s token %lld is gone: %s\n", kind.c_str(),
+                  w.key.c_str(), static_cast<long long>(w.token),
+                  described.ok() ? "not among the holders" : described.status().ToString().c_str());
+      return false;
+    }
+    v1::RequestForceReleaseRequest request;
+    request.set_namespace_("default");
+    request.set_lock_key(w.key);
+    request.set_session_id(session);
+    request.set_reason("chaos nemesis: force_release");
+    auto requested = (*first)->RequestForceRelease(request);
+    if (!requested.ok()) {
+      std::fprintf(stderr, "chaos: %s %s: %s\n", kind.c_str(), w.key.c_str(),
+                   requested.status().ToString().c_str());
+      return false;
+    }
+    RecordFault(kind, w.writer, w.key, "start", "", session);
+    v1::ApproveForceReleaseRequest approve;
+    approve.set_request_id(requested->request_id());
+    approve.set_ack_unfenced(!requested->class_is_fenced());
+    auto approved = (*second)->ApproveForceRelease(approve);
+    if (approved.ok()) {
+      Event force;
+      force.type = "force";
+      force.target = w.writer;
+      force.key = w.key;
+      force.session = approved->request().session_id();
+      force.token = approved->request().token();
+      force.revision = approved->revision();
+      history_->Record(std::move(force));
+      ++forces_;
+    } else {
+      std::fprintf(stderr, "chaos: %s %s: %s\n", kind.c_str(), w.key.c_str(),
+                   approved.status().ToString().c_str());
+    }
+    RecordFault(kind, w.writer, w.key, "end", "", session);
+    return true;
   }
 
   // Runs one fault of `kind`, from start to heal. False if it found no target.
@@ -485,15 +586,25 @@ class ChaosRun {
     if (kind == "holdfastd_partition") {
       // Replica 1 cut off from every etcd member; its clients stay connected to it.
       RecordFault(kind, "holdfastd1", "", "start");
-      for (auto& proxy : proxies_) proxy->Cut(true);
+      cluster_->CutReplica1(true);
       Tick(milliseconds(Uniform(2000, 5000)));
-      for (auto& proxy : proxies_) proxy->Cut(false);
+      cluster_->CutReplica1(false);
       RecordFault(kind, "holdfastd1", "", "end");
       ++partitions_;
       return true;
     }
+    if (kind == "force_release") return ForceRelease();
+    if (kind == "etcd_member_partition" && !cluster_->members_cuttable()) return false;
     std::vector<int> leaders, followers;
     EtcdRoles(leaders, followers);
+    if (kind == "etcd_member_partition") {
+      // The leader about half the time (an election follows), else a follower.
+      const bool leader = leaders.size() == 1 && (followers.empty() || Uniform(0, 1) == 0);
+      if (!leader && followers.empty()) return false;
+      const int m = leader ? leaders[0]
+                           : followers[Uniform(0, static_cast<int64_t>(followers.size()) - 1)];
+      return CutMember(m, leader ? "leader" : "follower", milliseconds(Uniform(2000, 5000)));
+    }
     if (kind == "etcd_leader_pause") {
       if (leaders.size() != 1) return false;
       PauseEtcd(leaders, kind, milliseconds(Uniform(1500, 4000)));
@@ -551,12 +662,10 @@ class ChaosRun {
     }
     etcd_paused_.clear();
     holdfastd_paused_ = -1;
-    for (auto& proxy : proxies_) proxy->Cut(false);
+    if (cluster_ != nullptr) cluster_->HealAll();
   }
 
-  testing::HoldfastdProcess& Replica(int r) {
-    return r == 0 ? cluster_->holdfastd(0) : *replica1_;
-  }
+  testing::HoldfastdProcess& Replica(int r) { return cluster_->holdfastd(r); }
 
   void Teardown() {
     ResumeAll();
@@ -608,7 +717,7 @@ class ChaosRun {
   void PrintAuditStatus() {
     for (int r = 0; r < 2; ++r) {
       ClientOptions o;
-      o.endpoints = {r == 0 ? cluster_->endpoint(0) : replica1_->endpoint()};
+      o.endpoints = {cluster_->endpoint(r)};
       o.rpc_timeout = milliseconds(3000);
       auto client = Client::Connect(o);
       if (!client.ok()) continue;
@@ -864,7 +973,16 @@ class ChaosRun {
     std::printf("%s", r.Describe().c_str());
     std::printf("partitions: holdfastd1 cut off from etcd %d times (loopback proxies)\n",
                 partitions_);
-    std::printf("partitions skipped: %s\n", EtcdPartitionsSkippedReason().c_str());
+    std::printf("forces: %d holds force-released by two admins\n", forces_);
+    if (cluster_->members_cuttable()) {
+      std::printf("partitions: an etcd member cut off %d times: the leader %d, a follower %d "
+                  "(network namespaces)\n",
+                  member_partitions_["leader"] + member_partitions_["follower"],
+                  member_partitions_["leader"], member_partitions_["follower"]);
+    } else {
+      std::printf("partitions skipped: cutting one etcd member off: %s\n",
+                  cluster_->partitions_skipped().c_str());
+    }
     const bool failed = f_.expect_violations ? r.violations.empty() : !r.violations.empty();
     if (f_.expect_violations) {
       std::printf("chaos: control run %s\n", r.violations.empty()
@@ -890,10 +1008,7 @@ class ChaosRun {
   Flags f_;
   std::mt19937_64 rng_;
   std::unique_ptr<HistoryWriter> history_;
-  std::unique_ptr<testing::TestCluster> cluster_;
-  // Replica 1 and the proxies it reaches etcd through (destroyed before cluster_).
-  std::vector<std::unique_ptr<TcpProxy>> proxies_;
-  std::unique_ptr<testing::HoldfastdProcess> replica1_;
+  std::unique_ptr<ChaosCluster> cluster_;
   std::shared_ptr<TimerQueue> timers_ = std::make_shared<TimerQueue>();
   std::vector<std::unique_ptr<etcd::Client>> members_;
   std::unique_ptr<FencedRegister> register_;
@@ -906,6 +1021,8 @@ class ChaosRun {
   int holdfastd_paused_ = -1;
   int faults_ = 0;
   int partitions_ = 0;
+  std::map<std::string, int> member_partitions_;  // by the role of the member cut
+  int forces_ = 0;
 };
 
 }  // namespace

@@ -16,6 +16,12 @@ namespace {
 
 constexpr int64_t kNanosPerMilli = 1'000'000;
 
+// Faults of one client process or of one of its holds (the others are faults of a
+// holdfastd or of etcd: server faults).
+bool ClientFault(const std::string& kind) {
+  return kind == "client_pause" || kind == "client_kill" || kind == "force_release";
+}
+
 std::string Ms(int64_t ns) { return absl::StrFormat("%.3fs", static_cast<double>(ns) / 1e9); }
 
 // (a) and (b): the register's admission order, key by key.
@@ -113,6 +119,18 @@ void CheckTokenOrder(const std::vector<Grant>& grants, CheckReport& r) {
   }
 }
 
+// Writes with a forced hold's token after the force. The fence rejects them once
+// the register has admitted a newer token of the key (check (a) judges that);
+// before that, nothing at the resource tells them from the holder's own.
+void CountForcedWrites(const std::vector<Event>& events, CheckReport& r) {
+  std::set<std::pair<std::string, int64_t>> forced;  // key, token
+  for (const Event& e : events) {
+    if (e.type == "force") forced.insert({e.key, e.token});
+    if (e.type != "write" || !forced.contains({e.key, e.token})) continue;
+    ++(e.verdict == "admitted" ? r.forced_writes_admitted : r.forced_writes_rejected);
+  }
+}
+
 struct Window {
   int64_t start = 0;
   int64_t end = std::numeric_limits<int64_t>::max();
@@ -142,7 +160,7 @@ CheckReport CheckHistory(const std::vector<Event>& events, const CheckerOptions&
     if (it == open_fault.end()) continue;
     Window w{it->second, e.ts};
     open_fault.erase(it);
-    if (e.kind == "client_pause" || e.kind == "client_kill") {
+    if (ClientFault(e.kind)) {
       client_windows[e.target].push_back(w);
     } else {
       server_windows.push_back(w);  // holdfastd and etcd faults
@@ -151,7 +169,7 @@ CheckReport CheckHistory(const std::vector<Event>& events, const CheckerOptions&
   for (const auto& [id, start] : open_fault) {  // never healed: to the end
     const std::string kind = id.substr(0, id.find('/'));
     const std::string target = id.substr(id.find('/') + 1);
-    if (kind == "client_pause" || kind == "client_kill") {
+    if (ClientFault(kind)) {
       client_windows[target].push_back({start});
     } else {
       server_windows.push_back({start});
@@ -220,9 +238,14 @@ CheckReport CheckHistory(const std::vector<Event>& events, const CheckerOptions&
       if (e.session_lost) session_ended_at.try_emplace(e.session, e.ts);
     } else if (e.type == "session_close") {
       session_ended_at.try_emplace(e.session, e.ts);
+    } else if (e.type == "force") {
+      // The forced holder lost the hold at the force (its session lives on).
+      ++r.forces;
+      lost_holds.insert({e.session, e.key, e.token});
     }
   }
   CheckTokenOrder(grants, r);
+  CountForcedWrites(events, r);
 
   // Timings: from each fault's start (client pauses: from the resume) to the
   // next lost hold (of the victim, for client faults) and the next grant of the
@@ -230,9 +253,14 @@ CheckReport CheckHistory(const std::vector<Event>& events, const CheckerOptions&
   for (size_t i = 0; i < events.size(); ++i) {
     const Event& f = events[i];
     if (f.type != "fault" || f.phase != "start") continue;
-    FaultTimings& t = r.timings[f.kind];
+    // A fault that names its victim's role (etcd_member_partition: "leader" or
+    // "follower") is timed apart per role.
+    FaultTimings& t = r.timings[f.detail.empty() ? f.kind : absl::StrCat(f.kind, "/", f.detail)];
     ++t.count;
-    const bool client_fault = f.kind == "client_pause" || f.kind == "client_kill";
+    const bool client_fault = ClientFault(f.kind);
+    // A forced hold is named by its session (the history's target is the process
+    // that wrote with it last, which for a shared hold may be another holder).
+    const bool forced = f.kind == "force_release";
     int64_t end_ts = f.ts;
     for (size_t j = i + 1; j < events.size(); ++j) {
       const Event& g = events[j];
@@ -249,14 +277,15 @@ CheckReport CheckHistory(const std::vector<Event>& events, const CheckerOptions&
     constexpr int64_t kHorizon = 30'000 * kNanosPerMilli;
     for (size_t j = i + 1; j < events.size() && events[j].ts < f.ts + kHorizon; ++j) {
       const Event& g = events[j];
+      const bool victim = forced ? g.session == f.session && g.key == f.key : g.p == f.target;
       if (!noticed && g.ts >= notice_from && g.ts <= notice_until &&
-          (g.type == "lost" || g.type == "lost_notice") &&
-          (!client_fault || g.p == f.target)) {
+          (g.type == "lost" || (g.type == "lost_notice" && !forced)) &&
+          (!client_fault || victim)) {
         t.notice_ms.push_back((g.ts - notice_from) / kNanosPerMilli);
         noticed = true;
       }
       if (!regranted && g.type == "acquire_ok" &&
-          (client_fault ? g.p != f.target && g.key == f.key && !f.key.empty() : true)) {
+          (client_fault ? !victim && g.key == f.key && !f.key.empty() : true)) {
         t.regrant_ms.push_back((g.ts - f.ts) / kNanosPerMilli);
         regranted = true;
       }
@@ -398,7 +427,7 @@ void CheckAudit(const std::vector<Event>& events, const AuditCapture& a, CheckRe
   std::vector<Window> server_faults;
   absl::flat_hash_map<std::string, int64_t> open_fault;
   for (const Event& e : events) {
-    if (e.type != "fault" || e.kind == "client_pause" || e.kind == "client_kill") continue;
+    if (e.type != "fault" || ClientFault(e.kind)) continue;
     const std::string id = absl::StrCat(e.kind, "/", e.target);
     if (e.phase == "start") {
       open_fault[id] = e.ts;
@@ -430,6 +459,26 @@ void CheckAudit(const std::vector<Event>& events, const AuditCapture& a, CheckRe
     }
     return false;
   };
+  // Holds the nemesis force-released: each must end in a `force` row at the
+  // release's revision.
+  std::set<HoldId> forced;
+  for (const Event& e : events) {
+    if (e.type != "force") continue;
+    const HoldId id{a.ns, e.key, e.session, e.token};
+    forced.insert(id);
+    auto it = holds.find(id);
+    const AuditRow* end =
+        it == holds.end() || it->second.ends.size() != 1 ? nullptr : it->second.ends.front();
+    if (end != nullptr && end->type == "force" && end->revision == e.revision) {
+      ++c.history_forces;
+    } else if (e.revision <= judged_through) {
+      violation(absl::StrCat("the nemesis force-released ", Name(id), " at revision ",
+                             e.revision, "; the audit has ",
+                             end == nullptr ? "no single end of it"
+                                            : absl::StrCat(end->type, " at revision ",
+                                                           end->revision)));
+    }
+  }
   std::set<HoldId> history_grants;
   absl::flat_hash_map<std::string, int64_t> granted_at;  // p/session/key/token -> ts
   absl::flat_hash_map<std::string, int64_t> release_invoked;  // p/op -> ts
@@ -455,6 +504,10 @@ void CheckAudit(const std::vector<Event>& events, const AuditCapture& a, CheckRe
       const AuditRow& end = *it->second.ends.front();
       if (end.type == "release") {
         ++c.history_releases;
+        continue;
+      }
+      if (end.type == "force" && forced.contains(id)) {  // the holder had not noticed yet
+        ++c.releases_seen_forced;
         continue;
       }
       auto inv = release_invoked.find(absl::StrCat(e.p, "/", e.op));
@@ -538,7 +591,9 @@ std::string CheckReport::Describe(int max_violations) const {
       "checked: ops=", ops, " grants=", grants, " writes_admitted=", writes_admitted,
       " stale_writes_rejected=", stale_writes_rejected, " token_pairs=", token_pairs_checked,
       " deadlines_checked=", deadlines_checked, " deadlines_skipped=", deadlines_skipped,
-      " losts=", losts, " faults=", faults, "\n");
+      " losts=", losts, " faults=", faults, " forces=", forces,
+      " forced_writes_rejected=", forced_writes_rejected,
+      " forced_writes_admitted=", forced_writes_admitted, "\n");
   if (audit.checked) {
     absl::StrAppend(&out, "audit: rows=", audit.rows, " audit_grants=", audit.audit_grants,
                     " audit_releases=", audit.audit_releases,
@@ -546,6 +601,8 @@ std::string CheckReport::Describe(int max_violations) const {
                     " holds=", audit.holds, " history_grants=", audit.history_grants,
                     " history_releases=", audit.history_releases,
                     " releases_seen_expired=", audit.releases_seen_expired,
+                    " history_forces=", audit.history_forces,
+                    " releases_seen_forced=", audit.releases_seen_forced,
                     " etcd_creations=", audit.etcd_creations,
                     " etcd_deletions=", audit.etcd_deletions, "\n");
   }

@@ -15,7 +15,9 @@
 //       process's clock is not comparable; a grant decided in time may commit
 //       late) and are counted as skipped.
 //   (e) lost is final: no acquire invoked after its session was seen lost (or
-//       closed) succeeded, and no acquire returned a token whose hold was seen lost.
+//       closed) succeeded, and no acquire returned a token whose hold was seen lost
+//       or was force-released (a `force` event: lost from then on; its later
+//       writes are counted, and (a) judges them against newer tokens).
 //   (f) audit (CheckAudit): once every session ended and the auditor caught up,
 //       the audit store holds exactly the grants and ends of etcd's history of
 //       hold keys and of the client history:
@@ -28,6 +30,8 @@
 //         same revision, key, session and token; the end's type as etcd's revision
 //         says (an audit mark: release or force; its session closed: release;
 //         otherwise: expire); no row that etcd's history does not have;
+//       - a hold the nemesis force-released ends in a `force` row at the release's
+//         revision (a release its holder then saw succeed is excused);
 //       - history: every grant a client saw is there exactly once; a release a
 //         client saw succeed is a `release` (an `expire` only if the client saw
 //         its session lost, or a holdfastd or etcd fault overlapped the release:
@@ -70,6 +74,8 @@ struct AuditCounters {
   int64_t history_grants = 0;        // client-seen grants found in the audit
   int64_t history_releases = 0;      // client-seen releases recorded as `release`
   int64_t releases_seen_expired = 0; // client-seen releases recorded as `expire` (excused)
+  int64_t history_forces = 0;        // the nemesis's forces found as `force` rows
+  int64_t releases_seen_forced = 0;  // client-seen releases of a forced hold (excused)
   int64_t etcd_creations = 0;        // etcd hold creations matched by a grant row
   int64_t etcd_deletions = 0;        // etcd hold deletions matched by an end row
 };
@@ -96,9 +102,13 @@ struct CheckReport {
   int64_t deadlines_checked = 0;
   int64_t deadlines_skipped = 0;
   int64_t losts = 0;
+  int64_t forces = 0;                  // holds the nemesis force-released
+  int64_t forced_writes_rejected = 0;  // writes with a forced token after the force
+  int64_t forced_writes_admitted = 0;  // the same, admitted (no newer token seen yet)
   AuditCounters audit;
   std::vector<Violation> violations;
-  std::map<std::string, FaultTimings> timings;  // by fault kind
+  // By fault kind ("etcd_member_partition/leader": kind and the victim's role).
+  std::map<std::string, FaultTimings> timings;
 
   // Counters, then one line per violation (at most `max_violations`), then timings.
   std::string Describe(int max_violations = 20) const;

@@ -462,6 +462,69 @@ TEST(CheckerTest, ReportsAWrongUnprotectedFlag) {  // (f)
   EXPECT_EQ(Count(CheckRun(run), 'f'), 1) << CheckRun(run).Describe();
 }
 
+// c1.0's hold of k (session 200, token kT|12), force-released by the nemesis at
+// revision 15 instead of expiring; c1.0 then writes with its old token once
+// (admitted: nobody newer wrote yet) and once after c3.0's newer write (rejected).
+AuditRun ForcedAuditRun() {
+  AuditRun run = CleanAuditRun();
+  Event force;
+  force.p = "nemesis";
+  force.type = "force";
+  force.target = "c1.0";
+  force.key = "k";
+  force.session = 200;
+  force.token = kT | 12;
+  force.revision = 15;
+  run.history.Add(force)
+      .Write("c1.0", "k", kT | 12, true)
+      .Write("c3.0", "k", kT | 16, true)
+      .Write("c1.0", "k", kT | 12, false);
+  run.capture.rows[5].type = "force";
+  run.capture.etcd[5].cause = "force";
+  return run;
+}
+
+TEST(CheckerTest, AForceInTheAuditAtItsRevisionPasses) {  // (f)
+  const CheckReport r = CheckRun(ForcedAuditRun());
+  EXPECT_TRUE(r.violations.empty()) << r.Describe();
+  EXPECT_EQ(r.forces, 1);
+  EXPECT_EQ(r.audit.history_forces, 1);
+  EXPECT_EQ(r.forced_writes_admitted, 1);
+  EXPECT_EQ(r.forced_writes_rejected, 1);
+  for (const Event& e : ForcedAuditRun().history.events()) {  // revision survives a file
+    if (e.type != "force") continue;
+    auto back = EventFromJson(EventToJson(e));
+    ASSERT_TRUE(back.ok()) << back.status();
+    EXPECT_EQ(back->revision, 15);
+    EXPECT_EQ(back->session, 200);
+  }
+}
+
+TEST(CheckerTest, ReportsAForceTheAuditRecordedOtherwise) {  // (f)
+  AuditRun expired = ForcedAuditRun();  // the audit (and etcd) saw an expiry
+  expired.capture.rows[5].type = "expire";
+  expired.capture.etcd[5].cause = "";
+  EXPECT_EQ(Count(CheckRun(expired), 'f'), 1) << CheckRun(expired).Describe();
+  AuditRun elsewhere = ForcedAuditRun();  // a force, but not the nemesis's revision
+  elsewhere.capture.rows[5].revision = 17;
+  elsewhere.capture.etcd[5].revision = 17;
+  elsewhere.capture.cursor = elsewhere.capture.etcd_revision = 17;
+  EXPECT_EQ(Count(CheckRun(elsewhere), 'f'), 1) << CheckRun(elsewhere).Describe();
+}
+
+TEST(CheckerTest, ReportsAForcedHoldReturnedAgain) {  // (e)
+  AuditRun run = ForcedAuditRun();
+  run.history.Grant("c1.0", 2, 200, "k", kT | 12);
+  EXPECT_EQ(Count(CheckRun(run), 'e'), 1) << CheckRun(run).Describe();
+}
+
+TEST(CheckerTest, ReportsAForcedHoldsWriteAfterANewerOne) {  // (a)
+  AuditRun run = ForcedAuditRun();
+  run.history.Write("c1.0", "k", kT | 12, true);  // admitted after kT|16: stale
+  const CheckReport r = CheckRun(run);
+  EXPECT_EQ(Count(r, 'a'), 1) << r.Describe();
+}
+
 TEST(CheckerTest, AuditCaptureRoundTrips) {
   const AuditCapture c = CleanAuditRun().capture;
   const std::string path = ::testing::TempDir() + "/audit_capture_test.jsonl";

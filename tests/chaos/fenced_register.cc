@@ -96,7 +96,7 @@ std::string FencedRegister::Handle(const std::string& line) {
     {
       absl::MutexLock lock(&mu_);
       values_[key] = f[5];
-      last_[key] = {writer, MonotonicNanos()};
+      last_[key] = {writer, MonotonicNanos(), token};
     }
     // Recorded inside the key's write slot: the history keeps admission order.
     Event e;
@@ -138,7 +138,7 @@ FencedRegister::LastWrite FencedRegister::RecentWriter(int64_t max_age_ns, uint6
   const int64_t now = MonotonicNanos();
   std::vector<LastWrite> recent;
   for (const auto& [key, last] : last_) {
-    if (now - last.ts <= max_age_ns) recent.push_back({last.writer, key});
+    if (now - last.ts <= max_age_ns) recent.push_back({last.writer, key, last.token});
   }
   if (recent.empty()) return {};
   std::sort(recent.begin(), recent.end(),

@@ -43,6 +43,7 @@ class FencedRegister {
   struct LastWrite {
     std::string writer;
     std::string key;
+    int64_t token = 0;  // the write's
   };
   LastWrite RecentWriter(int64_t max_age_ns, uint64_t pick) const;
 
@@ -69,6 +70,7 @@ class FencedRegister {
   struct Last {
     std::string writer;
     int64_t ts = 0;
+    int64_t token = 0;
   };
   absl::flat_hash_map<std::string, Last> last_ ABSL_GUARDED_BY(mu_);
   std::vector<int> conn_fds_ ABSL_GUARDED_BY(mu_);

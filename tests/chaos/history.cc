@@ -48,6 +48,7 @@ std::string EventToJson(const Event& e) {
   if (!e.target.empty()) j["target"] = e.target;
   if (!e.phase.empty()) j["phase"] = e.phase;
   if (!e.detail.empty()) j["detail"] = e.detail;
+  if (e.revision != 0) j["revision"] = e.revision;
   return j.dump(-1, ' ', false, json::error_handler_t::replace);
 }
 
@@ -88,6 +89,7 @@ absl::StatusOr<Event> EventFromJson(const std::string& line) {
   str("target", e.target);
   str("phase", e.phase);
   str("detail", e.detail);
+  i64("revision", e.revision);
   if (e.type.empty()) return absl::InvalidArgumentError(absl::StrCat("no type: ", line));
   return e;
 }

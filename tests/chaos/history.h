@@ -34,7 +34,11 @@ namespace holdfast::chaos {
 //   release_ok / release_fail   op, session, key, token, detail
 //   write           key, token, shared, verdict ("admitted"|"rejected"), writer:
 //                   recorded by the register in admission order
-//   fault           kind, target, key, phase ("start"|"end"): recorded by the nemesis
+//   fault           kind, target, key, phase ("start"|"end"), session (force_release:
+//                   the holder's), detail (etcd_member_partition: the member's role):
+//                   recorded by the nemesis
+//   force           key, session, token, revision: the nemesis force-released that
+//                   hold (two admins); `revision` is the release's (the audit's force)
 struct Event {
   int64_t ts = 0;  // steady_clock nanoseconds
   std::string p;   // logical process id ("c3.1", "nemesis", "register")
@@ -55,6 +59,7 @@ struct Event {
   std::string target;
   std::string phase;
   std::string detail;
+  int64_t revision = 0;
 };
 
 // --- Check (f): what the driver reads at the end of a run -------------------

@@ -4,6 +4,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <sys/time.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -16,10 +17,10 @@
 namespace holdfast::chaos {
 namespace {
 
-sockaddr_in Loopback(int port) {
+sockaddr_in Address(const std::string& host, int port) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  inet_pton(AF_INET, host.c_str(), &addr.sin_addr);
   addr.sin_port = htons(static_cast<uint16_t>(port));
   return addr;
 }
@@ -38,8 +39,13 @@ bool WriteAll(int fd, const char* data, size_t size) {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<TcpProxy>> TcpProxy::Start(int upstream_port) {
-  std::unique_ptr<TcpProxy> p(new TcpProxy(upstream_port));
+absl::StatusOr<std::unique_ptr<TcpProxy>> TcpProxy::Start(int upstream_port,
+                                                          const std::string& upstream_host) {
+  in_addr parsed{};
+  if (inet_pton(AF_INET, upstream_host.c_str(), &parsed) != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("not an IPv4 address: ", upstream_host));
+  }
+  std::unique_ptr<TcpProxy> p(new TcpProxy(upstream_port, upstream_host));
   auto listener = dev::ListenOnLoopback();
   if (!listener.ok()) return listener.status();
   p->listen_fd_ = listener->fd;
@@ -84,9 +90,18 @@ void TcpProxy::AcceptLoop() {
 
 void TcpProxy::Forward(int client_fd) {
   int upstream_fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  sockaddr_in addr = Loopback(upstream_port_);
+  sockaddr_in addr = Address(upstream_host_, upstream_port_);
+  // A member cut off by a partition does not answer: bound the connect (and so
+  // Stop(), which cannot interrupt a connect in progress).
+  timeval connect_timeout{2, 0};
   bool ok = upstream_fd >= 0 &&
+            setsockopt(upstream_fd, SOL_SOCKET, SO_SNDTIMEO, &connect_timeout,
+                       sizeof connect_timeout) == 0 &&
             connect(upstream_fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+  if (ok) {  // writes upstream stall as long as the link does, like TCP's
+    timeval none{0, 0};
+    setsockopt(upstream_fd, SOL_SOCKET, SO_SNDTIMEO, &none, sizeof none);
+  }
   if (ok) {
     absl::MutexLock lock(&mu_);
     fds_.push_back(upstream_fd);

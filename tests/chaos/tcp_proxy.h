@@ -1,5 +1,5 @@
 // A loopback TCP proxy that can cut the link it carries: the chaos suite's
-// partition. holdfastd reaches each etcd member through one; Cut(true) stops
+// holdfastd partition. holdfastd replica 1 reaches each etcd member through one; Cut(true) stops
 // forwarding in both directions (bytes wait, as behind a dropped link, and TCP's
 // flow control stalls the senders) without closing anything; Cut(false) heals.
 //
@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <memory>
+#include <string>
 #include <thread>
 #include <vector>
 
@@ -23,8 +24,10 @@ class TcpProxy {
  public:
   static constexpr int kMaxConnections = 256;
 
-  // Listens on 127.0.0.1 (a free port) and forwards to 127.0.0.1:upstream_port.
-  static absl::StatusOr<std::unique_ptr<TcpProxy>> Start(int upstream_port);
+  // Listens on 127.0.0.1 (a free port) and forwards to upstream_host:upstream_port
+  // (an IPv4 address). A connection upstream that is not made within 2 s is closed.
+  static absl::StatusOr<std::unique_ptr<TcpProxy>> Start(
+      int upstream_port, const std::string& upstream_host = "127.0.0.1");
   ~TcpProxy();
 
   int port() const { return port_; }
@@ -33,11 +36,13 @@ class TcpProxy {
   void Stop();
 
  private:
-  explicit TcpProxy(int upstream_port) : upstream_port_(upstream_port) {}
+  TcpProxy(int upstream_port, std::string upstream_host)
+      : upstream_port_(upstream_port), upstream_host_(std::move(upstream_host)) {}
   void AcceptLoop();
   void Forward(int client_fd);
 
   const int upstream_port_;
+  const std::string upstream_host_;
   int listen_fd_ = -1;
   int port_ = 0;
   std::atomic<bool> cut_{false};
