@@ -1,5 +1,6 @@
-// `holdfast epoch show [-o json]`: the cluster's current epoch record, whether a
-//   restore was detected (grants then wait for an advance), and the history.
+// `holdfast epoch show [--cluster NAME] [-o json]`: the cluster's current epoch
+//   record, whether a restore was detected (grants then wait for an advance), the
+//   history, and with several clusters (none named) every cluster's record.
 // `holdfast epoch advance [--cluster NAME] --reason restore|rehome [-o json]`:
 //   new epoch = 1 + max(the record, the history's highest); admins only.
 // Runbook: docs/operations.md.
@@ -13,6 +14,7 @@ namespace holdfast::cli {
 namespace {
 
 struct ShowFlags {
+  std::string cluster;
   OutputFormat output = OutputFormat::kTable;
 };
 
@@ -26,14 +28,14 @@ int RunShow(const GlobalOptions& global, const ShowFlags& flags) {
   int exit_code = kExitOk;
   std::unique_ptr<Client> client = ConnectOrReport(global, &exit_code);
   if (!client) return exit_code;
-  auto e = client->GetEpoch();
+  auto e = client->GetEpoch(flags.cluster);
   if (!e.ok()) return ReportError(e.status(), "epoch show");
   if (flags.output == OutputFormat::kJson) {
     if (auto s = PrintJson(*e, std::cout); !s.ok()) return ReportError(s);
     std::cout << "\n";
     return kExitOk;
   }
-  PrintFields({{"cluster", "default"},
+  PrintFields({{"cluster", e->cluster().empty() ? "default" : e->cluster()},
                {"epoch", absl::StrCat(e->epoch())},
                {"etcd_cluster_id", e->etcd_cluster_id()},
                {"observed_cluster_id", e->observed_cluster_id()},
@@ -43,6 +45,15 @@ int RunShow(const GlobalOptions& global, const ShowFlags& flags) {
                               ? "allowed"
                               : "REFUSED: " + e->restore_detected()}},
               std::cout);
+  if (e->clusters_size() > 0) {
+    std::cout << "\nclusters:\n";
+    Table table({"CLUSTER", "EPOCH", "ETCD_CLUSTER_ID", "REASON", "GRANTS"});
+    for (const auto& c : e->clusters()) {
+      table.AddRow({c.cluster(), absl::StrCat(c.epoch()), c.etcd_cluster_id(), OrDash(c.reason()),
+                    c.restore_detected().empty() ? "allowed" : "REFUSED"});
+    }
+    table.Print(std::cout);
+  }
   if (e->history_size() > 0) {
     std::cout << "\nhistory:\n";
     Table table({"EPOCH", "ETCD_CLUSTER_ID", "ADVANCED_AT", "REASON", "ACTOR"});
@@ -85,6 +96,7 @@ void RegisterEpochCommand(CLI::App& app, CommandContext& ctx) {
   epoch->require_subcommand(1);
   auto sf = std::make_shared<ShowFlags>();
   CLI::App* show = epoch->add_subcommand("show", "The current epoch, restore state and history");
+  show->add_option("--cluster", sf->cluster, "etcd cluster name (default: the control cluster)");
   AddOutputOption(show, &sf->output);
   SetAction(show, ctx, sf, RunShow);
 
@@ -92,7 +104,8 @@ void RegisterEpochCommand(CLI::App& app, CommandContext& ctx) {
   CLI::App* advance =
       epoch->add_subcommand("advance", "Advance the epoch after a restore or for a rehome");
   advance->add_option("--reason", af->reason, "restore | rehome")->required();
-  advance->add_option("--cluster", af->cluster, "etcd cluster name (one cluster: leave out)");
+  advance->add_option("--cluster", af->cluster,
+                      "etcd cluster name (required with several; one cluster: leave out)");
   AddOutputOption(advance, &af->output);
   SetAction(advance, ctx, af, RunAdvance);
 }

@@ -1,4 +1,7 @@
-// `holdfast ns create|get|list|delete`: namespaces (Admin API).
+// `holdfast ns create|get|set|list|delete|rehome`: namespaces (Admin API).
+// `holdfast ns rehome NS --to CLUSTER [--deadline D] [--force] [--reason R]
+//   [--abort]`: moves a namespace to another etcd cluster (server/rehome.h;
+//   runbook: docs/operations.md "Rehome").
 #include <iostream>
 #include <optional>
 #include <vector>
@@ -142,10 +145,13 @@ int RunList(const GlobalOptions& global, const ListFlags& flags) {
     if (auto s = PrintJson(response, std::cout); !s.ok()) return ReportError(s);
     return kExitOk;
   }
-  Table table({"NAME", "TENANT", "HELD_LEASE_QUOTA", "OP_RATE_QUOTA", "TIER", "CREATE_REV"});
+  Table table({"NAME", "TENANT", "HELD_LEASE_QUOTA", "OP_RATE_QUOTA", "TIER", "HOME",
+               "CREATE_REV"});
   for (const auto& ns : *list) {
+    std::string home = OrDash(ns.home_cluster());
+    if (!ns.rehoming_to().empty()) absl::StrAppend(&home, " -> ", ns.rehoming_to());
     table.AddRow({ns.name(), OrDash(ns.tenant_id()), absl::StrCat(ns.held_lease_quota()),
-                  absl::StrCat(ns.op_rate_quota()), OrDash(ns.cluster_tier()),
+                  absl::StrCat(ns.op_rate_quota()), OrDash(ns.cluster_tier()), home,
                   absl::StrCat(ns.create_revision())});
   }
   table.Print(std::cout);
@@ -207,16 +213,85 @@ void AddDelete(CLI::App* ns, CommandContext& ctx) {
   SetAction(cmd, ctx, flags, RunDelete);
 }
 
+struct RehomeFlags {
+  std::string name;
+  std::string to;
+  std::string deadline = "60s";
+  bool force = false;
+  bool abort = false;
+  std::string reason;
+  OutputFormat output = OutputFormat::kTable;
+};
+
+int RunRehome(const GlobalOptions& global, const RehomeFlags& flags) {
+  if (auto s = names::ValidateNamespaceName(flags.name); !s.ok()) return ReportUsageError(s);
+  if (flags.to.empty()) {
+    return ReportUsageError(absl::InvalidArgumentError("--to CLUSTER is required"));
+  }
+  auto deadline = ParseDurationFlag("--deadline", flags.deadline);
+  if (!deadline.ok()) return ReportUsageError(deadline.status());
+  if (flags.force && flags.abort) {
+    return ReportUsageError(absl::InvalidArgumentError("--force and --abort conflict"));
+  }
+  int exit_code = kExitOk;
+  std::unique_ptr<Client> client = ConnectOrReport(global, &exit_code);
+  if (!client) return exit_code;
+  v1::RehomeNamespaceRequest req;
+  req.set_name(flags.name);
+  req.set_to(flags.to);
+  req.set_deadline_ms(deadline->count());
+  req.set_force(flags.force);
+  req.set_abort(flags.abort);
+  req.set_reason(flags.reason);
+  auto r = client->RehomeNamespace(req);
+  if (!r.ok()) return ReportError(r.status(), "ns rehome " + flags.name);
+  if (flags.output == OutputFormat::kJson) {
+    if (auto s = PrintJson(*r, std::cout); !s.ok()) return ReportError(s);
+    std::cout << "\n";
+    return kExitOk;
+  }
+  if (r->aborted()) {
+    std::cout << "rehome of " << flags.name << " to " << r->to() << " rolled back; it stays on "
+              << r->from() << "\n";
+    return kExitOk;
+  }
+  std::cout << (r->resumed() ? "resumed and finished: " : "") << "namespace " << flags.name
+            << " moved from " << r->from() << " to " << r->to() << " (epoch " << r->epoch()
+            << (r->epoch_advanced() ? ", advanced" : "") << ")";
+  if (r->forced() > 0) std::cout << "; " << r->forced() << " hold(s) force-released";
+  std::cout << "\n";
+  return kExitOk;
+}
+
+void AddRehome(CLI::App* ns, CommandContext& ctx) {
+  auto flags = std::make_shared<RehomeFlags>();
+  CLI::App* cmd = ns->add_subcommand(
+      "rehome", "Move a namespace to another etcd cluster (run again to resume)");
+  cmd->add_option("name", flags->name, "namespace name")->required();
+  cmd->add_option("--to", flags->to, "target cluster name (holdfastd's config)")->required();
+  cmd->add_option("--deadline", flags->deadline,
+                  "how long to wait for holds to end (default 60s); then fail and change "
+                  "nothing, unless --force");
+  cmd->add_flag("--force", flags->force,
+                "at the deadline, release the remaining holds (audited as force)");
+  cmd->add_option("--reason", flags->reason, "recorded with holds released by --force");
+  cmd->add_flag("--abort", flags->abort, "roll back an unfinished rehome instead");
+  AddOutputOption(cmd, &flags->output);
+  SetAction(cmd, ctx, flags, RunRehome);
+}
+
 }  // namespace
 
 void RegisterNamespaceCommand(CLI::App& app, CommandContext& ctx) {
-  CLI::App* ns = app.add_subcommand("ns", "Manage namespaces: create, get, set, list, delete");
+  CLI::App* ns =
+      app.add_subcommand("ns", "Manage namespaces: create, get, set, list, delete, rehome");
   ns->require_subcommand(1);
   AddCreate(ns, ctx);
   AddGet(ns, ctx);
   AddSet(ns, ctx);
   AddList(ns, ctx);
   AddDelete(ns, ctx);
+  AddRehome(ns, ctx);
 }
 
 }  // namespace holdfast::cli

@@ -125,6 +125,8 @@ void PrintNamespace(const v1::Namespace& ns, std::ostream& out) {
                {"held lease quota", Quota(ns.held_lease_quota())},
                {"op rate quota", Quota(ns.op_rate_quota())},
                {"cluster tier", ns.cluster_tier().empty() ? "default" : ns.cluster_tier()},
+               {"home cluster", OrDash(ns.home_cluster())},
+               {"rehoming to", OrDash(ns.rehoming_to())},
                {"create revision", absl::StrCat(ns.create_revision())}},
               out);
 }

@@ -184,8 +184,13 @@ class Client {
   absl::StatusOr<v1::LockClass> GetClass(const std::string& ns, const std::string& class_id);
   absl::StatusOr<std::vector<v1::LockClass>> ListClasses(const std::string& ns);
   absl::Status DeleteClass(const std::string& ns, const std::string& class_id);
-  absl::StatusOr<v1::Epoch> GetEpoch();
+  // The control cluster's epoch (or `cluster`'s, by its name in the config).
+  absl::StatusOr<v1::Epoch> GetEpoch(const std::string& cluster = "");
   absl::StatusOr<v1::Epoch> AdvanceEpoch(const v1::AdvanceEpochRequest& req);
+  // Moves a namespace to another etcd cluster; blocks until it is done (its
+  // deadline is the rpc timeout plus req.deadline_ms, or 60 s when unset).
+  absl::StatusOr<v1::RehomeNamespaceResponse> RehomeNamespace(
+      const v1::RehomeNamespaceRequest& req);
 
   // --- Audit and force-release (admin) ---
   absl::StatusOr<v1::QueryAuditResponse> QueryAudit(const v1::QueryAuditRequest& req);

@@ -501,8 +501,23 @@ absl::Status Client::DeleteClass(const std::string& ns, const std::string& id) {
   return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::DeleteClass, req).status();
 }
 
-absl::StatusOr<v1::Epoch> Client::GetEpoch() {
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::GetEpoch, v1::GetEpochRequest());
+absl::StatusOr<v1::Epoch> Client::GetEpoch(const std::string& cluster) {
+  v1::GetEpochRequest req;
+  req.set_cluster(cluster);
+  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::GetEpoch, req);
+}
+
+absl::StatusOr<v1::RehomeNamespaceResponse> Client::RehomeNamespace(
+    const v1::RehomeNamespaceRequest& req) {
+  v1::RehomeNamespaceResponse resp;
+  grpc::ClientContext ctx;
+  // The drain may take the whole deadline; the steps after it take a few round trips.
+  core_->SetDeadline(&ctx, std::chrono::milliseconds(req.deadline_ms() > 0 ? req.deadline_ms()
+                                                                          : 60'000) +
+                               std::chrono::seconds(30));
+  auto s = FromGrpcStatus(core_->admin_stub().RehomeNamespace(&ctx, req, &resp));
+  if (!s.ok()) return s;
+  return resp;
 }
 
 absl::StatusOr<v1::Epoch> Client::AdvanceEpoch(const v1::AdvanceEpochRequest& req) {

@@ -238,6 +238,15 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (d.kind == queue::AcquireDecision::Kind::kHeld) {
       return Granted(MakeHoldInfo(req_.lock_key(), *d.own_hold, snap.classes));
     }
+    if (!snap.ns_record.draining_to().empty()) {
+      // A rehome drains the namespace: no grant and no queueing here; a waiter
+      // leaves the queue.
+      {
+        absl::MutexLock l(&mu_);
+        own_waiter_rev_ = d.own_waiter ? d.own_waiter->create_revision : 0;
+      }
+      return EndNow(Engine::Rehoming(ns, snap.ns_record.draining_to(), snap.ns_record.moved()));
+    }
     // A new claim (neither held nor queued yet) counts against the session's limit;
     // the grant or enqueue that adds it is guarded by "no claim of this session
     // changed since the read", so concurrent calls on one session cannot pass it.
@@ -351,6 +360,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     auto sv = engine_->views_.Session(lease);
     auto epoch = engine_->epochs_.Get();
     if (!nsv || !sv || !epoch) return false;
+    // A namespace being rehomed (or moved away) is refused from a fresh read.
+    if (!nsv->record.draining_to().empty() || nsv->record.moved()) return false;
     if (sv->record.identity() != caller_.identity || sv->record.closing()) return false;
     if (!CheckMember(caller_, ns, nsv->record.members()).ok()) return false;
     const ClassEntry* cls = ResolveClass(nsv->classes, key);

@@ -174,6 +174,7 @@ void Engine::OpenSession(const Caller& caller, const v1::OpenSessionRequest& req
       return done(absl::DataLossError("corrupt namespace record in etcd"));
     }
     if (auto s = CheckMember(caller, ns, rec.members()); !s.ok()) return done(s);
+    if (!rec.draining_to().empty()) return done(Rehoming(ns, rec.draining_to(), rec.moved()));
     const int64_t quota = rec.held_lease_quota();
     if (quota > 0 && r->responses(1).response_range().count() >= quota) {
       return done(QuotaExhausted(ns, quota));
@@ -186,6 +187,17 @@ absl::Status Engine::QuotaExhausted(const std::string& ns, int64_t quota) {
   return absl::ResourceExhaustedError(absl::StrCat(
       "namespace \"", ns, "\" has ", quota, " live sessions, its held_lease_quota; close one, "
       "wait for one to expire, or ask an admin to raise the quota"));
+}
+
+absl::Status Engine::Rehoming(const std::string& ns, const std::string& to, bool moved) {
+  if (moved) {
+    return absl::UnavailableError(absl::StrCat(
+        "namespace \"", ns, "\" has moved to etcd cluster \"", to,
+        "\"; open a new session (retry after 1000 ms)"));
+  }
+  return absl::UnavailableError(absl::StrCat(
+      "namespace \"", ns, "\" is being moved to etcd cluster \"", to,
+      "\" (holdfast ns rehome): no new sessions or grants until it is; retry after 1000 ms"));
 }
 
 void Engine::GrantSession(const Caller& caller, const std::string& ns, int64_t ttl_s,
@@ -456,7 +468,9 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
     no_waiters->set_range_end(keyspace::WaitRangeEnd(ns, key));
     no_waiters->set_create_revision(0);
   } else {
-    AddHandOver(*snap, ns, key, session, GrantBlock().ok(), &txn);
+    // A namespace being rehomed hands nothing over: its holds must drain.
+    AddHandOver(*snap, ns, key, session,
+                GrantBlock().ok() && snap->ns_record.draining_to().empty(), &txn);
   }
   AddSnapshotReads(ns, session, key, txn.mutable_failure());
   std::string handed_class;

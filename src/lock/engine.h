@@ -131,6 +131,8 @@ class Engine {
                      Done<v1::OpenSessionResponse> done);
   void RevokeQuietly(int64_t lease);
   static absl::Status QuotaExhausted(const std::string& ns, int64_t quota);
+  // UNAVAILABLE with a retry hint: a rehome moves the namespace to cluster `to`.
+  static absl::Status Rehoming(const std::string& ns, const std::string& to, bool moved);
   void ReleaseAttempt(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
                       Done<v1::ReleaseResponse> done);
   void ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_left,

@@ -44,6 +44,15 @@ std::optional<int64_t> ParseReplicaKey(absl::string_view key) {
   if (key.substr(0, dir.size()) != dir) return std::nullopt;
   return ParseLeaseHex(key.substr(dir.size()));
 }
+std::string PlacementPrefix() { return "/holdfast/placement/"; }
+std::string PlacementKey(absl::string_view ns) { return absl::StrCat(PlacementPrefix(), ns); }
+std::optional<std::string> ParsePlacementKey(absl::string_view key) {
+  const std::string dir = PlacementPrefix();
+  if (key.substr(0, dir.size()) != dir) return std::nullopt;
+  std::string ns(key.substr(dir.size()));
+  if (!ValidateNamespaceName(ns).ok()) return std::nullopt;
+  return ns;
+}
 std::string NamespaceKey(absl::string_view ns) { return absl::StrCat(kNsDir, ns); }
 std::string NamespacePrefix(absl::string_view ns) { return absl::StrCat(kNsDir, ns, "/"); }
 std::string NamespacesBegin() { return std::string(kNsDir); }
@@ -116,6 +125,8 @@ std::string WaitRangeEnd(absl::string_view ns, absl::string_view lock_key) {
 std::string HoldPrefix(absl::string_view ns, absl::string_view key_prefix) {
   return absl::StrCat(kNsDir, ns, "/hold/", key_prefix);
 }
+
+std::string WaitPrefix(absl::string_view ns) { return absl::StrCat(kNsDir, ns, "/wait/"); }
 
 std::string PrefixEnd(absl::string_view prefix) {
   std::string end(prefix);

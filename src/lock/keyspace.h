@@ -19,6 +19,26 @@
 //                                                    TTL is the request's lifetime
 //   /holdfast/replica/<lease:016x>                   ReplicaRecord: one live holdfastd,
 //                                                    on its own lease (op_rate_quota)
+//   /holdfast/placement/<ns>                         PlacementRecord, control cluster only:
+//                                                    the namespace's home cluster and a
+//                                                    rehome in progress
+//
+// Several etcd clusters (holdfastd's `clusters:` config). Every cluster has the
+// whole layout above for the namespaces it homes, and its own /holdfast/epoch,
+// audit mark, auditor and force requests. One cluster is the control cluster:
+// it alone has /holdfast/placement/, and every replica watches and caches that
+// prefix to route each request to the namespace's home by its name (session ids
+// are lease ids, unique per cluster only, so they never route). A namespace
+// without a placement record is homed on the control cluster, so the default
+// single-cluster install (today's `etcd:` section) has no placement records and
+// the layout it always had.
+//   Departure from ARCHITECTURE §2: the namespace and class records live on the
+// namespace's HOME cluster, not on the control cluster, because every grant
+// guards on its class record's mod_revision, and a compare can only name a key
+// of the cluster the transaction runs on. The control cluster's placement
+// records are the registry of names: a namespace is created by a guarded
+// transaction on the control cluster (no placement record and no namespace
+// record there) before its records are written on its home.
 //
 // <ns> and <class_id> match [a-z0-9][a-z0-9._-]{0,62}, so they hold no '/'.
 // <lock_key> is 1..512 bytes of UTF-8 without control characters (no NUL), stored
@@ -30,6 +50,10 @@
 //   K2. every session, hold and waiter key is attached to the lease it names.
 //   K3. a hold's token is epoch<<48 | its create_revision; successive holds of a
 //       key have increasing tokens (revisions only grow, epochs only grow).
+//   K4. a namespace has holds on one cluster at most: a rehome seals the old
+//       home (no hold, and no grant can commit there: the seal rewrites every
+//       class record) before the new home's records are written, and the new
+//       home's epoch is above every epoch any token of the namespace carries.
 #pragma once
 
 #include <cstdint>
@@ -67,6 +91,10 @@ std::string ForceRequestPrefix();
 std::string ReplicaKey(int64_t lease);
 std::string ReplicaPrefix();
 std::optional<int64_t> ParseReplicaKey(absl::string_view key);
+// Placement of namespaces on clusters (control cluster only).
+std::string PlacementKey(absl::string_view ns);
+std::string PlacementPrefix();
+std::optional<std::string> ParsePlacementKey(absl::string_view key);
 std::string NamespaceKey(absl::string_view ns);
 // Everything under one namespace: [NamespacePrefix, PrefixEnd(NamespacePrefix)).
 std::string NamespacePrefix(absl::string_view ns);
@@ -100,6 +128,8 @@ std::string WaitRangeBegin(absl::string_view ns, absl::string_view lock_key);
 std::string WaitRangeEnd(absl::string_view ns, absl::string_view lock_key);
 // Holds and waiters of every key starting with `prefix` (for class deletion).
 std::string HoldPrefix(absl::string_view ns, absl::string_view key_prefix);
+// Every waiter of the namespace, of any lock key (a rehome's seal).
+std::string WaitPrefix(absl::string_view ns);
 
 // The smallest key greater than every key with this prefix (etcd's range_end).
 std::string PrefixEnd(absl::string_view prefix);

@@ -18,6 +18,12 @@ TEST(KeyspaceTest, GoldenEncoding) {
   EXPECT_EQ(ParseReplicaKey(ReplicaKey(0x7fffffffffffffff)), 0x7fffffffffffffff);
   EXPECT_FALSE(ParseReplicaKey("/holdfast/replica/xyz").has_value());
   EXPECT_FALSE(ParseReplicaKey(SessionKey("n", 1)).has_value());
+  EXPECT_EQ(PlacementKey("payments"), "/holdfast/placement/payments");
+  EXPECT_EQ(PlacementPrefix(), "/holdfast/placement/");
+  EXPECT_EQ(WaitPrefix("payments"), "/holdfast/ns/payments/wait/");
+  EXPECT_EQ(ParsePlacementKey(PlacementKey("a.b-c")), "a.b-c");
+  EXPECT_FALSE(ParsePlacementKey("/holdfast/placement/A/b").has_value());
+  EXPECT_FALSE(ParsePlacementKey(NamespaceKey("n")).has_value());
   EXPECT_EQ(NamespaceKey("payments"), "/holdfast/ns/payments");
   EXPECT_EQ(ClassKey("payments", "db"), "/holdfast/ns/payments/class/db");
   EXPECT_EQ(SessionKey("payments", 0x694d7f2a1b3c4d5e), "/holdfast/ns/payments/session/694d7f2a1b3c4d5e");

@@ -90,7 +90,8 @@ absl::StatusOr<v1::LockClass> Registry::NormalizeClass(v1::LockClass c) {
 }
 
 absl::StatusOr<v1::Namespace> Registry::CreateNamespace(const v1::CreateNamespaceRequest& req,
-                                                        etcd::Deadline d) {
+                                                        etcd::Deadline d,
+                                                        const std::string& also_absent) {
   const v1::Namespace& n = req.namespace_();
   if (auto s = keyspace::ValidateNamespaceName(n.name()); !s.ok()) return s;
   if (n.held_lease_quota() < 0 || n.op_rate_quota() < 0) {
@@ -121,6 +122,9 @@ absl::StatusOr<v1::Namespace> Registry::CreateNamespace(const v1::CreateNamespac
   pb::TxnRequest txn;
   AddCompare(&txn, keyspace::NamespaceKey(n.name()), pb::Compare::CREATE, pb::Compare::EQUAL)
       ->set_create_revision(0);
+  if (!also_absent.empty()) {
+    AddCompare(&txn, also_absent, pb::Compare::CREATE, pb::Compare::EQUAL)->set_create_revision(0);
+  }
   auto* put_ns = txn.add_success()->mutable_request_put();
   put_ns->set_key(keyspace::NamespaceKey(n.name()));
   put_ns->set_value(rec.SerializeAsString());

@@ -18,8 +18,11 @@ class Registry {
   explicit Registry(etcd::Client* etcd) : etcd_(etcd) {}
 
   // Also creates the catch-all class "default" (prefix "") from `default_class`.
+  // `also_absent`: another key of this cluster that must not exist either (the
+  // namespace's placement record, on the control cluster); ALREADY_EXISTS if it does.
   absl::StatusOr<v1::Namespace> CreateNamespace(const v1::CreateNamespaceRequest& req,
-                                                etcd::Deadline d);
+                                                etcd::Deadline d,
+                                                const std::string& also_absent = "");
   absl::StatusOr<v1::Namespace> GetNamespace(const std::string& name, etcd::Deadline d);
   absl::StatusOr<std::vector<v1::Namespace>> ListNamespaces(etcd::Deadline d);
   absl::StatusOr<v1::Namespace> UpdateNamespace(const v1::UpdateNamespaceRequest& req,

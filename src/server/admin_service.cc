@@ -1,6 +1,10 @@
 #include "server/admin_service.h"
 
+#include <map>
+
 #include "absl/strings/str_cat.h"
+#include "lock/keyspace.h"
+#include "lock/txn_util.h"
 #include "server/rpc_util.h"
 
 namespace holdfast::server {
@@ -24,26 +28,107 @@ absl::Status AdminService::Admit(const grpc::ServerContext& ctx) const {
     return ToGrpcStatus(admitted);                           \
   }
 
+absl::Status AdminService::NotRehoming(const std::string& ns) const {
+  if (auto* p = clusters_->placements()) {
+    if (auto rec = p->Get(ns); rec && rec->has_rehome()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "namespace \"", ns, "\" is being rehomed to \"", rec->rehome().to(),
+          "\"; finish or abort the rehome first (its records are being copied)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+void AdminService::AddPlacement(v1::Namespace* n) const {
+  n->set_home_cluster(clusters_->Home(n->name()).name());
+  if (auto* p = clusters_->placements()) {
+    if (auto rec = p->Get(n->name()); rec && rec->has_rehome()) {
+      n->set_rehoming_to(rec->rehome().to());
+    }
+  }
+}
+
+// A namespace is homed on a cluster of its tier. Its name is claimed on the
+// control cluster first (keyspace.h): by its record there when the control
+// cluster homes it, else by a placement record, each created only if neither
+// exists; then its records are written on the home.
+absl::StatusOr<v1::Namespace> AdminService::CreateNamespaceOn(
+    const v1::CreateNamespaceRequest& req, etcd::Deadline d) {
+  const std::string& name = req.namespace_().name();
+  if (auto s = keyspace::ValidateNamespaceName(name); !s.ok()) return s;
+  auto home = clusters_->ForTier(req.namespace_().cluster_tier());
+  if (!home.ok()) return home.status();
+  Cluster& control = clusters_->control();
+  if (clusters_->single()) return control.registry->CreateNamespace(req, d);
+  if (*home == &control) {
+    return control.registry->CreateNamespace(req, d, keyspace::PlacementKey(name));
+  }
+  namespace pb = ::etcdserverpb;
+  records::PlacementRecord rec;
+  rec.set_home((*home)->name());
+  pb::TxnRequest txn;
+  lock::AddCompare(&txn, keyspace::PlacementKey(name), pb::Compare::CREATE, pb::Compare::EQUAL)
+      ->set_create_revision(0);
+  lock::AddCompare(&txn, keyspace::NamespaceKey(name), pb::Compare::CREATE, pb::Compare::EQUAL)
+      ->set_create_revision(0);
+  auto* put = txn.add_success()->mutable_request_put();
+  put->set_key(keyspace::PlacementKey(name));
+  put->set_value(rec.SerializeAsString());
+  auto* probe = txn.add_failure()->mutable_request_range();
+  probe->set_key(keyspace::PlacementKey(name));
+  auto t = control.etcd->TxnSync(std::move(txn), d);
+  if (!t.ok()) return t.status();
+  if (t->succeeded()) {
+    clusters_->placements()->Note(name, rec, t->header().revision());
+  } else {
+    // Claimed before: go on only if that claim is ours, left by a create that
+    // stopped before the home had the records (and so not a namespace yet).
+    records::PlacementRecord was;
+    const auto& got = t->responses(0).response_range();
+    bool resumable = got.kvs_size() > 0 && was.ParseFromString(got.kvs(0).value()) &&
+                     was.home() == (*home)->name() && !was.has_rehome() &&
+                     !(*home)->registry->GetNamespace(name, d).ok();
+    if (!resumable) {
+      return absl::AlreadyExistsError(absl::StrCat("namespace \"", name, "\" already exists"));
+    }
+  }
+  return (*home)->registry->CreateNamespace(req, d);
+}
+
 grpc::Status AdminService::CreateNamespace(grpc::ServerContext* ctx,
                                            const v1::CreateNamespaceRequest* req,
                                            v1::Namespace* resp) {
   HF_ADMIN_ONLY(ctx);
-  return Reply(registry_->CreateNamespace(*req, RpcDeadline(*ctx, kUnaryCap)), resp);
+  auto n = CreateNamespaceOn(*req, RpcDeadline(*ctx, kUnaryCap));
+  if (n.ok()) AddPlacement(&*n);
+  return Reply(std::move(n), resp);
 }
 
 grpc::Status AdminService::GetNamespace(grpc::ServerContext* ctx,
                                         const v1::GetNamespaceRequest* req, v1::Namespace* resp) {
   HF_ADMIN_ONLY(ctx);
-  return Reply(registry_->GetNamespace(req->name(), RpcDeadline(*ctx, kUnaryCap)), resp);
+  auto n = RegistryOf(req->name()).GetNamespace(req->name(), RpcDeadline(*ctx, kUnaryCap));
+  if (n.ok()) AddPlacement(&*n);
+  return Reply(std::move(n), resp);
 }
 
 grpc::Status AdminService::ListNamespaces(grpc::ServerContext* ctx,
                                           const v1::ListNamespacesRequest* req,
                                           v1::ListNamespacesResponse* resp) {
   HF_ADMIN_ONLY(ctx);
-  auto r = registry_->ListNamespaces(RpcDeadline(*ctx, kUnaryCap));
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  for (auto& n : *r) *resp->add_namespaces() = std::move(n);
+  // Each cluster lists the namespaces it has; a namespace counts where it is
+  // homed (a rehome leaves a copy on the other cluster for a while).
+  std::map<std::string, v1::Namespace> all;
+  for (const auto& c : clusters_->all()) {
+    auto r = c->registry->ListNamespaces(RpcDeadline(*ctx, kUnaryCap));
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    for (auto& n : *r) {
+      if (&clusters_->Home(n.name()) != c.get()) continue;
+      AddPlacement(&n);
+      all[n.name()] = std::move(n);
+    }
+  }
+  for (auto& [name, n] : all) *resp->add_namespaces() = std::move(n);
   return grpc::Status::OK;
 }
 
@@ -51,34 +136,56 @@ grpc::Status AdminService::UpdateNamespace(grpc::ServerContext* ctx,
                                            const v1::UpdateNamespaceRequest* req,
                                            v1::Namespace* resp) {
   HF_ADMIN_ONLY(ctx);
-  return Reply(registry_->UpdateNamespace(*req, RpcDeadline(*ctx, kUnaryCap)), resp);
+  if (auto s = NotRehoming(req->name()); !s.ok()) return ToGrpcStatus(s);
+  auto n = RegistryOf(req->name()).UpdateNamespace(*req, RpcDeadline(*ctx, kUnaryCap));
+  if (n.ok()) AddPlacement(&*n);
+  return Reply(std::move(n), resp);
 }
 
 grpc::Status AdminService::DeleteNamespace(grpc::ServerContext* ctx,
                                            const v1::DeleteNamespaceRequest* req,
                                            v1::DeleteNamespaceResponse* resp) {
   HF_ADMIN_ONLY(ctx);
-  return ToGrpcStatus(registry_->DeleteNamespace(req->name(), RpcDeadline(*ctx, kUnaryCap)));
+  if (auto s = NotRehoming(req->name()); !s.ok()) return ToGrpcStatus(s);
+  auto* placements = clusters_->placements();
+  std::optional<records::PlacementRecord> placed;
+  if (placements != nullptr) placed = placements->Get(req->name());
+  auto d = RpcDeadline(*ctx, kUnaryCap);
+  if (auto s = RegistryOf(req->name()).DeleteNamespace(req->name(), d); !s.ok()) {
+    return ToGrpcStatus(s);
+  }
+  if (placed) {
+    // The name is free again once its placement record goes.
+    etcdserverpb::DeleteRangeRequest del;
+    del.set_key(keyspace::PlacementKey(req->name()));
+    auto gone = clusters_->control().etcd->DeleteRangeSync(del, d);
+    if (!gone.ok()) return ToGrpcStatus(gone.status());
+    placements->Note(req->name(), std::nullopt, gone->header().revision());
+  }
+  return grpc::Status::OK;
 }
 
 grpc::Status AdminService::CreateClass(grpc::ServerContext* ctx,
                                        const v1::CreateClassRequest* req, v1::LockClass* resp) {
   HF_ADMIN_ONLY(ctx);
-  return Reply(registry_->CreateClass(req->class_(), RpcDeadline(*ctx, kUnaryCap)), resp);
+  const auto& ns = req->class_().namespace_();
+  if (auto s = NotRehoming(ns); !s.ok()) return ToGrpcStatus(s);
+  return Reply(RegistryOf(ns).CreateClass(req->class_(), RpcDeadline(*ctx, kUnaryCap)), resp);
 }
 
 grpc::Status AdminService::GetClass(grpc::ServerContext* ctx, const v1::GetClassRequest* req,
                                     v1::LockClass* resp) {
   HF_ADMIN_ONLY(ctx);
-  return Reply(
-      registry_->GetClass(req->namespace_(), req->class_id(), RpcDeadline(*ctx, kUnaryCap)), resp);
+  const auto& ns = req->namespace_();
+  return Reply(RegistryOf(ns).GetClass(ns, req->class_id(), RpcDeadline(*ctx, kUnaryCap)), resp);
 }
 
 grpc::Status AdminService::ListClasses(grpc::ServerContext* ctx,
                                        const v1::ListClassesRequest* req,
                                        v1::ListClassesResponse* resp) {
   HF_ADMIN_ONLY(ctx);
-  auto r = registry_->ListClasses(req->namespace_(), RpcDeadline(*ctx, kUnaryCap));
+  const auto& ns = req->namespace_();
+  auto r = RegistryOf(ns).ListClasses(ns, RpcDeadline(*ctx, kUnaryCap));
   if (!r.ok()) return ToGrpcStatus(r.status());
   for (auto& c : *r) *resp->add_classes() = std::move(c);
   return grpc::Status::OK;
@@ -88,8 +195,29 @@ grpc::Status AdminService::DeleteClass(grpc::ServerContext* ctx,
                                        const v1::DeleteClassRequest* req,
                                        v1::DeleteClassResponse* resp) {
   HF_ADMIN_ONLY(ctx);
+  const auto& ns = req->namespace_();
+  if (auto s = NotRehoming(ns); !s.ok()) return ToGrpcStatus(s);
   return ToGrpcStatus(
-      registry_->DeleteClass(req->namespace_(), req->class_id(), RpcDeadline(*ctx, kUnaryCap)));
+      RegistryOf(ns).DeleteClass(ns, req->class_id(), RpcDeadline(*ctx, kUnaryCap)));
+}
+
+absl::StatusOr<Cluster*> AdminService::ClusterNamed(const std::string& name,
+                                                    bool empty_is_control) const {
+  if (name.empty()) {
+    if (clusters_->single() || empty_is_control) return &clusters_->control();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "this holdfastd has several etcd clusters (", clusters_->Names(),
+        "); name one with --cluster"));
+  }
+  Cluster* c = clusters_->Named(name);
+  if (c != nullptr) return c;
+  if (clusters_->single()) {
+    return absl::NotFoundError(absl::StrCat(
+        "no etcd cluster named \"", name, "\": this holdfastd has one cluster (\"",
+        clusters_->control().name(), "\"); leave --cluster out"));
+  }
+  return absl::NotFoundError(absl::StrCat("no etcd cluster named \"", name, "\" (clusters: ",
+                                          clusters_->Names(), ")"));
 }
 
 grpc::Status AdminService::GetEpoch(grpc::ServerContext* ctx, const v1::GetEpochRequest* req,
@@ -98,12 +226,15 @@ grpc::Status AdminService::GetEpoch(grpc::ServerContext* ctx, const v1::GetEpoch
   // admins also get the history.
   auto caller = auth_->CallerOf(*ctx);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
-  auto epoch = registry_->GetEpoch(RpcDeadline(*ctx, kUnaryCap));
+  auto cluster = ClusterNamed(req->cluster(), /*empty_is_control=*/true);
+  if (!cluster.ok()) return ToGrpcStatus(cluster.status());
+  auto epoch = (*cluster)->registry->GetEpoch(RpcDeadline(*ctx, kUnaryCap));
   if (!epoch.ok()) return ToGrpcStatus(epoch.status());
   *resp = std::move(*epoch);
-  if (restore_reason_) resp->set_restore_detected(restore_reason_());
-  if (epochs_ != nullptr && Authenticator::RequireAdmin(*caller).ok()) {
-    auto state = epochs_->Read(RpcDeadline(*ctx, kUnaryCap));
+  resp->set_cluster((*cluster)->name());
+  if (restore_reason_) resp->set_restore_detected(restore_reason_((*cluster)->name()));
+  if (Authenticator::RequireAdmin(*caller).ok()) {
+    auto state = (*cluster)->epochs->Read(RpcDeadline(*ctx, kUnaryCap));
     if (state.ok()) {
       for (const auto& row : state->history) {
         auto* h = resp->add_history();
@@ -117,6 +248,15 @@ grpc::Status AdminService::GetEpoch(grpc::ServerContext* ctx, const v1::GetEpoch
       resp->set_restore_detected(audit::Epochs::RestoreReason(*state));
     }
   }
+  if (req->cluster().empty() && !clusters_->single()) {
+    for (const auto& c : clusters_->all()) {
+      auto each = c->registry->GetEpoch(RpcDeadline(*ctx, kUnaryCap));
+      if (!each.ok()) return ToGrpcStatus(each.status());
+      each->set_cluster(c->name());
+      if (restore_reason_) each->set_restore_detected(restore_reason_(c->name()));
+      *resp->add_clusters() = std::move(*each);
+    }
+  }
   return grpc::Status::OK;
 }
 
@@ -125,12 +265,10 @@ grpc::Status AdminService::AdvanceEpoch(grpc::ServerContext* ctx,
   auto caller = auth_->CallerOf(*ctx);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (auto s = Authenticator::RequireAdmin(*caller); !s.ok()) return ToGrpcStatus(s);
-  if (!req->cluster().empty() && req->cluster() != "default") {
-    return ToGrpcStatus(absl::NotFoundError(absl::StrCat(
-        "no etcd cluster named \"", req->cluster(),
-        "\": this holdfastd has one cluster (\"default\"); leave --cluster out")));
-  }
-  auto advanced = epochs_->Advance(req->reason(), caller->identity, RpcDeadline(*ctx, kUnaryCap));
+  auto cluster = ClusterNamed(req->cluster(), /*empty_is_control=*/false);
+  if (!cluster.ok()) return ToGrpcStatus(cluster.status());
+  auto advanced =
+      (*cluster)->epochs->Advance(req->reason(), caller->identity, RpcDeadline(*ctx, kUnaryCap));
   if (!advanced.ok()) return ToGrpcStatus(advanced.status());
   if (on_advanced_) on_advanced_();
   resp->set_epoch(advanced->epoch());
@@ -138,7 +276,20 @@ grpc::Status AdminService::AdvanceEpoch(grpc::ServerContext* ctx,
   resp->set_advanced_at_unix_ms(advanced->advanced_at_unix_ms());
   resp->set_reason(advanced->reason());
   resp->set_observed_cluster_id(absl::StrCat(advanced->etcd_cluster_id()));
+  resp->set_cluster((*cluster)->name());
   return grpc::Status::OK;
+}
+
+grpc::Status AdminService::RehomeNamespace(grpc::ServerContext* ctx,
+                                           const v1::RehomeNamespaceRequest* req,
+                                           v1::RehomeNamespaceResponse* resp) {
+  auto caller = auth_->CallerOf(*ctx);
+  if (!caller.ok()) return ToGrpcStatus(caller.status());
+  if (auto s = Authenticator::RequireAdmin(*caller); !s.ok()) return ToGrpcStatus(s);
+  lock::Caller who;
+  who.identity = caller->identity;
+  who.admin = true;
+  return Reply(rehomer_->Rehome(who, *req), resp);
 }
 
 // --- audit and force-release ------------------------------------------------
@@ -201,7 +352,9 @@ grpc::Status AdminService::RequestForceRelease(grpc::ServerContext* ctx,
   auto caller = auth_->CallerOf(*ctx);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (auto s = Authenticator::RequireAdmin(*caller); !s.ok()) return ToGrpcStatus(s);
-  return Reply(force_->Request(caller->identity, *req, RpcDeadline(*ctx, kUnaryCap)), resp);
+  return Reply(clusters_->Home(req->namespace_())
+                   .force->Request(caller->identity, *req, RpcDeadline(*ctx, kUnaryCap)),
+               resp);
 }
 
 grpc::Status AdminService::ApproveForceRelease(grpc::ServerContext* ctx,
@@ -210,16 +363,24 @@ grpc::Status AdminService::ApproveForceRelease(grpc::ServerContext* ctx,
   auto caller = auth_->CallerOf(*ctx);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (auto s = Authenticator::RequireAdmin(*caller); !s.ok()) return ToGrpcStatus(s);
-  return Reply(force_->Approve(caller->identity, *req, RpcDeadline(*ctx, kUnaryCap)), resp);
+  // The request lives on the cluster of its hold: ask each until one has it.
+  absl::StatusOr<v1::ApproveForceReleaseResponse> r;
+  for (const auto& c : clusters_->all()) {
+    r = c->force->Approve(caller->identity, *req, RpcDeadline(*ctx, kUnaryCap));
+    if (r.status().code() != absl::StatusCode::kNotFound) break;
+  }
+  return Reply(std::move(r), resp);
 }
 
 grpc::Status AdminService::ListForceRequests(grpc::ServerContext* ctx,
                                              const v1::ListForceRequestsRequest* req,
                                              v1::ListForceRequestsResponse* resp) {
   HF_ADMIN_ONLY(ctx);
-  auto r = force_->List(RpcDeadline(*ctx, kUnaryCap));
-  if (!r.ok()) return ToGrpcStatus(r.status());
-  for (auto& f : *r) *resp->add_requests() = std::move(f);
+  for (const auto& c : clusters_->all()) {
+    auto r = c->force->List(RpcDeadline(*ctx, kUnaryCap));
+    if (!r.ok()) return ToGrpcStatus(r.status());
+    for (auto& f : *r) *resp->add_requests() = std::move(f);
+  }
   return grpc::Status::OK;
 }
 

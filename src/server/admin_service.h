@@ -1,5 +1,6 @@
-// The Admin service: namespaces, classes and the epoch. Admin IDs only (any
-// authenticated caller may read the epoch). Runs on gRPC's
+// The Admin service: namespaces, classes, epochs, audit, force-release and
+// rehome. Admin IDs only (any authenticated caller may read the epoch). Calls
+// about one namespace go to its home cluster (server/clusters.h). Runs on gRPC's
 // synchronous thread pool (admin calls are rare and each is a few etcd round
 // trips), so its handlers may block.
 //
@@ -14,13 +15,15 @@
 #include "lock/force_release.h"
 #include "lock/registry.h"
 #include "server/auth.h"
+#include "server/clusters.h"
+#include "server/rehome.h"
 
 namespace holdfast::server {
 
 class AdminService final : public v1::Admin::Service {
  public:
-  AdminService(lock::Registry* registry, const Authenticator* auth)
-      : registry_(registry), auth_(auth) {}
+  AdminService(ClusterSet* clusters, const Authenticator* auth)
+      : clusters_(clusters), auth_(auth) {}
 
   grpc::Status CreateNamespace(grpc::ServerContext* ctx, const v1::CreateNamespaceRequest* req,
                                v1::Namespace* resp) override;
@@ -43,21 +46,22 @@ class AdminService final : public v1::Admin::Service {
   grpc::Status GetEpoch(grpc::ServerContext* ctx, const v1::GetEpochRequest* req,
                         v1::Epoch* resp) override;
 
-  // The audit store (null: audit off), force-release, and the auditor's status.
-  // Set once, before serving.
-  void SetAudit(audit::AuditStore* store, lock::ForceReleases* force,
-                std::function<v1::AuditStatus()> status) {
+  // The audit store (null: audit off) and the auditor's status. Set once,
+  // before serving.
+  void SetAudit(audit::AuditStore* store, std::function<v1::AuditStatus()> status) {
     audit_store_ = store;
-    force_ = force;
     audit_status_ = std::move(status);
   }
-  // `on_advanced` runs after a successful advance (the server re-checks at once).
-  void SetEpochs(audit::Epochs* epochs, std::function<std::string()> restore_reason,
+  // `restore_reason(cluster name)`; `on_advanced` runs after a successful
+  // advance (the server re-checks at once).
+  void SetEpochs(std::function<std::string(const std::string&)> restore_reason,
                  std::function<void()> on_advanced) {
-    epochs_ = epochs;
     restore_reason_ = std::move(restore_reason);
     on_advanced_ = std::move(on_advanced);
   }
+  void SetRehomer(Rehomer* rehomer) { rehomer_ = rehomer; }
+  grpc::Status RehomeNamespace(grpc::ServerContext* ctx, const v1::RehomeNamespaceRequest* req,
+                               v1::RehomeNamespaceResponse* resp) override;
   grpc::Status AdvanceEpoch(grpc::ServerContext* ctx, const v1::AdvanceEpochRequest* req,
                             v1::Epoch* resp) override;
   grpc::Status QueryAudit(grpc::ServerContext* ctx, const v1::QueryAuditRequest* req,
@@ -78,14 +82,27 @@ class AdminService final : public v1::Admin::Service {
   // UNAUTHENTICATED or PERMISSION_DENIED unless the caller is an admin.
   absl::Status Admit(const grpc::ServerContext& ctx) const;
 
-  lock::Registry* const registry_;
+  // The registry of the namespace's home cluster.
+  lock::Registry& RegistryOf(const std::string& ns) const {
+    return *clusters_->Home(ns).registry;
+  }
+  // FAILED_PRECONDITION while a rehome of `ns` is unfinished: a change of its
+  // records then could miss the copy (as this replica's placements show it).
+  absl::Status NotRehoming(const std::string& ns) const;
+  // Fills home_cluster and rehoming_to.
+  void AddPlacement(v1::Namespace* n) const;
+  absl::StatusOr<v1::Namespace> CreateNamespaceOn(const v1::CreateNamespaceRequest& req,
+                                                  etcd::Deadline d);
+  // The cluster named (empty: the only one, else INVALID_ARGUMENT).
+  absl::StatusOr<Cluster*> ClusterNamed(const std::string& name, bool empty_is_control) const;
+
+  ClusterSet* const clusters_;
   const Authenticator* const auth_;
   audit::AuditStore* audit_store_ = nullptr;
-  lock::ForceReleases* force_ = nullptr;
   std::function<v1::AuditStatus()> audit_status_;
-  audit::Epochs* epochs_ = nullptr;
-  std::function<std::string()> restore_reason_;
+  std::function<std::string(const std::string&)> restore_reason_;
   std::function<void()> on_advanced_;
+  Rehomer* rehomer_ = nullptr;
 };
 
 }  // namespace holdfast::server

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/duration.h"
+#include "common/names.h"
 #include "common/spiffe.h"
 
 namespace holdfast::server {
@@ -62,7 +63,8 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
   Config c;
   if (!root || root.IsNull()) return c;
   if (!root.IsMap()) return absl::InvalidArgumentError("config: the top level must be a map");
-  if (auto s = Unknown(root, "", {"listen", "etcd", "sessions", "acquire", "dev_identity", "limits",
+  if (auto s = Unknown(root, "", {"listen", "etcd", "clusters", "sessions", "acquire",
+                                  "dev_identity", "limits",
                                   "tls", "admin_ids", "insecure", "audit", "epochs", "metrics"});
       !s.ok()) {
     return s;
@@ -92,6 +94,58 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
       for (const auto& e : eps) c.etcd_endpoints.push_back(e.as<std::string>());
     }
     if (auto s = ReadDuration(etcd["timeout"], "etcd.timeout", &c.etcd_timeout); !s.ok()) return s;
+  }
+  if (auto clusters = root["clusters"]) {
+    if (root["etcd"]) {
+      return absl::InvalidArgumentError(
+          "config: give either etcd (one cluster) or clusters (several), not both");
+    }
+    if (!clusters.IsSequence() || clusters.size() == 0) {
+      return absl::InvalidArgumentError("config: clusters must be a non-empty list");
+    }
+    for (const auto& n : clusters) {
+      if (!n.IsMap()) return absl::InvalidArgumentError("config: each of clusters must be a map");
+      const std::string where = absl::StrCat("clusters[", c.clusters.size(), "].");
+      if (auto s = Unknown(n, where, {"name", "tier", "control", "endpoints", "timeout", "tls"});
+          !s.ok()) {
+        return s;
+      }
+      ClusterConfig cc;
+      cc.name.clear();
+      if (auto s = ReadString(n["name"], where + "name", &cc.name); !s.ok()) return s;
+      if (auto s = ReadString(n["tier"], where + "tier", &cc.tier); !s.ok()) return s;
+      if (auto ctl = n["control"]) {
+        try {
+          cc.control = ctl.as<bool>();
+        } catch (const YAML::Exception&) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("config: ", where, "control must be true or false"));
+        }
+      }
+      if (auto eps = n["endpoints"]) {
+        if (!eps.IsSequence()) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("config: ", where, "endpoints must be a list of host:port"));
+        }
+        for (const auto& e : eps) cc.endpoints.push_back(e.as<std::string>());
+      }
+      if (auto s = ReadDuration(n["timeout"], where + "timeout", &cc.timeout); !s.ok()) return s;
+      if (auto tls = n["tls"]) {
+        if (auto s = Unknown(tls, where + "tls.", {"ca_file", "cert_file", "key_file"}); !s.ok()) {
+          return s;
+        }
+        for (auto [field, out] : {std::pair{"ca_file", &cc.ca_file},
+                                  std::pair{"cert_file", &cc.cert_file},
+                                  std::pair{"key_file", &cc.key_file}}) {
+          if (auto s = ReadString(tls[field], where + "tls." + field, out); !s.ok()) return s;
+        }
+        if (cc.ca_file.empty() || cc.cert_file.empty() != cc.key_file.empty()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "config: ", where, "tls needs ca_file, and cert_file with key_file"));
+        }
+      }
+      c.clusters.push_back(std::move(cc));
+    }
   }
   if (auto sessions = root["sessions"]) {
     if (auto s = Unknown(sessions, "sessions.", {"ttl_min", "ttl_max"}); !s.ok()) return s;
@@ -296,6 +350,38 @@ absl::Status ValidateConfig(const Config& c) {
         "config: audit.leader_ttl must be >= 2s, compaction_interval >= 1s, "
         "force_request_ttl >= 10s");
   }
+  if (!c.clusters.empty()) {
+    std::set<std::string> seen;
+    int controls = 0;
+    for (const auto& cc : c.clusters) {
+      if (auto s = names::ValidateNamespaceName(cc.name); !s.ok()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "config: cluster name \"", cc.name, "\" is invalid: use [a-z0-9][a-z0-9._-]{0,62}"));
+      }
+      if (!seen.insert(cc.name).second) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config: cluster \"", cc.name, "\" is listed twice"));
+      }
+      if (cc.endpoints.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config: cluster \"", cc.name, "\" has no endpoints"));
+      }
+      for (const auto& e : cc.endpoints) {
+        if (auto s = host_port(absl::StrCat("cluster \"", cc.name, "\" endpoint"), e); !s.ok()) {
+          return s;
+        }
+      }
+      if (cc.timeout < std::chrono::milliseconds(100)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config: cluster \"", cc.name, "\": timeout must be >= 100ms"));
+      }
+      if (cc.control) ++controls;
+    }
+    if (controls != 1 && !(controls == 0 && c.clusters.size() == 1)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: exactly one of clusters must have control: true (found ", controls, ")"));
+    }
+  }
   if (auto id = spiffe::Parse(c.dev_identity); !id.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config: dev_identity: ", id.status().message()));
   }
@@ -327,6 +413,33 @@ absl::Status ValidateConfig(const Config& c) {
     }
   }
   return absl::OkStatus();
+}
+
+std::vector<ClusterConfig> EffectiveClusters(const Config& c) {
+  if (!c.clusters.empty()) {
+    std::vector<ClusterConfig> out = c.clusters;
+    if (out.size() == 1) out[0].control = true;
+    return out;
+  }
+  ClusterConfig one;
+  one.name = "default";
+  one.control = true;
+  one.endpoints = c.etcd_endpoints;
+  one.timeout = c.etcd_timeout;
+  one.ca_file = c.etcd_ca_file;
+  one.cert_file = c.etcd_cert_file;
+  one.key_file = c.etcd_key_file;
+  return {one};
+}
+
+void SetControlEndpoints(Config* c, std::vector<std::string> endpoints) {
+  for (auto& cc : c->clusters) {
+    if (cc.control || c->clusters.size() == 1) {
+      cc.endpoints = endpoints;
+      return;
+    }
+  }
+  c->etcd_endpoints = std::move(endpoints);
 }
 
 }  // namespace holdfast::server

@@ -1,13 +1,23 @@
 // holdfastd configuration: a YAML file, then command-line flags over it.
 //
 //   listen: 127.0.0.1:7420          # gRPC API
-//   etcd:
+//   etcd:                           # one etcd cluster (or `clusters:`, not both)
 //     endpoints: [127.0.0.1:2379]   # members of the cluster
 //     timeout: 5s                   # upper bound of one etcd round trip
 //     tls:                          # holdfastd -> etcd over TLS with a client certificate
 //       ca_file: /etc/holdfast/etcd-ca.pem
 //       cert_file: /etc/holdfast/etcd-client.pem
 //       key_file: /etc/holdfast/etcd-client-key.pem
+//   clusters:                       # several etcd clusters (instead of `etcd:`)
+//     - name: main                  # [a-z0-9][a-z0-9._-]{0,62}, unique
+//       tier: standard              # namespaces of this cluster_tier are homed here
+//       control: true               # exactly one: placement of namespaces (keyspace.h)
+//       endpoints: [10.0.0.1:2379]
+//       timeout: 5s
+//       tls: {ca_file: ..., cert_file: ..., key_file: ...}
+//     - name: fast
+//       tier: low-latency
+//       endpoints: [10.0.1.1:2379]
 //   sessions:
 //     ttl_min: 1s                   # bounds on session TTLs (classes narrow them)
 //     ttl_max: 24h
@@ -54,6 +64,20 @@
 
 namespace holdfast::server {
 
+// One etcd cluster holdfastd serves namespaces on.
+struct ClusterConfig {
+  std::string name = "default";
+  // Namespaces whose cluster_tier is this are homed here (the first cluster of
+  // the tier, in config order). A namespace with no tier is homed on the control
+  // cluster; with one cluster, every namespace is.
+  std::string tier;
+  bool control = false;
+  std::vector<std::string> endpoints;
+  std::chrono::milliseconds timeout{5000};
+  // TLS to etcd (empty ca: plaintext). Read at start.
+  std::string ca_file, cert_file, key_file;
+};
+
 struct Config {
   std::string listen = "127.0.0.1:7420";
   std::vector<std::string> etcd_endpoints = {"127.0.0.1:2379"};
@@ -82,7 +106,15 @@ struct Config {
   int max_waiters_per_key = 1000;
   int max_holds_per_session = 1000;
   std::string metrics_listen;  // host:port; empty: no metrics endpoint
+  // `clusters:`; empty: the one cluster of the `etcd:` fields above.
+  std::vector<ClusterConfig> clusters;
 };
+
+// The clusters holdfastd serves: `clusters`, or one cluster named "default" made
+// of the etcd_* fields, which is the control cluster and homes every namespace.
+std::vector<ClusterConfig> EffectiveClusters(const Config& c);
+// --etcd: the endpoints of the control cluster.
+void SetControlEndpoints(Config* c, std::vector<std::string> endpoints);
 
 // Parses YAML text. Errors: INVALID_ARGUMENT naming the key and the problem.
 absl::StatusOr<Config> ParseConfig(const std::string& yaml_text);

@@ -80,6 +80,18 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\naudit: {leader_ttl: 1s}", "audit.leader_ttl must be >= 2s"},
       {"insecure: true\naudit: {compaction_keep_revisions: 5}", "compaction_keep_revisions must be >= 100"},
       {"insecure: true\naudit: {force_request_ttl: soon}", "audit.force_request_ttl: invalid duration"},
+      {"insecure: true\netcd: {timeout: 1s}\nclusters: [{name: a, endpoints: [h:1]}]",
+       "either etcd (one cluster) or clusters"},
+      {"insecure: true\nclusters: []", "clusters must be a non-empty list"},
+      {"insecure: true\nclusters: [{name: a, endpoints: [h:1], zone: x}]",
+       "unknown key \"clusters[0].zone\""},
+      {"insecure: true\nclusters: [{name: A, endpoints: [h:1]}]", "cluster name \"A\" is invalid"},
+      {"insecure: true\nclusters: [{name: a}]", "cluster \"a\" has no endpoints"},
+      {"insecure: true\nclusters: [{name: a, endpoints: [h]}]", "is not host:port"},
+      {"insecure: true\nclusters: [{name: a, endpoints: [h:1]}, {name: a, endpoints: [h:2]}]",
+       "cluster \"a\" is listed twice"},
+      {"insecure: true\nclusters: [{name: a, endpoints: [h:1]}, {name: b, endpoints: [h:2]}]",
+       "exactly one of clusters must have control: true (found 0)"},
   };
   for (const auto& c : cases) {
     auto r = ParseConfig(c.yaml);
@@ -88,6 +100,45 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
     EXPECT_NE(r.status().message().find(c.reason), std::string::npos)
         << c.yaml << " -> " << r.status().message();
   }
+}
+
+TEST(ConfigTest, ClustersListSeveralEtcdClustersOneOfThemControl) {
+  auto c = ParseConfig(R"(
+insecure: true
+clusters:
+  - {name: main, tier: standard, endpoints: [10.0.0.1:2379]}
+  - name: fast
+    tier: low-latency
+    control: true
+    endpoints: [10.0.1.1:2379, 10.0.1.2:2379]
+    timeout: 2s
+    tls: {ca_file: /ca.pem, cert_file: /c.pem, key_file: /k.pem}
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto clusters = EffectiveClusters(*c);
+  ASSERT_EQ(clusters.size(), 2u);
+  EXPECT_EQ(clusters[0].name, "main");
+  EXPECT_FALSE(clusters[0].control);
+  EXPECT_EQ(clusters[1].tier, "low-latency");
+  EXPECT_TRUE(clusters[1].control);
+  EXPECT_EQ(clusters[1].timeout, std::chrono::seconds(2));
+  EXPECT_EQ(clusters[1].ca_file, "/ca.pem");
+  SetControlEndpoints(&*c, {"127.0.0.1:1"});
+  EXPECT_EQ(EffectiveClusters(*c)[1].endpoints, std::vector<std::string>{"127.0.0.1:1"});
+  EXPECT_EQ(EffectiveClusters(*c)[0].endpoints, std::vector<std::string>{"10.0.0.1:2379"});
+}
+
+TEST(ConfigTest, TheEtcdSectionIsOneControlClusterNamedDefault) {
+  auto c = ParseConfig("insecure: true\netcd: {endpoints: [10.0.0.1:2379], timeout: 3s}");
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto clusters = EffectiveClusters(*c);
+  ASSERT_EQ(clusters.size(), 1u);
+  EXPECT_EQ(clusters[0].name, "default");
+  EXPECT_TRUE(clusters[0].control);
+  EXPECT_EQ(clusters[0].endpoints, std::vector<std::string>{"10.0.0.1:2379"});
+  EXPECT_EQ(clusters[0].timeout, std::chrono::seconds(3));
+  SetControlEndpoints(&*c, {"127.0.0.1:1"});
+  EXPECT_EQ(EffectiveClusters(*c)[0].endpoints, std::vector<std::string>{"127.0.0.1:1"});
 }
 
 TEST(ConfigTest, MissingFileIsNotFound) {

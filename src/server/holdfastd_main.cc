@@ -51,7 +51,9 @@ int main(int argc, char** argv) {
   if (insecure) config.insecure = true;
   if (!audit_store.empty()) config.audit_store = audit_store;
   if (metrics_flag->count() > 0) config.metrics_listen = metrics_listen;
-  if (!etcd.empty()) config.etcd_endpoints = absl::StrSplit(etcd, ',', absl::SkipEmpty());
+  if (!etcd.empty()) {
+    holdfast::server::SetControlEndpoints(&config, absl::StrSplit(etcd, ',', absl::SkipEmpty()));
+  }
   if (auto s = holdfast::server::ValidateConfig(config); !s.ok()) {
     std::fprintf(stderr, "holdfastd: %s\n", std::string(s.message()).c_str());
     return 2;
@@ -71,7 +73,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   std::fprintf(stderr, "holdfastd: serving on %s (etcd %s)\n", server.bound_address().c_str(),
-               config.etcd_endpoints.front().c_str());
+               holdfast::server::EffectiveClusters(config).front().endpoints.front().c_str());
   int sig = 0;
   sigwait(&stop, &sig);
   std::fprintf(stderr, "holdfastd: signal %d, shutting down\n", sig);

@@ -59,13 +59,14 @@ grpc::ServerUnaryReactor* LockService::Acquire(grpc::CallbackServerContext* ctx,
     reactor->Finish(ToGrpcStatus(caller.status()));
     return reactor;
   }
-  AdmitThen(quota_, ctx, reactor, *caller, req->namespace_(), [=, this, caller = *caller] {
+  const Route route = router_->RouteFor(req->namespace_());
+  AdmitThen(route.quota, ctx, reactor, *caller, req->namespace_(), [=, caller = *caller] {
     // Work may go on for the wait plus a margin for the grant itself.
     auto deadline = RpcDeadline(
         *ctx, std::chrono::milliseconds(std::max<int64_t>(req->wait_ms(), 0)) + kUnaryCap);
     // The reactor may be gone once the engine finishes it; `call` (held by this
     // closure) stays alive here.
-    call->SetOp(engine_->Acquire(caller, *req, deadline, FinishInto(reactor, resp)));
+    call->SetOp(route.engine->Acquire(caller, *req, deadline, FinishInto(reactor, resp)));
   });
   return reactor;
 }
@@ -76,8 +77,9 @@ grpc::ServerUnaryReactor* LockService::Release(grpc::CallbackServerContext* ctx,
   auto* reactor = ctx->DefaultReactor();
   auto caller = auth_->CallerOf(*ctx);
   if (!caller.ok()) return FinishNow(reactor, caller.status());
-  AdmitThen(quota_, ctx, reactor, *caller, req->namespace_(), [=, this, caller = *caller] {
-    engine_->Release(caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  const Route route = router_->RouteFor(req->namespace_());
+  AdmitThen(route.quota, ctx, reactor, *caller, req->namespace_(), [=, caller = *caller] {
+    route.engine->Release(caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
   });
   return reactor;
 }
@@ -88,7 +90,7 @@ grpc::ServerUnaryReactor* LockService::CheckToken(grpc::CallbackServerContext* c
   auto* reactor = ctx->DefaultReactor();
   auto caller = auth_->CallerOf(*ctx);
   if (!caller.ok()) return FinishNow(reactor, caller.status());
-  engine_->CheckToken(*caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  router_->RouteFor(req->namespace_()).engine->CheckToken(*caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
   return reactor;
 }
 
@@ -98,7 +100,7 @@ grpc::ServerUnaryReactor* LockService::Describe(grpc::CallbackServerContext* ctx
   auto* reactor = ctx->DefaultReactor();
   auto caller = auth_->CallerOf(*ctx);
   if (!caller.ok()) return FinishNow(reactor, caller.status());
-  engine_->Describe(*caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  router_->RouteFor(req->namespace_()).engine->Describe(*caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
   return reactor;
 }
 

@@ -1,7 +1,8 @@
 // The Lock service (Acquire, Release, CheckToken, Describe) on gRPC's callback
 // API. A waiting Acquire holds no thread; a client that cancels its Acquire ends
 // the wait. Acquire and Release count against the namespace's op_rate_quota
-// (server/op_quota.h); CheckToken and Describe do not.
+// (server/op_quota.h); CheckToken and Describe do not. Every request goes to the
+// engine of its namespace's home cluster (server/clusters.h).
 //
 // Thread-safe.
 #pragma once
@@ -9,15 +10,15 @@
 #include "holdfast/v1/lock.grpc.pb.h"
 #include "lock/engine.h"
 #include "server/auth.h"
+#include "server/clusters.h"
 #include "server/op_quota.h"
 
 namespace holdfast::server {
 
 class LockService final : public v1::Lock::CallbackService {
  public:
-  // `quota` may be null (no op_rate_quota enforcement).
-  LockService(lock::Engine* engine, const Authenticator* auth, OpQuota* quota = nullptr)
-      : engine_(engine), auth_(auth), quota_(quota) {}
+  LockService(const Router* router, const Authenticator* auth)
+      : router_(router), auth_(auth) {}
 
   grpc::ServerUnaryReactor* Acquire(grpc::CallbackServerContext* ctx,
                                     const v1::AcquireRequest* req,
@@ -33,9 +34,8 @@ class LockService final : public v1::Lock::CallbackService {
                                      v1::DescribeResponse* resp) override;
 
  private:
-  lock::Engine* const engine_;
+  const Router* const router_;
   const Authenticator* const auth_;
-  OpQuota* const quota_;
 };
 
 }  // namespace holdfast::server

@@ -1,6 +1,7 @@
 #include "server/server.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <fstream>
 #include <sstream>
 #include <thread>
@@ -21,28 +22,25 @@ Server::Server(Config config) : config_(std::move(config)) {}
 
 Server::~Server() { Shutdown(std::chrono::milliseconds(0)); }
 
-absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
-  if (!config_.metrics_listen.empty()) {
-    // First, so that the etcd calls of the start-up are seen too.
-    metrics_ = std::make_unique<Metrics>();
-    if (auto s = metrics_->Serve(config_.metrics_listen); !s.ok()) return s;
-  }
-  timers_ = std::make_shared<TimerQueue>();
+absl::StatusOr<std::unique_ptr<Cluster>> Server::StartCluster(
+    const ClusterConfig& cc, std::chrono::milliseconds etcd_wait) {
+  auto c = std::make_unique<Cluster>();
+  c->config = cc;
   etcd::ClientOptions eo;
-  eo.endpoints = config_.etcd_endpoints;
-  eo.internal_timeout = config_.etcd_timeout;
+  eo.endpoints = cc.endpoints;
+  eo.internal_timeout = cc.timeout;
   eo.observer = metrics_.get();
-  if (!config_.etcd_ca_file.empty()) {
-    auto creds = EtcdCredentials();
+  if (!cc.ca_file.empty()) {
+    auto creds = EtcdCredentials(cc);
     if (!creds.ok()) return creds.status();
     eo.credentials = *creds;
   }
   auto etcd = etcd::Client::Create(eo, timers_);
   if (!etcd.ok()) return etcd.status();
-  etcd_ = std::move(*etcd);
+  c->etcd = std::move(*etcd);
 
   lock::EngineOptions lo;
-  lo.etcd_timeout = config_.etcd_timeout;
+  lo.etcd_timeout = cc.timeout;
   lo.session_ttl_min = config_.session_ttl_min;
   lo.session_ttl_max = config_.session_ttl_max;
   lo.max_wait = config_.max_wait;
@@ -50,19 +48,58 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   lo.max_holds_per_session = static_cast<size_t>(config_.max_holds_per_session);
   lo.observer = metrics_.get();
   lock::EtcdHealth::Options ho;
-  ho.probe_timeout = std::min<std::chrono::milliseconds>(config_.etcd_timeout, std::chrono::seconds(1));
-  health_ = std::make_unique<lock::EtcdHealth>(
-      etcd_.get(), ho, [this](bool healthy, const std::string& reason) {
-        // grpc.health.v1 reports NOT_SERVING while etcd has no quorum.
-        if (auto* h = health_service_.load()) h->SetServingStatus(healthy);
-        std::fprintf(stderr, "holdfastd: etcd %s%s%s\n", healthy ? "healthy again" : "unhealthy",
-                     healthy ? "" : ": ", healthy ? "" : reason.c_str());
+  ho.probe_timeout = std::min<std::chrono::milliseconds>(cc.timeout, std::chrono::seconds(1));
+  Cluster* raw = c.get();
+  // Named in logs and errors only when there are several.
+  const std::string where = config_.clusters.size() > 1 ? " (cluster " + cc.name + ")" : "";
+  c->health = std::make_unique<lock::EtcdHealth>(
+      c->etcd.get(), ho, [this, raw, where](bool healthy, const std::string& reason) {
+        raw->healthy.store(healthy);
+        // grpc.health.v1 reports NOT_SERVING while an etcd cluster has no quorum.
+        UpdateHealth();
+        std::fprintf(stderr, "holdfastd: etcd%s %s%s%s\n", where.c_str(),
+                     healthy ? "healthy again" : "unhealthy", healthy ? "" : ": ",
+                     healthy ? "" : reason.c_str());
       });
   lo.renew_timeout = ho.probe_timeout;
-  engine_ = std::make_unique<lock::Engine>(etcd_.get(), lo, health_.get());
-  registry_ = std::make_unique<lock::Registry>(etcd_.get());
-  force_ = std::make_unique<lock::ForceReleases>(
-      etcd_.get(), std::chrono::duration_cast<std::chrono::seconds>(config_.force_request_ttl));
+  c->engine = std::make_unique<lock::Engine>(c->etcd.get(), lo, c->health.get());
+  c->registry = std::make_unique<lock::Registry>(c->etcd.get());
+  c->force = std::make_unique<lock::ForceReleases>(
+      c->etcd.get(), std::chrono::duration_cast<std::chrono::seconds>(config_.force_request_ttl));
+  c->epochs = std::make_unique<audit::Epochs>(c->etcd.get(), audit_store_.get());
+  // A missing record is created above every epoch the history knows.
+  auto first_epoch = c->epochs->BootstrapEpoch();
+  if (!first_epoch.ok()) return first_epoch.status();
+
+  // etcd may come up after us (or be between leaders): retry the bootstrap. Short
+  // attempts: a connection made while etcd is still starting can stall until its
+  // deadline, and the next attempt gets a fresh one.
+  auto until = std::chrono::steady_clock::now() + etcd_wait;
+  auto attempt = std::min<std::chrono::milliseconds>(cc.timeout, std::chrono::seconds(1));
+  absl::Status boot;
+  do {
+    boot = c->engine->Bootstrap(etcd::DeadlineIn(attempt), *first_epoch);
+    if (boot.ok()) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  } while (std::chrono::steady_clock::now() < until);
+  if (!boot.ok()) {
+    return absl::Status(boot.code(),
+                        absl::StrCat("epoch bootstrap failed", where, ": ", boot.message()));
+  }
+  if (auto s = c->epochs->RecordCurrent(etcd::DeadlineIn(cc.timeout)); !s.ok()) {
+    std::fprintf(stderr, "holdfastd: cannot write the epoch history (will not block): %s\n",
+                 s.ToString().c_str());
+  }
+  return c;
+}
+
+absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
+  if (!config_.metrics_listen.empty()) {
+    // First, so that the etcd calls of the start-up are seen too.
+    metrics_ = std::make_unique<Metrics>();
+    if (auto s = metrics_->Serve(config_.metrics_listen); !s.ok()) return s;
+  }
+  timers_ = std::make_shared<TimerQueue>();
   if (config_.audit_store != "none") {
     auto store = audit::OpenStore(config_.audit_store);
     if (!store.ok()) {
@@ -76,29 +113,26 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
                  "NOT recorded, and etcd is never compacted by holdfastd.\n");
   }
 
-  epochs_ = std::make_unique<audit::Epochs>(etcd_.get(), audit_store_.get());
-  // A missing record is created above every epoch the history knows.
-  auto first_epoch = epochs_->BootstrapEpoch();
-  if (!first_epoch.ok()) return first_epoch.status();
-
-  // etcd may come up after us (or be between leaders): retry the bootstrap. Short
-  // attempts: a connection made while etcd is still starting can stall until its
-  // deadline, and the next attempt gets a fresh one.
-  auto until = std::chrono::steady_clock::now() + etcd_wait;
-  auto attempt = std::min<std::chrono::milliseconds>(config_.etcd_timeout, std::chrono::seconds(1));
-  absl::Status boot;
-  do {
-    boot = engine_->Bootstrap(etcd::DeadlineIn(attempt), *first_epoch);
-    if (boot.ok()) break;
-    std::this_thread::sleep_for(std::chrono::milliseconds(200));
-  } while (std::chrono::steady_clock::now() < until);
-  if (!boot.ok()) {
-    return absl::Status(boot.code(), absl::StrCat("epoch bootstrap failed: ", boot.message()));
+  std::vector<std::unique_ptr<Cluster>> clusters;
+  for (const auto& cc : EffectiveClusters(config_)) {
+    auto c = StartCluster(cc, etcd_wait);
+    if (!c.ok()) return c.status();
+    clusters.push_back(std::move(*c));
   }
-  if (auto s = epochs_->RecordCurrent(etcd::DeadlineIn(config_.etcd_timeout)); !s.ok()) {
-    std::fprintf(stderr, "holdfastd: cannot write the epoch history (will not block): %s\n",
-                 s.ToString().c_str());
+  std::unique_ptr<Placements> placements;
+  if (clusters.size() > 1) {
+    Cluster* control = nullptr;
+    for (auto& c : clusters) {
+      if (c->config.control) control = c.get();
+    }
+    placements = std::make_unique<Placements>(control->etcd.get(), control->name());
+    if (auto s = placements->Load(etcd::DeadlineIn(control->config.timeout)); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("reading the placement of namespaces: ",
+                                                 s.message()));
+    }
   }
+  clusters_ = std::make_unique<ClusterSet>(std::move(clusters), std::move(placements));
+  Cluster& control = clusters_->control();
 
   Authenticator::Options ao;
   ao.insecure = config_.insecure;
@@ -106,25 +140,33 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   ao.trust_domains = config_.trust_domains;
   ao.admin_ids = config_.admin_ids;
   auth_ = std::make_unique<Authenticator>(ao);
-  // op_rate_quota: this replica joins the replica set, through which replicas
-  // share each namespace's quota by their published demand (rate_limit.h).
+  // op_rate_quota: this replica joins the replica set (on the control cluster),
+  // through which replicas share each namespace's quota by their published
+  // demand (rate_limit.h). Each cluster's quota cache reads the namespaces it homes.
   rate_limiter_ = std::make_unique<RateLimiter>(RateLimiter::Options{});
   ReplicaSet::Options ro;
   ro.address = config_.listen;
-  replicas_ = std::make_unique<ReplicaSet>(etcd_.get(), rate_limiter_.get(), ro);
-  if (auto s = replicas_->Start(etcd::DeadlineIn(config_.etcd_timeout)); !s.ok()) {
+  replicas_ = std::make_unique<ReplicaSet>(control.etcd.get(), rate_limiter_.get(), ro);
+  if (auto s = replicas_->Start(etcd::DeadlineIn(control.config.timeout)); !s.ok()) {
     // Not fatal: it goes on trying; until then the others count this replica idle.
     std::fprintf(stderr, "holdfastd: joining the replica set failed (%s); retrying\n",
                  s.ToString().c_str());
   }
-  op_quota_ = std::make_unique<OpQuota>(etcd_.get(), rate_limiter_.get());
-  session_service_ =
-      std::make_unique<SessionService>(engine_.get(), auth_.get(), op_quota_.get());
-  lock_service_ = std::make_unique<LockService>(engine_.get(), auth_.get(), op_quota_.get());
-  admin_service_ = std::make_unique<AdminService>(registry_.get(), auth_.get());
-  admin_service_->SetAudit(audit_store_.get(), force_.get(), [this] { return AuditStatus(); });
-  admin_service_->SetEpochs(
-      epochs_.get(), [this] { return RestoreReason(); }, [this] { GuardEpochsOnce(); });
+  for (const auto& c : clusters_->all()) {
+    c->op_quota = std::make_unique<OpQuota>(c->etcd.get(), rate_limiter_.get());
+  }
+  session_service_ = std::make_unique<SessionService>(clusters_.get(), auth_.get());
+  lock_service_ = std::make_unique<LockService>(clusters_.get(), auth_.get());
+  admin_service_ = std::make_unique<AdminService>(clusters_.get(), auth_.get());
+  admin_service_->SetAudit(audit_store_.get(), [this] { return AuditStatus(); });
+  admin_service_->SetEpochs([this](const std::string& cluster) { return RestoreReason(cluster); },
+                            [this] { GuardEpochsOnce(); });
+  Rehomer::Options rh;
+  if (const char* after = std::getenv("HOLDFAST_TEST_REHOME_EXIT_AFTER"); after && *after) {
+    rh.exit_after_phase = std::atoi(after);
+  }
+  rehomer_ = std::make_unique<Rehomer>(clusters_.get(), audit_store_.get(), rh);
+  admin_service_->SetRehomer(rehomer_.get());
 
   // The restore guard looks once before the first call is served: a holdfastd
   // started on a restored cluster refuses grants from its first call on.
@@ -151,60 +193,86 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.listen));
   }
   health_service_.store(grpc_server_->GetHealthCheckService());
-  if (!RestoreReason().empty()) {
-    grpc_server_->GetHealthCheckService()->SetServingStatus("holdfast.v1.Lock", false);
-  }
-  health_->Start();
+  UpdateHealth();
+  for (const auto& c : clusters_->all()) c->health->Start();
   auto colon = config_.listen.rfind(':');
   bound_address_ = absl::StrCat(config_.listen.substr(0, colon), ":", port);
   if (audit_store_) {
-    audit::AuditorOptions ao;
-    char host[256] = {0};
-    gethostname(host, sizeof(host) - 1);
-    ao.replica_id = absl::StrCat(host, "/", bound_address_, "/", getpid());
-    ao.lease_ttl = std::chrono::duration_cast<std::chrono::seconds>(config_.audit_leader_ttl);
-    ao.compaction_interval = config_.audit_compaction_interval;
-    ao.compaction_keep_revisions = config_.audit_compaction_keep_revisions;
-    ao.lag_warn_revisions = config_.audit_lag_warn_revisions;
-    ao.etcd_timeout = config_.etcd_timeout;
-    auditor_ = std::make_unique<audit::Auditor>(etcd_.get(), audit_store_.get(), ao);
-    auditor_->Start();
-    // Shutdown stops the metrics endpoint before the auditor goes.
-    if (metrics_) metrics_->SetAuditSource([a = auditor_.get()] { return a->status(); });
+    // One auditor per cluster (each elected on its own cluster), all writing to
+    // the one audit store: its rows carry the cluster id.
+    for (const auto& c : clusters_->all()) {
+      audit::AuditorOptions ao;
+      char host[256] = {0};
+      gethostname(host, sizeof(host) - 1);
+      ao.replica_id = absl::StrCat(host, "/", bound_address_, "/", getpid());
+      ao.lease_ttl = std::chrono::duration_cast<std::chrono::seconds>(config_.audit_leader_ttl);
+      ao.compaction_interval = config_.audit_compaction_interval;
+      ao.compaction_keep_revisions = config_.audit_compaction_keep_revisions;
+      ao.lag_warn_revisions = config_.audit_lag_warn_revisions;
+      ao.etcd_timeout = c->config.timeout;
+      c->auditor = std::make_unique<audit::Auditor>(c->etcd.get(), audit_store_.get(), ao);
+      c->auditor->Start();
+    }
+    // Shutdown stops the metrics endpoint before the auditors go.
+    if (metrics_) {
+      metrics_->SetAuditSource([a = control.auditor.get()] { return a->status(); });
+    }
   }
   epoch_guard_ = std::thread([this] { GuardEpochs(); });
   return absl::OkStatus();
 }
 
+void Server::UpdateHealth() {
+  auto* h = health_service_.load();
+  if (h == nullptr || !clusters_) return;
+  bool healthy = true, grants = true;
+  for (const auto& c : clusters_->all()) {
+    healthy = healthy && c->healthy.load();
+    grants = grants && c->restore_reason().empty();
+  }
+  h->SetServingStatus(healthy);
+  // The Lock service is NOT_SERVING while grants are refused on a cluster.
+  h->SetServingStatus("holdfast.v1.Lock", healthy && grants);
+}
+
 void Server::GuardEpochsOnce() {
-  auto state = epochs_->Read(etcd::DeadlineIn(config_.etcd_timeout));
+  if (auto* p = clusters_->placements(); p != nullptr && p->stale()) {
+    auto s = p->Load(etcd::DeadlineIn(clusters_->control().config.timeout));
+    if (!s.ok()) {
+      std::fprintf(stderr, "holdfastd: reloading placements: %s\n", s.ToString().c_str());
+    }
+  }
+  for (const auto& c : clusters_->all()) GuardClusterOnce(*c);
+}
+
+void Server::GuardClusterOnce(Cluster& c) {
+  const auto timeout = c.config.timeout;
+  auto state = c.epochs->Read(etcd::DeadlineIn(timeout));
   if (!state.ok()) return;  // etcd unreachable: the engine refuses on its own
   std::string reason = audit::Epochs::RestoreReason(*state);
   if (!reason.empty() && config_.auto_advance_on_restore) {
     // Once: the history row and the compare-and-swap make racing replicas agree.
-    auto advanced = epochs_->Advance("restore", "holdfastd (auto_advance_on_restore)",
-                                     etcd::DeadlineIn(config_.etcd_timeout));
+    auto advanced = c.epochs->Advance("restore", "holdfastd (auto_advance_on_restore)",
+                                      etcd::DeadlineIn(timeout));
     std::fprintf(stderr, "holdfastd: restore detected (%s); auto_advance_on_restore: %s\n",
                  reason.c_str(),
                  advanced.ok() ? absl::StrCat("advanced to epoch ", advanced->epoch()).c_str()
                                : advanced.status().ToString().c_str());
-    state = epochs_->Read(etcd::DeadlineIn(config_.etcd_timeout));
+    state = c.epochs->Read(etcd::DeadlineIn(timeout));
     if (!state.ok()) return;
     reason = audit::Epochs::RestoreReason(*state);
   }
-  std::lock_guard l(guard_mu_);
-  if (reason != restore_reason_) {
-    if (reason.empty()) {
-      std::fprintf(stderr, "holdfastd: epoch %d is current; grants resume\n",
-                   state->record.epoch());
-    } else {
-      std::fprintf(stderr, "holdfastd: RESTORE DETECTED: %s\n", reason.c_str());
-    }
-    restore_reason_ = reason;
-    engine_->SetGrantBlock(reason);
-    // grpc.health.v1: the Lock service is NOT_SERVING while grants are refused.
-    if (auto* h = health_service_.load()) h->SetServingStatus("holdfast.v1.Lock", reason.empty());
+  if (reason == c.restore_reason()) return;
+  const std::string where = clusters_->single() ? "" : " (cluster " + c.name() + ")";
+  if (reason.empty()) {
+    std::fprintf(stderr, "holdfastd: epoch %d is current%s; grants resume\n",
+                 state->record.epoch(), where.c_str());
+  } else {
+    std::fprintf(stderr, "holdfastd: RESTORE DETECTED%s: %s\n", where.c_str(), reason.c_str());
   }
+  c.set_restore_reason(reason);
+  c.engine->SetGrantBlock(reason);
+  UpdateHealth();
 }
 
 void Server::GuardEpochs() {
@@ -216,9 +284,9 @@ void Server::GuardEpochs() {
   }
 }
 
-std::string Server::RestoreReason() const {
-  std::lock_guard l(guard_mu_);
-  return restore_reason_;
+std::string Server::RestoreReason(const std::string& cluster) const {
+  Cluster* c = cluster.empty() ? &clusters_->control() : clusters_->Named(cluster);
+  return c == nullptr ? "" : c->restore_reason();
 }
 
 namespace {
@@ -231,14 +299,15 @@ absl::StatusOr<std::string> ReadFile(const std::string& path) {
 }
 }  // namespace
 
-absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Server::EtcdCredentials() const {
+absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Server::EtcdCredentials(
+    const ClusterConfig& cc) {
   grpc::SslCredentialsOptions o;
-  auto ca = ReadFile(config_.etcd_ca_file);
+  auto ca = ReadFile(cc.ca_file);
   if (!ca.ok()) return ca.status();
   o.pem_root_certs = *ca;
-  if (!config_.etcd_cert_file.empty()) {
-    auto cert = ReadFile(config_.etcd_cert_file);
-    auto key = ReadFile(config_.etcd_key_file);
+  if (!cc.cert_file.empty()) {
+    auto cert = ReadFile(cc.cert_file);
+    auto key = ReadFile(cc.key_file);
     if (!cert.ok()) return cert.status();
     if (!key.ok()) return key.status();
     o.pem_cert_chain = *cert;
@@ -273,8 +342,9 @@ v1::AuditStatus Server::AuditStatus() const {
   if (audit_store_) {
     out.set_store(config_.audit_store.rfind("sqlite:", 0) == 0 ? "sqlite" : "postgresql");
   }
-  if (auditor_) {
-    auto st = auditor_->status();
+  const Cluster& control = clusters_->control();
+  if (control.auditor) {
+    auto st = control.auditor->status();
     out.set_this_replica_leads(st.leader);
     out.set_cluster_id(absl::StrCat(st.cluster_id));
     out.set_cursor(st.cursor);
@@ -283,7 +353,7 @@ v1::AuditStatus Server::AuditStatus() const {
   }
   etcdserverpb::RangeRequest r;
   r.set_key(keyspace::AuditorKey());
-  auto leader = etcd_->RangeSync(r, etcd::DeadlineIn(config_.etcd_timeout));
+  auto leader = control.etcd->RangeSync(r, etcd::DeadlineIn(control.config.timeout));
   if (leader.ok()) {
     out.set_etcd_revision(leader->header().revision());
     if (leader->kvs_size() > 0) out.set_leader(leader->kvs(0).value());
@@ -295,7 +365,7 @@ v1::AuditStatus Server::AuditStatus() const {
 }
 
 void Server::Shutdown(std::chrono::milliseconds grace) {
-  // No scrape from here on: it would read the auditor that goes next.
+  // No scrape from here on: it would read the auditors that go next.
   if (metrics_) metrics_->StopServing();
   {
     std::lock_guard l(guard_stop_mu_);
@@ -303,23 +373,32 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
   }
   guard_stop_cv_.notify_all();
   if (epoch_guard_.joinable()) epoch_guard_.join();
-  // The auditor first: it resigns, so another replica takes over at once.
-  if (auditor_) auditor_->Stop();
-  auditor_.reset();
-  if (health_) health_->Stop();
+  if (clusters_) {
+    // The auditors first: each resigns, so another replica takes over at once.
+    for (const auto& c : clusters_->all()) {
+      if (c->auditor) c->auditor->Stop();
+      c->auditor.reset();
+      c->health->Stop();
+    }
+  }
   health_service_.store(nullptr);
   if (grpc_server_) {
     grpc_server_->Shutdown(std::chrono::system_clock::now() + grace);
     grpc_server_->Wait();
     grpc_server_.reset();
   }
-  // Leave the replica set now, so the others take this replica's share at once.
-  if (op_quota_) op_quota_->Stop();
-  if (replicas_) replicas_->Stop();
-  // The engine's pending callbacks end with the etcd client's streams.
-  etcd_.reset();
-  // Only now: the etcd client's last callbacks may still have reached these.
-  op_quota_.reset();
+  if (clusters_) {
+    // Leave the replica set now, so the others take this replica's share at once.
+    for (const auto& c : clusters_->all()) {
+      if (c->op_quota) c->op_quota->Stop();
+    }
+    if (replicas_) replicas_->Stop();
+    if (auto* p = clusters_->placements()) p->Stop();
+    // The engines' pending callbacks end with the etcd clients' streams.
+    for (const auto& c : clusters_->all()) c->etcd.reset();
+    // Only now: the etcd clients' last callbacks may still have reached these.
+    for (const auto& c : clusters_->all()) c->op_quota.reset();
+  }
   replicas_.reset();
   timers_.reset();
 }

@@ -1,5 +1,5 @@
-// holdfastd as a library: wires the etcd client, the lock engine and the gRPC
-// services together. holdfastd_main.cc only parses flags and waits for a signal.
+// holdfastd as a library: wires the etcd clients, the lock engines (one per etcd
+// cluster, server/clusters.h) and the gRPC services together. holdfastd_main.cc only parses flags and waits for a signal.
 //
 // Thread-compatible: Start() and Shutdown() from one thread.
 #pragma once
@@ -25,11 +25,13 @@
 #include "lock/registry.h"
 #include "server/admin_service.h"
 #include "server/auth.h"
+#include "server/clusters.h"
 #include "server/config.h"
 #include "server/lock_service.h"
 #include "server/metrics.h"
 #include "server/op_quota.h"
 #include "server/rate_limit.h"
+#include "server/rehome.h"
 #include "server/replicas.h"
 #include "server/session_service.h"
 
@@ -50,42 +52,45 @@ class Server {
   std::string bound_address() const { return bound_address_; }
 
  private:
+  // Connects to one etcd cluster and starts what runs on it (not the auditor).
+  absl::StatusOr<std::unique_ptr<Cluster>> StartCluster(const ClusterConfig& cc,
+                                                        std::chrono::milliseconds etcd_wait);
   // The restore guard (audit/epochs.h): every epochs.check_interval, refuses
-  // grants while a restore is detected (and advances, if configured).
+  // grants on a cluster while a restore is detected there (and advances, if
+  // configured). Also reloads the placements after their watch ended.
   void GuardEpochs();
   void GuardEpochsOnce();
-  std::string RestoreReason() const;
+  void GuardClusterOnce(Cluster& c);
+  // The restore reason of the cluster named `cluster` ("" = control).
+  std::string RestoreReason(const std::string& cluster) const;
+  // Serving status of grpc.health.v1: every cluster healthy; the Lock service
+  // also needs no restore pending anywhere.
+  void UpdateHealth();
   // What GetAuditStatus answers (blocks on etcd; Admin's pool only).
   v1::AuditStatus AuditStatus() const;
   // mTLS with client certificates required (or plaintext when insecure).
   std::shared_ptr<grpc::ServerCredentials> Credentials() const;
-  // TLS with a client certificate to etcd (etcd --client-cert-auth).
-  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials() const;
+  // TLS with a client certificate to one etcd cluster (etcd --client-cert-auth).
+  static absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials(
+      const ClusterConfig& cc);
 
   Config config_;
-  // Null unless metrics are on. Declared first: the etcd client and the engine
+  // Null unless metrics are on. Declared first: the etcd clients and the engines
   // report to it until they are gone.
   std::unique_ptr<Metrics> metrics_;
   std::shared_ptr<TimerQueue> timers_;
-  std::unique_ptr<etcd::Client> etcd_;
-  std::unique_ptr<lock::EtcdHealth> health_;
   std::atomic<grpc::HealthCheckServiceInterface*> health_service_{nullptr};
-  std::unique_ptr<lock::Engine> engine_;
-  std::unique_ptr<lock::Registry> registry_;
   std::unique_ptr<audit::AuditStore> audit_store_;  // null: audit off ("none")
-  std::unique_ptr<audit::Auditor> auditor_;
-  std::unique_ptr<lock::ForceReleases> force_;
-  std::unique_ptr<audit::Epochs> epochs_;
+  // Every etcd cluster, each with its engine, registry, epochs, auditor, quota.
+  std::unique_ptr<ClusterSet> clusters_;
+  std::unique_ptr<Rehomer> rehomer_;
   std::thread epoch_guard_;
   std::mutex guard_stop_mu_;
   std::condition_variable guard_stop_cv_;
   bool guard_stop_ = false;
-  mutable std::mutex guard_mu_;
-  std::string restore_reason_;  // "" while grants may go on
   std::unique_ptr<Authenticator> auth_;
   std::unique_ptr<RateLimiter> rate_limiter_;
-  std::unique_ptr<ReplicaSet> replicas_;  // reset after etcd_ (its callbacks)
-  std::unique_ptr<OpQuota> op_quota_;     // reset after etcd_ (its callbacks)
+  std::unique_ptr<ReplicaSet> replicas_;  // on the control cluster; reset after the clients
   std::unique_ptr<SessionService> session_service_;
   std::unique_ptr<LockService> lock_service_;
   std::unique_ptr<AdminService> admin_service_;

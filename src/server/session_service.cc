@@ -2,6 +2,7 @@
 
 #include <deque>
 #include <set>
+#include <tuple>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -19,8 +20,8 @@ namespace {
 class KeepAliveReactor
     : public grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse> {
  public:
-  KeepAliveReactor(lock::Engine* engine, lock::Caller caller)
-      : engine_(engine), caller_(std::move(caller)) {
+  KeepAliveReactor(const Router* router, lock::Caller caller)
+      : router_(router), caller_(std::move(caller)) {
     StartRead(&req_);
   }
 
@@ -69,23 +70,26 @@ class KeepAliveReactor
 
  private:
   void Handle(v1::KeepAliveRequest req) {
-    auto key = std::make_pair(req.namespace_(), req.session_id());
+    // Each request goes to its namespace's home cluster. A session is verified
+    // per cluster: after a rehome its id means nothing on the new home.
+    lock::Engine* engine = router_->RouteFor(req.namespace_()).engine;
+    auto key = std::make_tuple(req.namespace_(), req.session_id(), engine);
     bool verified;
     {
       absl::MutexLock l(&mu_);
       verified = verified_.count(key) > 0;
     }
     auto deadline = lock::Deadline(std::chrono::system_clock::now() +
-                                   engine_->options().etcd_timeout);
-    if (verified) return Renew(std::move(req), deadline);
-    engine_->VerifySession(caller_, req.namespace_(), req.session_id(), deadline,
-                           [this, req, key, deadline](absl::StatusOr<bool> ok) mutable {
+                                   engine->options().etcd_timeout);
+    if (verified) return Renew(engine, std::move(req), deadline);
+    engine->VerifySession(caller_, req.namespace_(), req.session_id(), deadline,
+                           [this, engine, req, key, deadline](absl::StatusOr<bool> ok) mutable {
                              if (ok.ok()) {
                                {
                                  absl::MutexLock l(&mu_);
                                  verified_.insert(key);
                                }
-                               return Renew(std::move(req), deadline);
+                               return Renew(engine, std::move(req), deadline);
                              }
                              v1::KeepAliveResponse resp;
                              resp.set_session_id(req.session_id());
@@ -101,8 +105,8 @@ class KeepAliveReactor
                            });
   }
 
-  void Renew(v1::KeepAliveRequest req, lock::Deadline deadline) {
-    engine_->Renew(req, deadline, [this](absl::StatusOr<v1::KeepAliveResponse> r) {
+  void Renew(lock::Engine* engine, v1::KeepAliveRequest req, lock::Deadline deadline) {
+    engine->Renew(req, deadline, [this](absl::StatusOr<v1::KeepAliveResponse> r) {
       Answer(*std::move(r));  // Renew never fails; errors are in the answer
     });
   }
@@ -133,13 +137,13 @@ class KeepAliveReactor
     return true;
   }
 
-  lock::Engine* const engine_;
+  const Router* const router_;
   const lock::Caller caller_;
   v1::KeepAliveRequest req_;              // owned by the read chain
   v1::KeepAliveResponse write_buf_;       // owned by the write in flight
   absl::Mutex mu_;
   std::deque<v1::KeepAliveResponse> writes_ ABSL_GUARDED_BY(mu_);
-  std::set<std::pair<std::string, int64_t>> verified_ ABSL_GUARDED_BY(mu_);
+  std::set<std::tuple<std::string, int64_t, lock::Engine*>> verified_ ABSL_GUARDED_BY(mu_);
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
@@ -163,8 +167,9 @@ grpc::ServerUnaryReactor* SessionService::Open(grpc::CallbackServerContext* ctx,
   auto* reactor = ctx->DefaultReactor();
   auto caller = auth_->CallerOf(*ctx);
   if (!caller.ok()) return FinishNow(reactor, caller.status());
-  AdmitThen(quota_, ctx, reactor, *caller, req->namespace_(), [=, this, caller = *caller] {
-    engine_->OpenSession(caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  const Route route = router_->RouteFor(req->namespace_());
+  AdmitThen(route.quota, ctx, reactor, *caller, req->namespace_(), [=, caller = *caller] {
+    route.engine->OpenSession(caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
   });
   return reactor;
 }
@@ -173,7 +178,7 @@ grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>* SessionSer
     grpc::CallbackServerContext* ctx) {
   auto caller = auth_->CallerOf(*ctx);
   if (!caller.ok()) return new RefusedStream(caller.status());
-  return new KeepAliveReactor(engine_, *caller);
+  return new KeepAliveReactor(router_, *caller);
 }
 
 grpc::ServerUnaryReactor* SessionService::Close(grpc::CallbackServerContext* ctx,
@@ -182,8 +187,9 @@ grpc::ServerUnaryReactor* SessionService::Close(grpc::CallbackServerContext* ctx
   auto* reactor = ctx->DefaultReactor();
   auto caller = auth_->CallerOf(*ctx);
   if (!caller.ok()) return FinishNow(reactor, caller.status());
-  AdmitThen(quota_, ctx, reactor, *caller, req->namespace_(), [=, this, caller = *caller] {
-    engine_->CloseSession(caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  const Route route = router_->RouteFor(req->namespace_());
+  AdmitThen(route.quota, ctx, reactor, *caller, req->namespace_(), [=, caller = *caller] {
+    route.engine->CloseSession(caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
   });
   return reactor;
 }

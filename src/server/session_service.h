@@ -1,6 +1,7 @@
 // The Session service (Open, KeepAlive, Close) on gRPC's callback API: no RPC
 // holds a thread while etcd answers. Open and Close count against the
-// namespace's op_rate_quota (server/op_quota.h); KeepAlive never does.
+// namespace's op_rate_quota (server/op_quota.h); KeepAlive never does. Every
+// request goes to the engine of its namespace's home cluster (server/clusters.h).
 //
 // Thread-safe.
 #pragma once
@@ -8,15 +9,15 @@
 #include "holdfast/v1/session.grpc.pb.h"
 #include "lock/engine.h"
 #include "server/auth.h"
+#include "server/clusters.h"
 #include "server/op_quota.h"
 
 namespace holdfast::server {
 
 class SessionService final : public v1::Session::CallbackService {
  public:
-  // `quota` may be null (no op_rate_quota enforcement).
-  SessionService(lock::Engine* engine, const Authenticator* auth, OpQuota* quota = nullptr)
-      : engine_(engine), auth_(auth), quota_(quota) {}
+  SessionService(const Router* router, const Authenticator* auth)
+      : router_(router), auth_(auth) {}
 
   grpc::ServerUnaryReactor* Open(grpc::CallbackServerContext* ctx,
                                  const v1::OpenSessionRequest* req,
@@ -28,9 +29,8 @@ class SessionService final : public v1::Session::CallbackService {
                                   v1::CloseSessionResponse* resp) override;
 
  private:
-  lock::Engine* const engine_;
+  const Router* const router_;
   const Authenticator* const auth_;
-  OpQuota* const quota_;
 };
 
 }  // namespace holdfast::server

@@ -195,6 +195,27 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(Options options)
   for (auto& e : c->etcd_) {
     if (auto s = e->WaitHealthy(); !s.ok()) return s;
   }
+  if (options.extra_etcd_clusters > 0) {
+    std::string yaml = absl::StrCat("clusters:\n  - {name: a, tier: a, control: true, endpoints: [",
+                                    endpoints.front(), "]}\n");
+    for (int i = 0; i < options.extra_etcd_clusters; ++i) {
+      dev::EtcdOptions eo;
+      const std::string name(1, static_cast<char>('b' + i));
+      eo.name = "m0";
+      eo.data_dir = absl::StrCat(c->dir_.path(), "/etcd-", name);
+      auto client_port = dev::PickFreePort();
+      auto peer_port = dev::PickFreePort();
+      if (!client_port.ok() || !peer_port.ok()) return absl::InternalError("no free ports");
+      eo.client_port = *client_port;
+      eo.peer_port = *peer_port;
+      auto etcd = dev::EtcdProcess::Start(eo);
+      if (!etcd.ok()) return etcd.status();
+      absl::StrAppend(&yaml, "  - {name: ", name, ", tier: ", name, ", endpoints: [",
+                      (*etcd)->endpoint(), "]}\n");
+      c->extra_etcd_.push_back(std::move(*etcd));
+    }
+    options.extra_config = yaml + options.extra_config;
+  }
   std::vector<std::string> holdfastd_args = options.holdfastd_args;
   if (options.etcd_tls) {
     const std::string config = c->certs_dir() + "/holdfastd-etcd-tls.yaml";
@@ -239,16 +260,25 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(Options options)
   auto ec = etcd::Client::Create(co, c->timers_);
   if (!ec.ok()) return ec.status();
   c->etcd_client_ = std::move(*ec);
+  for (auto& e : c->extra_etcd_) {
+    etcd::ClientOptions xo;
+    xo.endpoints = {e->endpoint()};
+    auto x = etcd::Client::Create(xo, c->timers_);
+    if (!x.ok()) return x.status();
+    c->extra_etcd_clients_.push_back(std::move(*x));
+  }
   return c;
 }
 
 TestCluster::~TestCluster() {
   etcd_client_.reset();
+  extra_etcd_clients_.clear();
   holdfastd_.clear();
   for (auto& e : etcd_) {
     if (e->process()) e->process()->Signal(SIGCONT);  // a test may have paused some
   }
   etcd_.clear();
+  extra_etcd_.clear();
 }
 
 absl::Status TestCluster::SetUpEtcdTls(std::vector<std::string>* etcd_args) {

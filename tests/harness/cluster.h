@@ -86,6 +86,10 @@ class TestCluster {
     bool etcd_tls = false;
     // YAML appended to holdfastd's config (e.g. "audit: {leader_ttl: 2s}\n").
     std::string extra_config;
+    // More etcd clusters (one member each, plaintext). holdfastd's config then
+    // lists `clusters:` "a" (the first etcd, control, tier "a"), "b" (tier "b"),
+    // "c" (tier "c")...; etcd() is cluster "a".
+    int extra_etcd_clusters = 0;
   };
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start(Options options);
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start() { return Start(Options{}); }
@@ -111,6 +115,9 @@ class TestCluster {
   std::string certs_dir() const { return dir_.path() + "/certs"; }
   // Direct access to etcd, for checks that must not trust holdfast.
   etcd::Client& etcd_client() { return *etcd_client_; }
+  // The extra etcd clusters: i = 0 is cluster "b".
+  dev::EtcdProcess& extra_etcd(int i) { return *extra_etcd_[i]; }
+  etcd::Client& extra_etcd_client(int i) { return *extra_etcd_clients_[i]; }
 
   // Namespace "default" with a catch-all class like `holdfast dev` makes it
   // (mode S, fenced, closed, TTL 1 s to 1 h).
@@ -129,6 +136,8 @@ class TestCluster {
   std::vector<std::unique_ptr<dev::EtcdProcess>> etcd_;
   std::vector<std::unique_ptr<HoldfastdProcess>> holdfastd_;
   std::unique_ptr<etcd::Client> etcd_client_;
+  std::vector<std::unique_ptr<dev::EtcdProcess>> extra_etcd_;
+  std::vector<std::unique_ptr<etcd::Client>> extra_etcd_clients_;
 };
 
 }  // namespace holdfast::testing

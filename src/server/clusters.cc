@@ -1,0 +1,180 @@
+#include "server/clusters.h"
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "etcd/watch_hub.h"
+#include "lock/keyspace.h"
+
+namespace holdfast::server {
+
+namespace pb = ::etcdserverpb;
+
+// --- Placements --------------------------------------------------------------
+
+absl::Status Placements::Load(etcd::Deadline d) {
+  pb::RangeRequest r;
+  r.set_key(keyspace::PlacementPrefix());
+  r.set_range_end(keyspace::PrefixEnd(keyspace::PlacementPrefix()));
+  auto got = etcd_->RangeSync(r, d);
+  if (!got.ok()) return got.status();
+  uint64_t generation;
+  etcd::WatchId old = 0;
+  {
+    absl::MutexLock l(&mu_);
+    entries_.clear();
+    for (const auto& kv : got->kvs()) {
+      auto ns = keyspace::ParsePlacementKey(kv.key());
+      records::PlacementRecord rec;
+      if (!ns || !rec.ParseFromString(kv.value())) continue;
+      entries_[*ns] = Entry{rec, kv.mod_revision()};
+    }
+    generation = ++generation_;
+    stale_ = false;
+    std::swap(old, watch_);
+  }
+  if (old != 0) etcd_->watches().Cancel(old);
+  etcd::WatchSpec spec;
+  spec.key = keyspace::PlacementPrefix();
+  spec.range_end = keyspace::PrefixEnd(keyspace::PlacementPrefix());
+  spec.start_revision = got->header().revision() + 1;
+  etcd::WatchId id = etcd_->watches().Watch(
+      spec, [this, generation](absl::StatusOr<etcd::WatchBatch> batch) {
+        OnWatch(generation, std::move(batch));
+      });
+  bool cancel = false;
+  {
+    absl::MutexLock l(&mu_);
+    if (generation_ != generation) {
+      cancel = true;
+    } else {
+      watch_ = id;
+    }
+  }
+  if (cancel) etcd_->watches().Cancel(id);
+  return absl::OkStatus();
+}
+
+void Placements::OnWatch(uint64_t generation, absl::StatusOr<etcd::WatchBatch> batch) {
+  absl::MutexLock l(&mu_);
+  if (generation != generation_) return;
+  if (!batch.ok()) {
+    stale_ = true;  // the replica's guard loop loads again
+    return;
+  }
+  for (const auto& ev : batch->events) {
+    auto ns = keyspace::ParsePlacementKey(ev.kv().key());
+    if (!ns) continue;
+    if (ev.type() == mvccpb::Event::DELETE) {
+      ApplyLocked(*ns, std::nullopt, ev.kv().mod_revision());
+      continue;
+    }
+    records::PlacementRecord rec;
+    if (rec.ParseFromString(ev.kv().value())) ApplyLocked(*ns, rec, ev.kv().mod_revision());
+  }
+}
+
+void Placements::ApplyLocked(const std::string& ns, std::optional<records::PlacementRecord> rec,
+                             int64_t revision) {
+  auto& e = entries_[ns];
+  if (revision < e.revision) return;  // older than what this replica noted
+  e.rec = std::move(rec);
+  e.revision = revision;
+}
+
+void Placements::Note(const std::string& ns, std::optional<records::PlacementRecord> rec,
+                      int64_t revision) {
+  absl::MutexLock l(&mu_);
+  ApplyLocked(ns, std::move(rec), revision);
+}
+
+bool Placements::stale() const {
+  absl::MutexLock l(&mu_);
+  return stale_;
+}
+
+void Placements::Stop() {
+  etcd::WatchId id = 0;
+  {
+    absl::MutexLock l(&mu_);
+    ++generation_;
+    std::swap(id, watch_);
+  }
+  if (id != 0) etcd_->watches().Cancel(id);
+}
+
+std::string Placements::HomeOf(const std::string& ns) const {
+  absl::MutexLock l(&mu_);
+  auto it = entries_.find(ns);
+  if (it == entries_.end() || !it->second.rec || it->second.rec->home().empty()) {
+    return control_name_;
+  }
+  return it->second.rec->home();
+}
+
+std::optional<records::PlacementRecord> Placements::Get(const std::string& ns) const {
+  absl::MutexLock l(&mu_);
+  auto it = entries_.find(ns);
+  if (it == entries_.end()) return std::nullopt;
+  return it->second.rec;
+}
+
+std::map<std::string, records::PlacementRecord> Placements::All() const {
+  absl::MutexLock l(&mu_);
+  std::map<std::string, records::PlacementRecord> out;
+  for (const auto& [ns, e] : entries_) {
+    if (e.rec) out[ns] = *e.rec;
+  }
+  return out;
+}
+
+// --- ClusterSet --------------------------------------------------------------
+
+ClusterSet::ClusterSet(std::vector<std::unique_ptr<Cluster>> clusters,
+                       std::unique_ptr<Placements> placements)
+    : clusters_(std::move(clusters)), placements_(std::move(placements)) {
+  for (auto& c : clusters_) {
+    if (c->config.control && control_ == nullptr) control_ = c.get();
+  }
+  if (control_ == nullptr) control_ = clusters_.front().get();
+}
+
+Cluster* ClusterSet::Named(const std::string& name) const {
+  for (const auto& c : clusters_) {
+    if (c->name() == name) return c.get();
+  }
+  return nullptr;
+}
+
+Cluster& ClusterSet::Home(const std::string& ns) const {
+  if (placements_ == nullptr) return *control_;
+  Cluster* c = Named(placements_->HomeOf(ns));
+  return c != nullptr ? *c : *control_;
+}
+
+Route ClusterSet::RouteFor(const std::string& ns) const {
+  Cluster& c = Home(ns);
+  return Route{c.engine.get(), c.op_quota.get()};
+}
+
+absl::StatusOr<Cluster*> ClusterSet::ForTier(const std::string& tier) const {
+  if (single()) return control_;
+  if (tier.empty()) return control_;
+  for (const auto& c : clusters_) {
+    if (c->config.tier == tier) return c.get();
+  }
+  std::vector<std::string> tiers;
+  for (const auto& c : clusters_) {
+    if (!c->config.tier.empty()) tiers.push_back(c->config.tier);
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      "no etcd cluster of tier \"", tier, "\" is configured (tiers: ",
+      tiers.empty() ? "none" : absl::StrJoin(tiers, ", "), ")"));
+}
+
+std::string ClusterSet::Names() const {
+  std::vector<std::string> names;
+  for (const auto& c : clusters_) names.push_back(c->name());
+  return absl::StrJoin(names, ", ");
+}
+
+}  // namespace holdfast::server

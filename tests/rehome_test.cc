@@ -1,0 +1,594 @@
+// Several etcd clusters and `ns rehome`, against real etcd processes: holdfastd
+// serves clusters "a" (control, tier a) and "b" (tier b). Routing by tier puts a
+// namespace's keys in its home cluster only; a rehome between the clusters while
+// clients hold and wait keeps every token after the flip above every token
+// before and never has two holders; a rehome past its deadline fails and leaves
+// both key spaces as they were; --force releases what is left (audited); a
+// rehome interrupted after a step is finished by running it again.
+#include <algorithm>
+#include <atomic>
+#include <cstdlib>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <thread>
+
+#include <gtest/gtest.h>
+
+#include "absl/strings/str_cat.h"
+#include "dev/subprocess.h"
+#include "harness/cluster.h"
+#include "lock/keyspace.h"
+#include "lock/records.pb.h"
+#include "lock/token.h"
+
+namespace holdfast {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+namespace pb = ::etcdserverpb;
+
+// Every key under /holdfast/ns/ and /holdfast/placement/ with its value.
+std::map<std::string, std::string> KeySpace(etcd::Client& etcd) {
+  std::map<std::string, std::string> out;
+  for (const std::string& prefix : {keyspace::NamespacesBegin(), keyspace::PlacementPrefix()}) {
+    pb::RangeRequest r;
+    r.set_key(prefix);
+    r.set_range_end(keyspace::PrefixEnd(prefix));
+    auto got = etcd.RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    EXPECT_TRUE(got.ok()) << got.status();
+    if (!got.ok()) continue;
+    for (const auto& kv : got->kvs()) out[kv.key()] = kv.value();
+  }
+  return out;
+}
+
+bool HasKeysOf(const std::map<std::string, std::string>& space, const std::string& ns) {
+  return space.count(keyspace::NamespaceKey(ns)) > 0 ||
+         std::any_of(space.begin(), space.end(), [&](const auto& kv) {
+           return kv.first.rfind(keyspace::NamespacePrefix(ns), 0) == 0;
+         });
+}
+
+class RehomeTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::TestCluster::Options o;
+    o.extra_etcd_clusters = 1;
+    auto c = testing::TestCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = std::move(*c);
+    auto client = cluster_->NewClient();
+    ASSERT_TRUE(client.ok());
+    client_ = std::move(*client);
+  }
+
+  void CreateNamespace(const std::string& ns, const std::string& tier) {
+    v1::CreateNamespaceRequest req;
+    req.mutable_namespace_()->set_name(ns);
+    req.mutable_namespace_()->set_cluster_tier(tier);
+    req.mutable_default_class()->set_mode(v1::LOCK_MODE_SHARED);
+    auto r = client_->CreateNamespace(req);
+    ASSERT_TRUE(r.ok()) << r.status();
+  }
+
+  absl::StatusOr<v1::RehomeNamespaceResponse> Rehome(const std::string& ns, const std::string& to,
+                                                     milliseconds deadline = seconds(20),
+                                                     bool force = false, bool abort = false) {
+    v1::RehomeNamespaceRequest req;
+    req.set_name(ns);
+    req.set_to(to);
+    req.set_deadline_ms(deadline.count());
+    req.set_force(force);
+    req.set_abort(abort);
+    return client_->RehomeNamespace(req);
+  }
+
+  etcd::Client& a() { return cluster_->etcd_client(); }
+  etcd::Client& b() { return cluster_->extra_etcd_client(0); }
+
+  std::unique_ptr<testing::TestCluster> cluster_;
+  std::unique_ptr<Client> client_;
+};
+
+TEST_F(RehomeTest, NamespacesAreHomedOnTheClusterOfTheirTier) {
+  CreateNamespace("on-a", "");
+  CreateNamespace("on-b", "b");
+  for (const std::string ns : {"on-a", "on-b"}) {
+    auto s = client_->OpenSession(ns);
+    ASSERT_TRUE(s.ok()) << ns << ": " << s.status();
+    auto h = (*s)->Acquire("jobs/x");
+    ASSERT_TRUE(h.ok()) << ns << ": " << h.status();
+    // Keep the hold and the session while the key spaces are read.
+    auto in_a = KeySpace(a()), in_b = KeySpace(b());
+    const bool home_is_a = ns == "on-a";
+    EXPECT_EQ(HasKeysOf(in_a, ns), home_is_a) << ns;
+    EXPECT_EQ(HasKeysOf(in_b, ns), !home_is_a) << ns;
+    auto& home = home_is_a ? in_a : in_b;
+    EXPECT_EQ(home.count(keyspace::HoldKey(ns, "jobs/x", (*s)->id())), 1u) << ns;
+    EXPECT_TRUE(h->Release().ok());
+  }
+  // The control cluster keeps where "on-b" lives, and nothing else about it.
+  auto in_a = KeySpace(a());
+  ASSERT_EQ(in_a.count(keyspace::PlacementKey("on-b")), 1u);
+  records::PlacementRecord p;
+  ASSERT_TRUE(p.ParseFromString(in_a[keyspace::PlacementKey("on-b")]));
+  EXPECT_EQ(p.home(), "b");
+  EXPECT_EQ(in_a.count(keyspace::PlacementKey("on-a")), 0u);
+
+  auto got = client_->GetNamespace("on-b");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->home_cluster(), "b");
+  auto list = client_->ListNamespaces();
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->size(), 2u);
+  EXPECT_EQ((*list)[0].home_cluster(), "a");
+  EXPECT_EQ((*list)[1].home_cluster(), "b");
+
+  // A tier no cluster has: refused, nothing written anywhere.
+  auto before_a = KeySpace(a()), before_b = KeySpace(b());
+  v1::CreateNamespaceRequest req;
+  req.mutable_namespace_()->set_name("nowhere");
+  req.mutable_namespace_()->set_cluster_tier("gold");
+  auto r = client_->CreateNamespace(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("no etcd cluster of tier \"gold\""), std::string::npos)
+      << r.status();
+  EXPECT_EQ(KeySpace(a()), before_a);
+  EXPECT_EQ(KeySpace(b()), before_b);
+  // A name taken on the other cluster is taken.
+  req.mutable_namespace_()->set_name("on-a");
+  req.mutable_namespace_()->set_cluster_tier("b");
+  EXPECT_EQ(client_->CreateNamespace(req).status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_EQ(KeySpace(b()), before_b);
+}
+
+TEST_F(RehomeTest, BadRequestsAreRefusedAndChangeNothing) {
+  CreateNamespace("pay", "");
+  auto before_a = KeySpace(a()), before_b = KeySpace(b());
+  struct Case {
+    std::string ns, to;
+    absl::StatusCode code;
+    std::string text;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"pay", "zz", absl::StatusCode::kNotFound, "no etcd cluster named \"zz\" (clusters: a, b)"},
+           {"pay", "a", absl::StatusCode::kInvalidArgument, "already homed on cluster \"a\""},
+           {"ghost", "b", absl::StatusCode::kNotFound, "namespace \"ghost\" does not exist"},
+       }) {
+    auto r = Rehome(c.ns, c.to);
+    EXPECT_EQ(r.status().code(), c.code) << c.ns << " -> " << c.to << ": " << r.status();
+    EXPECT_NE(r.status().message().find(c.text), std::string::npos) << r.status();
+  }
+  auto abort = Rehome("pay", "b", seconds(1), false, /*abort=*/true);
+  EXPECT_EQ(abort.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(abort.status().message().find("no rehome"), std::string::npos) << abort.status();
+  EXPECT_EQ(KeySpace(a()), before_a);
+  EXPECT_EQ(KeySpace(b()), before_b);
+}
+
+TEST_F(RehomeTest, RehomeWhileClientsHoldAndWaitKeepsTokensIncreasingAndOneHolder) {
+  CreateNamespace("pay", "");
+  std::vector<int64_t> before;
+  auto holder = client_->OpenSession("pay");
+  ASSERT_TRUE(holder.ok());
+  auto held = (*holder)->Acquire("db/primary");
+  ASSERT_TRUE(held.ok());
+  before.push_back(held->token());
+  for (int i = 0; i < 5; ++i) {
+    auto h = (*holder)->Acquire(absl::StrCat("cycle/", i));
+    ASSERT_TRUE(h.ok());
+    before.push_back(h->token());
+    ASSERT_TRUE(h->Release().ok());
+  }
+  // A waiter queued behind the holder.
+  auto waiter = client_->OpenSession("pay");
+  ASSERT_TRUE(waiter.ok());
+  absl::Status waited = absl::UnknownError("not done");
+  std::thread wait_thread([&] {
+    auto h = (*waiter)->Acquire("db/primary", {.wait = seconds(30)});
+    waited = h.ok() ? absl::InternalError("granted during the rehome") : h.status();
+  });
+  std::this_thread::sleep_for(milliseconds(300));  // queued (nothing else waits on it)
+
+  absl::StatusOr<v1::RehomeNamespaceResponse> result = absl::UnknownError("not done");
+  std::thread rehome([&] { result = Rehome("pay", "b", seconds(20)); });
+  // Draining: new sessions are refused with UNAVAILABLE and a retry hint.
+  absl::Status refused;
+  for (int i = 0; i < 100; ++i) {
+    auto s = client_->OpenSession("pay");
+    if (!s.ok()) {
+      refused = s.status();
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+  EXPECT_NE(refused.message().find("retry after"), std::string::npos) << refused;
+  // The holder finishes; the rehome goes on, the waiter is told to come back.
+  ASSERT_TRUE(held->Release().ok());
+  rehome.join();
+  wait_thread.join();
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->from(), "a");
+  EXPECT_EQ(result->to(), "b");
+  // b's epoch is above every epoch a's tokens carry (advanced only if needed).
+  EXPECT_GE(result->epoch(), 2);
+  EXPECT_TRUE(waited.code() == absl::StatusCode::kUnavailable ||
+              waited.code() == absl::StatusCode::kNotFound)
+      << waited;
+
+  // Moved: keys on b only; the old sessions are gone, new ones work on b.
+  EXPECT_FALSE(HasKeysOf(KeySpace(a()), "pay"));
+  EXPECT_TRUE(HasKeysOf(KeySpace(b()), "pay"));
+  auto again = client_->OpenSession("pay");
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto h = (*again)->Acquire("db/primary");
+  ASSERT_TRUE(h.ok()) << h.status();
+  for (int64_t t : before) EXPECT_GT(h->token(), t);
+  auto who = client_->Describe("pay", "db/primary");
+  ASSERT_TRUE(who.ok());
+  ASSERT_EQ(who->holders_size(), 1);
+  EXPECT_EQ(who->holders(0).session_id(), (*again)->id());
+  // The old holder's session is lost (its lease was on cluster a).
+  for (int i = 0; i < 100 && !(*holder)->lost(); ++i) std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_TRUE((*holder)->lost());
+  auto got = client_->GetNamespace("pay");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->home_cluster(), "b");
+  EXPECT_EQ(got->rehoming_to(), "");
+  // And back to the control cluster: its placement record goes away again.
+  ASSERT_TRUE(h->Release().ok());
+  ASSERT_TRUE((*again)->Close().ok());
+  auto back = Rehome("pay", "a", seconds(5));
+  ASSERT_TRUE(back.ok()) << back.status();
+  auto in_a = KeySpace(a());
+  EXPECT_TRUE(HasKeysOf(in_a, "pay"));
+  EXPECT_EQ(in_a.count(keyspace::PlacementKey("pay")), 0u);
+  EXPECT_FALSE(HasKeysOf(KeySpace(b()), "pay"));
+  auto last = client_->OpenSession("pay");
+  ASSERT_TRUE(last.ok()) << last.status();
+  auto t = (*last)->Acquire("db/primary");
+  ASSERT_TRUE(t.ok()) << t.status();
+  for (int64_t x : before) EXPECT_GT(t->token(), x);
+}
+
+// Clients take turns on one key through a rehome, reopening their sessions when
+// they lose them. Each records when it knew it held (after the grant, before the
+// release), so two records that overlap would be two holders at once; and a
+// hold that began after another ended must have the higher token.
+TEST_F(RehomeTest, ClientsTakingTurnsThroughARehomeNeverOverlapAndTokensOnlyGrow) {
+  CreateNamespace("pay", "");
+  struct Held {
+    int64_t token;
+    std::chrono::steady_clock::time_point from, to;
+  };
+  absl::Mutex mu;
+  std::vector<Held> held;
+  std::atomic<bool> stop{false};
+  std::atomic<int> after_flip{0};
+  std::vector<std::thread> workers;
+  for (int w = 0; w < 3; ++w) {
+    workers.emplace_back([&] {
+      auto client = cluster_->NewClient();
+      if (!client.ok()) return;
+      std::unique_ptr<Session> session;
+      while (!stop) {
+        if (session == nullptr || session->lost()) {
+          auto s = (*client)->OpenSession("pay", {.ttl = seconds(5)});
+          if (!s.ok()) {
+            std::this_thread::sleep_for(milliseconds(50));
+            continue;
+          }
+          session = std::move(*s);
+        }
+        auto h = session->Acquire("k", {.wait = seconds(2)});
+        if (!h.ok()) {
+          if (h.status().code() != absl::StatusCode::kDeadlineExceeded) session.reset();
+          continue;
+        }
+        Held one{h->token(), std::chrono::steady_clock::now(), {}};
+        std::this_thread::sleep_for(milliseconds(20));
+        one.to = std::chrono::steady_clock::now();
+        if (!h->Release().ok()) session.reset();
+        absl::MutexLock l(&mu);
+        held.push_back(one);
+        if (token::EpochOf(one.token) > 1) ++after_flip;
+      }
+    });
+  }
+  std::this_thread::sleep_for(milliseconds(800));
+  auto r = Rehome("pay", "b", seconds(20));
+  ASSERT_TRUE(r.ok()) << r.status();
+  for (int i = 0; i < 100 && after_flip < 5; ++i) std::this_thread::sleep_for(milliseconds(100));
+  stop = true;
+  for (auto& t : workers) t.join();
+  absl::MutexLock l(&mu);
+  ASSERT_GE(after_flip.load(), 5);
+  std::sort(held.begin(), held.end(), [](const Held& x, const Held& y) { return x.from < y.from; });
+  int before_flip = 0;
+  for (size_t i = 0; i < held.size(); ++i) {
+    if (token::EpochOf(held[i].token) == 1) ++before_flip;
+    if (i == 0) continue;
+    EXPECT_LE(held[i - 1].to, held[i].from) << "two holders at once: tokens "
+                                            << held[i - 1].token << " and " << held[i].token;
+    EXPECT_LT(held[i - 1].token, held[i].token) << "a token went backwards";
+  }
+  EXPECT_GT(before_flip, 0);
+  // Every grant the audit recorded for the namespace on cluster a is below every
+  // token granted on b.
+  int64_t max_before = 0, min_after = INT64_MAX;
+  for (const auto& h : held) {
+    if (token::EpochOf(h.token) > 1) min_after = std::min(min_after, h.token);
+  }
+  v1::QueryAuditRequest q;
+  q.set_namespace_("pay");
+  q.set_type("grant");
+  q.set_limit(10000);
+  int audited_before = 0;
+  for (int i = 0; i < 100 && audited_before < before_flip; ++i) {
+    auto events = client_->QueryAudit(q);
+    ASSERT_TRUE(events.ok());
+    audited_before = 0;
+    for (const auto& e : events->events()) {
+      if (token::EpochOf(e.token()) != 1) continue;
+      ++audited_before;
+      max_before = std::max(max_before, e.token());
+    }
+    if (audited_before < before_flip) std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_GE(audited_before, before_flip);
+  EXPECT_LT(max_before, min_after);
+}
+
+TEST_F(RehomeTest, HoldsPastTheDeadlineFailTheRehomeAndChangeNothing) {
+  CreateNamespace("pay", "");
+  auto s = client_->OpenSession("pay");
+  ASSERT_TRUE(s.ok());
+  auto h = (*s)->Acquire("db/primary");
+  ASSERT_TRUE(h.ok());
+  auto before_a = KeySpace(a()), before_b = KeySpace(b());
+  auto r = Rehome("pay", "b", milliseconds(700));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("1 hold(s)"), std::string::npos) << r.status();
+  EXPECT_NE(r.status().message().find("nothing changed"), std::string::npos) << r.status();
+  EXPECT_EQ(KeySpace(a()), before_a);
+  EXPECT_EQ(KeySpace(b()), before_b);
+  // Still served on a: the hold is current, new sessions open.
+  auto check = client_->CheckToken("pay", "db/primary", h->token());
+  ASSERT_TRUE(check.ok());
+  EXPECT_TRUE(check->current());
+  EXPECT_TRUE(client_->OpenSession("pay").ok());
+  EXPECT_EQ(client_->GetNamespace("pay")->home_cluster(), "a");
+}
+
+TEST_F(RehomeTest, ForceReleasesTheRemainingHoldsAndAuditsThem) {
+  CreateNamespace("pay", "");
+  auto s = client_->OpenSession("pay");
+  ASSERT_TRUE(s.ok());
+  auto h = (*s)->Acquire("db/primary");
+  ASSERT_TRUE(h.ok());
+  const int64_t token = h->token();
+  auto r = Rehome("pay", "b", milliseconds(500), /*force=*/true);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->forced(), 1);
+  EXPECT_FALSE(HasKeysOf(KeySpace(a()), "pay"));
+  // The auditor of cluster a records the forced release.
+  bool found = false;
+  for (int i = 0; i < 100 && !found; ++i) {
+    v1::QueryAuditRequest q;
+    q.set_namespace_("pay");
+    q.set_type("force");
+    auto events = client_->QueryAudit(q);
+    if (events.ok()) {
+      for (const auto& e : events->events()) found = found || e.token() == token;
+    }
+    if (!found) std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_TRUE(found);
+  auto again = client_->OpenSession("pay");
+  ASSERT_TRUE(again.ok()) << again.status();
+  auto next = (*again)->Acquire("db/primary");
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_GT(next->token(), token);
+}
+
+// holdfastd exits right after each step in turn (HOLDFAST_TEST_REHOME_EXIT_AFTER,
+// a crash); running the command again finishes the move.
+TEST_F(RehomeTest, ARehomeInterruptedAfterAnyStepIsFinishedByRunningItAgain) {
+  for (int phase = 1; phase <= 5; ++phase) {
+    SCOPED_TRACE(absl::StrCat("exit after phase ", phase));
+    const std::string ns = absl::StrCat("pay", phase);
+    CreateNamespace(ns, "");
+    auto s = client_->OpenSession(ns);
+    ASSERT_TRUE(s.ok());
+    auto h = (*s)->Acquire("x");
+    ASSERT_TRUE(h.ok());
+    const int64_t token = h->token();
+    ASSERT_TRUE(h->Release().ok());
+    ::setenv("HOLDFAST_TEST_REHOME_EXIT_AFTER", absl::StrCat(phase).c_str(), 1);
+    ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+    ::unsetenv("HOLDFAST_TEST_REHOME_EXIT_AFTER");
+    auto crashed = Rehome(ns, "b", seconds(5));
+    EXPECT_FALSE(crashed.ok());
+    // Half-way: the placement record names the rehome in progress.
+    auto in_a = KeySpace(a());
+    records::PlacementRecord p;
+    ASSERT_TRUE(p.ParseFromString(in_a[keyspace::PlacementKey(ns)]));
+    EXPECT_EQ(p.rehome().to(), "b");
+    EXPECT_EQ(p.rehome().phase(), phase);
+    EXPECT_EQ(p.home(), phase >= 5 ? "b" : "a");
+    ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+    client_ = std::move(*cluster_->NewClient());
+    // Another target is refused while this one is unfinished.
+    auto other = Rehome(ns, "a");
+    EXPECT_EQ(other.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_NE(other.status().message().find("in progress"), std::string::npos) << other.status();
+    // Running it again finishes it.
+    auto resumed = Rehome(ns, "b", seconds(5));
+    ASSERT_TRUE(resumed.ok()) << resumed.status();
+    EXPECT_TRUE(resumed->resumed());
+    EXPECT_FALSE(HasKeysOf(KeySpace(a()), ns));
+    EXPECT_TRUE(HasKeysOf(KeySpace(b()), ns));
+    auto again = client_->OpenSession(ns);
+    ASSERT_TRUE(again.ok()) << again.status();
+    auto next = (*again)->Acquire("x");
+    ASSERT_TRUE(next.ok()) << next.status();
+    EXPECT_GT(next->token(), token);
+  }
+}
+
+TEST_F(RehomeTest, AnInterruptedRehomeCanBeRolledBack) {
+  CreateNamespace("pay", "");
+  auto before_b = KeySpace(b());
+  ::setenv("HOLDFAST_TEST_REHOME_EXIT_AFTER", "2", 1);  // right after the seal
+  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+  ::unsetenv("HOLDFAST_TEST_REHOME_EXIT_AFTER");
+  EXPECT_FALSE(Rehome("pay", "b", seconds(5)).ok());
+  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+  client_ = std::move(*cluster_->NewClient());
+  // Sealed: the namespace refuses new sessions until the rehome is finished or undone.
+  EXPECT_EQ(client_->OpenSession("pay").status().code(), absl::StatusCode::kUnavailable);
+  // Its records are not changed meanwhile (a copy could miss the change).
+  v1::UpdateNamespaceRequest update;
+  update.set_name("pay");
+  update.set_held_lease_quota(3);
+  auto changed = client_->UpdateNamespace(update);
+  EXPECT_EQ(changed.status().code(), absl::StatusCode::kFailedPrecondition) << changed.status();
+  EXPECT_NE(changed.status().message().find("finish or abort the rehome"), std::string::npos);
+  auto undone = Rehome("pay", "b", seconds(5), false, /*abort=*/true);
+  ASSERT_TRUE(undone.ok()) << undone.status();
+  EXPECT_TRUE(undone->aborted());
+  EXPECT_EQ(KeySpace(a()).count(keyspace::PlacementKey("pay")), 0u);
+  EXPECT_EQ(KeySpace(b()), before_b);
+  auto s = client_->OpenSession("pay");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE((*s)->Acquire("x").ok());
+}
+
+struct CliResult {
+  int exit_code = -1;
+  std::string out, err;
+};
+
+// Runs the holdfast binary against `endpoint` (plaintext, no dev credentials).
+CliResult RunCli(const std::string& dir, const std::string& endpoint,
+                 const std::vector<std::string>& args) {
+  static int counter = 0;
+  const std::string out = absl::StrCat(dir, "/cli-", ++counter, ".out");
+  const std::string err = absl::StrCat(dir, "/cli-", counter, ".err");
+  dev::SpawnOptions so;
+  so.argv = {"/bin/sh", "-c", "exec \"$0\" \"$@\" >\"$HF_TEST_OUT\" 2>\"$HF_TEST_ERR\"",
+             testing::BinDir() + "/holdfast", "--endpoint", endpoint};
+  for (const auto& a : args) so.argv.push_back(a);
+  so.env = {{"HF_TEST_OUT", out}, {"HF_TEST_ERR", err}, {"HOLDFAST_DEV_DIR", dir + "/none"}};
+  CliResult r;
+  auto p = dev::Subprocess::Spawn(std::move(so));
+  if (!p.ok()) return r;
+  auto code = (*p)->Wait(seconds(60));
+  r.exit_code = code ? *code : -1;
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+  };
+  r.out = read(out);
+  r.err = read(err);
+  return r;
+}
+
+// The runbook's commands (docs/operations.md, "Rehome"), as an operator types them.
+TEST_F(RehomeTest, TheRunbookCommandsWork) {
+  const std::string dir = cluster_->dir(), ep = cluster_->endpoint();
+  auto r = RunCli(dir, ep, {"ns", "create", "payments"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  r = RunCli(dir, ep, {"ns", "rehome", "payments", "--to", "fast"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no etcd cluster named \"fast\" (clusters: a, b)"), std::string::npos)
+      << r.err;
+  r = RunCli(dir, ep, {"ns", "rehome", "payments", "--to", "b", "--deadline", "5m"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("namespace payments moved from a to b"), std::string::npos) << r.out;
+  r = RunCli(dir, ep, {"ns", "get", "payments"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("home cluster"), std::string::npos) << r.out;
+  r = RunCli(dir, ep, {"epoch", "show", "--cluster", "b"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("grants"), std::string::npos) << r.out;
+  r = RunCli(dir, ep, {"epoch", "show"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("clusters:"), std::string::npos) << r.out;
+  auto shown = client_->GetEpoch();
+  ASSERT_TRUE(shown.ok());
+  EXPECT_EQ(shown->cluster(), "a");
+  ASSERT_EQ(shown->clusters_size(), 2);
+  EXPECT_EQ(shown->clusters(1).cluster(), "b");
+  EXPECT_GE(shown->clusters(1).epoch(), 2);
+  r = RunCli(dir, ep, {"ns", "list"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("HOME"), std::string::npos) << r.out;
+  r = RunCli(dir, ep, {"ns", "rehome", "payments", "--to", "a", "--abort"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE(r.err.find("no rehome of namespace \"payments\" is in progress"), std::string::npos)
+      << r.err;
+  r = RunCli(dir, ep, {"ns", "rehome", "payments", "--to", "a", "--deadline", "2m", "--force",
+                       "--reason", "back to a, OPS-456"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(client_->GetNamespace("payments")->home_cluster(), "a");
+}
+
+// The default config (one etcd cluster, "default"): there is nowhere to go.
+TEST(RehomeOneClusterTest, WithOneClusterRehomeSaysSoAndChangesNothing) {
+  auto c = testing::TestCluster::Start();
+  ASSERT_TRUE(c.ok()) << c.status();
+  ASSERT_TRUE((*c)->CreateNamespace("default").ok());
+  auto client = (*c)->NewClient();
+  ASSERT_TRUE(client.ok());
+  auto before = KeySpace((*c)->etcd_client());
+  v1::RehomeNamespaceRequest req;
+  req.set_name("default");
+  req.set_to("b");
+  auto r = (*client)->RehomeNamespace(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_NE(r.status().message().find("no etcd cluster named \"b\" (this holdfastd has one: "
+                                      "\"default\")"),
+            std::string::npos)
+      << r.status();
+  req.set_to("default");
+  EXPECT_EQ((*client)->RehomeNamespace(req).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(KeySpace((*c)->etcd_client()), before);
+  EXPECT_EQ((*client)->GetNamespace("default")->home_cluster(), "default");
+}
+
+TEST(RehomeAdminTest, OnlyAdminsMayRehome) {
+  testing::TestCluster::Options o;
+  o.extra_etcd_clusters = 1;
+  o.tls = true;
+  auto c = testing::TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto& cluster = **c;
+  ASSERT_TRUE(cluster.CreateNamespace("pay").ok());
+  ASSERT_TRUE(cluster.MakeIdentity("app", "spiffe://test.holdfast/team/app").ok());
+  auto app = cluster.NewClientAs("app");
+  ASSERT_TRUE(app.ok());
+  auto before_a = KeySpace(cluster.etcd_client());
+  auto before_b = KeySpace(cluster.extra_etcd_client(0));
+  v1::RehomeNamespaceRequest req;
+  req.set_name("pay");
+  req.set_to("b");
+  auto r = (*app)->RehomeNamespace(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kPermissionDenied) << r.status();
+  EXPECT_EQ(KeySpace(cluster.etcd_client()), before_a);
+  EXPECT_EQ(KeySpace(cluster.extra_etcd_client(0)), before_b);
+  // An admin may.
+  auto admin = cluster.NewClient();
+  ASSERT_TRUE(admin.ok());
+  auto done = (*admin)->RehomeNamespace(req);
+  ASSERT_TRUE(done.ok()) << done.status();
+  EXPECT_EQ((*admin)->GetNamespace("pay")->home_cluster(), "b");
+}
+
+}  // namespace
+}  // namespace holdfast
