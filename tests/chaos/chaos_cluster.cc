@@ -126,15 +126,7 @@ absl::StatusOr<std::unique_ptr<Client>> ChaosCluster::NewClient(int r) const {
 absl::Status ChaosCluster::CreateNamespace(const std::string& ns) {
   auto client = NewClient(0);
   if (!client.ok()) return client.status();
-  v1::CreateNamespaceRequest req;
-  req.mutable_namespace_()->set_name(ns);
-  auto* cls = req.mutable_default_class();
-  cls->set_mode(v1::LOCK_MODE_SHARED);
-  cls->set_enforcement(v1::ENFORCEMENT_FENCED);
-  cls->set_on_quorum_loss(v1::ON_QUORUM_LOSS_CLOSED);
-  cls->set_ttl_min_ms(1000);
-  cls->set_ttl_max_ms(3'600'000);
-  return (*client)->CreateNamespace(req).status();
+  return (*client)->CreateNamespace(testing::TestNamespaceRequest(ns)).status();
 }
 
 absl::StatusOr<std::unique_ptr<testing::HoldfastdProcess>> ChaosCluster::StartAdminReplica(

@@ -383,6 +383,10 @@ absl::StatusOr<std::unique_ptr<Client>> TestCluster::NewClient(int i) {
 absl::Status TestCluster::CreateNamespace(const std::string& ns) {
   auto client = NewClient();
   if (!client.ok()) return client.status();
+  return (*client)->CreateNamespace(TestNamespaceRequest(ns)).status();
+}
+
+v1::CreateNamespaceRequest TestNamespaceRequest(const std::string& ns) {
   v1::CreateNamespaceRequest req;
   req.mutable_namespace_()->set_name(ns);
   auto* cls = req.mutable_default_class();
@@ -391,8 +395,7 @@ absl::Status TestCluster::CreateNamespace(const std::string& ns) {
   cls->set_on_quorum_loss(v1::ON_QUORUM_LOSS_CLOSED);
   cls->set_ttl_min_ms(1000);
   cls->set_ttl_max_ms(3'600'000);
-  auto r = (*client)->CreateNamespace(req);
-  return r.status();
+  return req;
 }
 
 }  // namespace holdfast::testing

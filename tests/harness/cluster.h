@@ -33,6 +33,10 @@ class TempDir {
 // Directory of the built binaries (holdfastd, holdfast).
 std::string BinDir();
 
+// The request that creates namespace `ns` with a catch-all class like `holdfast
+// dev` makes it (mode S, fenced, closed, TTL 1 s to 1 h).
+v1::CreateNamespaceRequest TestNamespaceRequest(const std::string& ns);
+
 // One holdfastd process.
 class HoldfastdProcess {
  public:
