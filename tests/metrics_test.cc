@@ -141,13 +141,6 @@ class MetricsTest : public ::testing::Test {
   std::unique_ptr<Client> client_;
 };
 
-AcquireOptions Waiting(milliseconds wait, bool shared = false) {
-  AcquireOptions o;
-  o.wait = wait;
-  o.shared = shared;
-  return o;
-}
-
 const std::map<std::string, std::string> kDefault = {{"namespace", "default"},
                                                      {"class", "default"}};
 
@@ -169,10 +162,10 @@ TEST_F(MetricsTest, CountersMoveByWhatTheClientsDid) {
   // 2. Contended: B queues behind A, C's try is refused, A's release hands over.
   auto h2 = a->Acquire("metrics/two");
   ASSERT_TRUE(h2.ok()) << h2.status();
-  auto b2 = std::async(std::launch::async, [&] { return b->Acquire("metrics/two", Waiting(seconds(30))); });
+  auto b2 = std::async(std::launch::async, [&] { return b->Acquire("metrics/two", testing::Waiting(seconds(30))); });
   ScrapeUntil([](const std::string& t) { return Sample(t, "holdfast_waiters_parked", kDefault) == 1; },
               "B parked");
-  auto c2 = c->Acquire("metrics/two", Waiting(milliseconds(0)));
+  auto c2 = c->Acquire("metrics/two", testing::Waiting(milliseconds(0)));
   EXPECT_EQ(c2.status().code(), absl::StatusCode::kAborted);
   ASSERT_TRUE(h2->Release().ok());
   auto hb2 = b2.get();
@@ -184,11 +177,11 @@ TEST_F(MetricsTest, CountersMoveByWhatTheClientsDid) {
   auto h3 = a->Acquire("metrics/three");
   ASSERT_TRUE(h3.ok()) << h3.status();
   auto b3 = std::async(std::launch::async,
-                       [&] { return b->Acquire("metrics/three", Waiting(seconds(30), true)); });
+                       [&] { return b->Acquire("metrics/three", testing::Waiting(seconds(30), true)); });
   ScrapeUntil([](const std::string& t) { return Sample(t, "holdfast_waiters_parked", kDefault) == 1; },
               "B parked on three");
   auto c3 = std::async(std::launch::async,
-                       [&] { return c->Acquire("metrics/three", Waiting(seconds(30), true)); });
+                       [&] { return c->Acquire("metrics/three", testing::Waiting(seconds(30), true)); });
   ScrapeUntil([](const std::string& t) { return Sample(t, "holdfast_waiters_parked", kDefault) == 2; },
               "B and C parked on three");
   ASSERT_TRUE(h3->Release().ok());
@@ -275,7 +268,7 @@ TEST_F(MetricsTest, AHandedOverWaiterAnswersWithoutARead) {
     auto held = a->Acquire(key);
     ASSERT_TRUE(held.ok()) << held.status();
     auto waiting =
-        std::async(std::launch::async, [&] { return b->Acquire(key, Waiting(seconds(30))); });
+        std::async(std::launch::async, [&] { return b->Acquire(key, testing::Waiting(seconds(30))); });
     ScrapeUntil(
         [](const std::string& t) { return Sample(t, "holdfast_waiters_parked", kDefault) == 1; },
         "B parked");

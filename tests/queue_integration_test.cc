@@ -80,13 +80,6 @@ class QueueTest : public ::testing::Test {
   std::unique_ptr<Client> client_;
 };
 
-AcquireOptions Waiting(milliseconds wait, bool shared = false) {
-  AcquireOptions o;
-  o.wait = wait;
-  o.shared = shared;
-  return o;
-}
-
 TEST_F(QueueTest, TwentyWaitersAreGrantedInQueueOrder) {
   constexpr int kWaiters = 20;
   auto holder = Open();
@@ -99,7 +92,7 @@ TEST_F(QueueTest, TwentyWaitersAreGrantedInQueueOrder) {
   std::vector<std::thread> threads;
   for (int i = 0; i < kWaiters; ++i) {
     threads.emplace_back([&, i] {
-      auto h = sessions[i]->Acquire("fifo", Waiting(seconds(60)));
+      auto h = sessions[i]->Acquire("fifo", testing::Waiting(seconds(60)));
       ASSERT_TRUE(h.ok()) << h.status();
       {
         std::lock_guard<std::mutex> l(mu);
@@ -129,9 +122,9 @@ TEST_F(QueueTest, AWaiterPastItsDeadlineIsSkippedAndNeverGranted) {
   auto a = Open(), b = Open(), c = Open();
   auto held = a->Acquire("k");
   ASSERT_TRUE(held.ok());
-  auto short_wait = std::async(std::launch::async, [&] { return b->Acquire("k", Waiting(milliseconds(500))); });
+  auto short_wait = std::async(std::launch::async, [&] { return b->Acquire("k", testing::Waiting(milliseconds(500))); });
   DescribeUntil("k", [](auto& d) { return d.waiters_size() == 1; });
-  auto long_wait = std::async(std::launch::async, [&] { return c->Acquire("k", Waiting(seconds(30))); });
+  auto long_wait = std::async(std::launch::async, [&] { return c->Acquire("k", testing::Waiting(seconds(30))); });
   DescribeUntil("k", [](auto& d) { return d.waiters_size() == 2; });
   auto hb = short_wait.get();
   ASSERT_FALSE(hb.ok());
@@ -151,13 +144,13 @@ TEST_F(QueueTest, AWaiterPastItsDeadlineIsSkippedAndNeverGranted) {
 
 TEST_F(QueueTest, ReadersShareWhileAWriterWaitsAndLateReadersQueueBehindIt) {
   auto r1 = Open(), w = Open(), r2 = Open(), r3 = Open();
-  auto h1 = r1->Acquire("doc", Waiting(milliseconds(0), true));
+  auto h1 = r1->Acquire("doc", testing::Waiting(milliseconds(0), true));
   ASSERT_TRUE(h1.ok());
-  auto h3 = r3->Acquire("doc", Waiting(milliseconds(0), true));  // readers share
+  auto h3 = r3->Acquire("doc", testing::Waiting(milliseconds(0), true));  // readers share
   ASSERT_TRUE(h3.ok());
-  auto writer = std::async(std::launch::async, [&] { return w->Acquire("doc", Waiting(seconds(30))); });
+  auto writer = std::async(std::launch::async, [&] { return w->Acquire("doc", testing::Waiting(seconds(30))); });
   DescribeUntil("doc", [](auto& d) { return d.waiters_size() == 1; });
-  auto late = std::async(std::launch::async, [&] { return r2->Acquire("doc", Waiting(seconds(30), true)); });
+  auto late = std::async(std::launch::async, [&] { return r2->Acquire("doc", testing::Waiting(seconds(30), true)); });
   auto q = DescribeUntil("doc", [](auto& d) { return d.waiters_size() == 2; });
   EXPECT_EQ(q.waiters(0).session_id(), w->id());
   EXPECT_FALSE(q.waiters(0).shared());
@@ -178,12 +171,12 @@ TEST_F(QueueTest, ReadersShareWhileAWriterWaitsAndLateReadersQueueBehindIt) {
 
 TEST_F(QueueTest, ReleaseHandsOverInTheSameCommit) {
   auto a = Open(), b = Open(), c = Open();
-  AcquireOptions shared = Waiting(milliseconds(0));
+  AcquireOptions shared = testing::Waiting(milliseconds(0));
   auto ha = a->Acquire("h");
   ASSERT_TRUE(ha.ok());
-  auto wb = std::async(std::launch::async, [&] { return b->Acquire("h", Waiting(seconds(30), true)); });
+  auto wb = std::async(std::launch::async, [&] { return b->Acquire("h", testing::Waiting(seconds(30), true)); });
   DescribeUntil("h", [](auto& d) { return d.waiters_size() == 1; });
-  auto wc = std::async(std::launch::async, [&] { return c->Acquire("h", Waiting(seconds(30), true)); });
+  auto wc = std::async(std::launch::async, [&] { return c->Acquire("h", testing::Waiting(seconds(30), true)); });
   DescribeUntil("h", [](auto& d) { return d.waiters_size() == 2; });
   // Watch the key's holds from now on, to see the release's revision.
   std::mutex mu;
@@ -230,7 +223,7 @@ TEST_F(QueueTest, KilledHolderWithFiveWaitersGoesToTheHeadOnly) {
   for (int i = 0; i < 5; ++i) {
     sessions.push_back(Open());
     Session* s = sessions.back().get();
-    waits.push_back(std::async(std::launch::async, [s] { return s->Acquire("jobs/x", Waiting(seconds(60))); }));
+    waits.push_back(std::async(std::launch::async, [s] { return s->Acquire("jobs/x", testing::Waiting(seconds(60))); }));
     DescribeUntil("jobs/x", [&](auto& d) { return d.waiters_size() == i + 1; });
   }
   (*holder)->Signal(SIGKILL);
@@ -255,13 +248,13 @@ TEST_F(QueueTest, RetriedAcquireKeepsItsPlaceAndNeverQueuesTwice) {
   auto a = Open(), b = Open(), c = Open();
   auto held = a->Acquire("r");
   ASSERT_TRUE(held.ok());
-  auto first = std::async(std::launch::async, [&] { return b->Acquire("r", Waiting(seconds(30))); });
+  auto first = std::async(std::launch::async, [&] { return b->Acquire("r", testing::Waiting(seconds(30))); });
   DescribeUntil("r", [](auto& d) { return d.waiters_size() == 1; });
-  auto behind = std::async(std::launch::async, [&] { return c->Acquire("r", Waiting(seconds(30))); });
+  auto behind = std::async(std::launch::async, [&] { return c->Acquire("r", testing::Waiting(seconds(30))); });
   auto q1 = DescribeUntil("r", [](auto& d) { return d.waiters_size() == 2; });
   // The same session asks again (a retry): same place, still two waiters.
   // The retry asks for a later deadline, which the waiter record takes in place.
-  auto retry = std::async(std::launch::async, [&] { return b->Acquire("r", Waiting(seconds(40))); });
+  auto retry = std::async(std::launch::async, [&] { return b->Acquire("r", testing::Waiting(seconds(40))); });
   auto q2 = DescribeUntil("r", [&](auto& d) {
     return d.waiters_size() > 0 &&
            d.waiters(0).deadline_unix_ms() > q1.waiters(0).deadline_unix_ms();
@@ -308,7 +301,7 @@ TEST_F(QueueTest, SessionCloseLeavesNoWaiter) {
   auto a = Open(), b = Open();
   auto held = a->Acquire("s");
   ASSERT_TRUE(held.ok());
-  auto w = std::async(std::launch::async, [&] { return b->Acquire("s", Waiting(seconds(30))); });
+  auto w = std::async(std::launch::async, [&] { return b->Acquire("s", testing::Waiting(seconds(30))); });
   DescribeUntil("s", [](auto& d) { return d.waiters_size() == 1; });
   ASSERT_TRUE(b->Close().ok());
   DescribeUntil("s", [](auto& d) { return d.waiters_size() == 0; });

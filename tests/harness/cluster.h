@@ -33,6 +33,14 @@ class TempDir {
 // Directory of the built binaries (holdfastd, holdfast).
 std::string BinDir();
 
+// Acquire options that wait up to `wait` (shared if asked).
+inline AcquireOptions Waiting(std::chrono::milliseconds wait, bool shared = false) {
+  AcquireOptions o;
+  o.wait = wait;
+  o.shared = shared;
+  return o;
+}
+
 // The request that creates namespace `ns` with a catch-all class like `holdfast
 // dev` makes it (mode S, fenced, closed, TTL 1 s to 1 h).
 v1::CreateNamespaceRequest TestNamespaceRequest(const std::string& ns);
