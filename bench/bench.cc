@@ -81,36 +81,46 @@ class Matrix {
         report_(report) {}
 
   void Run() {
+    const bool baselines = plan_.Runs("baselines");
     for (int c : plan_.concurrency) {
-      EtcdCell(kGuardedTxn, c, [&] { return GuardedTxnWorkers(pool_, c, Tag("c", c)); });
-      LeaseCell(kRawCycle, c, [&](const auto& leases) {
-        return RawCycleWorkers(pool_, leases, Tag("c", c));
-      });
-      LeaseCell(kV3Lock, c, [&](const auto& leases) {
-        return V3LockWorkers(pool_, leases, Tag("u", c), false, plan_.acquire_wait);
-      });
+      if (baselines) {
+        EtcdCell(kGuardedTxn, c, [&] { return GuardedTxnWorkers(pool_, c, Tag("c", c)); });
+        LeaseCell(kRawCycle, c, [&](const auto& leases) {
+          return RawCycleWorkers(pool_, leases, Tag("c", c));
+        });
+        LeaseCell(kV3Lock, c, [&](const auto& leases) {
+          return V3LockWorkers(pool_, leases, Tag("u", c), false, plan_.acquire_wait);
+        });
+      }
+      if (!plan_.Runs("uncontended")) continue;
       FleetCell(kUncontended, c, c, [&](SessionFleet& f) {
         return UncontendedWorkers(f, HoldfastKey("u", c));
       });
     }
-    LeaseCell(kV3LockContended, plan_.v3lock_contended, [&](const auto& leases) {
-      return V3LockWorkers(pool_, leases, Tag("k", plan_.v3lock_contended), true,
-                           plan_.acquire_wait);
-    });
+    if (baselines) {
+      LeaseCell(kV3LockContended, plan_.v3lock_contended, [&](const auto& leases) {
+        return V3LockWorkers(pool_, leases, Tag("k", plan_.v3lock_contended), true,
+                             plan_.acquire_wait);
+      });
+    }
     for (int c : plan_.contended) {
+      if (!plan_.Runs("contended")) break;
       FleetCell(kContended, c, c, [&](SessionFleet& f) {
         return ContendedWorkers(f, HoldfastKey("k", c), plan_.acquire_wait);
       });
     }
     for (int r : plan_.shared_readers) {
+      if (!plan_.Runs("shared")) break;
       FleetCell(kSharedRead, r, r + 1, [&](SessionFleet& f) {
         return SharedWorkers(f, HoldfastKey("s", r), plan_.acquire_wait, plan_.writer_period);
       });
     }
-    LeaseCell(kKeepAliveMax, plan_.keepalive_max_callers,
-              [&](const auto& leases) { return KeepAliveWorkers(pool_, leases); });
-    PacedKeepAliveCell();
-    SessionsCell();
+    if (baselines) {
+      LeaseCell(kKeepAliveMax, plan_.keepalive_max_callers,
+                [&](const auto& leases) { return KeepAliveWorkers(pool_, leases); });
+      PacedKeepAliveCell();
+    }
+    if (plan_.Runs("sessions")) SessionsCell();
   }
 
  private:
@@ -303,8 +313,13 @@ absl::Status WriteJson(const std::string& path, const nlohmann::json& j) {
 
 }  // namespace
 
+bool Plan::Runs(const std::string& workload) const {
+  return only.empty() || std::find(only.begin(), only.end(), workload) != only.end();
+}
+
 Plan MakePlan(const BenchOptions& options) {
   Plan p;
+  p.only = options.only;
   if (options.short_run) {
     p.concurrency = {1, 8};
     p.contended = {8};
@@ -372,7 +387,7 @@ int RunBenchmark(const BenchOptions& options, const StopFlag& stop) {
       code = 1;
     }
   }
-  for (const auto& p : report.Problems()) {
+  for (const auto& p : report.Problems(plan.Runs("sessions"))) {
     std::fprintf(stderr, "holdfast-bench: problem: %s\n", p.c_str());
     code = 1;
   }

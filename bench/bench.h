@@ -24,6 +24,9 @@ struct BenchOptions {
   // TTL of the sessions workload: libholdfast's default.
   std::chrono::milliseconds session_ttl{10'000};
   std::string command_line;       // recorded in the JSON
+  // Workloads to run (--only): any of baselines, uncontended, contended, shared,
+  // sessions. Empty: all. Ratios whose cells were not run are not printed.
+  std::vector<std::string> only;
 };
 
 // What one run measures.
@@ -37,6 +40,8 @@ struct Plan {
   Timing timing;
   std::chrono::milliseconds acquire_wait{5000};  // bound of every waiting acquire
   std::chrono::milliseconds writer_period{100};  // the shared workload's writer
+  std::vector<std::string> only;                 // BenchOptions::only
+  bool Runs(const std::string& workload) const;
 };
 
 Plan MakePlan(const BenchOptions& options);

@@ -67,6 +67,10 @@ int main(int argc, char** argv) {
   app.add_option("--sessions", sessions, "sessions in the sessions workload")
       ->check(CLI::Range(int64_t{1}, int64_t{1'000'000}));
   app.add_option("--session-ttl", session_ttl, "TTL of the sessions workload (default 10s, as libholdfast)");
+  app.add_option("--only", o.only,
+                 "run only these workloads (baselines, uncontended, contended, shared, sessions)")
+      ->delimiter(',')
+      ->check(CLI::IsMember({"baselines", "uncontended", "contended", "shared", "sessions"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -163,7 +163,7 @@ Headline Report::ComputeHeadline() const {
   return h;
 }
 
-std::vector<std::string> Report::Problems() const {
+std::vector<std::string> Report::Problems(bool sessions_planned) const {
   std::vector<std::string> out;
   for (const auto& c : cells_) {
     std::string name = absl::StrCat(c.id, " c=", c.concurrency);
@@ -175,7 +175,7 @@ std::vector<std::string> Report::Problems() const {
     }
   }
   if (!sessions_) {
-    out.push_back("sessions: not run");
+    if (sessions_planned) out.push_back("sessions: not run");
   } else if (!sessions_->error.empty()) {
     out.push_back(absl::StrCat("sessions: ", sessions_->error));
   } else if (sessions_->renewals_per_sec <= 0) {

@@ -64,7 +64,7 @@ class Report {
   Headline ComputeHeadline() const;
   // Problems that make the run a failure: cells that could not run or finished
   // no operation. Empty when the harness worked.
-  std::vector<std::string> Problems() const;
+  std::vector<std::string> Problems(bool sessions_planned = true) const;
 
   void PrintTables(std::FILE* out) const;
   // "bench: uncontended_vs_raw_cycle=R1 contended_vs_etcd_lock=R2 ..."
