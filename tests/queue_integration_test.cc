@@ -14,6 +14,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "etcd/watch_hub.h"
 #include "harness/cluster.h"
 #include "holdfast/v1/lock.grpc.pb.h"
@@ -436,6 +437,115 @@ TEST(QueueReplicasTest, RandomWorkloadNeverOverlapsExclusiveHolds) {
     }
   }
   EXPECT_GE(puts, grants.load());
+}
+
+
+// A release plans its hand-over on its replica's view of the queue, without a
+// read (engine.cc, ReleaseAttempt). Here that view is stale: its head waiter was
+// removed behind the replica's back (as another replica removes a dead waiter).
+// The release's compares fail and it decides on a fresh read: the key goes to
+// the real head, and the removed waiter's session never holds it.
+TEST(QueueReplicasTest, AReleasePlannedOnAStaleViewHandsTheKeyToTheRealHead) {
+  testing::TestCluster::Options o;
+  o.replicas = 2;
+  auto started = testing::TestCluster::Start(o);
+  ASSERT_TRUE(started.ok()) << started.status();
+  auto& c = **started;
+  ASSERT_TRUE(c.CreateNamespace("default").ok());
+  auto client = c.NewClient(0);
+  ASSERT_TRUE(client.ok());
+  SessionOptions so;
+  so.ttl = seconds(10);
+  auto a = (*client)->OpenSession("default", so);
+  auto b = (*client)->OpenSession("default", so);
+  auto d = (*client)->OpenSession("default", so);
+  ASSERT_TRUE(a.ok() && b.ok() && d.ok());
+  auto held = (*a)->Acquire("stale");
+  ASSERT_TRUE(held.ok()) << held.status();
+
+  // B waits with no call behind it (its replica gone): a waiter key on B's lease.
+  const std::string b_wait = keyspace::WaitKey("default", "stale", (*b)->id());
+  records::WaiterRecord rec;
+  rec.set_deadline_unix_ms(absl::ToUnixMillis(absl::Now() + absl::Minutes(5)));
+  rec.set_identity("spiffe://test.holdfast/ops/someone");
+  pb::TxnRequest put;
+  auto* p = put.add_success()->mutable_request_put();
+  p->set_key(b_wait);
+  p->set_value(rec.SerializeAsString());
+  p->set_lease((*b)->id());
+  ASSERT_TRUE(c.etcd_client().TxnSync(put, etcd::DeadlineIn(seconds(5))).ok());
+
+  // D queues behind B through replica 0, whose read shows [B, D].
+  auto waiting =
+      std::async(std::launch::async, [&] { return (*d)->Acquire("stale", testing::Waiting(seconds(30))); });
+  auto until = std::chrono::steady_clock::now() + seconds(20);
+  int waiters = 0;
+  while (std::chrono::steady_clock::now() < until && waiters < 2) {
+    auto desc = (*client)->Describe("default", "stale");
+    waiters = desc.ok() ? desc->waiters_size() : 0;
+    if (waiters < 2) std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_EQ(waiters, 2);
+  std::this_thread::sleep_for(milliseconds(200));  // D's read is done: it watches B
+
+  // B's waiter goes; at once, A releases through replica 0 (D looks again only
+  // 50 ms after B's deletion, so replica 0's view still shows B at the head).
+  pb::TxnRequest del;
+  del.add_success()->mutable_request_delete_range()->set_key(b_wait);
+  auto gone = c.etcd_client().TxnSync(del, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(gone.ok());
+  ASSERT_TRUE(held->Release().ok());
+
+  auto got = waiting.get();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_GT(got->token(), held->token());
+  auto desc = (*client)->Describe("default", "stale");
+  ASSERT_TRUE(desc.ok());
+  ASSERT_EQ(desc->holders_size(), 1);
+  EXPECT_EQ(desc->holders(0).session_id(), (*d)->id());
+  // B's session never held the key: no hold key of its lease in etcd's history.
+  pb::RangeRequest hist;
+  hist.set_key(keyspace::HoldKey("default", "stale", (*b)->id()));
+  auto now_b = c.etcd_client().RangeSync(hist, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(now_b.ok());
+  EXPECT_EQ(now_b->kvs_size(), 0);
+  // Nor earlier: watch from B's removal over a range that ends with a marker key
+  // written afterwards; once the marker's event arrives, every earlier one has.
+  const std::string b_hold = keyspace::HoldKey("default", "stale", (*b)->id());
+  const std::string marker = "/test/marker";
+  std::mutex mu;
+  std::vector<std::string> b_events;
+  bool marker_seen = false;
+  etcd::WatchSpec spec;
+  spec.key = b_hold;
+  spec.range_end = marker + std::string(1, '\0');
+  spec.start_revision = gone->header().revision();
+  auto id = c.etcd_client().watches().Watch(spec, [&](absl::StatusOr<etcd::WatchBatch> batch) {
+    if (!batch.ok()) return;
+    std::lock_guard<std::mutex> l(mu);
+    for (auto& e : batch->events) {
+      if (e.kv().key() == b_hold) b_events.push_back(e.DebugString());
+      if (e.kv().key() == marker) marker_seen = true;
+    }
+  });
+  pb::PutRequest mark;
+  mark.set_key(marker);
+  ASSERT_TRUE(c.etcd_client().PutSync(mark, etcd::DeadlineIn(seconds(5))).ok());
+  auto wait_until = std::chrono::steady_clock::now() + seconds(10);
+  while (std::chrono::steady_clock::now() < wait_until) {
+    {
+      std::lock_guard<std::mutex> l(mu);
+      if (marker_seen) break;
+    }
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  c.etcd_client().watches().Cancel(id);
+  {
+    std::lock_guard<std::mutex> l(mu);
+    ASSERT_TRUE(marker_seen);
+    EXPECT_TRUE(b_events.empty()) << "session B was handed the key: " << b_events.front();
+  }
+  ASSERT_TRUE(got->Release().ok());
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 // Engine::Acquire: one state machine per call (ARCHITECTURE §4, lock/queue.h).
 //
-//   Start ─┬─ views allow: Fast grant txn ─▶ done (new hold)
+//   Start ─┬─ views allow, key free: Fast grant txn ─▶ done (new hold)
 //          │            └ compare failed: Decide on the else branch
+//          ├─ views allow, key held by another: Enqueue txn ─▶ Read
 //          └─▶ Read ─▶ Decide ─┬─ held ───────────────────────▶ done (the hold)
 //              ▲                ├─ grant ─▶ Grant txn ──────────▶ done (new hold)
 //              │                │            └ compare failed: Decide on the else branch
@@ -13,7 +14,8 @@
 //
 // While waiting the call watches only the keys it depends on, each from the read's
 // revision + 1: its own hold key (a release that hands it the lock puts it: the
-// call answers from that event), its own waiter key (deleted without a hand-over:
+// call answers from that event, or sooner when the release ran on this replica:
+// lock/local_waiters.h), its own waiter key (deleted without a hand-over:
 // read again), the waiter just ahead of it, and, at the head, the key's holds
 // (deletions wake it kLookAgainAfterDelete later, so a hand-over's own-hold event
 // of the same revision comes first). No thread is held.
@@ -21,7 +23,9 @@
 // The fast grant is the common case of a free key with no extra round trip: built
 // from this replica's views (lock/view_cache.h) with compares that hold only while
 // they are true, so it grants exactly what Decide on a fresh read would; otherwise
-// its else branch is that read.
+// its else branch is that read. A waiting call on a key this replica's view shows
+// held by another session skips the grant that would fail and joins the queue
+// first, under the same compares; the read after it decides as always.
 //
 // One etcd step is in flight at a time; a deadline or cancel that arrives during a
 // step takes effect when the step completes. A grant that commits after the call
@@ -72,12 +76,20 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       timer_ = engine_->etcd().timers().ScheduleAfter(
           std::chrono::milliseconds(req_.wait_ms()), [self] { self->OnWaitDeadline(); });
     }
-    if (BeginStep() && !FastGrant()) Read();
+    if (BeginStep() && !FastStart()) Read();
   }
 
   void Cancel() override { End(absl::CancelledError("acquire cancelled by the caller")); }
 
  private:
+  // What this replica's views show for the call, when they show it allowed.
+  struct Views {
+    NamespaceView ns;
+    SessionView session;
+    EpochEntry epoch;
+    ClassEntry cls;
+  };
+
   absl::Status Validate() const {
     const auto& o = engine_->options();
     if (auto s = keyspace::ValidateNamespaceName(req_.namespace_()); !s.ok()) return s;
@@ -162,7 +174,12 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                      txn.mutable_failure());
     auto self = shared_from_this();
     engine_->etcd().Txn(std::move(txn), etcd::DeadlineIn(engine_->options().etcd_timeout),
-                        [self, why](absl::StatusOr<pb::TxnResponse> t) {
+                        [self, why, own](absl::StatusOr<pb::TxnResponse> t) {
+                          if (t.ok() && t->succeeded()) {
+                            self->engine_->views_.WaiterGone(self->req_.namespace_(),
+                                                             self->req_.lock_key(),
+                                                             self->req_.session_id(), own);
+                          }
                           if (t.ok() && !t->succeeded()) {
                             auto snap = ParseSnapshot(t->header(), t->responses());
                             if (snap.ok()) {
@@ -201,6 +218,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     read_revision_ = snap.revision;
     engine_->epochs_.Observe(snap.epoch);
     engine_->views_.Observe(req_.namespace_(), req_.session_id(), snap);
+    engine_->views_.ObserveKey(req_.namespace_(), req_.lock_key(), snap);
     const std::string& ns = req_.namespace_();
     if (!snap.namespace_exists) {
       return Finish(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
@@ -293,8 +311,10 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
 
   // Puts the own waiter key (new, or refreshed with this call's later deadline:
   // a re-put keeps its create_revision, so its place in the queue).
-  void Enqueue(const WaiterEntry* existing) {
-    if (!BeginStep()) return;
+  // `views`: the call joins from the views (FastStart), not from a read, so the
+  // transaction also compares what a read would have shown of the namespace.
+  void Enqueue(const WaiterEntry* existing, const Views* views = nullptr) {
+    if (views == nullptr && !BeginStep()) return;  // FastStart's step is begun
     const std::string& ns = req_.namespace_();
     const int64_t lease = req_.session_id();
     const std::string wait_key = keyspace::WaitKey(ns, req_.lock_key(), lease);
@@ -309,6 +329,18 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         ->set_version(0);
     AddCompare(&txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)
         ->set_create_revision(existing ? existing->create_revision : 0);
+    if (views != nullptr) {
+      AddCompare(&txn, keyspace::NamespaceKey(ns), pb::Compare::MOD, pb::Compare::EQUAL)
+          ->set_mod_revision(views->ns.mod_revision);
+      AddCompare(&txn, keyspace::SessionKey(ns, lease), pb::Compare::MOD, pb::Compare::EQUAL)
+          ->set_mod_revision(views->session.mod_revision);
+      auto* classes = AddCompare(&txn, keyspace::ClassPrefix(ns), pb::Compare::MOD,
+                                 pb::Compare::LESS);
+      classes->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
+      classes->set_mod_revision(views->ns.classes_revision + 1);
+      AddCompare(&txn, keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
+          ->set_mod_revision(views->epoch.mod_revision);
+    }
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(wait_key);
     put->set_value(rec.SerializeAsString());
@@ -316,12 +348,16 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (existing == nullptr) AddNewClaim(&txn);
     auto self = shared_from_this();
     engine_->etcd().Txn(std::move(txn), EtcdDeadline(),
-                        [self, existing_rev = existing ? existing->create_revision : 0](
+                        [self, rec, existing_rev = existing ? existing->create_revision : 0](
                             absl::StatusOr<pb::TxnResponse> t) {
                           if (t.ok() && t->succeeded()) {
+                            WaiterEntry w{self->req_.session_id(),
+                                          existing_rev != 0 ? existing_rev : t->header().revision(),
+                                          rec};
+                            self->engine_->views_.WaiterPut(self->req_.namespace_(),
+                                                            self->req_.lock_key(), w);
                             absl::MutexLock l(&self->mu_);
-                            self->own_waiter_rev_ =
-                                existing_rev != 0 ? existing_rev : t->header().revision();
+                            self->own_waiter_rev_ = w.create_revision;
                           }
                           if (auto end = self->StepDone()) return self->EndNow(*end);
                           // Success, a lost race, or an unknown outcome: read and
@@ -345,35 +381,77 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     put->set_lease(req_.session_id());
   }
 
-  // The first step when this replica's views show the key free for this caller:
-  // the grant transaction of Grant for a key with no hold and no waiter, with the
-  // read's facts replaced by compares on what the views show (the namespace and
-  // session records unchanged, no class changed since the views' read, the
-  // resolved class unchanged, no claim of the session put since its count).
-  // False (nothing sent) when the views do not show that: the call reads first.
-  // Never refuses: every error comes from a fresh read.
-  bool FastGrant() {
+  // The checks of Decide, on the views (no refusal: a doubt reads first).
+  std::optional<Views> ViewsAllow() {
     const std::string& ns = req_.namespace_();
     const std::string& key = req_.lock_key();
     const int64_t lease = req_.session_id();
     auto nsv = engine_->views_.Namespace(ns);
     auto sv = engine_->views_.Session(lease);
     auto epoch = engine_->epochs_.Get();
-    if (!nsv || !sv || !epoch) return false;
+    if (!nsv || !sv || !epoch) return std::nullopt;
     // A namespace being rehomed (or moved away) is refused from a fresh read.
-    if (!nsv->record.draining_to().empty() || nsv->record.moved()) return false;
-    if (sv->record.identity() != caller_.identity || sv->record.closing()) return false;
-    if (!CheckMember(caller_, ns, nsv->record.members()).ok()) return false;
+    if (!nsv->record.draining_to().empty() || nsv->record.moved()) return std::nullopt;
+    if (sv->record.identity() != caller_.identity || sv->record.closing()) return std::nullopt;
+    if (!CheckMember(caller_, ns, nsv->record.members()).ok()) return std::nullopt;
     const ClassEntry* cls = ResolveClass(nsv->classes, key);
-    if (cls == nullptr) return false;
+    if (cls == nullptr) return std::nullopt;
     const auto& c = cls->record;
     const int64_t ttl = sv->record.ttl_ms();
-    if (ttl < c.ttl_min_ms() || ttl > c.ttl_max_ms()) return false;
-    if (req_.shared() && c.mode() != v1::LOCK_MODE_SHARED) return false;
+    if (ttl < c.ttl_min_ms() || ttl > c.ttl_max_ms()) return std::nullopt;
+    if (req_.shared() && c.mode() != v1::LOCK_MODE_SHARED) return std::nullopt;
     const size_t max_holds = engine_->options().max_holds_per_session;
-    if (max_holds > 0 && sv->claims >= static_cast<int64_t>(max_holds)) return false;
-    if (!CheckEpoch(epoch, nsv->cluster_id).ok() || !engine_->GrantBlock().ok()) return false;
-    NoteLabels(ns, cls->class_id);
+    if (max_holds > 0 && sv->claims >= static_cast<int64_t>(max_holds)) return std::nullopt;
+    if (!CheckEpoch(epoch, nsv->cluster_id).ok() || !engine_->GrantBlock().ok()) {
+      return std::nullopt;
+    }
+    ClassEntry chosen = *cls;
+    return Views{std::move(*nsv), std::move(*sv), std::move(*epoch), std::move(chosen)};
+  }
+
+  // The first step when the views allow the call: a waiting call on a key that the
+  // key's view shows held by another session joins the queue at once (the grant
+  // would fail); otherwise the fast grant. False: the call reads first.
+  bool FastStart() {
+    auto v = ViewsAllow();
+    if (!v) return false;
+    NoteLabels(req_.namespace_(), v->cls.class_id);
+    const size_t max_waiters = engine_->options().max_waiters_per_key;
+    if (req_.wait_ms() > 0) {
+      if (auto kv = engine_->views_.Key(req_.namespace_(), req_.lock_key())) {
+        const int64_t lease = req_.session_id();
+        const bool other_holds = std::any_of(kv->holds.begin(), kv->holds.end(),
+                                             [&](const HoldEntry& h) { return h.lease != lease; });
+        const bool mine = std::any_of(kv->holds.begin(), kv->holds.end(),
+                                      [&](const HoldEntry& h) { return h.lease == lease; }) ||
+                          std::any_of(kv->waiters.begin(), kv->waiters.end(),
+                                      [&](const WaiterEntry& w) { return w.lease == lease; });
+        if (other_holds && !mine &&
+            (max_waiters == 0 || kv->waiters.size() < max_waiters)) {
+          read_revision_ = v->session.claims_revision;
+          NoteQueued();
+          Enqueue(nullptr, &*v);
+          return true;
+        }
+      }
+    }
+    return FastGrant(*v);
+  }
+
+  // The first step when this replica's views show the key free for this caller:
+  // the grant transaction of Grant for a key with no hold and no waiter, with the
+  // read's facts replaced by compares on what the views show (the namespace and
+  // session records unchanged, no class changed since the views' read, the
+  // resolved class unchanged, no claim of the session put since its count).
+  // Never refuses: every error comes from a fresh read.
+  bool FastGrant(const Views& v) {
+    const std::string& ns = req_.namespace_();
+    const std::string& key = req_.lock_key();
+    const int64_t lease = req_.session_id();
+    const NamespaceView* nsv = &v.ns;
+    const SessionView* sv = &v.session;
+    const EpochEntry* epoch = &v.epoch;
+    const ClassEntry* cls = &v.cls;
 
     pb::TxnRequest txn;
     AddCompare(&txn, keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
@@ -410,7 +488,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     const uint64_t epoch_cluster = epoch->record.etcd_cluster_id();
     auto self = shared_from_this();
     engine_->commits_.Txn({ns, key, lease}, std::move(txn), EtcdDeadline(),
-                          [self, epoch_cluster, rec, classes = std::move(nsv->classes)](
+                          [self, epoch_cluster, rec, classes = nsv->classes](
                             absl::StatusOr<pb::TxnResponse> t) {
                           self->OnGrantDone(std::move(t), epoch_cluster, rec, classes);
                         });
@@ -503,6 +581,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       return Decide(std::move(*snap));
     }
     const int64_t grant_rev = t->header().revision();
+    engine_->views_.ForgetKey(req_.namespace_(), req_.lock_key());  // a hold it never saw
     if (claims_before_ >= 0) {
       engine_->views_.ClaimAdded(req_.session_id(), claims_before_, grant_rev);
     }
@@ -597,6 +676,12 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     ids.push_back(hub.Watch(std::move(own_hold), [weak, gen](absl::StatusOr<etcd::WatchBatch> b) {
       if (auto self = weak.lock()) self->OnHandedOver(gen, std::move(b));
     }));
+    // ... and a release on this replica says so at once (lock/local_waiters.h).
+    const uint64_t local = engine_->local_waiters_.Add(
+        keyspace::HoldKey(ns, key, req_.session_id()),
+        [weak, gen](int64_t create_revision, const records::HoldRecord& rec) {
+          if (auto self = weak.lock()) self->HandedOver(gen, create_revision, rec);
+        });
     // The own waiter deleted with no hold put: found dead by another server, or the
     // namespace deleted.
     etcd::WatchSpec own_waiter;
@@ -621,6 +706,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       } else {
         watches_ = ids;
         wake_timer_ = wake_timer;
+        local_waiter_ = local;
         parked = !parked_;
         parked_ = true;
         ns_label = ns_label_;
@@ -629,8 +715,15 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     }
     if (parked) engine_->observer().OnParked(ns_label, class_label, +1);
     if (stale) {  // ended meanwhile (EndNow has already stopped what was there)
+      engine_->local_waiters_.Remove(local);
       for (auto id : ids) hub.Cancel(id);
       if (wake_timer) engine_->etcd().timers().Cancel(wake_timer);
+      return;
+    }
+    // Handed the key by a release here after the read, before the entry above.
+    if (auto h = engine_->local_waiters_.Recent(keyspace::HoldKey(ns, key, req_.session_id()),
+                                                snap.revision)) {
+      HandedOver(gen, h->first, h->second);
     }
   }
 
@@ -644,6 +737,12 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (kv == nullptr) return;
     records::HoldRecord rec;
     if (!rec.ParseFromString(kv->value())) return OnWake(gen);
+    HandedOver(gen, kv->create_revision(), rec);
+  }
+
+  // The own hold, put by a hand-over at `create_revision` (seen by the watch or
+  // told by a release on this replica, whichever comes first).
+  void HandedOver(uint64_t gen, int64_t create_revision, const records::HoldRecord& rec) {
     std::vector<ClassEntry> classes;
     {
       absl::MutexLock l(&mu_);
@@ -655,7 +754,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       classes = wait_classes_;
     }
     StopWaiting();
-    Granted(MakeHoldInfo(req_.lock_key(), HoldEntry{req_.session_id(), kv->create_revision(), rec},
+    Granted(MakeHoldInfo(req_.lock_key(), HoldEntry{req_.session_id(), create_revision, rec},
                          classes));
   }
 
@@ -673,11 +772,14 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   void StopWaiting() {
     std::vector<etcd::WatchId> ids;
     TimerQueue::TimerId wake = 0;
+    uint64_t local = 0;
     {
       absl::MutexLock l(&mu_);
       ids.swap(watches_);
       std::swap(wake, wake_timer_);
+      std::swap(local, local_waiter_);
     }
+    if (local) engine_->local_waiters_.Remove(local);
     for (auto id : ids) engine_->etcd().watches().Cancel(id);
     if (wake) engine_->etcd().timers().Cancel(wake);
   }
@@ -759,6 +861,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   std::vector<ClassEntry> wait_classes_ ABSL_GUARDED_BY(mu_);  // of the wait's snapshot
   std::vector<etcd::WatchId> watches_ ABSL_GUARDED_BY(mu_);
   TimerQueue::TimerId wake_timer_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t local_waiter_ ABSL_GUARDED_BY(mu_) = 0;  // Engine::local_waiters_ entry
   TimerQueue::TimerId timer_ ABSL_GUARDED_BY(mu_) = 0;
   // For metrics: labels shown to exist, when the call joined the queue, and
   // whether it is counted as parked (waiting on watches) now.

@@ -38,16 +38,18 @@ std::string FormatMs(int64_t ms) {
 // The holds a release transaction creates for the waiters it hands the key to
 // (the puts under the key's hold range; the release itself only deletes), and
 // their class.
-int HandOverGrants(const pb::TxnRequest& txn, const std::string& ns, const std::string& key,
-                   std::string* class_id) {
+// The holds a release transaction puts: its hand-overs (hold key, record).
+std::vector<std::pair<std::string, records::HoldRecord>> HandOverGrants(
+    const pb::TxnRequest& txn, const std::string& ns, const std::string& key) {
   const std::string begin = keyspace::HoldRangeBegin(ns, key);
-  int n = 0;
+  std::vector<std::pair<std::string, records::HoldRecord>> out;
   for (const auto& op : txn.success()) {
     if (!op.has_request_put() || op.request_put().key().rfind(begin, 0) != 0) continue;
     records::HoldRecord rec;
-    if (n++ == 0 && rec.ParseFromString(op.request_put().value())) *class_id = rec.class_id();
+    rec.ParseFromString(op.request_put().value());
+    out.emplace_back(op.request_put().key(), std::move(rec));
   }
-  return n;
+  return out;
 }
 
 void ReportRenewal(EngineObserver& observer, std::string_view ns,
@@ -433,6 +435,9 @@ void Engine::Release(const Caller& caller, const v1::ReleaseRequest& req, Deadli
 
 // Release, in at most a few transactions:
 //  1. the fast path: delete the hold if it is the token's and no waiter is queued;
+//     or, when this replica's view of the key (lock/view_cache.h) shows waiters to
+//     hand the key to, the transaction of 2 planned on that view, guarded also by
+//     "the namespace record and the classes unchanged since the view's read";
 //  2. otherwise, with the else branch's snapshot, one transaction that deletes the
 //     hold and hands the key to the head of the queue (the head alone, or the run
 //     of shared waiters at the head) in the same commit, so the new holders'
@@ -440,16 +445,61 @@ void Engine::Release(const Caller& caller, const v1::ReleaseRequest& req, Deadli
 //     transfer). Its compares (the token's hold, the epoch, no new hold, each
 //     granted waiter still queued) make a double grant impossible; if they fail,
 //     the next attempt decides on the new else branch.
+// A release planned on a view never removes dead waiters (their records may be
+// stale there) and hands the key only to waiters the view's read saw, so it grants
+// exactly what the same plan on a fresh read would.
 void Engine::ReleaseAttempt(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
                             Done<v1::ReleaseResponse> done) {
+  ReleasePlan plan;
+  plan.now_ms = NowUnixMs();
+  if (PlanOnViews(req, &plan)) return ReleaseTxn(req, d, attempts_left, std::move(plan), done);
   ReleaseTxn(req, d, attempts_left, std::nullopt, std::move(done));
 }
 
+bool Engine::PlanOnViews(const v1::ReleaseRequest& req, ReleasePlan* plan) {
+  const std::string& ns = req.namespace_();
+  auto kv = views_.Key(ns, req.lock_key());
+  if (!kv) return false;
+  auto nsv = views_.Namespace(ns);
+  auto epoch = epochs_.Get();
+  if (!nsv || !epoch || !nsv->record.draining_to().empty() || nsv->record.moved()) return false;
+  const int64_t session = req.session_id();
+  const int64_t rev = token::RevisionOf(req.token());
+  if (std::none_of(kv->holds.begin(), kv->holds.end(), [&](const HoldEntry& h) {
+        return h.lease == session && h.create_revision == rev;
+      })) {
+    return false;
+  }
+  KeySnapshot& s = plan->snap;
+  s.revision = kv->holds_revision;
+  s.cluster_id = nsv->cluster_id;
+  s.namespace_exists = true;
+  s.ns_record = nsv->record;
+  s.ns_mod_revision = nsv->mod_revision;
+  s.epoch = epoch;
+  s.classes = nsv->classes;
+  s.holds = kv->holds;
+  s.waiters = kv->waiters;
+  if (!GrantBlock().ok() || !CheckEpoch(epoch, nsv->cluster_id).ok() ||
+      ResolveClass(s.classes, req.lock_key()) == nullptr) {
+    return false;
+  }
+  auto handover = queue::PlanHandOver(s, session, plan->now_ms);
+  if (handover.grant.empty() || !handover.dead.empty()) return false;
+  for (const WaiterEntry* w : handover.grant) {
+    if (w->create_revision > kv->waiters_revision) return false;  // maybe not the head
+  }
+  plan->classes_revision = nsv->classes_revision;
+  plan->key = std::move(*kv);
+  return true;
+}
+
 void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
-                        std::optional<KeySnapshot> snap, Done<v1::ReleaseResponse> done) {
+                        std::optional<ReleasePlan> plan, Done<v1::ReleaseResponse> done) {
   const std::string ns = req.namespace_(), key = req.lock_key();
   const int64_t session = req.session_id(), tok = req.token();
   const std::string hold_key = keyspace::HoldKey(ns, key, session);
+  const KeySnapshot* snap = plan ? &plan->snap : nullptr;
   pb::TxnRequest txn;
   AddCompare(&txn, hold_key, pb::Compare::CREATE, pb::Compare::EQUAL)
       ->set_create_revision(token::RevisionOf(tok));
@@ -462,26 +512,60 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
   txn.add_success()->mutable_request_delete_range()->set_key(hold_key);
   txn.add_success()->mutable_request_delete_range()->set_key(keyspace::ClaimKey(ns, key, session));
   AddAuditMark(&txn);  // a release, not an expiry
-  if (!snap) {
+  HandOverResult handover;
+  if (!plan) {
     auto* no_waiters = AddCompare(&txn, keyspace::WaitRangeBegin(ns, key), pb::Compare::CREATE,
                                   pb::Compare::EQUAL);
     no_waiters->set_range_end(keyspace::WaitRangeEnd(ns, key));
     no_waiters->set_create_revision(0);
   } else {
+    if (plan->classes_revision > 0) {
+      // Planned on views: what a fresh read would have shown of the namespace.
+      AddCompare(&txn, keyspace::NamespaceKey(ns), pb::Compare::MOD, pb::Compare::EQUAL)
+          ->set_mod_revision(snap->ns_mod_revision);
+      auto* classes = AddCompare(&txn, keyspace::ClassPrefix(ns), pb::Compare::MOD,
+                                 pb::Compare::LESS);
+      classes->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
+      classes->set_mod_revision(plan->classes_revision + 1);
+    }
     // A namespace being rehomed hands nothing over: its holds must drain.
-    AddHandOver(*snap, ns, key, session,
-                GrantBlock().ok() && snap->ns_record.draining_to().empty(), &txn);
+    handover = AddHandOver(*snap, ns, key, session,
+                           GrantBlock().ok() && snap->ns_record.draining_to().empty(),
+                           /*remove_dead=*/plan->classes_revision == 0, plan->now_ms, &txn);
   }
   AddSnapshotReads(ns, session, key, txn.mutable_failure());
-  std::string handed_class;
-  const int handed_over = HandOverGrants(txn, ns, key, &handed_class);
+  auto handed = HandOverGrants(txn, ns, key);
+  std::optional<KeyView> base;
+  if (plan && handover.guarded) {
+    if (plan->classes_revision > 0) {
+      base = std::move(plan->key);
+    } else {
+      base = KeyView{snap->revision, snap->revision, snap->holds, snap->waiters};
+    }
+  }
   commits_.Txn({ns, key, session}, std::move(txn), EtcdDeadline(d),
-             [this, req, d, attempts_left, ns, key, session, tok, handed_over, handed_class,
+             [this, req, d, attempts_left, ns, key, session, tok, handed = std::move(handed),
+              handover = std::move(handover), base = std::move(base),
               done](absl::StatusOr<pb::TxnResponse> t) {
                if (!t.ok()) return done(t.status());
                if (t->succeeded()) {
+                 const int64_t rev = t->header().revision();
+                 const int handed_over = static_cast<int>(handed.size());
+                 for (const auto& [hold_key, rec] : handed) {
+                   local_waiters_.HandedOver(hold_key, rev, rec);
+                 }
+                 if (base) {
+                   std::vector<HoldEntry> granted;
+                   for (size_t i = 0; i < handed.size() && i < handover.granted.size(); ++i) {
+                     granted.push_back(HoldEntry{handover.granted[i], rev, handed[i].second});
+                   }
+                   views_.Released(ns, key, *base, session, handover.gone, granted, rev);
+                 } else {
+                   views_.ForgetKey(ns, key);
+                 }
                  if (handed_over > 0) {
-                   observer().OnGranted(ns, handed_class, GrantPath::kHandOver, handed_over);
+                   observer().OnGranted(ns, handed.front().second.class_id(),
+                                        GrantPath::kHandOver, handed_over);
                  }
                  observer().OnReleased(ns, handed_over);
                  return done(v1::ReleaseResponse());
@@ -489,6 +573,7 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
                auto snap = ParseSnapshot(t->header(), t->responses());
                if (!snap.ok()) return done(snap.status());
                epochs_.Observe(snap->epoch);
+               views_.ObserveKey(ns, key, *snap);
                if (!snap->namespace_exists) {
                  return done(absl::NotFoundError(
                      absl::StrCat("namespace \"", ns, "\" does not exist")));
@@ -498,13 +583,16 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
                  auto current = token::Make(h.record.epoch(), h.create_revision);
                  int64_t current_token = current.ok() ? *current : 0;
                  if (current_token == tok) {
-                   // Still ours: waiters are queued, or the epoch cache or the
-                   // queue changed under us. Decide on this snapshot.
+                   // Still ours: waiters are queued, or the views, the epoch cache
+                   // or the queue changed under us. Decide on this snapshot.
                    if (attempts_left <= 1) {
                      return done(absl::AbortedError(absl::StrCat(
                          "release of \"", key, "\" kept racing with the queue; try again")));
                    }
-                   return ReleaseTxn(req, d, attempts_left - 1, std::move(*snap), done);
+                   ReleasePlan next;
+                   next.snap = std::move(*snap);
+                   next.now_ms = NowUnixMs();
+                   return ReleaseTxn(req, d, attempts_left - 1, std::move(next), done);
                  }
                  return done(absl::FailedPreconditionError(absl::StrCat(
                      "stale token ", tok, ": the current hold of \"", key, "\" by session ",
@@ -516,26 +604,34 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
              });
 }
 
-void Engine::AddHandOver(const KeySnapshot& snap, const std::string& ns, const std::string& key,
-                         int64_t releasing, bool grants_allowed, pb::TxnRequest* txn) {
-  auto plan = queue::PlanHandOver(snap, releasing, NowUnixMs());
-  for (const WaiterEntry* dead : plan.dead) {
-    txn->add_success()->mutable_request_delete_range()->set_key(
-        keyspace::WaitKey(ns, key, dead->lease));
-    txn->add_success()->mutable_request_delete_range()->set_key(
-        keyspace::ClaimKey(ns, key, dead->lease));
+Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::string& ns,
+                                           const std::string& key, int64_t releasing,
+                                           bool grants_allowed, bool remove_dead, int64_t now_ms,
+                                           pb::TxnRequest* txn) {
+  HandOverResult out;
+  auto plan = queue::PlanHandOver(snap, releasing, now_ms);
+  if (remove_dead) {
+    for (const WaiterEntry* dead : plan.dead) {
+      txn->add_success()->mutable_request_delete_range()->set_key(
+          keyspace::WaitKey(ns, key, dead->lease));
+      txn->add_success()->mutable_request_delete_range()->set_key(
+          keyspace::ClaimKey(ns, key, dead->lease));
+      out.gone.push_back(dead->lease);
+    }
   }
   const ClassEntry* cls = ResolveClass(snap.classes, key);
   // Grants need a usable epoch for this cluster and a class; the release itself
   // never does.
-  if (!grants_allowed || cls == nullptr || !CheckEpoch(snap.epoch, snap.cluster_id).ok()) return;
-  if (plan.grant.empty()) return;  // a plain release: nothing else to guard
+  if (!grants_allowed || cls == nullptr || !CheckEpoch(snap.epoch, snap.cluster_id).ok()) {
+    return out;
+  }
+  if (plan.grant.empty()) return out;  // a plain release: nothing else to guard
   // No hold was created since the snapshot: the holds it shows are all there is.
   auto* no_new = AddCompare(txn, keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,
                             pb::Compare::LESS);
   no_new->set_range_end(keyspace::HoldRangeEnd(ns, key));
   no_new->set_create_revision(snap.revision + 1);
-  const int64_t now = NowUnixMs();
+  out.guarded = true;
   for (const WaiterEntry* w : plan.grant) {
     const std::string wait_key = keyspace::WaitKey(ns, key, w->lease);
     // Still queued, same incarnation (so its session's lease is alive). Its claim
@@ -543,19 +639,26 @@ void Engine::AddHandOver(const KeySnapshot& snap, const std::string& ns, const s
     AddCompare(txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)
         ->set_create_revision(w->create_revision);
     txn->add_success()->mutable_request_delete_range()->set_key(wait_key);
+    // A new hold key, so its create revision is this commit's (a waiter told
+    // from the commit, lock/local_waiters.h, gets its token from that).
+    AddCompare(txn, keyspace::HoldKey(ns, key, w->lease), pb::Compare::CREATE, pb::Compare::EQUAL)
+        ->set_create_revision(0);
     records::HoldRecord rec;
     rec.set_class_id(cls->class_id);
     rec.set_shared(w->record.shared());
     rec.set_holder_meta(w->record.holder_meta());
     rec.set_identity(w->record.identity());
     rec.set_epoch(snap.epoch->record.epoch());
-    rec.set_granted_at_unix_ms(now);
+    rec.set_granted_at_unix_ms(now_ms);
     rec.set_advisory(cls->record.enforcement() == v1::ENFORCEMENT_ADVISORY);
     auto* put = txn->add_success()->mutable_request_put();
     put->set_key(keyspace::HoldKey(ns, key, w->lease));
     put->set_value(rec.SerializeAsString());
     put->set_lease(w->lease);
+    out.gone.push_back(w->lease);
+    out.granted.push_back(w->lease);
   }
+  return out;
 }
 
 namespace {

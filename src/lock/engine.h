@@ -23,6 +23,7 @@
 #include "holdfast/v1/session.pb.h"
 #include "lock/epoch_cache.h"
 #include "lock/group_commit.h"
+#include "lock/local_waiters.h"
 #include "lock/view_cache.h"
 #include "lock/etcd_health.h"
 #include "lock/observer.h"
@@ -133,13 +134,31 @@ class Engine {
   static absl::Status QuotaExhausted(const std::string& ns, int64_t quota);
   // UNAVAILABLE with a retry hint: a rehome moves the namespace to cluster `to`.
   static absl::Status Rehoming(const std::string& ns, const std::string& to, bool moved);
+  // What a release that may hand the key over decides on: a fresh read, or this
+  // replica's views (classes_revision > 0; `key` is the key's view).
+  struct ReleasePlan {
+    KeySnapshot snap;
+    int64_t now_ms = 0;
+    int64_t classes_revision = 0;
+    KeyView key;
+  };
   void ReleaseAttempt(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
                       Done<v1::ReleaseResponse> done);
+  // A plan on the views when they show the caller's hold and waiters to hand the
+  // key to (and nothing that only a fresh read may decide).
+  bool PlanOnViews(const v1::ReleaseRequest& req, ReleasePlan* plan);
   void ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
-                  std::optional<KeySnapshot> snap, Done<v1::ReleaseResponse> done);
+                  std::optional<ReleasePlan> plan, Done<v1::ReleaseResponse> done);
+  struct HandOverResult {
+    bool guarded = false;          // "no hold created since the snapshot" is compared
+    std::vector<int64_t> gone;     // waiters (leases) the transaction deletes
+    std::vector<int64_t> granted;  // of those, the ones handed the key, in order
+  };
   // Adds the hand-over to the head of the queue to a release transaction.
-  static void AddHandOver(const KeySnapshot& snap, const std::string& ns, const std::string& key,
-                          int64_t releasing, bool grants_allowed, etcdserverpb::TxnRequest* txn);
+  static HandOverResult AddHandOver(const KeySnapshot& snap, const std::string& ns,
+                                    const std::string& key, int64_t releasing,
+                                    bool grants_allowed, bool remove_dead, int64_t now_ms,
+                                    etcdserverpb::TxnRequest* txn);
 
   // OK, or UNAVAILABLE while etcd has no quorum (no new grants then).
   absl::Status EtcdStatus() const;
@@ -154,6 +173,8 @@ class Engine {
   EtcdHealth* const health_;
   EpochCache epochs_;
   ViewCache views_;
+  // This replica's waiting acquires, told of a hand-over by a release here.
+  LocalWaiters local_waiters_;
   // Grants and releases go through it (lock/group_commit.h). After options_.
   GroupCommit commits_;
   mutable absl::Mutex block_mu_;

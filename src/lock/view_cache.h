@@ -10,9 +10,18 @@
 // revision (no class key modified after it), the session's claims as an upper
 // bound at a revision (no claim put after it; deletions only lower the count).
 //
+// A key's view serves Release's first attempt (engine.cc): a release that hands
+// the key over plans the hand-over from it, with compares that hold only while it
+// is true, instead of failing a "no waiter" compare and deciding on the else
+// branch's read. It knows every hold of the key as of `holds_revision` (no hold
+// created after it but those listed) and every waiter created up to
+// `waiters_revision` (some may have left since; later ones may be missing, and are
+// never handed the key from the view, so the queue's order holds).
+//
 // Bounded (cleared when full: a miss costs one read); thread-safe.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -40,9 +49,113 @@ struct SessionView {
   int64_t claims_revision = 0;  // ... at this revision, and none was put after it
 };
 
+struct KeyView {
+  int64_t holds_revision = 0;
+  int64_t waiters_revision = 0;
+  std::vector<HoldEntry> holds;      // in key order
+  std::vector<WaiterEntry> waiters;  // in queue order
+};
+
 class ViewCache {
  public:
   static constexpr size_t kMaxEntries = 100'000;
+  static constexpr size_t kMaxKeys = 10'000;
+
+  // --- keys -------------------------------------------------------------------
+
+  // A snapshot read of the key (complete as of its revision). A free key is
+  // forgotten: only keys with holds have releases to serve.
+  void ObserveKey(const std::string& ns, const std::string& key, const KeySnapshot& s) {
+    absl::MutexLock l(&mu_);
+    const std::string k = KeyId(ns, key);
+    if (s.holds.empty()) {
+      keys_.erase(k);
+      return;
+    }
+    auto it = keys_.find(k);
+    if (it != keys_.end() && it->second.holds_revision > s.revision) return;
+    auto& v = Slot(keys_, k, kMaxKeys);
+    v.holds_revision = v.waiters_revision = s.revision;
+    v.holds = s.holds;
+    v.waiters = s.waiters;
+  }
+
+  std::optional<KeyView> Key(const std::string& ns, const std::string& key) {
+    absl::MutexLock l(&mu_);
+    auto it = keys_.find(KeyId(ns, key));
+    if (it == keys_.end()) return std::nullopt;
+    return it->second;
+  }
+
+  void ForgetKey(const std::string& ns, const std::string& key) {
+    absl::MutexLock l(&mu_);
+    keys_.erase(KeyId(ns, key));
+  }
+
+  // A transaction put `w` (a new waiter at w.create_revision, or the same waiter
+  // with a new record).
+  void WaiterPut(const std::string& ns, const std::string& key, const WaiterEntry& w) {
+    absl::MutexLock l(&mu_);
+    auto it = keys_.find(KeyId(ns, key));
+    if (it == keys_.end()) return;
+    auto& ws = it->second.waiters;
+    for (auto& have : ws) {
+      if (have.lease != w.lease) continue;
+      if (have.create_revision == w.create_revision) have.record = w.record;
+      return;
+    }
+    // At or below waiters_revision the view saw it (or its removal) already.
+    if (w.create_revision <= it->second.waiters_revision) return;
+    auto pos = ws.begin();
+    while (pos != ws.end() && pos->create_revision < w.create_revision) ++pos;
+    ws.insert(pos, w);
+  }
+
+  // A transaction removed this waiter (created at `create_revision`).
+  void WaiterGone(const std::string& ns, const std::string& key, int64_t lease,
+                  int64_t create_revision) {
+    absl::MutexLock l(&mu_);
+    auto it = keys_.find(KeyId(ns, key));
+    if (it == keys_.end()) return;
+    std::erase_if(it->second.waiters, [&](const WaiterEntry& w) {
+      return w.lease == lease && w.create_revision == create_revision;
+    });
+  }
+
+  // A release committed at `revision`, planned on `base` and guarded by "no hold
+  // created after base.holds_revision": it deleted `releasing`'s hold, the waiters
+  // `gone` (by lease) and put `granted` (created at `revision`).
+  void Released(const std::string& ns, const std::string& key, const KeyView& base,
+                int64_t releasing, const std::vector<int64_t>& gone,
+                const std::vector<HoldEntry>& granted, int64_t revision) {
+    absl::MutexLock l(&mu_);
+    const std::string k = KeyId(ns, key);
+    auto it = keys_.find(k);
+    KeyView v;
+    if (it != keys_.end() && it->second.holds_revision >= base.holds_revision) {
+      if (it->second.holds_revision > revision) return;  // read after the release
+      v = std::move(it->second);  // knows at least what base knew of the holds
+    } else {
+      v = base;
+    }
+    std::erase_if(v.holds, [&](const HoldEntry& h) { return h.lease == releasing; });
+    std::erase_if(v.waiters, [&](const WaiterEntry& w) {
+      return std::find(gone.begin(), gone.end(), w.lease) != gone.end();
+    });
+    for (const auto& h : granted) {
+      auto pos = v.holds.begin();  // key order: the hold keys end in the lease, %016x
+      while (pos != v.holds.end() && pos->lease < h.lease) ++pos;
+      v.holds.insert(pos, h);
+    }
+    v.holds_revision = revision;
+    if (v.holds.empty()) {
+      keys_.erase(k);
+      return;
+    }
+    Slot(keys_, k, kMaxKeys) = std::move(v);
+  }
+
+  // --- namespaces and sessions --------------------------------------------------
 
   // Keeps what a snapshot read for (ns, session) showed.
   void Observe(const std::string& ns, int64_t session, const KeySnapshot& s) {
@@ -104,14 +217,21 @@ class ViewCache {
 
  private:
   template <class K, class V>
-  static V& Slot(std::map<K, V>& m, const K& k) {
-    if (m.size() >= kMaxEntries && m.find(k) == m.end()) m.clear();
+  static V& Slot(std::map<K, V>& m, const K& k, size_t max = kMaxEntries) {
+    if (m.size() >= max && m.find(k) == m.end()) m.clear();
     return m[k];
+  }
+  static std::string KeyId(const std::string& ns, const std::string& key) {
+    std::string id = ns;
+    id.push_back('\0');
+    id += key;
+    return id;
   }
 
   absl::Mutex mu_;
   std::map<std::string, NamespaceView> namespaces_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, SessionView> sessions_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, KeyView> keys_ ABSL_GUARDED_BY(mu_);
 };
 
 }  // namespace holdfast::lock

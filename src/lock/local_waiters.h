@@ -1,0 +1,98 @@
+// The waiting Acquire calls of this replica, by the hold key that a hand-over to
+// them puts. A release on this replica whose transaction hands the lock over tells
+// those waiters at once, from the committed transaction, instead of leaving them to
+// etcd's watch: a watch created at a revision that etcd has already passed is
+// served by etcd's background sync, which runs every 100 ms, and one such waiter
+// stalls a whole queue for that long. The watch still answers a hand-over made
+// by another replica (or any this table misses); a waiter answers once, whichever
+// comes first (acquire_op.cc). The last hand-overs are kept for a waiter that
+// registers only after the release committed (it read just before the commit):
+// Recent() answers it.
+//
+// Thread-safe. Callbacks run on the releasing call's thread, outside the lock.
+#pragma once
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
+#include "lock/records.pb.h"
+
+namespace holdfast::lock {
+
+class LocalWaiters {
+ public:
+  // Called with the hold's create revision (the releasing commit's) and its record.
+  using Handed = std::function<void(int64_t create_revision, const records::HoldRecord&)>;
+
+  uint64_t Add(const std::string& hold_key, Handed cb) {
+    absl::MutexLock l(&mu_);
+    const uint64_t id = ++next_id_;
+    by_id_[id] = by_key_.emplace(hold_key, std::make_pair(id, std::move(cb)));
+    return id;
+  }
+
+  void Remove(uint64_t id) {
+    absl::MutexLock l(&mu_);
+    auto it = by_id_.find(id);
+    if (it == by_id_.end()) return;
+    by_key_.erase(it->second);
+    by_id_.erase(it);
+  }
+
+  // A committed transaction put `hold_key` (a new hold) at `revision`. Returns how
+  // many waiters were told.
+  int HandedOver(const std::string& hold_key, int64_t revision, const records::HoldRecord& rec) {
+    std::vector<Handed> told;
+    {
+      absl::MutexLock l(&mu_);
+      auto [it, added] = recent_.try_emplace(hold_key, revision, rec);
+      if (added) {
+        order_.push_back(hold_key);
+        if (order_.size() > kRecent) {
+          recent_.erase(order_.front());
+          order_.pop_front();
+        }
+      } else if (it->second.first < revision) {
+        it->second = {revision, rec};
+      }
+      auto [b, e] = by_key_.equal_range(hold_key);
+      for (auto it = b; it != e; ++it) told.push_back(it->second.second);
+    }
+    for (auto& cb : told) cb(revision, rec);
+    return static_cast<int>(told.size());
+  }
+
+  // The last hand-over that put `hold_key` after `revision`, if still kept.
+  std::optional<std::pair<int64_t, records::HoldRecord>> Recent(const std::string& hold_key,
+                                                                int64_t revision) {
+    absl::MutexLock l(&mu_);
+    auto it = recent_.find(hold_key);
+    if (it == recent_.end() || it->second.first <= revision) return std::nullopt;
+    return it->second;
+  }
+
+  size_t size() {
+    absl::MutexLock l(&mu_);
+    return by_id_.size();
+  }
+
+ private:
+  static constexpr size_t kRecent = 4096;
+  using ByKey = std::multimap<std::string, std::pair<uint64_t, Handed>>;
+  absl::Mutex mu_;
+  uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  ByKey by_key_ ABSL_GUARDED_BY(mu_);
+  std::map<uint64_t, ByKey::iterator> by_id_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::pair<int64_t, records::HoldRecord>> recent_ ABSL_GUARDED_BY(mu_);
+  std::deque<std::string> order_ ABSL_GUARDED_BY(mu_);  // recent_'s keys, oldest first
+};
+
+}  // namespace holdfast::lock

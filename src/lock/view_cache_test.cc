@@ -1,0 +1,132 @@
+// The key views of ViewCache: what a release may plan on without a read.
+#include "lock/view_cache.h"
+
+#include <gtest/gtest.h>
+
+namespace holdfast::lock {
+namespace {
+
+HoldEntry Hold(int64_t lease, int64_t rev) {
+  HoldEntry h;
+  h.lease = lease;
+  h.create_revision = rev;
+  return h;
+}
+
+WaiterEntry Waiter(int64_t lease, int64_t rev) {
+  WaiterEntry w;
+  w.lease = lease;
+  w.create_revision = rev;
+  return w;
+}
+
+KeySnapshot Read(int64_t revision, std::vector<HoldEntry> holds,
+                 std::vector<WaiterEntry> waiters) {
+  KeySnapshot s;
+  s.revision = revision;
+  s.namespace_exists = true;
+  s.holds = std::move(holds);
+  s.waiters = std::move(waiters);
+  return s;
+}
+
+std::vector<int64_t> Leases(const std::vector<WaiterEntry>& ws) {
+  std::vector<int64_t> out;
+  for (const auto& w : ws) out.push_back(w.lease);
+  return out;
+}
+
+TEST(KeyViewTest, AReadIsCompleteAtItsRevisionAndAFreeKeyIsForgotten) {
+  ViewCache c;
+  c.ObserveKey("ns", "k", Read(10, {Hold(1, 5)}, {Waiter(2, 7), Waiter(3, 9)}));
+  auto v = c.Key("ns", "k");
+  ASSERT_TRUE(v);
+  EXPECT_EQ(v->holds_revision, 10);
+  EXPECT_EQ(v->waiters_revision, 10);
+  EXPECT_EQ(Leases(v->waiters), (std::vector<int64_t>{2, 3}));
+  EXPECT_FALSE(c.Key("ns", "other"));
+  EXPECT_FALSE(c.Key("other", "k"));
+
+  // An older read (answered late) does not replace a newer one.
+  c.ObserveKey("ns", "k", Read(8, {Hold(1, 5)}, {Waiter(2, 7)}));
+  EXPECT_EQ(c.Key("ns", "k")->holds_revision, 10);
+
+  c.ObserveKey("ns", "k", Read(12, {}, {}));
+  EXPECT_FALSE(c.Key("ns", "k"));
+}
+
+// A waiter put after the read is kept in queue order but stays above
+// waiters_revision: a release never hands it the key from the view, because
+// another replica may have queued one ahead of it that the view does not know.
+TEST(KeyViewTest, WaitersPutAfterTheReadAreKnownButNotComplete) {
+  ViewCache c;
+  c.ObserveKey("ns", "k", Read(10, {Hold(1, 5)}, {Waiter(2, 7)}));
+  c.WaiterPut("ns", "k", Waiter(4, 14));
+  c.WaiterPut("ns", "k", Waiter(3, 12));  // its answer came later
+  auto v = c.Key("ns", "k");
+  EXPECT_EQ(Leases(v->waiters), (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(v->waiters_revision, 10);
+
+  // At or below the read's revision the read saw it, or saw it gone already.
+  c.WaiterPut("ns", "k", Waiter(5, 9));
+  EXPECT_EQ(Leases(c.Key("ns", "k")->waiters), (std::vector<int64_t>{2, 3, 4}));
+
+  // A re-put of a known waiter (a later deadline) keeps its place.
+  WaiterEntry again = Waiter(2, 7);
+  again.record.set_deadline_unix_ms(99);
+  c.WaiterPut("ns", "k", again);
+  v = c.Key("ns", "k");
+  EXPECT_EQ(Leases(v->waiters), (std::vector<int64_t>{2, 3, 4}));
+  EXPECT_EQ(v->waiters[0].record.deadline_unix_ms(), 99);
+
+  c.WaiterGone("ns", "k", 3, 12);
+  c.WaiterGone("ns", "k", 4, 999);  // another incarnation: not this one
+  EXPECT_EQ(Leases(c.Key("ns", "k")->waiters), (std::vector<int64_t>{2, 4}));
+}
+
+TEST(KeyViewTest, AReleaseMovesTheHoldsToItsRevision) {
+  ViewCache c;
+  c.ObserveKey("ns", "k", Read(10, {Hold(1, 5)}, {Waiter(2, 7), Waiter(3, 9)}));
+  auto base = *c.Key("ns", "k");
+  c.Released("ns", "k", base, /*releasing=*/1, /*gone=*/{2}, {Hold(2, 20)}, 20);
+  auto v = c.Key("ns", "k");
+  ASSERT_TRUE(v);
+  EXPECT_EQ(v->holds_revision, 20);  // no hold was created in (10, 20): compared
+  EXPECT_EQ(v->waiters_revision, 10);
+  ASSERT_EQ(v->holds.size(), 1u);
+  EXPECT_EQ(v->holds[0].lease, 2);
+  EXPECT_EQ(v->holds[0].create_revision, 20);
+  EXPECT_EQ(Leases(v->waiters), (std::vector<int64_t>{3}));
+
+  // The next release, planned on that view.
+  base = *v;
+  c.Released("ns", "k", base, 2, {3}, {Hold(3, 25)}, 25);
+  v = c.Key("ns", "k");
+  EXPECT_EQ(v->holds_revision, 25);
+  EXPECT_TRUE(v->waiters.empty());
+
+  // A read after the release is not overwritten by the release's view.
+  c.ObserveKey("ns", "k", Read(30, {Hold(3, 25)}, {Waiter(6, 28)}));
+  c.Released("ns", "k", base, 2, {3}, {Hold(3, 25)}, 25);
+  EXPECT_EQ(c.Key("ns", "k")->holds_revision, 30);
+
+  // The last holder leaves with nobody handed the key: forgotten.
+  base = *c.Key("ns", "k");
+  c.Released("ns", "k", base, 3, {}, {}, 31);
+  EXPECT_FALSE(c.Key("ns", "k"));
+}
+
+TEST(KeyViewTest, SharedHoldsStayInKeyOrder) {
+  ViewCache c;
+  c.ObserveKey("ns", "k", Read(10, {Hold(1, 5), Hold(9, 6)}, {Waiter(4, 7), Waiter(6, 8)}));
+  auto base = *c.Key("ns", "k");
+  c.Released("ns", "k", base, 1, {4, 6}, {Hold(4, 11), Hold(6, 11)}, 11);
+  auto v = c.Key("ns", "k");
+  ASSERT_EQ(v->holds.size(), 3u);
+  EXPECT_EQ(v->holds[0].lease, 4);
+  EXPECT_EQ(v->holds[1].lease, 6);
+  EXPECT_EQ(v->holds[2].lease, 9);
+}
+
+}  // namespace
+}  // namespace holdfast::lock
