@@ -39,9 +39,13 @@ Client::Client(ClientOptions options, std::shared_ptr<TimerQueue> timers)
   }
   keepalive_mux_ = std::make_unique<KeepAliveMux>(this);
   watch_hub_ = std::make_unique<WatchHub>(this);
+  move_keepalive_.store(keepalive_mux_.get());
+  move_watches_.store(watch_hub_.get());
 }
 
 Client::~Client() {
+  move_watches_.store(nullptr);
+  move_keepalive_.store(nullptr);
   // Streams first: they call back into the client. Then wait for unary calls,
   // so no callback runs after the channels are gone.
   watch_hub_.reset();
@@ -57,7 +61,10 @@ std::pair<Client::Endpoint*, size_t> Client::PickEndpoint() {
 
 void Client::ReportUnavailable(size_t index) {
   size_t expected = index;
-  current_.compare_exchange_strong(expected, (index + 1) % endpoints_.size());
+  const size_t next = (index + 1) % endpoints_.size();
+  if (next == index || !current_.compare_exchange_strong(expected, next)) return;
+  if (auto* w = move_watches_.load()) w->MoveFrom(index);
+  if (auto* k = move_keepalive_.load()) k->MoveFrom(index);
 }
 
 void Client::ObserveHeader(const pb::ResponseHeader& h) {
@@ -81,9 +88,11 @@ void Client::Unary(const char* method, StartFn start, Req req, Deadline d, Callb
   call->ctx.set_deadline(d);
   calls_in_flight_.fetch_add(1);
   const auto started = std::chrono::steady_clock::now();
+  // A read silent for this long names a cut-off endpoint, not a tight deadline.
+  const bool silence_counts = d - std::chrono::system_clock::now() >= kSilentEndpoint;
   start(endpoint, &call->ctx, &call->req, &call->resp,
-        [this, method, started, call, index, d, cb = std::move(cb), start,
-         retry_unavailable](grpc::Status s) mutable {
+        [this, method, started, call, index, d, cb = std::move(cb), start, retry_unavailable,
+         silence_counts](grpc::Status s) mutable {
           absl::Status st = FromEtcd(s);
           if (options_.observer != nullptr) {
             options_.observer->OnEtcdCall(method, st, std::chrono::steady_clock::now() - started);
@@ -97,6 +106,10 @@ void Client::Unary(const char* method, StartFn start, Req req, Deadline d, Callb
           if (st.ok()) {
             ObserveHeader(resp.header());
             cb(std::move(resp));
+          } else if (retry_unavailable && silence_counts &&
+                     st.code() == absl::StatusCode::kDeadlineExceeded) {
+            ReportUnavailable(index);  // a read that got no answer: see the header
+            cb(st);
           } else if (EndpointUnavailable(st) && (ReportUnavailable(index), true) &&
                      retry_unavailable && endpoints_.size() > 1 &&
                      std::chrono::system_clock::now() < d) {

@@ -11,7 +11,12 @@
 // client to the next endpoint for later calls. Reads (Range, Status, TimeToLive)
 // are retried once on the next endpoint; writes are not, because an UNAVAILABLE or
 // DEADLINE_EXCEEDED write has an unknown outcome and its caller converges by
-// re-reading (STYLE habit 5).
+// re-reading (STYLE habit 5). A read or a lease renewal that gets no answer before
+// its deadline moves the client on too: a member cut off from the network answers
+// nothing and ends no connection (gRPC's keepalive would notice only after ~15 s),
+// so silence is the only sign. When the client moves, the Watch and LeaseKeepAlive
+// streams on the endpoint left behind move with it (watchers resume after the last
+// revision they were given).
 //
 // Every response's header (cluster_id, revision) reaches the caller untouched; the
 // client also remembers the last cluster id and the highest revision it has seen.
@@ -129,8 +134,13 @@ class Client {
   };
   // The endpoint to use now, and its index.
   std::pair<Endpoint*, size_t> PickEndpoint();
-  // An UNAVAILABLE answer from endpoint `index`: move on to the next one.
+  // Endpoint `index` answered UNAVAILABLE or nothing in time: move on to the next
+  // one (if it is still the current one), and move the streams with it. Never
+  // call it under a lock that the streams' owners take.
   void ReportUnavailable(size_t index);
+  size_t endpoint_count() const { return endpoints_.size(); }
+  // A read or renewal given at least this long that gets no answer moves the client.
+  static constexpr std::chrono::milliseconds kSilentEndpoint{500};
 
  private:
   Client(ClientOptions options, std::shared_ptr<TimerQueue> timers);
@@ -156,6 +166,9 @@ class Client {
   std::atomic<int64_t> last_revision_{0};
   std::unique_ptr<KeepAliveMux> keepalive_mux_;
   std::unique_ptr<WatchHub> watch_hub_;
+  // The streams' owners to tell when the client moves; null once ~Client began.
+  std::atomic<KeepAliveMux*> move_keepalive_{nullptr};
+  std::atomic<WatchHub*> move_watches_{nullptr};
 };
 
 // Turns a callback-style call into a blocking one. Never call from a gRPC thread.

@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include "dev/etcd_process.h"
+#include "dev/silent_endpoint.h"
 #include "etcd/watch_hub.h"
 
 namespace holdfast::etcd {
@@ -221,6 +222,74 @@ TEST_F(EtcdClientTest, FailsOverToAnotherEndpoint) {
   EXPECT_TRUE(resp.ok()) << resp.status();
   // And later calls start there.
   EXPECT_EQ((*c)->PickEndpoint().second, 1u);
+}
+
+TEST_F(EtcdClientTest, AReadWithNoAnswerMovesTheClientOn) {
+  dev::SilentEndpoint silent;
+  ASSERT_FALSE(silent.address().empty());
+  ClientOptions co;
+  co.endpoints = {silent.address(), etcd_->endpoint()};
+  auto c = Client::Create(co, timers_);
+  ASSERT_TRUE(c.ok());
+  pb::RangeRequest r;
+  r.set_key("/t/none");
+  auto first = (*c)->RangeSync(r, DeadlineIn(seconds(1)));
+  EXPECT_EQ(first.status().code(), absl::StatusCode::kDeadlineExceeded) << first.status();
+  EXPECT_EQ((*c)->PickEndpoint().second, 1u);
+  auto second = (*c)->RangeSync(r, DeadlineIn(seconds(5)));
+  EXPECT_TRUE(second.ok()) << second.status();
+  // A tight deadline says nothing about the endpoint: it does not move the client.
+  auto tight = (*c)->RangeSync(r, DeadlineIn(milliseconds(1)));
+  EXPECT_EQ((*c)->PickEndpoint().second, 1u) << tight.status();
+}
+
+// A renewal that gets no answer moves the client, and the Watch stream stuck on
+// the silent endpoint moves with it: the watcher sees a put made afterwards, and
+// renewals go on over the new stream.
+TEST_F(EtcdClientTest, StreamsFollowTheClientOffASilentEndpoint) {
+  dev::SilentEndpoint silent;
+  ASSERT_FALSE(silent.address().empty());
+  ClientOptions co;
+  co.endpoints = {silent.address(), etcd_->endpoint()};
+  auto c = Client::Create(co, timers_);
+  ASSERT_TRUE(c.ok());
+  pb::LeaseGrantRequest g;
+  g.set_ttl(30);
+  auto lease = client_->LeaseGrantSync(g, DeadlineIn(seconds(5)));
+  ASSERT_TRUE(lease.ok());
+
+  std::promise<int64_t> seen;
+  std::atomic<bool> once{false};
+  WatchSpec spec;
+  spec.key = "/t/moved";
+  spec.start_revision = Put("/t/before", "x").header().revision() + 1;
+  (*c)->watches().Watch(spec, [&](absl::StatusOr<WatchBatch> b) {
+    if (b.ok() && !b->events.empty() && !once.exchange(true)) {
+      seen.set_value(b->events[0].kv().mod_revision());
+    }
+  });
+
+  std::promise<absl::Status> first;
+  (*c)->KeepAlive(lease->id(), DeadlineIn(seconds(1)),
+                  [&](absl::StatusOr<pb::LeaseKeepAliveResponse> r) { first.set_value(r.status()); });
+  auto f = first.get_future();
+  ASSERT_EQ(f.wait_for(seconds(10)), std::future_status::ready);
+  EXPECT_EQ(f.get().code(), absl::StatusCode::kDeadlineExceeded);
+  EXPECT_EQ((*c)->PickEndpoint().second, 1u);
+
+  std::promise<absl::StatusOr<pb::LeaseKeepAliveResponse>> second;
+  (*c)->KeepAlive(lease->id(), DeadlineIn(seconds(5)),
+                  [&](absl::StatusOr<pb::LeaseKeepAliveResponse> r) { second.set_value(r); });
+  auto s2 = second.get_future();
+  ASSERT_EQ(s2.wait_for(seconds(10)), std::future_status::ready);
+  auto renewed = s2.get();
+  ASSERT_TRUE(renewed.ok()) << renewed.status();
+  EXPECT_GT(renewed->ttl(), 0);
+
+  const int64_t put_rev = Put("/t/moved", "v").header().revision();
+  auto w = seen.get_future();
+  ASSERT_EQ(w.wait_for(seconds(10)), std::future_status::ready);
+  EXPECT_EQ(w.get(), put_rev);
 }
 
 TEST_F(EtcdClientTest, DeadlineIsEnforced) {

@@ -22,6 +22,9 @@ class KeepAliveMux::Stream
  private:
   KeepAliveMux* const mux_;
   const size_t index_;
+
+ public:
+  size_t index() const { return index_; }
 };
 
 KeepAliveMux::KeepAliveMux(Client* client) : client_(client) {}
@@ -69,7 +72,10 @@ void KeepAliveMux::KeepAlive(int64_t lease_id, Deadline d,
           now_steady + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                            d - std::chrono::system_clock::now()),
           [this, lease_id, id] { OnTimeout(lease_id, id); });
-      pending_[stream.get()][lease_id].push_back(Pending{id, std::move(cb), timer});
+      const bool silence_counts =
+          d - std::chrono::system_clock::now() >= Client::kSilentEndpoint;
+      pending_[stream.get()][lease_id].push_back(
+          Pending{id, std::move(cb), timer, d, silence_counts});
       by_id_[id] = stream;
     }
   }
@@ -110,9 +116,16 @@ void KeepAliveMux::OnFinished(Stream* s, const grpc::Status& status, size_t endp
   bool cancelled = why.code() == absl::StatusCode::kCancelled;
   if (cancelled) why = absl::UnavailableError("etcd: keepalive stream reset");
   std::vector<Callback<pb::LeaseKeepAliveResponse>> failed;
+  struct Again {
+    int64_t lease;
+    Deadline deadline;
+    Callback<pb::LeaseKeepAliveResponse> cb;
+  };
+  std::vector<Again> again;  // left behind by a move: sent on the new stream
   {
     absl::MutexLock l(&mu_);
     if (current_.get() == s) current_.reset();
+    const bool moved = moved_.erase(s) > 0 && !shutting_down_;
     auto node = pending_.extract(s);
     if (!node.empty()) {
       for (auto& [lease, q] : node.mapped()) {
@@ -120,19 +133,37 @@ void KeepAliveMux::OnFinished(Stream* s, const grpc::Status& status, size_t endp
           by_id_.erase(p.id);
           if (p.cb) {
             client_->timers().Cancel(p.timer);
-            failed.push_back(std::move(p.cb));
+            if (moved && std::chrono::system_clock::now() < p.deadline) {
+              again.push_back(Again{lease, p.deadline, std::move(p.cb)});
+            } else {
+              failed.push_back(std::move(p.cb));
+            }
           }
         }
       }
     }
-    if (!cancelled) client_->ReportUnavailable(endpoint_index);
   }
+  // Outside mu_: moving the client calls MoveFrom().
+  if (!cancelled) client_->ReportUnavailable(endpoint_index);
   for (auto& cb : failed) cb(why);
+  for (auto& a : again) KeepAlive(a.lease, a.deadline, std::move(a.cb));
+}
+
+void KeepAliveMux::MoveFrom(size_t index) {
+  std::shared_ptr<Stream> left;
+  {
+    absl::MutexLock l(&mu_);
+    if (shutting_down_ || current_ == nullptr || current_->index() != index) return;
+    left = std::move(current_);
+    moved_[left.get()] = true;
+  }
+  left->Cancel();
 }
 
 void KeepAliveMux::OnTimeout(int64_t lease_id, uint64_t id) {
   Callback<pb::LeaseKeepAliveResponse> cb;
   std::shared_ptr<Stream> suspect;
+  bool silence_counts = false;
   {
     absl::MutexLock l(&mu_);
     auto it = by_id_.find(id);
@@ -140,11 +171,19 @@ void KeepAliveMux::OnTimeout(int64_t lease_id, uint64_t id) {
     suspect = it->second;
     auto& q = pending_[suspect.get()][lease_id];
     for (auto& p : q) {
-      if (p.id == id) cb = std::move(p.cb);  // the slot stays to absorb a late answer
+      if (p.id == id) {
+        cb = std::move(p.cb);  // the slot stays to absorb a late answer
+        silence_counts = p.silence_counts;
+      }
     }
-    if (current_ == suspect) current_.reset();
+    if (current_ == suspect) {
+      current_.reset();
+      // Its other requests go again on the next stream: only this one is late.
+      moved_[suspect.get()] = true;
+    }
   }
   suspect->Cancel();
+  if (silence_counts) client_->ReportUnavailable(suspect->index());
   if (cb) cb(absl::DeadlineExceededError("etcd: no keepalive answer before the deadline"));
 }
 

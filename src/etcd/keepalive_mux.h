@@ -4,8 +4,11 @@
 // etcd's answer, or DEADLINE_EXCEEDED when none came before the deadline, or
 // UNAVAILABLE when the stream broke. Answers for one lease come back in request
 // order, so they are matched first-in first-out. A request that times out makes
-// the stream suspect: it is cancelled and the next request opens a new stream on
-// the client's current endpoint (which the failure may have moved on).
+// the stream suspect: it is cancelled, the client moves to its next endpoint
+// (when the request was given at least Client::kSilentEndpoint) and the next
+// request opens a new stream there. When the client moves for any reason
+// (MoveFrom), the requests still unanswered on the stream left behind are sent
+// again on the new one, each under its own deadline, so renewals carry on.
 // Callbacks run on a gRPC or timer thread, never under mu_.
 #pragma once
 
@@ -29,12 +32,17 @@ class KeepAliveMux {
 
   void KeepAlive(int64_t lease_id, Deadline d, Callback<pb::LeaseKeepAliveResponse> cb);
 
+  // The client moved off endpoint `index` (Client::ReportUnavailable).
+  void MoveFrom(size_t index);
+
  private:
   class Stream;
   struct Pending {
     uint64_t id;
     Callback<pb::LeaseKeepAliveResponse> cb;  // empty once answered by the timer
     TimerQueue::TimerId timer;
+    Deadline deadline;
+    bool silence_counts;  // given at least Client::kSilentEndpoint
   };
   // Requests sent on one stream and not answered yet, per lease, in send order.
   using PendingMap = std::map<int64_t, std::deque<Pending>>;
@@ -50,6 +58,8 @@ class KeepAliveMux {
   // The stream each unanswered request went out on.
   std::map<uint64_t, std::shared_ptr<Stream>> by_id_ ABSL_GUARDED_BY(mu_);
   int live_streams_ ABSL_GUARDED_BY(mu_) = 0;
+  // Streams left behind by MoveFrom: their unanswered requests are sent again.
+  std::map<Stream*, bool> moved_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };

@@ -10,7 +10,7 @@ class WatchHub::Stream : public BidiStream<pb::WatchRequest, pb::WatchResponse> 
   Stream(WatchHub* hub, size_t index) : hub_(hub), index_(index) {}
 
  protected:
-  void OnResponse(const pb::WatchResponse& resp) override { hub_->OnResponse(resp); }
+  void OnResponse(const pb::WatchResponse& resp) override { hub_->OnResponse(this, resp); }
   void OnFinished(const grpc::Status& status) override {
     hub_->OnFinished(this, status, index_);
   }
@@ -18,6 +18,9 @@ class WatchHub::Stream : public BidiStream<pb::WatchRequest, pb::WatchResponse> 
  private:
   WatchHub* const hub_;
   const size_t index_;
+
+ public:
+  size_t index() const { return index_; }
 };
 
 WatchHub::WatchHub(Client* client) : client_(client) {}
@@ -104,12 +107,13 @@ void WatchHub::Cancel(WatchId id) {
   }
 }
 
-void WatchHub::OnResponse(const pb::WatchResponse& resp) {
+void WatchHub::OnResponse(Stream* s, const pb::WatchResponse& resp) {
   client_->ObserveHeader(resp.header());
   std::shared_ptr<WatchCallback> cb;
   absl::StatusOr<WatchBatch> delivery;
   {
     absl::MutexLock l(&mu_);
+    if (current_.get() != s) return;  // a stream left behind (MoveFrom)
     auto it = watchers_.find(resp.watch_id());
     if (it == watchers_.end()) return;  // cancelled meanwhile
     Watcher& w = it->second;
@@ -144,18 +148,36 @@ void WatchHub::OnResponse(const pb::WatchResponse& resp) {
 }
 
 void WatchHub::OnFinished(Stream* s, const grpc::Status& status, size_t endpoint_index) {
-  absl::MutexLock l(&mu_);
-  if (current_.get() != s) return;
-  current_.reset();
-  if (shutting_down_) return;
+  {
+    absl::MutexLock l(&mu_);
+    if (current_.get() != s) return;
+    current_.reset();
+    if (shutting_down_) return;
+    if (!watchers_.empty() && !reconnect_scheduled_) {
+      reconnect_scheduled_ = true;
+      reconnect_timer_ = client_->timers().ScheduleAfter(std::chrono::milliseconds(200),
+                                                         [this] { Reconnect(); });
+    }
+  }
+  // Outside mu_: moving the client calls MoveFrom().
   if (status.error_code() != grpc::StatusCode::CANCELLED) {
     client_->ReportUnavailable(endpoint_index);
   }
-  if (!watchers_.empty() && !reconnect_scheduled_) {
-    reconnect_scheduled_ = true;
-    reconnect_timer_ = client_->timers().ScheduleAfter(std::chrono::milliseconds(200),
-                                                       [this] { Reconnect(); });
+}
+
+void WatchHub::MoveFrom(size_t index) {
+  std::shared_ptr<Stream> left;
+  {
+    absl::MutexLock l(&mu_);
+    if (shutting_down_ || current_ == nullptr || current_->index() != index) return;
+    left = std::move(current_);
+    if (!watchers_.empty() && !reconnect_scheduled_) {
+      reconnect_scheduled_ = true;
+      reconnect_timer_ = client_->timers().ScheduleAfter(std::chrono::milliseconds(0),
+                                                         [this] { Reconnect(); });
+    }
   }
+  left->Cancel();
 }
 
 void WatchHub::Reconnect() {

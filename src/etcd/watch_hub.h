@@ -57,6 +57,11 @@ class WatchHub {
   // Number of live watchers (for metrics and tests).
   size_t size();
 
+  // The client moved off endpoint `index` (Client::ReportUnavailable): a stream on
+  // it is dropped (its later answers ignored) and every watcher is created again
+  // on the current endpoint, after the last revision it was given.
+  void MoveFrom(size_t index);
+
  private:
   class Stream;
   struct Watcher {
@@ -70,7 +75,7 @@ class WatchHub {
   // Opens a stream if there is none. Returns it, and whether Go() is due.
   std::pair<std::shared_ptr<Stream>, bool> EnsureStreamLocked()
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnResponse(const pb::WatchResponse& resp);
+  void OnResponse(Stream* s, const pb::WatchResponse& resp);
   void OnFinished(Stream* s, const grpc::Status& status, size_t endpoint_index);
   void Reconnect();
 

@@ -340,9 +340,29 @@ void Engine::Renew(const v1::KeepAliveRequest& req, Deadline d, Done<v1::KeepAli
     ReportRenewal(observer(), req.namespace_(), base, {});
     return done(std::move(base));
   }
+  RenewAttempt(req, d, /*again=*/false, std::chrono::steady_clock::now(), std::move(base),
+               std::move(done));
+}
+
+// One renewal over the client's keepalive stream. A renewal that got no answer or
+// an UNAVAILABLE one is sent once more when the caller's deadline leaves time for
+// it: the failure moved the etcd client to its next endpoint (etcd/client.h), so
+// one member cut off costs the holder a late answer, not an "etcd unavailable".
+void Engine::RenewAttempt(const v1::KeepAliveRequest& req, Deadline d, bool again,
+                          std::chrono::steady_clock::time_point started,
+                          v1::KeepAliveResponse base, Done<v1::KeepAliveResponse> done) {
   etcd_->KeepAlive(req.session_id(), std::min(EtcdDeadline(d), etcd::DeadlineIn(options_.renew_timeout)),
-                   [this, ns = req.namespace_(), started = std::chrono::steady_clock::now(), base,
+                   [this, req, d, again, ns = req.namespace_(), started, base,
                     done](absl::StatusOr<pb::LeaseKeepAliveResponse> r) mutable {
+                     const auto code = r.status().code();
+                     if (!r.ok() && !again && etcd_->endpoint_count() > 1 &&
+                         (code == absl::StatusCode::kDeadlineExceeded ||
+                          code == absl::StatusCode::kUnavailable) &&
+                         EtcdDeadline(d) - std::chrono::system_clock::now() >=
+                             options_.renew_timeout / 2) {
+                       return RenewAttempt(req, d, /*again=*/true, started, std::move(base),
+                                           std::move(done));
+                     }
                      if (!r.ok()) {
                        bool gone = r.status().code() == absl::StatusCode::kNotFound;
                        base.set_lost(gone);

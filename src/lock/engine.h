@@ -131,6 +131,9 @@ class Engine {
                      int64_t quota, int attempts_left, Deadline d,
                      Done<v1::OpenSessionResponse> done);
   void RevokeQuietly(int64_t lease);
+  void RenewAttempt(const v1::KeepAliveRequest& req, Deadline d, bool again,
+                    std::chrono::steady_clock::time_point started, v1::KeepAliveResponse base,
+                    Done<v1::KeepAliveResponse> done);
   static absl::Status QuotaExhausted(const std::string& ns, int64_t quota);
   // UNAVAILABLE with a retry hint: a rehome moves the namespace to cluster `to`.
   static absl::Status Rehoming(const std::string& ns, const std::string& to, bool moved);

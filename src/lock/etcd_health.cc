@@ -45,11 +45,26 @@ void EtcdHealth::Probe() {
     if (stopped_) return;
     probing_ = true;
   }
+  Send(/*again=*/false);
+}
+
+void EtcdHealth::Send(bool again) {
   etcdserverpb::RangeRequest r;
   r.set_key(keyspace::EpochKey());
   r.set_count_only(true);  // linearizable (not serializable): needs a leader and quorum
   etcd_->Range(r, etcd::DeadlineIn(options_.probe_timeout),
-               [this](absl::StatusOr<etcdserverpb::RangeResponse> resp) {
+               [this, again](absl::StatusOr<etcdserverpb::RangeResponse> resp) {
+                 if (!resp.ok() && !again && etcd_->endpoint_count() > 1) {
+                   // One member may be cut off: the failure moved the client to
+                   // the next endpoint (etcd/client.h); ask there before saying
+                   // etcd is unhealthy.
+                   bool stopped;
+                   {
+                     absl::MutexLock l(&mu_);
+                     stopped = stopped_;
+                   }
+                   if (!stopped) return Send(/*again=*/true);
+                 }
                  OnProbe(resp.status());
                });
 }

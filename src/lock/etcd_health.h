@@ -2,7 +2,9 @@
 //
 // A probe (a linearizable Range of /holdfast/epoch with a short deadline) runs
 // every `period`; one failure makes etcd unhealthy (no quorum, no leader, or
-// unreachable) until a probe succeeds again. The lock engine refuses new grants
+// unreachable) until a probe succeeds again. With several endpoints a failed
+// probe is asked once more at once, on the endpoint the client moved to, so one
+// member cut off from the network costs a probe's delay, not health. The lock engine refuses new grants
 // while unhealthy and every keepalive answer says so, so holders of closed
 // classes stop within one keepalive interval (ARCHITECTURE §5).
 //
@@ -40,6 +42,9 @@ class EtcdHealth {
 
  private:
   void Probe();
+  // One probe; a failed first one is sent once more (on the endpoint the client
+  // moved to) before it counts, when the client has several endpoints.
+  void Send(bool again);
   void OnProbe(const absl::Status& result);
 
   etcd::Client* const etcd_;
