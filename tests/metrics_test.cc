@@ -16,6 +16,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "dev/prometheus_text.h"
 #include "dev/subprocess.h"
 #include "harness/cluster.h"
 
@@ -68,21 +69,7 @@ absl::StatusOr<HttpAnswer> HttpGet(int port, const std::string& path) {
 // (label values are compared exactly); -1 when there is none.
 double Sample(const std::string& text, const std::string& name,
               const std::map<std::string, std::string>& labels = {}) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    const auto space = line.rfind(' ');
-    const std::string series = line.substr(0, space);
-    if (series != name && series.rfind(name + "{", 0) != 0) continue;
-    bool all = true;
-    for (const auto& [k, v] : labels) {
-      all = all && (series.find("{" + k + "=\"" + v + "\"") != std::string::npos ||
-                    series.find("," + k + "=\"" + v + "\"") != std::string::npos);
-    }
-    if (all) return std::stod(line.substr(space + 1));
-  }
-  return -1;
+  return dev::PrometheusSample(text, name, labels);
 }
 
 class MetricsTest : public ::testing::Test {

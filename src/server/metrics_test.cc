@@ -10,6 +10,8 @@
 
 #include <gtest/gtest.h>
 
+#include "dev/prometheus_text.h"
+
 namespace holdfast::server {
 namespace {
 
@@ -20,20 +22,7 @@ using std::chrono::seconds;
 // -1 when there is none.
 double Sample(const std::string& text, const std::string& name,
               const std::map<std::string, std::string>& labels = {}) {
-  std::istringstream in(text);
-  std::string line;
-  while (std::getline(in, line)) {
-    if (line.empty() || line[0] == '#') continue;
-    const auto space = line.rfind(' ');
-    const std::string series = line.substr(0, space);
-    if (series != name && series.rfind(name + "{", 0) != 0) continue;
-    bool all = true;
-    for (const auto& [k, v] : labels) {
-      all = all && series.find(k + "=\"" + v + "\"") != std::string::npos;
-    }
-    if (all) return std::stod(line.substr(space + 1));
-  }
-  return -1;
+  return dev::PrometheusSample(text, name, labels);
 }
 
 class MetricsTest : public ::testing::Test {
