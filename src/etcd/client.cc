@@ -1,5 +1,6 @@
 #include "etcd/client.h"
 
+#include <thread>
 #include <utility>
 
 #include "etcd/errors.h"
@@ -39,13 +40,11 @@ Client::Client(ClientOptions options, std::shared_ptr<TimerQueue> timers)
   }
   keepalive_mux_ = std::make_unique<KeepAliveMux>(this);
   watch_hub_ = std::make_unique<WatchHub>(this);
-  move_keepalive_.store(keepalive_mux_.get());
-  move_watches_.store(watch_hub_.get());
 }
 
 Client::~Client() {
-  move_watches_.store(nullptr);
-  move_keepalive_.store(nullptr);
+  closing_.store(true);
+  while (moving_.load() > 0) std::this_thread::yield();
   // Streams first: they call back into the client. Then wait for unary calls,
   // so no callback runs after the channels are gone.
   watch_hub_.reset();
@@ -63,8 +62,31 @@ void Client::ReportUnavailable(size_t index) {
   size_t expected = index;
   const size_t next = (index + 1) % endpoints_.size();
   if (next == index || !current_.compare_exchange_strong(expected, next)) return;
-  if (auto* w = move_watches_.load()) w->MoveFrom(index);
-  if (auto* k = move_keepalive_.load()) k->MoveFrom(index);
+  moving_.fetch_add(1);
+  if (!closing_.load()) {
+    watch_hub_->MoveFrom(index);
+    keepalive_mux_->MoveFrom(index);
+  }
+  moving_.fetch_sub(1);
+}
+
+void Client::CheckSilent(size_t index, std::function<void()> then) {
+  struct Call {
+    grpc::ClientContext ctx;
+    pb::StatusRequest req;
+    pb::StatusResponse resp;
+  };
+  auto call = std::make_shared<Call>();
+  call->ctx.set_deadline(DeadlineIn(kSilenceCheck));
+  calls_in_flight_.fetch_add(1);
+  endpoints_[index]->maintenance->async()->Status(
+      &call->ctx, &call->req, &call->resp,
+      [this, call, index, then = std::move(then)](grpc::Status s) mutable {
+        call.reset();  // on this thread, before ~Client may drop the channels
+        if (!s.ok()) ReportUnavailable(index);
+        then();
+        CallDone();
+      });
 }
 
 void Client::ObserveHeader(const pb::ResponseHeader& h) {
@@ -106,10 +128,10 @@ void Client::Unary(const char* method, StartFn start, Req req, Deadline d, Callb
           if (st.ok()) {
             ObserveHeader(resp.header());
             cb(std::move(resp));
-          } else if (retry_unavailable && silence_counts &&
+          } else if (retry_unavailable && silence_counts && endpoints_.size() > 1 &&
                      st.code() == absl::StatusCode::kDeadlineExceeded) {
-            ReportUnavailable(index);  // a read that got no answer: see the header
-            cb(st);
+            // A read that got no answer: is the member there at all? (header)
+            CheckSilent(index, [cb = std::move(cb), st]() mutable { cb(st); });
           } else if (EndpointUnavailable(st) && (ReportUnavailable(index), true) &&
                      retry_unavailable && endpoints_.size() > 1 &&
                      std::chrono::system_clock::now() < d) {

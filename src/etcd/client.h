@@ -12,11 +12,16 @@
 // are retried once on the next endpoint; writes are not, because an UNAVAILABLE or
 // DEADLINE_EXCEEDED write has an unknown outcome and its caller converges by
 // re-reading (STYLE habit 5). A read or a lease renewal that gets no answer before
-// its deadline moves the client on too: a member cut off from the network answers
-// nothing and ends no connection (gRPC's keepalive would notice only after ~15 s),
-// so silence is the only sign. When the client moves, the Watch and LeaseKeepAlive
-// streams on the endpoint left behind move with it (watchers resume after the last
-// revision they were given).
+// its deadline may move the client on too: a member cut off from the network
+// answers nothing and ends no connection (gRPC's keepalive would notice only after
+// ~15 s), so silence is the only sign. But reads and renewals also go unanswered
+// on every member while etcd elects a leader or has no quorum, and moving then
+// would only churn the streams; so the client first asks that member for its
+// Status (served by the member alone, no quorum needed) and moves only if that
+// gets no answer either (CheckSilent). The caller's error callback runs after that
+// check. When the client moves, the Watch and LeaseKeepAlive streams on the
+// endpoint left behind move with it (watchers resume after the last revision they
+// were given).
 //
 // Every response's header (cluster_id, revision) reaches the caller untouched; the
 // client also remembers the last cluster id and the highest revision it has seen.
@@ -139,8 +144,14 @@ class Client {
   // call it under a lock that the streams' owners take.
   void ReportUnavailable(size_t index);
   size_t endpoint_count() const { return endpoints_.size(); }
-  // A read or renewal given at least this long that gets no answer moves the client.
+  // A read or renewal given at least this long that gets no answer makes the
+  // client check the endpoint (a tight deadline says nothing about it) ...
   static constexpr std::chrono::milliseconds kSilentEndpoint{500};
+  // ... with a Status call of this deadline; no answer moves the client.
+  static constexpr std::chrono::milliseconds kSilenceCheck{300};
+  // Asks endpoint `index` for its Status; moves the client off it when that gets no
+  // answer (or fails). Then runs `then`, on a gRPC thread.
+  void CheckSilent(size_t index, std::function<void()> then);
 
  private:
   Client(ClientOptions options, std::shared_ptr<TimerQueue> timers);
@@ -166,9 +177,10 @@ class Client {
   std::atomic<int64_t> last_revision_{0};
   std::unique_ptr<KeepAliveMux> keepalive_mux_;
   std::unique_ptr<WatchHub> watch_hub_;
-  // The streams' owners to tell when the client moves; null once ~Client began.
-  std::atomic<KeepAliveMux*> move_keepalive_{nullptr};
-  std::atomic<WatchHub*> move_watches_{nullptr};
+  // Telling the streams' owners when the client moves: ~Client sets closing_ and
+  // waits until no ReportUnavailable is between its check and its last use.
+  std::atomic<bool> closing_{false};
+  std::atomic<int> moving_{0};
 };
 
 // Turns a callback-style call into a blocking one. Never call from a gRPC thread.

@@ -183,8 +183,14 @@ void KeepAliveMux::OnTimeout(int64_t lease_id, uint64_t id) {
     }
   }
   suspect->Cancel();
-  if (silence_counts) client_->ReportUnavailable(suspect->index());
-  if (cb) cb(absl::DeadlineExceededError("etcd: no keepalive answer before the deadline"));
+  auto fail = [cb = std::move(cb)]() mutable {
+    if (cb) cb(absl::DeadlineExceededError("etcd: no keepalive answer before the deadline"));
+  };
+  // Is the member there at all? The answer comes after the check (etcd/client.h).
+  if (silence_counts && client_->endpoint_count() > 1) {
+    return client_->CheckSilent(suspect->index(), std::move(fail));
+  }
+  fail();
 }
 
 }  // namespace holdfast::etcd

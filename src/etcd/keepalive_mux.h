@@ -4,9 +4,10 @@
 // etcd's answer, or DEADLINE_EXCEEDED when none came before the deadline, or
 // UNAVAILABLE when the stream broke. Answers for one lease come back in request
 // order, so they are matched first-in first-out. A request that times out makes
-// the stream suspect: it is cancelled, the client moves to its next endpoint
-// (when the request was given at least Client::kSilentEndpoint) and the next
-// request opens a new stream there. When the client moves for any reason
+// the stream suspect: it is cancelled, the client checks the endpoint (when the
+// request was given at least Client::kSilentEndpoint; Client::CheckSilent) and
+// moves on if it is silent, the timed-out request is failed after that check, and
+// the next request opens a new stream on the client's current endpoint. When the client moves for any reason
 // (MoveFrom), the requests still unanswered on the stream left behind are sent
 // again on the new one, each under its own deadline, so renewals carry on.
 // Callbacks run on a gRPC or timer thread, never under mu_.

@@ -150,6 +150,19 @@ void WatchHub::OnResponse(Stream* s, const pb::WatchResponse& resp) {
 void WatchHub::OnFinished(Stream* s, const grpc::Status& status, size_t endpoint_index) {
   {
     absl::MutexLock l(&mu_);
+    if (s == leaving_) {
+      // Left behind by MoveFrom: every answer it read has been delivered (gRPC
+      // finishes a stream after its last read reaction), so the watchers can be
+      // created again without two streams delivering to one watcher.
+      leaving_ = nullptr;
+      if (!shutting_down_ && !watchers_.empty()) {
+        reconnect_timer_ = client_->timers().ScheduleAfter(std::chrono::milliseconds(0),
+                                                           [this] { Reconnect(); });
+      } else {
+        reconnect_scheduled_ = false;
+      }
+      return;
+    }
     if (current_.get() != s) return;
     current_.reset();
     if (shutting_down_) return;
@@ -170,14 +183,12 @@ void WatchHub::MoveFrom(size_t index) {
   {
     absl::MutexLock l(&mu_);
     if (shutting_down_ || current_ == nullptr || current_->index() != index) return;
+    if (reconnect_scheduled_) return;  // a break is being handled already
     left = std::move(current_);
-    if (!watchers_.empty() && !reconnect_scheduled_) {
-      reconnect_scheduled_ = true;
-      reconnect_timer_ = client_->timers().ScheduleAfter(std::chrono::milliseconds(0),
-                                                         [this] { Reconnect(); });
-    }
+    leaving_ = left.get();
+    reconnect_scheduled_ = true;  // new watchers wait for the reconnect
   }
-  left->Cancel();
+  left->Cancel();  // its OnFinished reconnects
 }
 
 void WatchHub::Reconnect() {

@@ -82,6 +82,7 @@ class WatchHub {
   Client* const client_;
   absl::Mutex mu_;
   std::shared_ptr<Stream> current_ ABSL_GUARDED_BY(mu_);
+  Stream* leaving_ ABSL_GUARDED_BY(mu_) = nullptr;  // cancelled by MoveFrom, not finished
   std::map<WatchId, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
   WatchId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   int live_streams_ ABSL_GUARDED_BY(mu_) = 0;

@@ -338,6 +338,10 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                                  pb::Compare::LESS);
       classes->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
       classes->set_mod_revision(views->ns.classes_revision + 1);
+      // (A deleted class has no mod revision: the range compare cannot see it go.)
+      AddCompare(&txn, keyspace::ClassKey(ns, views->cls.class_id), pb::Compare::MOD,
+                 pb::Compare::EQUAL)
+          ->set_mod_revision(views->cls.mod_revision);
       AddCompare(&txn, keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
           ->set_mod_revision(views->epoch.mod_revision);
     }
@@ -353,7 +357,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                           if (t.ok() && t->succeeded()) {
                             WaiterEntry w{self->req_.session_id(),
                                           existing_rev != 0 ? existing_rev : t->header().revision(),
-                                          rec};
+                                          rec, t->header().revision()};
                             self->engine_->views_.WaiterPut(self->req_.namespace_(),
                                                             self->req_.lock_key(), w);
                             absl::MutexLock l(&self->mu_);

@@ -344,18 +344,20 @@ void Engine::Renew(const v1::KeepAliveRequest& req, Deadline d, Done<v1::KeepAli
                std::move(done));
 }
 
-// One renewal over the client's keepalive stream. A renewal that got no answer or
-// an UNAVAILABLE one is sent once more when the caller's deadline leaves time for
-// it: the failure moved the etcd client to its next endpoint (etcd/client.h), so
-// one member cut off costs the holder a late answer, not an "etcd unavailable".
+// One renewal over the client's keepalive stream. A renewal that failed on a
+// member the etcd client then moved off (silent or gone: etcd/client.h) is sent
+// once more, on the next member, when the caller's deadline leaves time for it,
+// so one member cut off costs the holder a late answer, not an "etcd
+// unavailable". Without a move (no quorum) the failure is answered at once.
 void Engine::RenewAttempt(const v1::KeepAliveRequest& req, Deadline d, bool again,
                           std::chrono::steady_clock::time_point started,
                           v1::KeepAliveResponse base, Done<v1::KeepAliveResponse> done) {
+  const size_t asked = etcd_->PickEndpoint().second;
   etcd_->KeepAlive(req.session_id(), std::min(EtcdDeadline(d), etcd::DeadlineIn(options_.renew_timeout)),
-                   [this, req, d, again, ns = req.namespace_(), started, base,
+                   [this, req, d, again, asked, ns = req.namespace_(), started, base,
                     done](absl::StatusOr<pb::LeaseKeepAliveResponse> r) mutable {
                      const auto code = r.status().code();
-                     if (!r.ok() && !again && etcd_->endpoint_count() > 1 &&
+                     if (!r.ok() && !again && etcd_->PickEndpoint().second != asked &&
                          (code == absl::StatusCode::kDeadlineExceeded ||
                           code == absl::StatusCode::kUnavailable) &&
                          EtcdDeadline(d) - std::chrono::system_clock::now() >=
@@ -651,13 +653,19 @@ Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::s
                             pb::Compare::LESS);
   no_new->set_range_end(keyspace::HoldRangeEnd(ns, key));
   no_new->set_create_revision(snap.revision + 1);
+  // The class that decides the holds' policy is still the one planned with.
+  AddCompare(txn, keyspace::ClassKey(ns, cls->class_id), pb::Compare::MOD, pb::Compare::EQUAL)
+      ->set_mod_revision(cls->mod_revision);
   out.guarded = true;
   for (const WaiterEntry* w : plan.grant) {
     const std::string wait_key = keyspace::WaitKey(ns, key, w->lease);
-    // Still queued, same incarnation (so its session's lease is alive). Its claim
-    // on the key stays: the waiter becomes a holder.
+    // Still queued, same incarnation (so its session's lease is alive), and the
+    // same record (a retried acquire re-puts it in place, maybe in another mode).
+    // Its claim on the key stays: the waiter becomes a holder.
     AddCompare(txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)
         ->set_create_revision(w->create_revision);
+    AddCompare(txn, wait_key, pb::Compare::MOD, pb::Compare::EQUAL)
+        ->set_mod_revision(w->mod_revision);
     txn->add_success()->mutable_request_delete_range()->set_key(wait_key);
     // A new hold key, so its create revision is this commit's (a waiter told
     // from the commit, lock/local_waiters.h, gets its token from that).

@@ -52,12 +52,14 @@ void EtcdHealth::Send(bool again) {
   etcdserverpb::RangeRequest r;
   r.set_key(keyspace::EpochKey());
   r.set_count_only(true);  // linearizable (not serializable): needs a leader and quorum
+  const size_t asked = etcd_->PickEndpoint().second;
   etcd_->Range(r, etcd::DeadlineIn(options_.probe_timeout),
-               [this, again](absl::StatusOr<etcdserverpb::RangeResponse> resp) {
-                 if (!resp.ok() && !again && etcd_->endpoint_count() > 1) {
-                   // One member may be cut off: the failure moved the client to
-                   // the next endpoint (etcd/client.h); ask there before saying
-                   // etcd is unhealthy.
+               [this, again, asked](absl::StatusOr<etcdserverpb::RangeResponse> resp) {
+                 if (!resp.ok() && !again && etcd_->PickEndpoint().second != asked) {
+                   // The member asked was silent and the client moved off it
+                   // (etcd/client.h): ask the next one before saying etcd is
+                   // unhealthy. (No quorum: the member answers its Status, the
+                   // client stays, and the failure counts at once.)
                    bool stopped;
                    {
                      absl::MutexLock l(&mu_);

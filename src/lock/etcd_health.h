@@ -2,9 +2,11 @@
 //
 // A probe (a linearizable Range of /holdfast/epoch with a short deadline) runs
 // every `period`; one failure makes etcd unhealthy (no quorum, no leader, or
-// unreachable) until a probe succeeds again. With several endpoints a failed
-// probe is asked once more at once, on the endpoint the client moved to, so one
-// member cut off from the network costs a probe's delay, not health. The lock engine refuses new grants
+// unreachable) until a probe succeeds again. A probe that failed because its
+// member was silent (the client moved off it, etcd/client.h) is asked once more at
+// once on the next member, so one member cut off from the network costs a probe's
+// delay (probe_timeout + Client::kSilenceCheck), not health; a quorum loss, where
+// every member still answers its Status, counts at once as before. The lock engine refuses new grants
 // while unhealthy and every keepalive answer says so, so holders of closed
 // classes stop within one keepalive interval (ARCHITECTURE §5).
 //
@@ -42,8 +44,8 @@ class EtcdHealth {
 
  private:
   void Probe();
-  // One probe; a failed first one is sent once more (on the endpoint the client
-  // moved to) before it counts, when the client has several endpoints.
+  // One probe; a first one that failed on a member the client then moved off is
+  // sent once more, on the next member, before it counts.
   void Send(bool again);
   void OnProbe(const absl::Status& result);
 

@@ -53,15 +53,18 @@ class LocalWaiters {
     std::vector<Handed> told;
     {
       absl::MutexLock l(&mu_);
-      auto [it, added] = recent_.try_emplace(hold_key, revision, rec);
-      if (added) {
-        order_.push_back(hold_key);
-        if (order_.size() > kRecent) {
-          recent_.erase(order_.front());
+      auto& kept = recent_[hold_key];
+      if (kept.revision < revision) {
+        kept = Kept{revision, rec, ++seq_};
+        order_.emplace_back(hold_key, kept.seq);
+        while (order_.size() > kRecent) {
+          // Only the newest entry of a key counts: older ones are stale.
+          auto old = recent_.find(order_.front().first);
+          if (old != recent_.end() && old->second.seq == order_.front().second) {
+            recent_.erase(old);
+          }
           order_.pop_front();
         }
-      } else if (it->second.first < revision) {
-        it->second = {revision, rec};
       }
       auto [b, e] = by_key_.equal_range(hold_key);
       for (auto it = b; it != e; ++it) told.push_back(it->second.second);
@@ -75,8 +78,8 @@ class LocalWaiters {
                                                                 int64_t revision) {
     absl::MutexLock l(&mu_);
     auto it = recent_.find(hold_key);
-    if (it == recent_.end() || it->second.first <= revision) return std::nullopt;
-    return it->second;
+    if (it == recent_.end() || it->second.revision <= revision) return std::nullopt;
+    return std::make_pair(it->second.revision, it->second.rec);
   }
 
   size_t size() {
@@ -91,8 +94,15 @@ class LocalWaiters {
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   ByKey by_key_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, ByKey::iterator> by_id_ ABSL_GUARDED_BY(mu_);
-  std::map<std::string, std::pair<int64_t, records::HoldRecord>> recent_ ABSL_GUARDED_BY(mu_);
-  std::deque<std::string> order_ ABSL_GUARDED_BY(mu_);  // recent_'s keys, oldest first
+  struct Kept {
+    int64_t revision = 0;
+    records::HoldRecord rec;
+    uint64_t seq = 0;
+  };
+  std::map<std::string, Kept> recent_ ABSL_GUARDED_BY(mu_);
+  // (key, seq) of every hand-over kept, oldest first; stale pairs are skipped.
+  std::deque<std::pair<std::string, uint64_t>> order_ ABSL_GUARDED_BY(mu_);
+  uint64_t seq_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace holdfast::lock

@@ -93,6 +93,7 @@ absl::StatusOr<KeySnapshot> ParseSnapshot(
     }
     w.lease = parsed->lease;
     w.create_revision = kv.create_revision();
+    w.mod_revision = kv.mod_revision();
     s.waiters.push_back(std::move(w));
   }
   std::sort(s.waiters.begin(), s.waiters.end(), [](const WaiterEntry& a, const WaiterEntry& b) {

@@ -25,6 +25,7 @@ struct WaiterEntry {
   int64_t lease = 0;
   int64_t create_revision = 0;  // the queue position
   records::WaiterRecord record;
+  int64_t mod_revision = 0;     // of `record` (a retry re-puts it in place)
 };
 
 struct ClassEntry {

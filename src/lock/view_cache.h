@@ -101,7 +101,10 @@ class ViewCache {
     auto& ws = it->second.waiters;
     for (auto& have : ws) {
       if (have.lease != w.lease) continue;
-      if (have.create_revision == w.create_revision) have.record = w.record;
+      if (have.create_revision == w.create_revision && have.mod_revision < w.mod_revision) {
+        have.record = w.record;
+        have.mod_revision = w.mod_revision;
+      }
       return;
     }
     // At or below waiters_revision the view saw it (or its removal) already.
@@ -133,7 +136,7 @@ class ViewCache {
     auto it = keys_.find(k);
     KeyView v;
     if (it != keys_.end() && it->second.holds_revision >= base.holds_revision) {
-      if (it->second.holds_revision > revision) return;  // read after the release
+      if (it->second.holds_revision >= revision) return;  // read at or after the release
       v = std::move(it->second);  // knows at least what base knew of the holds
     } else {
       v = base;

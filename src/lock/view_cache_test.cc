@@ -17,6 +17,7 @@ WaiterEntry Waiter(int64_t lease, int64_t rev) {
   WaiterEntry w;
   w.lease = lease;
   w.create_revision = rev;
+  w.mod_revision = rev;
   return w;
 }
 
@@ -73,11 +74,19 @@ TEST(KeyViewTest, WaitersPutAfterTheReadAreKnownButNotComplete) {
 
   // A re-put of a known waiter (a later deadline) keeps its place.
   WaiterEntry again = Waiter(2, 7);
+  again.mod_revision = 15;
   again.record.set_deadline_unix_ms(99);
+  again.record.set_shared(true);
   c.WaiterPut("ns", "k", again);
   v = c.Key("ns", "k");
   EXPECT_EQ(Leases(v->waiters), (std::vector<int64_t>{2, 3, 4}));
   EXPECT_EQ(v->waiters[0].record.deadline_unix_ms(), 99);
+  EXPECT_EQ(v->waiters[0].mod_revision, 15);  // what a hand-over compares
+  // An older put answered late does not undo it.
+  WaiterEntry late = Waiter(2, 7);
+  late.mod_revision = 11;
+  c.WaiterPut("ns", "k", late);
+  EXPECT_TRUE(c.Key("ns", "k")->waiters[0].record.shared());
 
   c.WaiterGone("ns", "k", 3, 12);
   c.WaiterGone("ns", "k", 4, 999);  // another incarnation: not this one
@@ -109,10 +118,18 @@ TEST(KeyViewTest, AReleaseMovesTheHoldsToItsRevision) {
   c.ObserveKey("ns", "k", Read(30, {Hold(3, 25)}, {Waiter(6, 28)}));
   c.Released("ns", "k", base, 2, {3}, {Hold(3, 25)}, 25);
   EXPECT_EQ(c.Key("ns", "k")->holds_revision, 30);
-
-  // The last holder leaves with nobody handed the key: forgotten.
+  // Nor one read at the release's own revision (it shows the new hold already).
+  c.ObserveKey("ns", "k", Read(40, {Hold(3, 25), Hold(7, 40)}, {}));
   base = *c.Key("ns", "k");
-  c.Released("ns", "k", base, 3, {}, {}, 31);
+  c.Released("ns", "k", base, 3, {}, {Hold(7, 40)}, 40);
+  ASSERT_EQ(c.Key("ns", "k")->holds.size(), 2u);
+  EXPECT_EQ(c.Key("ns", "k")->holds[0].lease, 3);  // untouched, not [7, 7]
+  EXPECT_EQ(c.Key("ns", "k")->holds[1].lease, 7);
+
+  // The last holders leave with nobody handed the key: forgotten.
+  c.ObserveKey("ns", "k", Read(41, {Hold(3, 25)}, {}));
+  base = *c.Key("ns", "k");
+  c.Released("ns", "k", base, 3, {}, {}, 42);
   EXPECT_FALSE(c.Key("ns", "k"));
 }
 
