@@ -53,7 +53,15 @@ void EtcdHealth::Send(bool again) {
   r.set_key(keyspace::EpochKey());
   r.set_count_only(true);  // linearizable (not serializable): needs a leader and quorum
   const size_t asked = etcd_->PickEndpoint().second;
-  etcd_->Range(r, etcd::DeadlineIn(options_.probe_timeout),
+  // The second ask is short, and too short to make the client check its member
+  // (etcd/client.h): a quorum loss seen first through a silent member is so
+  // reported at most kSilenceCheck + ~0.5 s later than through one that answers.
+  const auto timeout =
+      again ? std::min<std::chrono::milliseconds>(options_.probe_timeout,
+                                                  etcd::Client::kSilentEndpoint) -
+                  std::chrono::milliseconds(1)
+            : options_.probe_timeout;
+  etcd_->Range(r, etcd::DeadlineIn(timeout),
                [this, again, asked](absl::StatusOr<etcdserverpb::RangeResponse> resp) {
                  if (!resp.ok() && !again && etcd_->PickEndpoint().second != asked) {
                    // The member asked was silent and the client moved off it

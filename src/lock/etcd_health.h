@@ -4,9 +4,11 @@
 // every `period`; one failure makes etcd unhealthy (no quorum, no leader, or
 // unreachable) until a probe succeeds again. A probe that failed because its
 // member was silent (the client moved off it, etcd/client.h) is asked once more at
-// once on the next member, so one member cut off from the network costs a probe's
-// delay (probe_timeout + Client::kSilenceCheck), not health; a quorum loss, where
-// every member still answers its Status, counts at once as before. The lock engine refuses new grants
+// once on the next member (with a deadline under Client::kSilentEndpoint), so one
+// member cut off from the network costs a probe's delay, not health. A quorum loss
+// where the member asked still answers its Status counts at once, as before; one
+// seen first through a silent member (paused, cut off, or holdfastd cut off from
+// every member) counts up to Client::kSilenceCheck + 0.5 s later. The lock engine refuses new grants
 // while unhealthy and every keepalive answer says so, so holders of closed
 // classes stop within one keepalive interval (ARCHITECTURE §5).
 //
