@@ -99,7 +99,7 @@ TEST(AuditTest, EveryGrantReleaseAndExpiryIsRecordedExactlyOnce) {
     ASSERT_TRUE(h.ok()) << h.status();
     token[absl::StrCat("k2/", a->id())] = h->token();
     absl::StatusOr<Hold> bh = absl::UnknownError("not run");
-    std::thread waiter([&] { bh = b->Acquire("k2", {.wait = seconds(30)}); });
+    std::thread waiter([&] { bh = b->Acquire("k2", testing::Waiting(seconds(30))); });
     // Release once B is queued.
     for (int i = 0; i < 300; ++i) {
       auto d = client->Describe("default", "k2");
@@ -443,8 +443,8 @@ TEST_F(ForceReleaseTest, BadRequestsAreRefusedAndChangeNothing) {
 
   // Two shared holders: the request must name one.
   auto s2 = std::move(*alice_->OpenSession("default"));
-  auto r1 = session->Acquire("shared", {.shared = true});
-  auto r2 = s2->Acquire("shared", {.shared = true});
+  auto r1 = session->Acquire("shared", testing::Waiting(milliseconds(0), true));
+  auto r2 = s2->Acquire("shared", testing::Waiting(milliseconds(0), true));
   ASSERT_TRUE(r1.ok() && r2.ok()) << r1.status() << r2.status();
   r.set_lock_key("shared");
   auto ambiguous = admin_->RequestForceRelease(r);

@@ -104,7 +104,9 @@ class EpochTest : public ::testing::Test {
                     .ok());
     if (stop_holdfastd) cluster_->holdfastd().Stop();
     ASSERT_TRUE(etcd.RestartOn(restored).ok());
-    if (stop_holdfastd) ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+    if (stop_holdfastd) {
+      ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+    }
   }
 
   // Tries to acquire until the answer is not UNAVAILABLE (holdfastd reconnecting).

@@ -187,7 +187,7 @@ TEST_F(RehomeTest, RehomeWhileClientsHoldAndWaitKeepsTokensIncreasingAndOneHolde
   ASSERT_TRUE(waiter.ok());
   absl::Status waited = absl::UnknownError("not done");
   std::thread wait_thread([&] {
-    auto h = (*waiter)->Acquire("db/primary", {.wait = seconds(30)});
+    auto h = (*waiter)->Acquire("db/primary", testing::Waiting(seconds(30)));
     waited = h.ok() ? absl::InternalError("granted during the rehome") : h.status();
   });
   std::this_thread::sleep_for(milliseconds(300));  // queued (nothing else waits on it)
@@ -276,14 +276,16 @@ TEST_F(RehomeTest, ClientsTakingTurnsThroughARehomeNeverOverlapAndTokensOnlyGrow
       std::unique_ptr<Session> session;
       while (!stop) {
         if (session == nullptr || session->lost()) {
-          auto s = (*client)->OpenSession("pay", {.ttl = seconds(5)});
+          SessionOptions so;
+          so.ttl = seconds(5);
+          auto s = (*client)->OpenSession("pay", so);
           if (!s.ok()) {
             std::this_thread::sleep_for(milliseconds(50));
             continue;
           }
           session = std::move(*s);
         }
-        auto h = session->Acquire("k", {.wait = seconds(2)});
+        auto h = session->Acquire("k", testing::Waiting(seconds(2)));
         if (!h.ok()) {
           if (h.status().code() != absl::StatusCode::kDeadlineExceeded) session.reset();
           continue;

@@ -491,7 +491,8 @@ TEST(CheckerTest, AForceInTheAuditAtItsRevisionPasses) {  // (f)
   EXPECT_EQ(r.audit.history_forces, 1);
   EXPECT_EQ(r.forced_writes_admitted, 1);
   EXPECT_EQ(r.forced_writes_rejected, 1);
-  for (const Event& e : ForcedAuditRun().history.events()) {  // revision survives a file
+  const auto forced = ForcedAuditRun();  // (a temporary would end before the loop)
+  for (const Event& e : forced.history.events()) {  // revision survives a file
     if (e.type != "force") continue;
     auto back = EventFromJson(EventToJson(e));
     ASSERT_TRUE(back.ok()) << back.status();
