@@ -8,6 +8,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <future>
 #include <map>
 #include <sstream>
@@ -79,7 +80,7 @@ class MetricsTest : public ::testing::Test {
     ASSERT_TRUE(port.ok()) << port.status();
     port_ = *port;
     testing::TestCluster::Options o;
-    o.extra_config = absl::StrCat("metrics: {listen: 127.0.0.1:", port_, "}\n");
+    o.extra_config = absl::StrCat("metrics: {listen: 127.0.0.1:", port_, "}\n", extra_config_);
     auto c = testing::TestCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status();
     cluster_ = std::move(*c);
@@ -123,6 +124,7 @@ class MetricsTest : public ::testing::Test {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
+  std::string extra_config_;  // more of holdfastd's config, set before SetUp
   int port_ = 0;
   std::unique_ptr<testing::TestCluster> cluster_;
   std::unique_ptr<Client> client_;
@@ -324,6 +326,47 @@ TEST_F(MetricsTest, AuditorProgressIsExposed) {
                 Sample(t, "holdfast_audit_cursor_revision"));
   EXPECT_EQ(Sample(t, "holdfast_audit_gaps"), 0);
   EXPECT_GE(Sample(t, "holdfast_audit_compacted_revision"), 0);
+}
+
+class AuditFlushTest : public MetricsTest {
+ protected:
+  void SetUp() override {
+    extra_config_ = "audit: {flush_interval: 1s}\n";
+    MetricsTest::SetUp();
+  }
+};
+
+// The auditor gathers what etcd sends for audit.flush_interval before it writes:
+// a burst of grants and releases costs one audit store transaction per interval,
+// not one per revision (each revision came in its own watch response).
+TEST_F(AuditFlushTest, ABurstIsRecordedInOneStoreTransactionPerInterval) {
+  auto s = Open();
+  ASSERT_TRUE(s);
+  std::string t = ScrapeUntil(
+      [](const std::string& t) { return Sample(t, "holdfast_audit_leader") == 1; },
+      "this replica is the auditor");
+  const double commits_before = Sample(t, "holdfast_audit_store_commits");
+  const double events_before = Sample(t, "holdfast_audit_recorded_events");
+  ASSERT_GE(commits_before, 0);
+  const auto start = std::chrono::steady_clock::now();
+  constexpr int kCycles = 20;
+  for (int i = 0; i < kCycles; ++i) {
+    auto h = s->Acquire(absl::StrCat("metrics/burst/", i));
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Release().ok());
+  }
+  t = ScrapeUntil(
+      [&](const std::string& t) {
+        return Sample(t, "holdfast_audit_recorded_events") >= events_before + 2 * kCycles;
+      },
+      "the burst's grants and releases are recorded");
+  const double seconds_taken =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double commits = Sample(t, "holdfast_audit_store_commits") - commits_before;
+  EXPECT_GE(commits, 1);
+  // One per started interval, and one already under way when the burst began.
+  EXPECT_LE(commits, std::ceil(seconds_taken) + 1)
+      << "the 40 revisions of the burst took " << seconds_taken << " s";
 }
 
 TEST(MetricsFlagTest, MetricsListenFlagServesTextFormat) {

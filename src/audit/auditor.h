@@ -60,6 +60,9 @@ struct AuditorOptions {
   std::chrono::milliseconds lag_warn_interval{std::chrono::minutes(1)};
   std::chrono::milliseconds etcd_timeout{5000};
   size_t max_batch_events = 5000;                      // rows per SQL transaction
+  // At most one SQL transaction per interval while events keep coming (a full
+  // batch goes at once): the trail lags by up to this much.
+  std::chrono::milliseconds flush_interval{50};
 };
 
 struct AuditorStatus {
@@ -69,6 +72,7 @@ struct AuditorStatus {
   int64_t last_seen_revision = 0;
   int64_t compacted_revision = 0;
   int64_t recorded_events = 0;
+  int64_t store_commits = 0;  // audit store transactions that recorded revisions
   int64_t gaps = 0;
   std::string last_error;
 };

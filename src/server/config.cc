@@ -211,7 +211,8 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     if (!audit.IsMap()) return absl::InvalidArgumentError("config: audit must be a map");
     if (auto s = Unknown(audit, "audit.",
                          {"store", "compaction_interval", "compaction_keep_revisions",
-                          "lag_warn_revisions", "leader_ttl", "force_request_ttl"});
+                          "lag_warn_revisions", "leader_ttl", "force_request_ttl",
+                          "flush_interval"});
         !s.ok()) {
       return s;
     }
@@ -236,6 +237,11 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     }
     if (auto s = ReadDuration(audit["force_request_ttl"], "audit.force_request_ttl",
                               &c.force_request_ttl);
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = ReadDuration(audit["flush_interval"], "audit.flush_interval",
+                              &c.audit_flush_interval);
         !s.ok()) {
       return s;
     }
@@ -342,6 +348,10 @@ absl::Status ValidateConfig(const Config& c) {
   if (c.audit_compaction_keep_revisions < 100 || c.audit_lag_warn_revisions < 1) {
     return absl::InvalidArgumentError(
         "config: audit.compaction_keep_revisions must be >= 100 and lag_warn_revisions >= 1");
+  }
+  if (c.audit_flush_interval < std::chrono::milliseconds(0) ||
+      c.audit_flush_interval > std::chrono::seconds(1)) {
+    return absl::InvalidArgumentError("config: audit.flush_interval must be between 0s and 1s");
   }
   if (c.audit_leader_ttl < std::chrono::seconds(2) ||
       c.audit_compaction_interval < std::chrono::seconds(1) ||

@@ -25,7 +25,7 @@ sessions: {ttl_min: 2s, ttl_max: 1h}
 acquire: {max_wait: 10m}
 limits: {max_message_bytes: 8192, max_concurrent_streams: 50}
 audit: {store: "postgresql://h/db", compaction_interval: 30s, compaction_keep_revisions: 500,
-        lag_warn_revisions: 7, leader_ttl: 4s, force_request_ttl: 5m}
+        lag_warn_revisions: 7, leader_ttl: 4s, force_request_ttl: 5m, flush_interval: 200ms}
 metrics: {listen: 0.0.0.0:9420}
 )");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -41,6 +41,7 @@ metrics: {listen: 0.0.0.0:9420}
   EXPECT_EQ(c->audit_lag_warn_revisions, 7);
   EXPECT_EQ(c->audit_leader_ttl, std::chrono::seconds(4));
   EXPECT_EQ(c->force_request_ttl, std::chrono::minutes(5));
+  EXPECT_EQ(c->audit_flush_interval, std::chrono::milliseconds(200));
   EXPECT_EQ(c->metrics_listen, "0.0.0.0:9420");
 }
 
@@ -80,6 +81,8 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\naudit: {leader_ttl: 1s}", "audit.leader_ttl must be >= 2s"},
       {"insecure: true\naudit: {compaction_keep_revisions: 5}", "compaction_keep_revisions must be >= 100"},
       {"insecure: true\naudit: {force_request_ttl: soon}", "audit.force_request_ttl: invalid duration"},
+      {"insecure: true\naudit: {flush_interval: 2s}", "audit.flush_interval must be between 0s and 1s"},
+      {"insecure: true\naudit: {flush_interval: -5ms}", "audit.flush_interval: invalid duration"},
       {"insecure: true\netcd: {timeout: 1s}\nclusters: [{name: a, endpoints: [h:1]}]",
        "either etcd (one cluster) or clusters"},
       {"insecure: true\nclusters: []", "clusters must be a non-empty list"},

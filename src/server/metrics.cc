@@ -62,6 +62,7 @@ struct Metrics::AuditGauges {
   prometheus::Gauge* lag;
   prometheus::Gauge* gaps;
   prometheus::Gauge* recorded;
+  prometheus::Gauge* commits;
 };
 
 Metrics::Metrics(Clock now)
@@ -211,6 +212,8 @@ void Metrics::SetAuditSource(std::function<audit::AuditorStatus()> source) {
                        "start");
   gauges->recorded = gauge("holdfast_audit_recorded_events",
                            "Events recorded by this replica since start");
+  gauges->commits = gauge("holdfast_audit_store_commits",
+                          "Audit store transactions this replica committed since start");
   absl::MutexLock l(&mu_);
   if (!audit_) audit_ = std::move(gauges);
 }
@@ -247,6 +250,7 @@ void Metrics::Refresh() {
                               : 0.0);
     audit->gaps->Set(static_cast<double>(st.gaps));
     audit->recorded->Set(static_cast<double>(st.recorded_events));
+    audit->commits->Set(static_cast<double>(st.store_commits));
   }
 }
 

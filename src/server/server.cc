@@ -209,6 +209,7 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
       ao.compaction_interval = config_.audit_compaction_interval;
       ao.compaction_keep_revisions = config_.audit_compaction_keep_revisions;
       ao.lag_warn_revisions = config_.audit_lag_warn_revisions;
+      ao.flush_interval = config_.audit_flush_interval;
       ao.etcd_timeout = c->config.timeout;
       c->auditor = std::make_unique<audit::Auditor>(c->etcd.get(), audit_store_.get(), ao);
       c->auditor->Start();
