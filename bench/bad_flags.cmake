@@ -26,3 +26,4 @@ expect_refused("--only: nonsense not in {baselines,uncontended,contended,shared,
                --only nonsense)
 expect_refused("--only: sessionz not in" --only baselines,sessionz)
 expect_refused("--duration: invalid duration \"banana\"" --duration banana)
+expect_refused("--rounds: Value 0 not in range 1 to 20" --rounds 0)

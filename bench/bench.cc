@@ -70,17 +70,20 @@ absl::Status CreateBenchNamespace(const std::string& endpoint) {
 // Thread-compatible: driven by the run's main thread.
 class Matrix {
  public:
+  // `round` (1, 2, ...) names the keys of the round apart from other rounds'.
   Matrix(const Plan& plan, const BenchOptions& options, Environment& env, EtcdPool& pool,
-         std::string run_id, const StopFlag& stop, Report* report)
+         const std::string& run_id, int round, const StopFlag& stop, Report* report)
       : plan_(plan),
         options_(options),
         env_(env),
         pool_(pool),
-        run_id_(std::move(run_id)),
+        run_id_(round == 1 ? run_id : absl::StrCat(run_id, "r", round)),
+        round_(round == 1 ? "" : absl::StrCat("r", round)),
         stop_(stop),
         report_(report) {}
 
-  void Run() {
+  // One round of the matrix; the keepalive and sessions cells only when `last`.
+  void Run(bool last) {
     const bool baselines = plan_.Runs("baselines");
     for (int c : plan_.concurrency) {
       if (baselines) {
@@ -115,6 +118,7 @@ class Matrix {
         return SharedWorkers(f, HoldfastKey("s", r), plan_.acquire_wait, plan_.writer_period);
       });
     }
+    if (!last) return;
     if (baselines) {
       LeaseCell(kKeepAliveMax, plan_.keepalive_max_callers,
                 [&](const auto& leases) { return KeepAliveWorkers(pool_, leases); });
@@ -124,7 +128,7 @@ class Matrix {
   }
 
  private:
-  std::string Tag(const char* kind, int c) const { return absl::StrCat(kind, c); }
+  std::string Tag(const char* kind, int c) const { return absl::StrCat(kind, c, round_); }
   std::string HoldfastKey(const char* kind, int c) const {
     return absl::StrCat(run_id_, "/", kind, c);
   }
@@ -279,6 +283,7 @@ class Matrix {
   Environment& env_;
   EtcdPool& pool_;
   const std::string run_id_;
+  const std::string round_;
   const StopFlag& stop_;
   Report* const report_;
 };
@@ -370,8 +375,15 @@ int RunBenchmark(const BenchOptions& options, const StopFlag& stop) {
     std::fprintf(stderr, "holdfast-bench: %s\n", pool.status().ToString().c_str());
     return 1;
   }
-  Report report;
-  Matrix(plan, options, **env, **pool, run_id, stop, &report).Run();
+  std::vector<Report> rounds(std::max(1, options.rounds));
+  for (size_t i = 0; i < rounds.size() && !stop.stopped(); ++i) {
+    if (rounds.size() > 1) {
+      std::fprintf(stderr, "holdfast-bench: round %zu of %zu\n", i + 1, rounds.size());
+    }
+    Matrix(plan, options, **env, **pool, run_id, static_cast<int>(i) + 1, stop, &rounds[i])
+        .Run(i + 1 == rounds.size());
+  }
+  Report report = rounds.size() > 1 ? Report::Combine(rounds) : std::move(rounds[0]);
   (*pool)->DeletePrefix();
   report.SetRunInfo(RunInfo(options, plan, **env, load_before));
   pool->reset();

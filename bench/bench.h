@@ -27,6 +27,10 @@ struct BenchOptions {
   // Workloads to run (--only): any of baselines, uncontended, contended, shared,
   // sessions. Empty: all. Ratios whose cells were not run are not printed.
   std::vector<std::string> only;
+  // Rounds of the matrix (--rounds): the figures are each cell's median round and
+  // each ratio's median over the rounds (Report::Combine). The keepalive
+  // baselines and the sessions workload run once, in the last round.
+  int rounds = 1;
 };
 
 // What one run measures.

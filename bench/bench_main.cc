@@ -67,6 +67,10 @@ int main(int argc, char** argv) {
   app.add_option("--sessions", sessions, "sessions in the sessions workload")
       ->check(CLI::Range(int64_t{1}, int64_t{1'000'000}));
   app.add_option("--session-ttl", session_ttl, "TTL of the sessions workload (default 10s, as libholdfast)");
+  app.add_option("--rounds", o.rounds,
+                 "run the matrix this many times; report each cell's median round and each "
+                 "ratio's median (default 1)")
+      ->check(CLI::Range(1, 20));
   app.add_option("--only", o.only,
                  "run only these workloads (baselines, uncontended, contended, shared, sessions)")
       ->delimiter(',')

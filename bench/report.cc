@@ -134,7 +134,80 @@ std::map<std::string, double> Report::SessionRatios() const {
   return out;
 }
 
+namespace {
+
+// The median of the values present (the lower middle one of an even count).
+std::optional<double> MedianOf(std::vector<std::optional<double>> values) {
+  std::vector<double> v;
+  for (const auto& x : values) {
+    if (x) v.push_back(*x);
+  }
+  if (v.empty()) return std::nullopt;
+  std::sort(v.begin(), v.end());
+  return v[(v.size() - 1) / 2];
+}
+
+}  // namespace
+
+Report Report::Combine(const std::vector<Report>& rounds) {
+  Report out;
+  if (rounds.empty()) return out;
+  // Cells in the order of the first round that has each (id, concurrency).
+  std::vector<std::pair<std::string, int>> order;
+  for (const auto& r : rounds) {
+    for (const auto& c : r.cells_) {
+      std::pair<std::string, int> k{c.id, c.concurrency};
+      if (std::find(order.begin(), order.end(), k) == order.end()) order.push_back(k);
+    }
+  }
+  for (const auto& [id, conc] : order) {
+    std::vector<const Cell*> ran, failed;
+    for (const auto& r : rounds) {
+      for (const auto& c : r.cells_) {
+        if (c.id != id || c.concurrency != conc) continue;
+        (c.setup_error.empty() ? ran : failed).push_back(&c);
+      }
+    }
+    // A cell that could not run in some round stays visible (Problems).
+    for (const Cell* c : failed) out.cells_.push_back(*c);
+    if (ran.empty()) continue;
+    std::sort(ran.begin(), ran.end(), [](const Cell* a, const Cell* b) {
+      return a->result.ops_per_sec < b->result.ops_per_sec;
+    });
+    out.cells_.push_back(*ran[(ran.size() - 1) / 2]);
+  }
+  for (auto it = rounds.rbegin(); it != rounds.rend(); ++it) {
+    if (it->sessions_) {
+      out.sessions_ = it->sessions_;
+      break;
+    }
+  }
+  for (const auto& r : rounds) {
+    out.rounds_.push_back(r.OwnHeadline());
+    out.round_cells_.push_back(r.cells_);
+  }
+  return out;
+}
+
 Headline Report::ComputeHeadline() const {
+  if (rounds_.empty()) return OwnHeadline();
+  Headline h;
+  std::vector<std::optional<double>> r1, r2, r3, r4;
+  for (const auto& r : rounds_) {
+    r1.push_back(r.uncontended_vs_raw_cycle);
+    r2.push_back(r.contended_vs_etcd_lock);
+    r3.push_back(r.p99_uncontended_vs_raw);
+    r4.push_back(r.keepalive_vs_raw);
+    h.r1_concurrency = std::max(h.r1_concurrency, r.r1_concurrency);
+  }
+  h.uncontended_vs_raw_cycle = MedianOf(r1);
+  h.contended_vs_etcd_lock = MedianOf(r2);
+  h.p99_uncontended_vs_raw = MedianOf(r3);
+  h.keepalive_vs_raw = MedianOf(r4);
+  return h;
+}
+
+Headline Report::OwnHeadline() const {
   Headline h;
   for (const auto& c : cells_) {
     if (c.id != kUncontended || c.concurrency < h.r1_concurrency) continue;
@@ -260,6 +333,18 @@ void Report::PrintSessions(std::FILE* out) const {
 }
 
 void Report::PrintTables(std::FILE* out) const {
+  if (!rounds_.empty()) {
+    std::fprintf(out, "\n== %zu rounds: each cell below is its median round; the bench: line "
+                      "gives each ratio's median over the rounds ==\n", rounds_.size());
+    for (size_t i = 0; i < rounds_.size(); ++i) {
+      const Headline& h = rounds_[i];
+      std::fprintf(out, "round %zu: uncontended_vs_raw_cycle=%s contended_vs_etcd_lock=%s "
+                        "p99_uncontended_vs_raw=%s keepalive_vs_raw=%s\n", i + 1,
+                   Fixed(h.uncontended_vs_raw_cycle).c_str(),
+                   Fixed(h.contended_vs_etcd_lock).c_str(),
+                   Fixed(h.p99_uncontended_vs_raw).c_str(), Fixed(h.keepalive_vs_raw).c_str());
+    }
+  }
   PrintCellTable(out, "baselines: straight on etcd",
                  {kGuardedTxn, kRawCycle, kV3Lock, kV3LockContended, kKeepAliveMax,
                   kKeepAlivePaced});
@@ -282,18 +367,23 @@ std::string Report::BenchLine() const {
 }
 
 nlohmann::json Report::ToJson() const {
-  nlohmann::json cells = nlohmann::json::array();
-  for (const auto& c : cells_) {
-    nlohmann::json j = {{"id", c.id}, {"label", Label(c.id)}, {"concurrency", c.concurrency}};
-    if (!c.setup_error.empty()) {
-      j["setup_error"] = c.setup_error;
-    } else {
-      j.update(SeriesJson(c.result));
-      j["ratios"] = RatiosOf(c);
-      j["etcd_requests_per_op"] = c.etcd_requests_per_op;
+  // Ratios of a round's own cells are those of that round: `of` answers them.
+  auto cells_json = [](const std::vector<Cell>& list, const Report& of) {
+    nlohmann::json cells = nlohmann::json::array();
+    for (const auto& c : list) {
+      nlohmann::json j = {{"id", c.id}, {"label", Label(c.id)}, {"concurrency", c.concurrency}};
+      if (!c.setup_error.empty()) {
+        j["setup_error"] = c.setup_error;
+      } else {
+        j.update(SeriesJson(c.result));
+        j["ratios"] = of.RatiosOf(c);
+        j["etcd_requests_per_op"] = c.etcd_requests_per_op;
+      }
+      cells.push_back(std::move(j));
     }
-    cells.push_back(std::move(j));
-  }
+    return cells;
+  };
+  nlohmann::json cells = cells_json(cells_, *this);
   nlohmann::json sessions = nullptr;
   if (sessions_) {
     const auto& s = *sessions_;
@@ -322,7 +412,19 @@ nlohmann::json Report::ToJson() const {
       {"contended_vs_etcd_lock", OrNull(h.contended_vs_etcd_lock)},
       {"p99_uncontended_vs_raw", OrNull(h.p99_uncontended_vs_raw)},
       {"keepalive_vs_raw", OrNull(h.keepalive_vs_raw)}};
+  nlohmann::json rounds = nlohmann::json::array();
+  for (size_t i = 0; i < rounds_.size(); ++i) {
+    const Headline& r = rounds_[i];
+    Report round;
+    round.cells_ = round_cells_[i];
+    rounds.push_back({{"uncontended_vs_raw_cycle", OrNull(r.uncontended_vs_raw_cycle)},
+                      {"contended_vs_etcd_lock", OrNull(r.contended_vs_etcd_lock)},
+                      {"p99_uncontended_vs_raw", OrNull(r.p99_uncontended_vs_raw)},
+                      {"keepalive_vs_raw", OrNull(r.keepalive_vs_raw)},
+                      {"cells", cells_json(round.cells_, round)}});
+  }
   return {{"run", run_info_},
+          {"rounds", rounds},
           {"cells", cells},
           {"sessions", sessions},
           {"headline", headline},

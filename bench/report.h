@@ -61,7 +61,18 @@ class Report {
   // holdfast session renewals/s against the raw LeaseKeepAlive cells, by name
   // ("vs_keepalive_paced", "vs_keepalive_max").
   std::map<std::string, double> SessionRatios() const;
+  // The headline of this report's own cells; for a combined report, each ratio
+  // is the median of its values over the rounds (see Combine).
   Headline ComputeHeadline() const;
+  // Several rounds of the matrix in one run (--rounds): each cell is the round
+  // whose ops/s is the median for that cell (the lower of the middle two for an
+  // even count), and each headline ratio the median of the ratios computed within
+  // each round, so that a ratio always compares cells measured minutes apart at
+  // most, never the best holdfast round with the worst baseline round. The
+  // sessions figures are the last round's that has them.
+  static Report Combine(const std::vector<Report>& rounds);
+  // The headline of each round of a combined report (empty otherwise).
+  const std::vector<Headline>& rounds() const { return rounds_; }
   // Problems that make the run a failure: cells that could not run or finished
   // no operation. Empty when the harness worked.
   std::vector<std::string> Problems(bool sessions_planned = true) const;
@@ -76,8 +87,12 @@ class Report {
                       const std::vector<std::string>& ids) const;
   void PrintSessions(std::FILE* out) const;
 
+  Headline OwnHeadline() const;
+
   std::vector<Cell> cells_;
   std::optional<SessionsResult> sessions_;
+  std::vector<Headline> rounds_;
+  std::vector<std::vector<Cell>> round_cells_;  // every round's own cells
   nlohmann::json run_info_ = nlohmann::json::object();
 };
 

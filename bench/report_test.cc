@@ -1,0 +1,79 @@
+// Report::Combine: the figures of several rounds of the matrix (--rounds).
+#include "bench/report.h"
+
+#include <gtest/gtest.h>
+
+namespace holdfast::bench {
+namespace {
+
+Cell Ran(const char* id, int concurrency, double ops_per_sec) {
+  Cell c;
+  c.id = id;
+  c.concurrency = concurrency;
+  c.result.ops = static_cast<int64_t>(ops_per_sec);
+  c.result.all_ops = c.result.ops;
+  c.result.seconds = 1;
+  c.result.ops_per_sec = ops_per_sec;
+  return c;
+}
+
+Report Round(double raw_cycles, double holdfast_cycles) {
+  Report r;
+  r.AddCell(Ran(kRawCycle, 256, raw_cycles));
+  r.AddCell(Ran(kUncontended, 256, holdfast_cycles));
+  return r;
+}
+
+TEST(ReportCombineTest, EachRatioIsTheMedianOfTheRoundsRatios) {
+  // R1 per round: 1.2, 0.5, 0.8. The median cells (raw 2000, holdfast 1500) come
+  // from different rounds and would give 0.75; the headline pairs within a round.
+  Report combined = Report::Combine({Round(1000, 1200), Round(3000, 1500), Round(2000, 1600)});
+  ASSERT_EQ(combined.rounds().size(), 3u);
+  EXPECT_DOUBLE_EQ(*combined.rounds()[0].uncontended_vs_raw_cycle, 1.2);
+  EXPECT_DOUBLE_EQ(*combined.rounds()[1].uncontended_vs_raw_cycle, 0.5);
+  Headline h = combined.ComputeHeadline();
+  ASSERT_TRUE(h.uncontended_vs_raw_cycle);
+  EXPECT_DOUBLE_EQ(*h.uncontended_vs_raw_cycle, 0.8);
+  EXPECT_EQ(h.r1_concurrency, 256);
+  EXPECT_FALSE(h.contended_vs_etcd_lock);  // no round ran those cells
+  EXPECT_NE(combined.BenchLine().find("uncontended_vs_raw_cycle=0.80 "), std::string::npos)
+      << combined.BenchLine();
+
+  const Cell* raw = combined.Find(kRawCycle, 256);
+  const Cell* hf = combined.Find(kUncontended, 256);
+  ASSERT_NE(raw, nullptr);
+  ASSERT_NE(hf, nullptr);
+  EXPECT_DOUBLE_EQ(raw->result.ops_per_sec, 2000);
+  EXPECT_DOUBLE_EQ(hf->result.ops_per_sec, 1500);
+
+  nlohmann::json j = combined.ToJson();
+  ASSERT_EQ(j["rounds"].size(), 3u);
+  EXPECT_DOUBLE_EQ(j["rounds"][1]["uncontended_vs_raw_cycle"].get<double>(), 0.5);
+  EXPECT_EQ(j["rounds"][2]["cells"].size(), 2u);
+  EXPECT_DOUBLE_EQ(j["headline"]["uncontended_vs_raw_cycle"].get<double>(), 0.8);
+}
+
+TEST(ReportCombineTest, AnEvenCountTakesTheLowerMiddleAndFailuresStayProblems) {
+  Report bad = Round(1000, 400);
+  Cell failed;
+  failed.id = kContended;
+  failed.concurrency = 8;
+  failed.setup_error = "UNAVAILABLE: no holdfastd";
+  bad.AddCell(failed);
+  Report combined = Report::Combine({Round(1000, 900), bad});
+  EXPECT_DOUBLE_EQ(*combined.ComputeHeadline().uncontended_vs_raw_cycle, 0.4);
+  EXPECT_DOUBLE_EQ(combined.Find(kUncontended, 256)->result.ops_per_sec, 400);
+  auto problems = combined.Problems(/*sessions_planned=*/false);
+  ASSERT_EQ(problems.size(), 1u);
+  EXPECT_NE(problems[0].find("holdfast_contended c=8: could not run"), std::string::npos)
+      << problems[0];
+}
+
+TEST(ReportCombineTest, OneReportAloneKeepsItsOwnHeadline) {
+  Report one = Round(1000, 700);
+  EXPECT_TRUE(one.rounds().empty());
+  EXPECT_DOUBLE_EQ(*one.ComputeHeadline().uncontended_vs_raw_cycle, 0.7);
+}
+
+}  // namespace
+}  // namespace holdfast::bench
