@@ -102,6 +102,7 @@ absl::Status EtcdProcess::Launch(bool wait_healthy) {
              "--log-level", "warn"};
   so.argv.insert(so.argv.begin(), options_.command_prefix.begin(),
                  options_.command_prefix.end());
+  if (options_.pre_vote) so.argv.push_back("--pre-vote");
   for (const auto& a : options_.extra_args) so.argv.push_back(a);
   // etcd 3.4 reads ETCD_* variables as flags: keep the caller's out.
   so.log_file = options_.log_file;

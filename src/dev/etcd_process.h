@@ -38,6 +38,11 @@ struct EtcdOptions {
   // the member in a network namespace. It must exec etcd in place, so that the
   // process signalled (SIGSTOP, SIGKILL) is etcd itself.
   std::vector<std::string> command_prefix;
+  // --pre-vote: a member asks its peers whether it could win before it starts an
+  // election, so one cut off and back (or paused) does not depose a healthy leader
+  // by its higher term when it returns. Off by default in etcd 3.4; holdfast
+  // recommends it (docs/operations.md).
+  bool pre_vote = true;
 };
 
 class EtcdProcess {

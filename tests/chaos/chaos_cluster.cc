@@ -21,7 +21,7 @@ absl::StatusOr<std::unique_ptr<ChaosCluster>> ChaosCluster::Start(Options option
     auto network = MemberNetwork::Create(options.etcd_members, c->dir());
     if (network.ok()) {
       c->network_ = *std::move(network);
-      if (absl::Status s = c->StartMembers(options.etcd_members); !s.ok()) {
+      if (absl::Status s = c->StartMembers(options.etcd_members, options.pre_vote); !s.ok()) {
         c->network_.reset();
         c->partitions_skipped_ = absl::StrCat(
             "etcd members in network namespaces did not form a cluster: ", s.ToString());
@@ -32,7 +32,7 @@ absl::StatusOr<std::unique_ptr<ChaosCluster>> ChaosCluster::Start(Options option
     }
   }
   if (c->network_ == nullptr) {
-    if (absl::Status s = c->StartMembers(options.etcd_members); !s.ok()) return s;
+    if (absl::Status s = c->StartMembers(options.etcd_members, options.pre_vote); !s.ok()) return s;
   }
 
   std::vector<std::string> direct, proxied;
@@ -58,7 +58,7 @@ absl::StatusOr<std::unique_ptr<ChaosCluster>> ChaosCluster::Start(Options option
   return c;
 }
 
-absl::Status ChaosCluster::StartMembers(int members) {
+absl::Status ChaosCluster::StartMembers(int members, bool pre_vote) {
   std::vector<dev::EtcdOptions> options(members);
   std::string initial_cluster;
   for (int m = 0; m < members; ++m) {
@@ -79,6 +79,7 @@ absl::Status ChaosCluster::StartMembers(int members) {
       o.peer_port = *peer_port;
     }
     o.wait_healthy = false;  // no member is healthy before a quorum runs
+    o.pre_vote = pre_vote;
     absl::StrAppend(&initial_cluster, m == 0 ? "" : ",", o.name, "=http://", o.host, ":",
                     o.peer_port);
   }

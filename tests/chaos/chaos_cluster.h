@@ -35,6 +35,9 @@ class ChaosCluster {
     int etcd_members = 3;
     // Try network namespaces for the members (else loopback from the start).
     bool member_namespaces = true;
+    // Members run with --pre-vote (dev::EtcdOptions::pre_vote); false: etcd 3.4's
+    // default, for comparison (holdfast-chaos --no-pre-vote).
+    bool pre_vote = true;
   };
   // Errors: those of starting etcd, a proxy or holdfastd (the harness's).
   static absl::StatusOr<std::unique_ptr<ChaosCluster>> Start(Options options);
@@ -75,7 +78,7 @@ class ChaosCluster {
   ChaosCluster() = default;
   // Starts the members (in namespaces when network_ is set) and waits until all
   // are healthy; on error, stops what it started.
-  absl::Status StartMembers(int members);
+  absl::Status StartMembers(int members, bool pre_vote);
 
   testing::TempDir dir_;
   std::unique_ptr<MemberNetwork> network_;  // null: members on loopback

@@ -2,7 +2,7 @@
 //
 //   holdfast-chaos [--seed S] [--duration SECONDS] [--clients N] [--keys K]
 //                  [--short] [--no-fence] [--expect-violations] [--nemesis KIND,...]
-//                  [--ttl-ms MS] [--out DIR] [--keep]
+//                  [--ttl-ms MS] [--out DIR] [--keep] [--no-pre-vote]
 //   holdfast-chaos --check HISTORY.jsonl
 //
 // Starts a 3-member etcd cluster (each member in its own network namespace where
@@ -18,7 +18,8 @@
 //   chaos: seed=S ops=N grants=G faults=F stale_writes_rejected=R violations=V
 // Exits 1 when V > 0 (the seed and the kept history are printed), 2 when the run
 // could not be set up. --no-fence makes the register admit every write (a control
-// run: with --expect-violations it exits 0 only when V > 0). --check only checks a
+// run: with --expect-violations it exits 0 only when V > 0). --no-pre-vote runs the
+// members without --pre-vote (etcd 3.4's default), to compare. --check only checks a
 // recorded history (and the audit.jsonl beside it, if there is one).
 #include <signal.h>
 #include <unistd.h>
@@ -82,6 +83,7 @@ struct Flags {
   int keys = 3;
   bool short_mode = false;
   bool no_fence = false;
+  bool no_pre_vote = false;
   bool expect_violations = false;
   std::vector<std::string> nemesis = kFaultKinds;
   int64_t ttl_ms = 2000;
@@ -94,7 +96,7 @@ void Usage(const char* argv0) {
   std::fprintf(stderr,
                "usage: %s [--seed S] [--duration SECONDS] [--clients N] [--keys K] [--short]\n"
                "          [--no-fence] [--expect-violations] [--nemesis KIND,...] [--ttl-ms MS]\n"
-               "          [--out DIR] [--keep]\n"
+               "          [--out DIR] [--keep] [--no-pre-vote]\n"
                "       %s --check HISTORY.jsonl\n"
                "fault kinds: %s\n",
                argv0, argv0, absl::StrJoin(kFaultKinds, ",").c_str());
@@ -116,6 +118,8 @@ bool ParseFlags(int argc, char** argv, Flags& f) {
       f.short_mode = true;
     } else if (name == "--no-fence") {
       f.no_fence = true;
+    } else if (name == "--no-pre-vote") {
+      f.no_pre_vote = true;
     } else if (name == "--expect-violations") {
       f.expect_violations = true;
     } else if (name == "--keep") {
@@ -269,7 +273,7 @@ class ChaosRun {
   }
 
   absl::Status Setup() {
-    auto cluster = ChaosCluster::Start(ChaosCluster::Options{});
+    auto cluster = ChaosCluster::Start(ChaosCluster::Options{.pre_vote = !f_.no_pre_vote});
     if (!cluster.ok()) return cluster.status();
     cluster_ = *std::move(cluster);
     if (!cluster_->stale_removed().empty()) {
