@@ -1,12 +1,11 @@
 // The etcd client layer against a real etcd-server process.
 #include "etcd/client.h"
 
-#include <filesystem>
 #include <future>
 
 #include <gtest/gtest.h>
 
-#include "dev/etcd_process.h"
+#include "dev/scratch_etcd.h"
 #include "dev/silent_endpoint.h"
 #include "etcd/watch_hub.h"
 
@@ -19,16 +18,10 @@ using std::chrono::seconds;
 class EtcdClientTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("holdfast-etcd-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-    dev::EtcdOptions o;
-    o.data_dir = (dir_ / "etcd").string();
-    auto etcd = dev::EtcdProcess::Start(o);
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = std::move(*etcd);
+    auto scratch = dev::ScratchEtcd::Start("etcd");
+    ASSERT_TRUE(scratch.ok()) << scratch.status();
+    scratch_ = std::move(*scratch);
+    etcd_ = &scratch_->etcd();
     timers_ = std::make_shared<TimerQueue>();
     ClientOptions co;
     co.endpoints = {etcd_->endpoint()};
@@ -38,8 +31,8 @@ class EtcdClientTest : public ::testing::Test {
   }
   void TearDown() override {
     client_.reset();
-    etcd_.reset();
-    std::filesystem::remove_all(dir_);
+    etcd_ = nullptr;
+    scratch_.reset();
   }
 
   pb::PutResponse Put(const std::string& k, const std::string& v, int64_t lease = 0) {
@@ -52,8 +45,8 @@ class EtcdClientTest : public ::testing::Test {
     return r.value_or(pb::PutResponse());
   }
 
-  std::filesystem::path dir_;
-  std::unique_ptr<dev::EtcdProcess> etcd_;
+  std::unique_ptr<dev::ScratchEtcd> scratch_;
+  dev::EtcdProcess* etcd_ = nullptr;  // scratch_'s
   std::shared_ptr<TimerQueue> timers_;
   std::unique_ptr<Client> client_;
 };

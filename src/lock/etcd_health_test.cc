@@ -3,12 +3,11 @@
 #include "lock/etcd_health.h"
 
 #include <atomic>
-#include <filesystem>
 #include <thread>
 
 #include <gtest/gtest.h>
 
-#include "dev/etcd_process.h"
+#include "dev/scratch_etcd.h"
 #include "dev/silent_endpoint.h"
 
 namespace holdfast::lock {
@@ -20,21 +19,15 @@ using std::chrono::seconds;
 class EtcdHealthTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("holdfast-health-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-    dev::EtcdOptions o;
-    o.data_dir = (dir_ / "etcd").string();
-    auto etcd = dev::EtcdProcess::Start(o);
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = std::move(*etcd);
+    auto scratch = dev::ScratchEtcd::Start("health");
+    ASSERT_TRUE(scratch.ok()) << scratch.status();
+    scratch_ = std::move(*scratch);
+    etcd_ = &scratch_->etcd();
     timers_ = std::make_shared<TimerQueue>();
   }
   void TearDown() override {
-    etcd_.reset();
-    std::filesystem::remove_all(dir_);
+    etcd_ = nullptr;
+    scratch_.reset();
   }
 
   std::unique_ptr<etcd::Client> Connect(std::vector<std::string> endpoints) {
@@ -45,8 +38,8 @@ class EtcdHealthTest : public ::testing::Test {
     return c.ok() ? std::move(*c) : nullptr;
   }
 
-  std::filesystem::path dir_;
-  std::unique_ptr<dev::EtcdProcess> etcd_;
+  std::unique_ptr<dev::ScratchEtcd> scratch_;
+  dev::EtcdProcess* etcd_ = nullptr;  // scratch_'s
   std::shared_ptr<TimerQueue> timers_;
 };
 

@@ -3,7 +3,6 @@
 // members that share a lock key or a session never share a batch.
 #include "lock/group_commit.h"
 
-#include <filesystem>
 #include <future>
 #include <set>
 
@@ -11,7 +10,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
-#include "dev/etcd_process.h"
+#include "dev/scratch_etcd.h"
 #include "lock/txn_util.h"
 
 namespace holdfast::lock {
@@ -23,16 +22,10 @@ using std::chrono::seconds;
 class GroupCommitTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    dir_ = std::filesystem::temp_directory_path() /
-           ("holdfast-gc-" + std::to_string(::getpid()) + "-" +
-            ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    std::filesystem::remove_all(dir_);
-    std::filesystem::create_directories(dir_);
-    dev::EtcdOptions o;
-    o.data_dir = (dir_ / "etcd").string();
-    auto etcd = dev::EtcdProcess::Start(o);
-    ASSERT_TRUE(etcd.ok()) << etcd.status();
-    etcd_ = std::move(*etcd);
+    auto scratch = dev::ScratchEtcd::Start("gc");
+    ASSERT_TRUE(scratch.ok()) << scratch.status();
+    scratch_ = std::move(*scratch);
+    etcd_ = &scratch_->etcd();
     timers_ = std::make_shared<TimerQueue>();
     etcd::ClientOptions co;
     co.endpoints = {etcd_->endpoint()};
@@ -49,8 +42,8 @@ class GroupCommitTest : public ::testing::Test {
   void TearDown() override {
     commits_.reset();
     client_.reset();
-    etcd_.reset();
-    std::filesystem::remove_all(dir_);
+    etcd_ = nullptr;
+    scratch_.reset();
   }
 
   // "if key is absent then put key (and the shared mark) else read key".
@@ -89,8 +82,8 @@ class GroupCommitTest : public ::testing::Test {
     return batches_;
   }
 
-  std::filesystem::path dir_;
-  std::unique_ptr<dev::EtcdProcess> etcd_;
+  std::unique_ptr<dev::ScratchEtcd> scratch_;
+  dev::EtcdProcess* etcd_ = nullptr;  // scratch_'s
   std::shared_ptr<TimerQueue> timers_;
   std::unique_ptr<etcd::Client> client_;
   std::unique_ptr<GroupCommit> commits_;
