@@ -2,12 +2,12 @@
 //
 //   Start ─┬─ views allow, key free: Fast grant txn ─▶ done (new hold)
 //          │            └ compare failed: Decide on the else branch
-//          ├─ views allow, key held by another: Enqueue txn ─▶ Read
+//          ├─ views allow, key held by another: Enqueue txn ─▶ Decide on its read
 //          └─▶ Read ─▶ Decide ─┬─ held ───────────────────────▶ done (the hold)
 //              ▲                ├─ grant ─▶ Grant txn ──────────▶ done (new hold)
 //              │                │            └ compare failed: Decide on the else branch
 //              │                └─ blocked ─┬─ try ──────────────▶ done (ABORTED)
-//              │                            ├─ not queued: Enqueue txn ─▶ Read
+//              │                            ├─ not queued: Enqueue txn ─▶ Decide on its read
 //              │                            └─ queued: Wait on watches
 //              └──────────────── a watched key deleted, or a waiter ahead's deadline
 //   the wait deadline, or a cancel ─▶ End: remove the own waiter (guarded) ─▶ done
@@ -25,7 +25,9 @@
 // they are true, so it grants exactly what Decide on a fresh read would; otherwise
 // its else branch is that read. A waiting call on a key this replica's view shows
 // held by another session skips the grant that would fail and joins the queue
-// first, under the same compares; the read after it decides as always.
+// first, under the same compares. An enqueue transaction reads the queue in both
+// branches, after its own put, so the call decides (and starts its watches) on the
+// queue as that commit left it without a read of its own.
 //
 // One etcd step is in flight at a time; a deadline or cancel that arrives during a
 // step takes effect when the step completes. A grant that commits after the call
@@ -350,9 +352,15 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     put->set_value(rec.SerializeAsString());
     put->set_lease(lease);
     if (existing == nullptr) AddNewClaim(&txn);
+    // Both branches end with the read that decides next (ranges in a transaction
+    // see its own writes): the queue as this commit left it, own waiter included,
+    // so the watches start right after it without a read of their own.
+    const int reads_at = txn.success_size();
+    AddSnapshotReads(ns, lease, req_.lock_key(), txn.mutable_success());
+    AddSnapshotReads(ns, lease, req_.lock_key(), txn.mutable_failure());
     auto self = shared_from_this();
     engine_->etcd().Txn(std::move(txn), EtcdDeadline(),
-                        [self, rec, existing_rev = existing ? existing->create_revision : 0](
+                        [self, rec, reads_at, existing_rev = existing ? existing->create_revision : 0](
                             absl::StatusOr<pb::TxnResponse> t) {
                           if (t.ok() && t->succeeded()) {
                             WaiterEntry w{self->req_.session_id(),
@@ -364,12 +372,17 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                             self->own_waiter_rev_ = w.create_revision;
                           }
                           if (auto end = self->StepDone()) return self->EndNow(*end);
-                          // Success, a lost race, or an unknown outcome: read and
-                          // decide with the queue as it is now.
-                          if (!t.ok() && !self->RetryUnknown(t.status())) {
-                            return self->Finish(t.status());
+                          if (!t.ok()) {
+                            // Unknown outcome: read and decide with the queue as it is.
+                            if (!self->RetryUnknown(t.status())) return self->Finish(t.status());
+                            if (self->BeginStep()) self->Read();
+                            return;
                           }
-                          if (self->BeginStep()) self->Read();
+                          // Queued, or a lost race: decide on the transaction's read.
+                          auto snap = ParseSnapshot(t->header(), t->responses(),
+                                                    t->succeeded() ? reads_at : 0);
+                          if (!snap.ok()) return self->Finish(snap.status());
+                          self->Decide(std::move(*snap));
                         });
   }
 
