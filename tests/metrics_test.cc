@@ -278,6 +278,36 @@ TEST_F(MetricsTest, AHandOverIsOneTransaction) {
   EXPECT_LE(spent, kHandOvers + 3);
 }
 
+// A waiting acquire joins the queue and reads it in one transaction: the enqueue's
+// branches end with the snapshot's ranges, so no read follows it.
+TEST_F(MetricsTest, AWaitingAcquireQueuesWithoutAReadAfterTheEnqueue) {
+  auto a = Open(), b = Open();
+  ASSERT_TRUE(a && b);
+  constexpr int kWaits = 10;
+  double spent = 0;
+  const std::string key = "queued";
+  for (int i = 0; i < kWaits; ++i) {
+    auto held = a->Acquire(key);
+    ASSERT_TRUE(held.ok()) << held.status();
+    const double before =
+        Sample(Scrape(), "holdfast_etcd_request_duration_seconds_count", {{"method", "Txn"}});
+    auto waiting =
+        std::async(std::launch::async, [&] { return b->Acquire(key, testing::Waiting(seconds(30))); });
+    const std::string t = ScrapeUntil(
+        [](const std::string& t) { return Sample(t, "holdfast_waiters_parked", kDefault) == 1; },
+        "B parked");
+    spent += Sample(t, "holdfast_etcd_request_duration_seconds_count", {{"method", "Txn"}}) - before;
+    ASSERT_TRUE(held->Release().ok());
+    auto got = waiting.get();
+    ASSERT_TRUE(got.ok()) << got.status();
+    ASSERT_TRUE(got->Release().ok());
+  }
+  // Each: the read that finds the key held (a fast grant leaves no view of the key
+  // behind), then the enqueue. With a read after the enqueue: 3 each (30).
+  EXPECT_GE(spent, kWaits);
+  EXPECT_LE(spent, 2 * kWaits + 3);
+}
+
 TEST_F(MetricsTest, SessionsRenewalsAndCloses) {
   auto keep = Open(seconds(10));
   auto fast = Open(seconds(2));  // renewed every 667 ms by libholdfast
