@@ -625,26 +625,34 @@ TEST(LockReplicasTest, TwoReplicas200ConcurrentAcquiresNeverTwoHolders) {
   auto end = c.etcd_client().RangeSync(end_probe, etcd::DeadlineIn(seconds(5)));
   ASSERT_TRUE(end.ok());
   const int64_t to = end->header().revision();
-  std::mutex mu;
-  std::condition_variable cv;
-  std::vector<mvccpb::Event> events;
-  int64_t seen_to = 0;
+  // Shared with the watch: a callback may still run after this test's locals end.
+  struct Seen {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::vector<mvccpb::Event> events;
+  };
+  auto seen = std::make_shared<Seen>();
   etcd::WatchSpec spec;
   spec.key = keyspace::HoldRangeBegin("default", "contended");
   spec.range_end = keyspace::HoldRangeEnd("default", "contended");
   spec.start_revision = from;
-  c.etcd_client().watches().Watch(spec, [&](absl::StatusOr<etcd::WatchBatch> b) {
-    if (!b.ok()) return;
-    std::lock_guard<std::mutex> l(mu);
-    for (auto& e : b->events) events.push_back(e);
-    seen_to = std::max(seen_to, b->header_revision);
-    cv.notify_all();
-  });
+  const etcd::WatchId watch =
+      c.etcd_client().watches().Watch(spec, [seen](absl::StatusOr<etcd::WatchBatch> b) {
+        if (!b.ok()) return;
+        std::lock_guard<std::mutex> l(seen->mu);
+        for (auto& e : b->events) seen->events.push_back(e);
+        seen->cv.notify_all();
+      });
+  std::vector<mvccpb::Event> events;
   {
-    std::unique_lock<std::mutex> l(mu);
-    ASSERT_TRUE(cv.wait_for(l, seconds(30), [&] {
-      return static_cast<int>(events.size()) >= 2 * kAcquires;
-    }));
+    std::unique_lock<std::mutex> l(seen->mu);
+    const bool all = seen->cv.wait_for(l, seconds(30), [&] {
+      return static_cast<int>(seen->events.size()) >= 2 * kAcquires;
+    });
+    events = seen->events;
+    l.unlock();
+    c.etcd_client().watches().Cancel(watch);
+    ASSERT_TRUE(all);
   }
   std::set<std::string> live;
   int max_live = 0, puts = 0;

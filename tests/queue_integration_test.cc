@@ -179,28 +179,38 @@ TEST_F(QueueTest, ReleaseHandsOverInTheSameCommit) {
   DescribeUntil("h", [](auto& d) { return d.waiters_size() == 1; });
   auto wc = std::async(std::launch::async, [&] { return c->Acquire("h", testing::Waiting(seconds(30), true)); });
   DescribeUntil("h", [](auto& d) { return d.waiters_size() == 2; });
-  // Watch the key's holds from now on, to see the release's revision.
-  std::mutex mu;
-  std::vector<mvccpb::Event> events;
+  // Watch the key's holds from now on, to see the release's revision. The state
+  // the watch writes is shared with it: a callback may still run after Cancel.
+  struct Seen {
+    std::mutex mu;
+    std::vector<mvccpb::Event> events;
+  };
+  auto seen = std::make_shared<Seen>();
   etcd::WatchSpec spec;
   spec.key = keyspace::HoldRangeBegin("default", "h");
   spec.range_end = keyspace::HoldRangeEnd("default", "h");
   spec.start_revision = Revision() + 1;
-  cluster_->etcd_client().watches().Watch(spec, [&](absl::StatusOr<etcd::WatchBatch> batch) {
-    if (!batch.ok()) return;
-    std::lock_guard<std::mutex> l(mu);
-    for (auto& e : batch->events) events.push_back(e);
-  });
+  const etcd::WatchId watch =
+      cluster_->etcd_client().watches().Watch(spec, [seen](absl::StatusOr<etcd::WatchBatch> batch) {
+        if (!batch.ok()) return;
+        std::lock_guard<std::mutex> l(seen->mu);
+        for (auto& e : batch->events) seen->events.push_back(e);
+      });
   ASSERT_TRUE(ha->Release().ok());
   auto hb = wb.get();
   auto hc = wc.get();
   ASSERT_TRUE(hb.ok() && hc.ok());
+  std::vector<mvccpb::Event> events;
   auto until = std::chrono::steady_clock::now() + seconds(10);
   while (std::chrono::steady_clock::now() < until) {
-    std::lock_guard<std::mutex> l(mu);
+    {
+      std::lock_guard<std::mutex> l(seen->mu);
+      events = seen->events;
+    }
     if (events.size() >= 3) break;
+    std::this_thread::sleep_for(milliseconds(10));
   }
-  std::lock_guard<std::mutex> l(mu);
+  cluster_->etcd_client().watches().Cancel(watch);
   ASSERT_GE(events.size(), 3u);
   ASSERT_EQ(events[0].type(), mvccpb::Event::DELETE);  // a's hold
   const int64_t release_rev = events[0].kv().mod_revision();
@@ -350,17 +360,22 @@ TEST(QueueReplicasTest, RandomWorkloadNeverOverlapsExclusiveHolds) {
   auto start = c.etcd_client().RangeSync(probe, etcd::DeadlineIn(seconds(5)));
   ASSERT_TRUE(start.ok());
 
-  std::mutex mu;
-  std::vector<mvccpb::Event> events;
+  // Shared with the watch: a callback may still run after this test's locals end.
+  struct Seen {
+    std::mutex mu;
+    std::vector<mvccpb::Event> events;
+  };
+  auto seen = std::make_shared<Seen>();
   etcd::WatchSpec spec;
   spec.key = "/holdfast/ns/default/hold/";
   spec.range_end = keyspace::PrefixEnd(spec.key);
   spec.start_revision = start->header().revision() + 1;
-  c.etcd_client().watches().Watch(spec, [&](absl::StatusOr<etcd::WatchBatch> b) {
-    if (!b.ok()) return;
-    std::lock_guard<std::mutex> l(mu);
-    for (auto& e : b->events) events.push_back(e);
-  });
+  const etcd::WatchId watch =
+      c.etcd_client().watches().Watch(spec, [seen](absl::StatusOr<etcd::WatchBatch> b) {
+        if (!b.ok()) return;
+        std::lock_guard<std::mutex> l(seen->mu);
+        for (auto& e : b->events) seen->events.push_back(e);
+      });
 
   constexpr int kSessions = 50;
   constexpr int kKeys = 5;
@@ -404,13 +419,18 @@ TEST(QueueReplicasTest, RandomWorkloadNeverOverlapsExclusiveHolds) {
   auto end = c.etcd_client().RangeSync(probe, etcd::DeadlineIn(seconds(5)));
   ASSERT_TRUE(end.ok());
   const int64_t last = end->header().revision();
+  std::vector<mvccpb::Event> events;
   auto until = std::chrono::steady_clock::now() + seconds(30);
   while (std::chrono::steady_clock::now() < until) {
-    std::lock_guard<std::mutex> l(mu);
+    {
+      std::lock_guard<std::mutex> l(seen->mu);
+      events = seen->events;
+    }
     if (!events.empty() && events.back().kv().mod_revision() >= last) break;
     if (events.size() >= static_cast<size_t>(2 * grants.load())) break;
+    std::this_thread::sleep_for(milliseconds(10));
   }
-  std::lock_guard<std::mutex> l(mu);
+  c.etcd_client().watches().Cancel(watch);
   // Replay: per key, the live holds and whether each is shared.
   std::map<std::string, std::map<std::string, bool>> live;
   std::map<std::string, int64_t> last_grant;
@@ -513,37 +533,43 @@ TEST(QueueReplicasTest, AReleasePlannedOnAStaleViewHandsTheKeyToTheRealHead) {
   // written afterwards; once the marker's event arrives, every earlier one has.
   const std::string b_hold = keyspace::HoldKey("default", "stale", (*b)->id());
   const std::string marker = "/test/marker";
-  std::mutex mu;
-  std::vector<std::string> b_events;
-  bool marker_seen = false;
+  // Shared with the watch: a callback may still run after this test's locals end.
+  struct Seen {
+    std::mutex mu;
+    std::vector<std::string> b_events;
+    bool marker_seen = false;
+  };
+  auto seen = std::make_shared<Seen>();
   etcd::WatchSpec spec;
   spec.key = b_hold;
   spec.range_end = marker + std::string(1, '\0');
   spec.start_revision = gone->header().revision();
-  auto id = c.etcd_client().watches().Watch(spec, [&](absl::StatusOr<etcd::WatchBatch> batch) {
-    if (!batch.ok()) return;
-    std::lock_guard<std::mutex> l(mu);
-    for (auto& e : batch->events) {
-      if (e.kv().key() == b_hold) b_events.push_back(e.DebugString());
-      if (e.kv().key() == marker) marker_seen = true;
-    }
-  });
+  auto id = c.etcd_client().watches().Watch(
+      spec, [seen, b_hold, marker](absl::StatusOr<etcd::WatchBatch> batch) {
+        if (!batch.ok()) return;
+        std::lock_guard<std::mutex> l(seen->mu);
+        for (auto& e : batch->events) {
+          if (e.kv().key() == b_hold) seen->b_events.push_back(e.DebugString());
+          if (e.kv().key() == marker) seen->marker_seen = true;
+        }
+      });
   pb::PutRequest mark;
   mark.set_key(marker);
   ASSERT_TRUE(c.etcd_client().PutSync(mark, etcd::DeadlineIn(seconds(5))).ok());
   auto wait_until = std::chrono::steady_clock::now() + seconds(10);
   while (std::chrono::steady_clock::now() < wait_until) {
     {
-      std::lock_guard<std::mutex> l(mu);
-      if (marker_seen) break;
+      std::lock_guard<std::mutex> l(seen->mu);
+      if (seen->marker_seen) break;
     }
     std::this_thread::sleep_for(milliseconds(5));
   }
   c.etcd_client().watches().Cancel(id);
   {
-    std::lock_guard<std::mutex> l(mu);
-    ASSERT_TRUE(marker_seen);
-    EXPECT_TRUE(b_events.empty()) << "session B was handed the key: " << b_events.front();
+    std::lock_guard<std::mutex> l(seen->mu);
+    ASSERT_TRUE(seen->marker_seen);
+    EXPECT_TRUE(seen->b_events.empty())
+        << "session B was handed the key: " << seen->b_events.front();
   }
   ASSERT_TRUE(got->Release().ok());
 }

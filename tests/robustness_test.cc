@@ -217,22 +217,23 @@ TEST(RobustnessTest, ClientCutOffFromEveryReplicaDeclaresLostBeforeTheLeaseExpir
   auto hold = session->Acquire("cut");
   ASSERT_TRUE(hold.ok());
   // Record when etcd deletes the hold key (the lease expired).
-  std::atomic<int64_t> deleted_at_ns{0};
+  // Shared with the watch: a callback may still run after this test's locals end.
+  auto deleted_at_ns = std::make_shared<std::atomic<int64_t>>(0);
   etcd::WatchSpec spec;
   spec.key = keyspace::HoldRangeBegin("default", "cut");
   spec.range_end = keyspace::HoldRangeEnd("default", "cut");
   spec.no_put = true;
-  cluster.etcd_client().watches().Watch(spec, [&](absl::StatusOr<etcd::WatchBatch> b) {
-    if (b.ok() && !b->events.empty() && deleted_at_ns == 0) {
-      deleted_at_ns = Clock::now().time_since_epoch().count();
+  cluster.etcd_client().watches().Watch(spec, [deleted_at_ns](absl::StatusOr<etcd::WatchBatch> b) {
+    if (b.ok() && !b->events.empty() && *deleted_at_ns == 0) {
+      *deleted_at_ns = Clock::now().time_since_epoch().count();
     }
   });
   cluster.holdfastd(0).process()->Signal(SIGSTOP);  // no answers, no renewals
-  ASSERT_TRUE(Eventually([&] { return deleted_at_ns != 0; }, seconds(20)));
+  ASSERT_TRUE(Eventually([&] { return *deleted_at_ns != 0; }, seconds(20)));
   cluster.holdfastd(0).process()->Signal(SIGCONT);
   ASSERT_NE(lost_at_ns.load(), 0);
   EXPECT_TRUE(hold->lost());
-  EXPECT_LT(lost_at_ns.load(), deleted_at_ns.load())
+  EXPECT_LT(lost_at_ns.load(), deleted_at_ns->load())
       << "the client must stop before etcd can hand the lock to anyone else";
 }
 
