@@ -35,6 +35,15 @@ class EtcdClientTest : public ::testing::Test {
     scratch_.reset();
   }
 
+  // Another client of this fixture's etcd, trying `endpoints` in order.
+  std::unique_ptr<Client> Connect(std::vector<std::string> endpoints) {
+    ClientOptions co;
+    co.endpoints = std::move(endpoints);
+    auto c = Client::Create(co, timers_);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
   pb::PutResponse Put(const std::string& k, const std::string& v, int64_t lease = 0) {
     pb::PutRequest p;
     p.set_key(k);
@@ -204,36 +213,32 @@ TEST_F(EtcdClientTest, CompactedStartRevisionIsAnError) {
 }
 
 TEST_F(EtcdClientTest, FailsOverToAnotherEndpoint) {
-  ClientOptions co;
-  co.endpoints = {"127.0.0.1:1", etcd_->endpoint()};  // the first refuses connections
-  auto c = Client::Create(co, timers_);
-  ASSERT_TRUE(c.ok());
+  auto c = Connect({"127.0.0.1:1", etcd_->endpoint()});  // the first refuses connections
+  ASSERT_NE(c, nullptr);
   pb::RangeRequest r;
   r.set_key("/t/none");
   // Reads retry once on the next endpoint.
-  auto resp = (*c)->RangeSync(r, DeadlineIn(seconds(5)));
+  auto resp = c->RangeSync(r, DeadlineIn(seconds(5)));
   EXPECT_TRUE(resp.ok()) << resp.status();
   // And later calls start there.
-  EXPECT_EQ((*c)->PickEndpoint().second, 1u);
+  EXPECT_EQ(c->PickEndpoint().second, 1u);
 }
 
 TEST_F(EtcdClientTest, AReadWithNoAnswerMovesTheClientOn) {
   dev::SilentEndpoint silent;
   ASSERT_FALSE(silent.address().empty());
-  ClientOptions co;
-  co.endpoints = {silent.address(), etcd_->endpoint()};
-  auto c = Client::Create(co, timers_);
-  ASSERT_TRUE(c.ok());
+  auto c = Connect({silent.address(), etcd_->endpoint()});
+  ASSERT_NE(c, nullptr);
   pb::RangeRequest r;
   r.set_key("/t/none");
-  auto first = (*c)->RangeSync(r, DeadlineIn(seconds(1)));
+  auto first = c->RangeSync(r, DeadlineIn(seconds(1)));
   EXPECT_EQ(first.status().code(), absl::StatusCode::kDeadlineExceeded) << first.status();
-  EXPECT_EQ((*c)->PickEndpoint().second, 1u);
-  auto second = (*c)->RangeSync(r, DeadlineIn(seconds(5)));
+  EXPECT_EQ(c->PickEndpoint().second, 1u);
+  auto second = c->RangeSync(r, DeadlineIn(seconds(5)));
   EXPECT_TRUE(second.ok()) << second.status();
   // A tight deadline says nothing about the endpoint: it does not move the client.
-  auto tight = (*c)->RangeSync(r, DeadlineIn(milliseconds(1)));
-  EXPECT_EQ((*c)->PickEndpoint().second, 1u) << tight.status();
+  auto tight = c->RangeSync(r, DeadlineIn(milliseconds(1)));
+  EXPECT_EQ(c->PickEndpoint().second, 1u) << tight.status();
 }
 
 // A renewal that gets no answer moves the client, and the Watch stream stuck on
@@ -242,10 +247,8 @@ TEST_F(EtcdClientTest, AReadWithNoAnswerMovesTheClientOn) {
 TEST_F(EtcdClientTest, StreamsFollowTheClientOffASilentEndpoint) {
   dev::SilentEndpoint silent;
   ASSERT_FALSE(silent.address().empty());
-  ClientOptions co;
-  co.endpoints = {silent.address(), etcd_->endpoint()};
-  auto c = Client::Create(co, timers_);
-  ASSERT_TRUE(c.ok());
+  auto c = Connect({silent.address(), etcd_->endpoint()});
+  ASSERT_NE(c, nullptr);
   pb::LeaseGrantRequest g;
   g.set_ttl(30);
   auto lease = client_->LeaseGrantSync(g, DeadlineIn(seconds(5)));
@@ -256,22 +259,22 @@ TEST_F(EtcdClientTest, StreamsFollowTheClientOffASilentEndpoint) {
   WatchSpec spec;
   spec.key = "/t/moved";
   spec.start_revision = Put("/t/before", "x").header().revision() + 1;
-  (*c)->watches().Watch(spec, [&](absl::StatusOr<WatchBatch> b) {
+  c->watches().Watch(spec, [&](absl::StatusOr<WatchBatch> b) {
     if (b.ok() && !b->events.empty() && !once.exchange(true)) {
       seen.set_value(b->events[0].kv().mod_revision());
     }
   });
 
   std::promise<absl::Status> first;
-  (*c)->KeepAlive(lease->id(), DeadlineIn(seconds(1)),
+  c->KeepAlive(lease->id(), DeadlineIn(seconds(1)),
                   [&](absl::StatusOr<pb::LeaseKeepAliveResponse> r) { first.set_value(r.status()); });
   auto f = first.get_future();
   ASSERT_EQ(f.wait_for(seconds(10)), std::future_status::ready);
   EXPECT_EQ(f.get().code(), absl::StatusCode::kDeadlineExceeded);
-  EXPECT_EQ((*c)->PickEndpoint().second, 1u);
+  EXPECT_EQ(c->PickEndpoint().second, 1u);
 
   std::promise<absl::StatusOr<pb::LeaseKeepAliveResponse>> second;
-  (*c)->KeepAlive(lease->id(), DeadlineIn(seconds(5)),
+  c->KeepAlive(lease->id(), DeadlineIn(seconds(5)),
                   [&](absl::StatusOr<pb::LeaseKeepAliveResponse> r) { second.set_value(r); });
   auto s2 = second.get_future();
   ASSERT_EQ(s2.wait_for(seconds(10)), std::future_status::ready);
