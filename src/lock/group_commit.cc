@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <string_view>
+#include <unordered_set>
 #include <utility>
 
 namespace holdfast::lock {
@@ -21,10 +23,14 @@ GroupCommit::GroupCommit(etcd::Client* etcd, GroupCommitOptions options, BatchOb
 
 void GroupCommit::Txn(Footprint footprint, pb::TxnRequest txn, etcd::Deadline d,
                       etcd::Callback<pb::TxnResponse> done) {
+  std::vector<std::string> compare_keys;
+  compare_keys.reserve(txn.compare_size());
+  for (const auto& c : txn.compare()) compare_keys.push_back(c.SerializeAsString());
   std::vector<Batch> out;
   {
     absl::MutexLock l(&mu_);
-    queue_.push_back(Member{std::move(footprint), std::move(txn), d, std::move(done)});
+    queue_.push_back(
+        Member{std::move(footprint), std::move(txn), std::move(compare_keys), d, std::move(done)});
     out = TakeLocked();
   }
   for (auto& b : out) Send(std::move(b));
@@ -36,22 +42,26 @@ std::vector<GroupCommit::Batch> GroupCommit::TakeLocked() {
     Batch batch;
     std::set<std::pair<std::string, std::string>> keys;
     std::set<int64_t> sessions;
-    int compares = 0, ops = 0;
+    std::unordered_set<std::string> compared;  // the batch's distinct compares
+    int ops = 0;
     for (auto it = queue_.begin(); it != queue_.end() &&
                                    static_cast<int>(batch.size()) < options_.max_members;) {
       const auto& f = it->footprint;
-      const int c = it->txn.compare_size(), o = it->txn.success_size();
+      int c = 0;  // compares this member adds to the batch
+      for (const auto& k : it->compare_keys) c += compared.count(k) == 0 ? 1 : 0;
+      const int o = it->txn.success_size();
       const bool conflicts =
           keys.count({f.ns, f.lock_key}) > 0 || sessions.count(f.session) > 0;
-      const bool fits = batch.empty() || (compares + c <= options_.max_txn_ops &&
-                                          ops + o <= options_.max_txn_ops);
+      const bool fits =
+          batch.empty() || (static_cast<int>(compared.size()) + c <= options_.max_txn_ops &&
+                            ops + o <= options_.max_txn_ops);
       if (conflicts || !fits) {
         ++it;  // a later batch takes it, in queue order
         continue;
       }
       keys.insert({f.ns, f.lock_key});
       sessions.insert(f.session);
-      compares += c;
+      compared.insert(it->compare_keys.begin(), it->compare_keys.end());
       ops += o;
       batch.push_back(std::move(*it));
       it = queue_.erase(it);
@@ -83,16 +93,20 @@ void GroupCommit::Send(Batch batch) {
                });
     return;
   }
-  // Merged: all compares; all success ops, a key put by several members once.
-  // origin[i] lists, for member i, the index of each of its ops in the merged list.
+  // Merged: every distinct compare; all success ops, a key put by several members
+  // once. origin[i] lists, for member i, the index of each of its ops in the
+  // merged list.
   pb::TxnRequest merged;
   std::vector<std::vector<int>> origin(batch.size());
   std::map<std::string, int> put_at;
+  std::unordered_set<std::string_view> compared;  // views of the members' keys
   etcd::Deadline deadline = batch.front().deadline;
   for (size_t i = 0; i < batch.size(); ++i) {
     const auto& txn = batch[i].txn;
     deadline = std::min(deadline, batch[i].deadline);
-    for (const auto& c : txn.compare()) *merged.add_compare() = c;
+    for (int c = 0; c < txn.compare_size(); ++c) {
+      if (compared.insert(batch[i].compare_keys[c]).second) *merged.add_compare() = txn.compare(c);
+    }
     for (const auto& op : txn.success()) {
       if (const std::string* key = PutKey(op)) {
         auto [it, inserted] = put_at.emplace(*key, merged.success_size());

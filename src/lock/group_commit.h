@@ -19,6 +19,14 @@
 // the audit mark (every release puts one): it is put once, with the first
 // member's value (it only says "deletions in this revision were releases").
 //
+// A compare that several members make (byte for byte the same: the epoch record,
+// the namespace and class records, the namespace's class range, all compared by
+// every grant in a namespace) is made once: a conjunction is unchanged by
+// dropping a repeated term. Batches are bounded by etcd's --max-txn-ops in
+// distinct compares, so members of one namespace share the bound (a grant brings
+// four compares of its own instead of eight), and etcd evaluates each repeated
+// range compare once instead of once per member.
+//
 // A batch that committed answers each member with the batch's header and the
 // member's own success responses. A transport error reaches every member (an
 // unknown outcome, handled by each as for its own transaction).
@@ -66,6 +74,8 @@ class GroupCommit {
   struct Member {
     Footprint footprint;
     etcdserverpb::TxnRequest txn;
+    // Each compare of `txn`, serialized: what makes two members' compares the same.
+    std::vector<std::string> compare_keys;
     etcd::Deadline deadline;
     etcd::Callback<etcdserverpb::TxnResponse> done;
   };

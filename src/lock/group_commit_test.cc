@@ -1,6 +1,7 @@
 // Group commit against a real etcd-server process: batches share a revision,
 // a failed batch falls back to each member alone (with its own else branch), and
-// members that share a lock key or a session never share a batch.
+// members that share a lock key or a session never share a batch, and a compare
+// several members make is made once, so it counts once against --max-txn-ops.
 #include "lock/group_commit.h"
 
 #include <future>
@@ -164,6 +165,96 @@ TEST_F(GroupCommitTest, MembersSharingAKeyOrASessionNeverShareABatch) {
   }
   EXPECT_NE(rk1->header().revision(), rk2->header().revision());
   EXPECT_NE(rs1->header().revision(), rs2->header().revision());
+}
+
+TEST_F(GroupCommitTest, ACompareSeveralMembersMakeCountsOnceAgainstTheBound) {
+  // Each member: three compares every member makes (records that exist, as a
+  // grant compares its epoch, namespace and class records), one of its own, and
+  // one put. With 8 operations at most, merged without sharing the three a batch
+  // could take two members; sharing them, five (3 + 5 compares).
+  for (const char* shared : {"/rec/epoch", "/rec/ns", "/rec/class"}) {
+    pb::PutRequest put;
+    put.set_key(shared);
+    put.set_value("v");
+    ASSERT_TRUE(client_->PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+  }
+  std::vector<int> batches;
+  absl::Mutex batches_mu;
+  GroupCommitOptions g;
+  g.max_in_flight = 1;
+  g.max_txn_ops = 8;
+  GroupCommit commits(client_.get(), g, [&](int members) {
+    absl::MutexLock l(&batches_mu);
+    batches.push_back(members);
+  });
+  auto member = [&](int i) {
+    const std::string key = absl::StrCat("/s/", i);
+    pb::TxnRequest txn;
+    for (const char* shared : {"/rec/epoch", "/rec/ns", "/rec/class"}) {
+      AddCompare(&txn, shared, pb::Compare::VERSION, pb::Compare::EQUAL)->set_version(1);
+    }
+    AddCompare(&txn, key, pb::Compare::CREATE, pb::Compare::EQUAL)->set_create_revision(0);
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(key);
+    put->set_value("x");
+    txn.add_failure()->mutable_request_range()->set_key(key);
+    return txn;
+  };
+  constexpr int kMembers = 11;
+  std::vector<Result> results;
+  for (int i = 0; i < kMembers; ++i) {
+    auto p = std::make_shared<std::promise<absl::StatusOr<pb::TxnResponse>>>();
+    results.push_back(p->get_future());
+    commits.Txn({"ns", absl::StrCat("k", i), 100 + i}, member(i), etcd::DeadlineIn(seconds(10)),
+                [p](absl::StatusOr<pb::TxnResponse> t) { p->set_value(std::move(t)); });
+  }
+  std::set<int64_t> revisions;
+  for (int i = 0; i < kMembers; ++i) {
+    auto t = results[i].get();
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE(t->succeeded()) << "member " << i;
+    EXPECT_EQ(CreateRevision(absl::StrCat("/s/", i)), t->header().revision());
+    revisions.insert(t->header().revision());
+  }
+  absl::MutexLock l(&batches_mu);
+  // The first went alone; the ten queued behind it (as long as they were all
+  // queued before it came back) as two batches of five.
+  int total = 0, largest = 0;
+  for (int b : batches) {
+    total += b;
+    largest = std::max(largest, b);
+  }
+  EXPECT_EQ(total, kMembers);
+  EXPECT_LE(largest, 5) << "the bound holds in distinct compares";
+  EXPECT_GE(largest, 3) << "two members at most if the shared compares counted per member";
+  EXPECT_EQ(revisions.size(), batches.size());
+}
+
+TEST_F(GroupCommitTest, ASharedCompareThatFailsFailsTheBatchAndEachMemberAlone) {
+  // Two members compare the same record with different expectations: made once
+  // each (they differ), the batch fails and each member gets its own answer.
+  pb::PutRequest put;
+  put.set_key("/rec/epoch");
+  put.set_value("v");
+  ASSERT_TRUE(client_->PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+  auto txn = [](const std::string& key, int64_t version) {
+    pb::TxnRequest t;
+    AddCompare(&t, "/rec/epoch", pb::Compare::VERSION, pb::Compare::EQUAL)->set_version(version);
+    auto* p = t.add_success()->mutable_request_put();
+    p->set_key(key);
+    p->set_value("x");
+    return t;
+  };
+  auto first = Submit("ns", "first", 1, txn("/f/first", 1));
+  auto right = Submit("ns", "right", 2, txn("/f/right", 1));
+  auto wrong = Submit("ns", "wrong", 3, txn("/f/wrong", 2));
+  auto r1 = first.get(), r2 = right.get(), r3 = wrong.get();
+  ASSERT_TRUE(r1.ok() && r2.ok() && r3.ok());
+  EXPECT_TRUE(r1->succeeded());
+  EXPECT_TRUE(r2->succeeded());
+  EXPECT_FALSE(r3->succeeded());
+  EXPECT_GT(CreateRevision("/f/right"), 0);
+  EXPECT_EQ(CreateRevision("/f/wrong"), 0);
 }
 
 }  // namespace
