@@ -4,6 +4,7 @@
 // Admin API, and where the API shows less (force_release rows), straight from the
 // store's file.
 #include <algorithm>
+#include <atomic>
 #include <map>
 #include <thread>
 
@@ -359,6 +360,43 @@ TEST_F(ForceReleaseTest, NeedsASecondAdminAndIsAuditedWithItsReason) {
   EXPECT_EQ(row.reason, "job stuck since 03:00, ticket OPS-1");
   EXPECT_TRUE(row.class_was_fenced);
   EXPECT_EQ(row.token, hold->token());
+}
+
+TEST_F(ForceReleaseTest, TheHolderIsToldOnItsNextRenewal) {
+  std::atomic<int> on_lost_calls{0};
+  SessionOptions so;
+  so.ttl = std::chrono::seconds(3);  // renewed every second
+  so.on_lost = [&](const absl::Status&) { on_lost_calls.fetch_add(1); };
+  auto session = std::move(*alice_->OpenSession("default", so));
+  auto forced = session->Acquire("db/primary");
+  auto kept = session->Acquire("db/replica");
+  ASSERT_TRUE(forced.ok() && kept.ok());
+  v1::ForceRequest req = Request("db/primary");
+  ASSERT_TRUE(Approve(*admin2_, req.request_id()).ok());
+
+  const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+  while (!forced->lost() && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  ASSERT_TRUE(forced->lost()) << "the holder was never told";
+  EXPECT_EQ(forced->lost_reason().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(forced->lost_reason().message().find("force-released"), std::string::npos)
+      << forced->lost_reason();
+  EXPECT_NE(forced->lost_reason().message().find("ticket OPS-1"), std::string::npos)
+      << forced->lost_reason();
+  EXPECT_NE(forced->lost_reason().message().find(req.request_id()), std::string::npos);
+  EXPECT_TRUE(forced->lost_token().stop_requested());
+  EXPECT_EQ(on_lost_calls.load(), 1);
+  // Only that hold: the session and its other hold go on.
+  EXPECT_FALSE(session->lost());
+  EXPECT_FALSE(kept->lost());
+  const int64_t renewals = session->renewals();
+  while (session->renewals() < renewals + 2 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  EXPECT_FALSE(kept->lost());
+  EXPECT_EQ(on_lost_calls.load(), 1) << "told again on later answers, but lost once";
+  EXPECT_TRUE(kept->Release().ok());
 }
 
 TEST_F(ForceReleaseTest, AdvisoryHoldNeedsAnAcknowledgement) {

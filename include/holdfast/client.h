@@ -20,6 +20,10 @@
 //     classes with on_quorum_loss = closed (the default) are lost at once; holds
 //     of open classes stay usable but unprotected() until a renewal is confirmed.
 //     Past the deadline with no open hold left, the session counts as lost.
+//   - Two admins force-released a hold: that hold alone is lost, with
+//     FAILED_PRECONDITION and the request's reason, on the first renewal answer
+//     after the approval (within ttl/3 or so). Best effort: the fencing token is
+//     what stops a write; this tells the holder to stop working.
 // Lost is final: the hold's stop token is stopped and on_lost runs (on the
 // keepalive thread, never under a lock). Sessions are renewed only while their
 // Client exists: destroy Sessions and Holds before their Client.

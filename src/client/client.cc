@@ -212,6 +212,29 @@ void SessionState::Suspect(const absl::Status& why, bool deadline_passed) {
   if (any_lost && on_lost_) on_lost_(why);
 }
 
+void SessionState::HoldsEnded(const google::protobuf::RepeatedPtrField<v1::EndedHold>& ended) {
+  std::vector<std::pair<std::shared_ptr<HoldState>, absl::Status>> lost;
+  std::function<void(const absl::Status&)> cb;
+  {
+    absl::MutexLock l(&mu_);
+    if (lost_ || closed_) return;
+    cb = on_lost_;
+    for (const auto& e : ended) {
+      for (auto& w : holds_) {
+        auto h = w.lock();
+        if (h && h->token() == e.token()) {
+          lost.emplace_back(std::move(h), absl::FailedPreconditionError(absl::StrCat(
+                                              "hold on \"", e.lock_key(), "\" (token ", e.token(),
+                                              ") was ", e.reason())));
+        }
+      }
+    }
+  }
+  for (auto& [h, why] : lost) {
+    if (h->MarkLost(why) && cb) cb(why);
+  }
+}
+
 void SessionState::MarkLost(absl::Status why) {
   std::function<void(const absl::Status&)> cb;
   std::vector<std::shared_ptr<HoldState>> holds;
@@ -368,7 +391,8 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   }
   if (!s.ok()) return s;
   auto hold_state =
-      std::make_shared<internal::HoldState>(resp.hold().on_quorum_loss() == v1::ON_QUORUM_LOSS_OPEN);
+      std::make_shared<internal::HoldState>(resp.hold().on_quorum_loss() == v1::ON_QUORUM_LOSS_OPEN,
+                                            resp.hold().token());
   state_->AddHold(hold_state);
   if (state_->lost()) hold_state->MarkLost(state_->lost_reason());
   return Hold(state_, std::move(hold_state), resp.hold());

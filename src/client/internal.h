@@ -61,8 +61,9 @@ class ClientCore {
 //                protected again when a renewal is confirmed.
 class HoldState {
  public:
-  explicit HoldState(bool open_class) : open_class_(open_class) {}
+  HoldState(bool open_class, int64_t token) : open_class_(open_class), token_(token) {}
   bool open_class() const { return open_class_; }
+  int64_t token() const { return token_; }
   bool lost() const;
   bool unprotected() const;
   absl::Status lost_reason() const;
@@ -73,6 +74,7 @@ class HoldState {
 
  private:
   const bool open_class_;
+  const int64_t token_;
   std::stop_source stop_;
   mutable absl::Mutex mu_;
   bool lost_ ABSL_GUARDED_BY(mu_) = false;
@@ -110,6 +112,9 @@ class SessionState {
   // passed: closed-class holds are lost at once, open-class holds become
   // unprotected. The session stays (and is renewed) while open holds live.
   void Suspect(const absl::Status& why, bool deadline_passed);
+  // holdfastd says these holds were forced open (KeepAliveResponse.ended): each
+  // one this session still holds is lost. Tokens it no longer holds are ignored.
+  void HoldsEnded(const google::protobuf::RepeatedPtrField<v1::EndedHold>& ended);
   // Declares the session and all its holds lost (once): the lease is gone.
   void MarkLost(absl::Status why);
   // True while the pump should keep renewing.

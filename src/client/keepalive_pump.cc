@@ -138,6 +138,7 @@ void KeepAlivePump::ReadLoop(Stream* s) {
                      /*deadline_passed=*/false);
     } else {
       state->Confirm(sent_at, std::chrono::milliseconds(resp.ttl_ms()));
+      if (resp.ended_size() > 0) state->HoldsEnded(resp.ended());
     }
   }
   s->broken = true;

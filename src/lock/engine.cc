@@ -104,7 +104,8 @@ Engine::Engine(etcd::Client* etcd, EngineOptions options, EtcdHealth* health)
       health_(health),
       commits_(etcd, options_.group_commit, [this](int members) {
         observer().OnCommitBatch(members);
-      }) {}
+      }),
+      forced_(etcd) {}
 
 absl::Status Engine::EtcdStatus() const {
   return health_ ? health_->status() : absl::OkStatus();
@@ -375,6 +376,9 @@ void Engine::RenewAttempt(const v1::KeepAliveRequest& req, Deadline d, bool agai
                        base.set_reason("session expired: its etcd lease no longer exists");
                      } else {
                        base.set_ttl_ms(r->ttl() * 1000);
+                       for (auto& e : forced_.For(ns, req.session_id())) {
+                         *base.add_ended() = std::move(e);
+                       }
                      }
                      ReportRenewal(observer(), ns, base, std::chrono::steady_clock::now() - started);
                      done(std::move(base));

@@ -22,6 +22,7 @@
 #include "holdfast/v1/lock.pb.h"
 #include "holdfast/v1/session.pb.h"
 #include "lock/epoch_cache.h"
+#include "lock/forced_holds.h"
 #include "lock/group_commit.h"
 #include "lock/local_waiters.h"
 #include "lock/view_cache.h"
@@ -103,7 +104,8 @@ class Engine {
   void VerifySession(const Caller& caller, const std::string& ns, int64_t session, Deadline d,
                      Done<bool> done);
   // Renews the session's lease once. Never fails: etcd errors are reported in the
-  // answer (etcd_unavailable), a vanished lease as lost.
+  // answer (etcd_unavailable), a vanished lease as lost. A confirmed renewal
+  // lists the session's holds forced open (lock/forced_holds.h).
   void Renew(const v1::KeepAliveRequest& req, Deadline d, Done<v1::KeepAliveResponse> done);
   void CloseSession(const Caller& caller, const v1::CloseSessionRequest& req, Deadline d,
                     Done<v1::CloseSessionResponse> done);
@@ -180,6 +182,8 @@ class Engine {
   LocalWaiters local_waiters_;
   // Grants and releases go through it (lock/group_commit.h). After options_.
   GroupCommit commits_;
+  // Holds forced open, for the keepalive answers of their sessions.
+  ForcedHolds forced_;
   mutable absl::Mutex block_mu_;
   std::string block_reason_ ABSL_GUARDED_BY(block_mu_);
   // Owner of each session seen (identities never change): lets Release check
