@@ -444,6 +444,54 @@ TEST(CliLostHoldTest, LostHoldStopsTheCommandAndExits74) {
   EXPECT_EQ(errno, ESRCH);
 }
 
+TEST(CliLostHoldTest, AForceReleasedHoldStopsTheCommandAndExits74) {
+  TestCluster::Options o;
+  o.tls = true;
+  auto cluster = TestCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->CreateNamespace("default").ok());
+  ASSERT_TRUE((*cluster)->MakeIdentity("admin2", "spiffe://test.holdfast/ops/bob").ok());
+  ASSERT_TRUE((*cluster)->MakeIdentity("alice", "spiffe://test.holdfast/team/alice").ok());
+  const std::string certs = (*cluster)->certs_dir();
+  std::string pid_file = (*cluster)->dir() + "/forced-pid";
+  auto p = CliProcess::Start((*cluster)->dir(), (*cluster)->endpoint(),
+                             {"--ca", certs + "/ca.pem", "--cert", certs + "/alice.pem", "--key",
+                              certs + "/alice_key.pem", "lock", "--ttl", "3s", "--grace", "1s",
+                              "default/cli/forced", "--", "sh", "-c",
+                              "echo $$ > '" + pid_file + "'; exec sleep 60"});
+  ASSERT_NE(p, nullptr);
+  auto pid_written = [&] {
+    std::string text = ReadFile(pid_file);
+    return !text.empty() && text.back() == '\n';
+  };
+  ASSERT_TRUE(WaitFor(pid_written, seconds(30)));
+  pid_t command_pid = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(pid_file)), &command_pid));
+
+  auto admin = (*cluster)->NewClientAs("admin");
+  auto admin2 = (*cluster)->NewClientAs("admin2");
+  ASSERT_TRUE(admin.ok() && admin2.ok());
+  v1::RequestForceReleaseRequest req;
+  req.set_namespace_("default");
+  req.set_lock_key("cli/forced");
+  req.set_reason("wedged, ticket OPS-7");
+  auto requested = (*admin)->RequestForceRelease(req);
+  ASSERT_TRUE(requested.ok()) << requested.status();
+  v1::ApproveForceReleaseRequest approve;
+  approve.set_request_id(requested->request_id());
+  ASSERT_TRUE((*admin2)->ApproveForceRelease(approve).ok());
+
+  // The session lives on, but the hold is gone: told on the next renewal (every
+  // second here), the command is stopped and holdfast exits 74.
+  CliResult r = p->Finish(seconds(30));
+  EXPECT_EQ(r.exit_code, 74) << r.err;
+  EXPECT_NE(r.err.find("lost the hold on default/cli/forced"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("force-released"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("ticket OPS-7"), std::string::npos) << r.err;
+  EXPECT_EQ(::kill(command_pid, 0), -1);
+  EXPECT_EQ(errno, ESRCH);
+}
+
 // The file mode bits of `path` (-1 when it does not exist).
 int FileMode(const std::string& path) {
   struct stat st;
