@@ -376,6 +376,7 @@ TEST_F(AuditFlushTest, ABurstIsRecordedInOneStoreTransactionPerInterval) {
       [](const std::string& t) { return Sample(t, "holdfast_audit_leader") == 1; },
       "this replica is the auditor");
   const double commits_before = Sample(t, "holdfast_audit_store_commits");
+  const double wakeups_before = Sample(t, "holdfast_audit_wakeups");
   const double events_before = Sample(t, "holdfast_audit_recorded_events");
   ASSERT_GE(commits_before, 0);
   const auto start = std::chrono::steady_clock::now();
@@ -397,6 +398,11 @@ TEST_F(AuditFlushTest, ABurstIsRecordedInOneStoreTransactionPerInterval) {
   // One per started interval, and one already under way when the burst began.
   EXPECT_LE(commits, std::ceil(seconds_taken) + 1)
       << "the 40 revisions of the burst took " << seconds_taken << " s";
+  // The auditor thread was woken about once per commit, not once per watch
+  // response (each of the 40 revisions came in its own).
+  const double wakeups = Sample(t, "holdfast_audit_wakeups") - wakeups_before;
+  EXPECT_GE(wakeups, 1);
+  EXPECT_LE(wakeups, commits + 2) << commits << " commits";
 }
 
 TEST(MetricsFlagTest, MetricsListenFlagServesTextFormat) {

@@ -23,6 +23,7 @@ struct Inbox {
   std::deque<std::vector<mvccpb::Event>> batches;
   size_t events = 0;   // in batches
   absl::Status error;  // the watch ended
+  int64_t wakeups = 0;  // notifications sent to the auditor thread
 };
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
@@ -209,15 +210,29 @@ void Auditor::Lead(int64_t lease) {
     spec.range_end = keyspace::PrefixEnd(keyspace::kRoot);
     spec.start_revision = from;
     spec.prev_kv = true;
-    return etcd_->watches().Watch(spec, [inbox](absl::StatusOr<etcd::WatchBatch> b) {
+    // The auditor thread is woken only when it has something to do: the first
+    // batch after it drained the inbox, a full batch, or an error. While it
+    // lingers it sleeps until its deadline; a wake-up per watch response (two per
+    // lock cycle at one caller) would only re-check the deadline, each one a
+    // context switch taken from the lock calls on a small machine.
+    return etcd_->watches().Watch(spec, [inbox, full = options_.max_batch_events](
+                                            absl::StatusOr<etcd::WatchBatch> b) {
       std::lock_guard l(inbox->mu);
+      bool wake = !inbox->error.ok() || inbox->batches.empty();
       if (!b.ok()) {
         inbox->error = b.status();
+        wake = true;
       } else if (!b->events.empty()) {
         inbox->events += b->events.size();
         inbox->batches.push_back(std::move(b->events));
+        wake = wake || inbox->events >= full;
+      } else {
+        wake = false;  // nothing new
       }
-      inbox->cv.notify_all();
+      if (wake) {
+        ++inbox->wakeups;
+        inbox->cv.notify_all();
+      }
     });
   };
   etcd::WatchId watch_id = watch(*start);
@@ -339,14 +354,16 @@ void Auditor::Lead(int64_t lease) {
 
     // Backlog: events seen but not yet recorded.
     {
-      int64_t seen = 0;
+      int64_t seen = 0, wakeups = 0;
       {
         std::lock_guard l(inbox->mu);
         if (!inbox->batches.empty() && !inbox->batches.back().empty()) {
           seen = inbox->batches.back().back().kv().mod_revision();
         }
+        wakeups = inbox->wakeups;
       }
       std::lock_guard l(mu_);
+      status_.wakeups = wakeups;
       status_.last_seen_revision = std::max({status_.last_seen_revision, seen, status_.cursor});
       const int64_t lag = status_.last_seen_revision - status_.cursor;
       if (lag > options_.lag_warn_revisions &&

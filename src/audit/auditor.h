@@ -73,6 +73,7 @@ struct AuditorStatus {
   int64_t compacted_revision = 0;
   int64_t recorded_events = 0;
   int64_t store_commits = 0;  // audit store transactions that recorded revisions
+  int64_t wakeups = 0;        // times the watch woke the auditor thread (this term)
   int64_t gaps = 0;
   std::string last_error;
 };

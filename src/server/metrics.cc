@@ -63,6 +63,7 @@ struct Metrics::AuditGauges {
   prometheus::Gauge* gaps;
   prometheus::Gauge* recorded;
   prometheus::Gauge* commits;
+  prometheus::Gauge* wakeups;
 };
 
 Metrics::Metrics(Clock now)
@@ -214,6 +215,9 @@ void Metrics::SetAuditSource(std::function<audit::AuditorStatus()> source) {
                            "Events recorded by this replica since start");
   gauges->commits = gauge("holdfast_audit_store_commits",
                           "Audit store transactions this replica committed since start");
+  gauges->wakeups = gauge("holdfast_audit_wakeups",
+                          "Times new events woke the auditor thread since it last became "
+                          "the auditor (about one per store commit)");
   absl::MutexLock l(&mu_);
   if (!audit_) audit_ = std::move(gauges);
 }
@@ -251,6 +255,7 @@ void Metrics::Refresh() {
     audit->gaps->Set(static_cast<double>(st.gaps));
     audit->recorded->Set(static_cast<double>(st.recorded_events));
     audit->commits->Set(static_cast<double>(st.store_commits));
+    audit->wakeups->Set(static_cast<double>(st.wakeups));
   }
 }
 
