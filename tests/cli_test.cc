@@ -417,6 +417,21 @@ TEST_F(CliTest, ForceReleaseRefusesTheRequesterAsApprover) {
   EXPECT_NE(r.err.find("nobody holds"), std::string::npos) << r.err;
 }
 
+// The pid the locked command wrote to `pid_file` (a whole line), or 0 if it did
+// not within 30 s.
+pid_t CommandPid(const std::string& pid_file) {
+  auto written = [&] {
+    std::string text = ReadFile(pid_file);
+    return !text.empty() && text.back() == '\n';
+  };
+  pid_t pid = 0;
+  if (!WaitFor(written, seconds(30)) ||
+      !absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(pid_file)), &pid)) {
+    return 0;
+  }
+  return pid;
+}
+
 TEST(CliLostHoldTest, LostHoldStopsTheCommandAndExits74) {
   auto cluster = TestCluster::Start();
   ASSERT_TRUE(cluster.ok()) << cluster.status();
@@ -426,13 +441,8 @@ TEST(CliLostHoldTest, LostHoldStopsTheCommandAndExits74) {
                              {"lock", "--ttl", "2s", "--grace", "1s", "default/cli/lost", "--",
                               "sh", "-c", "echo $$ > '" + pid_file + "'; exec sleep 60"});
   ASSERT_NE(p, nullptr);
-  auto pid_written = [&] {
-    std::string text = ReadFile(pid_file);
-    return !text.empty() && text.back() == '\n';
-  };
-  ASSERT_TRUE(WaitFor(pid_written, seconds(30)));
-  pid_t command_pid = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(pid_file)), &command_pid));
+  const pid_t command_pid = CommandPid(pid_file);
+  ASSERT_GT(command_pid, 0) << "the command never wrote its pid to " << pid_file;
 
   // With holdfastd gone no renewal is confirmed: the session is lost once its
   // local deadline (under 2s after the last renewal) passes.
@@ -460,13 +470,8 @@ TEST(CliLostHoldTest, AForceReleasedHoldStopsTheCommandAndExits74) {
                               "default/cli/forced", "--", "sh", "-c",
                               "echo $$ > '" + pid_file + "'; exec sleep 60"});
   ASSERT_NE(p, nullptr);
-  auto pid_written = [&] {
-    std::string text = ReadFile(pid_file);
-    return !text.empty() && text.back() == '\n';
-  };
-  ASSERT_TRUE(WaitFor(pid_written, seconds(30)));
-  pid_t command_pid = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(absl::StripAsciiWhitespace(ReadFile(pid_file)), &command_pid));
+  const pid_t command_pid = CommandPid(pid_file);
+  ASSERT_GT(command_pid, 0) << "the command never wrote its pid to " << pid_file;
 
   auto admin = (*cluster)->NewClientAs("admin");
   auto admin2 = (*cluster)->NewClientAs("admin2");
