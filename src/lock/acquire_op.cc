@@ -695,7 +695,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     }));
     // ... and a release on this replica says so at once (lock/local_waiters.h).
     const uint64_t local = engine_->local_waiters_.Add(
-        keyspace::HoldKey(ns, key, req_.session_id()),
+        keyspace::HoldKey(ns, key, req_.session_id()), snap.revision,
         [weak, gen](int64_t create_revision, const records::HoldRecord& rec) {
           if (auto self = weak.lock()) self->HandedOver(gen, create_revision, rec);
         });

@@ -9,6 +9,12 @@
 // registers only after the release committed (it read just before the commit):
 // Recent() answers it.
 //
+// A waiter is told only of hand-overs after the revision it read at. The release's
+// answer can come later than the watch event of its own commit: the session handed
+// the key may have seen its hold on the watch, released it and queued again on the
+// same key (the same hold key) before the releasing call gets here, and that older
+// hand-over must not answer the new wait with a token already released.
+//
 // Thread-safe. Callbacks run on the releasing call's thread, outside the lock.
 #pragma once
 
@@ -32,10 +38,11 @@ class LocalWaiters {
   // Called with the hold's create revision (the releasing commit's) and its record.
   using Handed = std::function<void(int64_t create_revision, const records::HoldRecord&)>;
 
-  uint64_t Add(const std::string& hold_key, Handed cb) {
+  // A waiter for `hold_key` that read the key at `read_revision`.
+  uint64_t Add(const std::string& hold_key, int64_t read_revision, Handed cb) {
     absl::MutexLock l(&mu_);
     const uint64_t id = ++next_id_;
-    by_id_[id] = by_key_.emplace(hold_key, std::make_pair(id, std::move(cb)));
+    by_id_[id] = by_key_.emplace(hold_key, Waiter{id, read_revision, std::move(cb)});
     return id;
   }
 
@@ -67,7 +74,9 @@ class LocalWaiters {
         }
       }
       auto [b, e] = by_key_.equal_range(hold_key);
-      for (auto it = b; it != e; ++it) told.push_back(it->second.second);
+      for (auto it = b; it != e; ++it) {
+        if (it->second.read_revision < revision) told.push_back(it->second.cb);
+      }
     }
     for (auto& cb : told) cb(revision, rec);
     return static_cast<int>(told.size());
@@ -89,7 +98,12 @@ class LocalWaiters {
 
  private:
   static constexpr size_t kRecent = 4096;
-  using ByKey = std::multimap<std::string, std::pair<uint64_t, Handed>>;
+  struct Waiter {
+    uint64_t id = 0;
+    int64_t read_revision = 0;
+    Handed cb;
+  };
+  using ByKey = std::multimap<std::string, Waiter>;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
   ByKey by_key_ ABSL_GUARDED_BY(mu_);

@@ -1,0 +1,67 @@
+// LocalWaiters' rules, without a server: a waiter is told of a hand-over of its
+// hold key only when it came after the revision the waiter read at, and Recent()
+// answers only a hand-over after the revision asked about. The hand-over itself is
+// tested end to end (tests/queue_integration_test.cc, tests/metrics_test.cc).
+#include "lock/local_waiters.h"
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+namespace holdfast::lock {
+namespace {
+
+records::HoldRecord Hold(int32_t epoch) {
+  records::HoldRecord r;
+  r.set_epoch(epoch);
+  r.set_class_id("default");
+  return r;
+}
+
+// The race this guards against: session S is handed the key at revision 10 and
+// learns it from its watch; it releases (11) and queues again on the same key,
+// reading at 12, before the call that released to it at 10 gets to HandedOver.
+// That late notice must not answer the new wait: its hold is gone.
+TEST(LocalWaitersTest, ALateNoticeOfAnOlderHandOverDoesNotAnswerANewerWait) {
+  LocalWaiters w;
+  std::vector<int64_t> told;
+  const uint64_t id =
+      w.Add("h/k/S", 12, [&](int64_t rev, const records::HoldRecord&) { told.push_back(rev); });
+  EXPECT_EQ(w.HandedOver("h/k/S", 10, Hold(1)), 0);
+  EXPECT_TRUE(told.empty());
+  EXPECT_EQ(w.HandedOver("h/k/S", 12, Hold(1)), 0);  // at the read: the read saw it
+  EXPECT_TRUE(told.empty());
+  EXPECT_EQ(w.HandedOver("h/k/S", 13, Hold(1)), 1);
+  EXPECT_EQ(told, std::vector<int64_t>{13});
+  w.Remove(id);
+  EXPECT_EQ(w.size(), 0u);
+  EXPECT_EQ(w.HandedOver("h/k/S", 14, Hold(1)), 0);
+  EXPECT_EQ(told, std::vector<int64_t>{13});
+}
+
+TEST(LocalWaitersTest, EachWaiterIsToldOnlyOfItsOwnHoldKey) {
+  LocalWaiters w;
+  int a = 0, b = 0;
+  w.Add("h/k/A", 5, [&](int64_t, const records::HoldRecord&) { ++a; });
+  w.Add("h/k/B", 5, [&](int64_t, const records::HoldRecord&) { ++b; });
+  EXPECT_EQ(w.HandedOver("h/k/A", 6, Hold(1)), 1);
+  EXPECT_EQ(a, 1);
+  EXPECT_EQ(b, 0);
+}
+
+TEST(LocalWaitersTest, RecentAnswersTheNewestHandOverAfterTheRevisionAsked) {
+  LocalWaiters w;
+  EXPECT_FALSE(w.Recent("h/k/S", 0));
+  w.HandedOver("h/k/S", 10, Hold(1));
+  w.HandedOver("h/k/S", 20, Hold(2));
+  w.HandedOver("h/k/S", 15, Hold(3));  // late and older: does not replace 20
+  auto r = w.Recent("h/k/S", 9);
+  ASSERT_TRUE(r);
+  EXPECT_EQ(r->first, 20);
+  EXPECT_EQ(r->second.epoch(), 2);
+  EXPECT_FALSE(w.Recent("h/k/S", 20));
+  EXPECT_FALSE(w.Recent("h/k/other", 0));
+}
+
+}  // namespace
+}  // namespace holdfast::lock
