@@ -222,19 +222,35 @@ TEST(AuditTest, AnotherReplicaTakesOverFromTheCursorAndCompactionNeverPassesIt) 
     ASSERT_TRUE(h.ok()) << h.status();
     ASSERT_TRUE(h->Release().ok());
   }
+  // A hold whose grant the old leader recorded and whose release the new one
+  // records: the new term never saw its put, so it reads the hold at the revision
+  // before the release (audit/prev_values.h) for its token and holder.
+  auto across = session->Acquire("across");
+  ASSERT_TRUE(across.ok()) << across.status();
+  const int64_t across_token = across->token();
+  auto granted = WaitForAudit(*client, InNamespace("default"), [&](const auto& ev) {
+    return Find(ev, "grant", "across", session->id()) != nullptr;
+  });
+  ASSERT_NE(Find(granted, "grant", "across", session->id()), nullptr);
   c.holdfastd(leader).Kill();  // SIGKILL: no resignation, its lease must expire
   for (int i = 0; i < kAfter; ++i) {
     auto h = session->Acquire(absl::StrCat("after/", i));
     ASSERT_TRUE(h.ok()) << h.status();
     ASSERT_TRUE(h->Release().ok());
   }
-  const size_t expected = 2 * (kBefore + kAfter);
+  ASSERT_TRUE(across->Release().ok());
+  const size_t expected = 2 * (kBefore + kAfter + 1);
   auto events = WaitForAudit(*client, InNamespace("default"),
                              [&](const auto& ev) { return ev.size() >= expected; });
   EXPECT_EQ(events.size(), expected);
   for (const auto& [k, count] : Count(events)) {
     EXPECT_EQ(count, 1) << std::get<0>(k) << " " << std::get<1>(k);
   }
+  const v1::AuditEvent* released = Find(events, "release", "across", session->id());
+  ASSERT_NE(released, nullptr);
+  EXPECT_EQ(released->token(), across_token);
+  EXPECT_EQ(released->spiffe_id(), Find(events, "grant", "across", session->id())->spiffe_id());
+  EXPECT_FALSE(released->spiffe_id().empty());
   auto st = client->GetAuditStatus();
   ASSERT_TRUE(st.ok());
   EXPECT_TRUE(st->this_replica_leads());

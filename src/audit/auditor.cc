@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "audit/classify.h"
+#include "audit/prev_values.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
 
@@ -209,7 +210,9 @@ void Auditor::Lead(int64_t lease) {
     spec.key = std::string(keyspace::kRoot);
     spec.range_end = keyspace::PrefixEnd(keyspace::kRoot);
     spec.start_revision = from;
-    spec.prev_kv = true;
+    // No previous values from etcd: it would read one per event, for every key
+    // under the root; PrevValues gives deletions theirs (audit/prev_values.h).
+    spec.prev_kv = false;
     // The auditor thread is woken only when it has something to do: the first
     // batch after it drained the inbox, a full batch, or an error. While it
     // lingers it sleeps until its deadline; a wake-up per watch response (two per
@@ -236,6 +239,18 @@ void Auditor::Lead(int64_t lease) {
     });
   };
   etcd::WatchId watch_id = watch(*start);
+  // The last value of each live hold and session key, as of the events filled.
+  PrevValues prev;
+  const PrevValues::Lookup lookup = [this](const std::string& key, int64_t revision)
+      -> absl::StatusOr<std::optional<mvccpb::KeyValue>> {
+    pb::RangeRequest r;
+    r.set_key(key);
+    r.set_revision(revision);
+    auto got = etcd_->RangeSync(r, etcd::DeadlineIn(options_.etcd_timeout));
+    if (!got.ok()) return got.status();
+    if (got->kvs_size() == 0) return std::optional<mvccpb::KeyValue>();
+    return std::optional<mvccpb::KeyValue>(got->kvs(0));
+  };
 
   const auto renew_every = std::chrono::duration_cast<std::chrono::milliseconds>(options_.lease_ttl) / 3;
   auto last_renew = Clock::now();
@@ -281,7 +296,18 @@ void Auditor::Lead(int64_t lease) {
       // reconnect, or etcd going backwards): never record it twice.
       std::erase_if(pending, [&](const mvccpb::Event& e) { return e.kv().mod_revision() <= cursor; });
     }
+    bool filled = true;
     if (!pending.empty()) {
+      if (auto s = prev.Fill(&pending, lookup); !s.ok()) {
+        // Recording a deletion without its hold would lose its holder and token
+        // for good: wait for etcd instead.
+        SetError(absl::StrCat("reading a deleted key's previous value (will retry): ",
+                              s.message()));
+        filled = false;
+        if (!Sleep(std::chrono::milliseconds(500))) break;
+      }
+    }
+    if (!pending.empty() && filled) {
       Classified c = Classify(cluster_id, pending, NowMs());
       auto s = store_->Record(cluster_id, c.last_revision, c.events, c.forces);
       if (s.code() == absl::StatusCode::kFailedPrecondition) {
@@ -346,6 +372,7 @@ void Auditor::Lead(int64_t lease) {
         status_.last_error = absl::StrCat("audit gap: revisions ", cursor + 1, "..", compacted - 1,
                                           " were compacted before they were recorded");
         resume = compacted;
+        prev.Clear();  // what was deleted in the gap is unknown
       }
       inbox = std::make_shared<Inbox>();
       watch_id = watch(resume);  // bound to the new inbox

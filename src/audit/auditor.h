@@ -9,7 +9,8 @@
 // again every `campaign_interval`; when a leader dies, its lease expires and
 // another replica takes over from the durable cursor.
 //
-// Recording: a watch on /holdfast/ from cursor + 1 with previous values. Each
+// Recording: a watch on /holdfast/ from cursor + 1, without previous values (a
+// deletion gets its own from PrevValues, prev_values.h). Each
 // watch response holds whole revisions; the loop drains what has arrived,
 // classifies it (classify.h) and writes the rows and the new cursor in ONE SQL
 // transaction (AuditStore::Record). Rows are keyed by (cluster, revision,

@@ -29,7 +29,8 @@ struct Classified {
 };
 
 // `events` must hold whole revisions (as one etcd watch response does), in
-// revision order, with prev_kv on deletions.
+// revision order, with prev_kv on deletions of hold and session keys (the
+// auditor fills them, prev_values.h).
 Classified Classify(uint64_t cluster_id, const std::vector<mvccpb::Event>& events,
                     int64_t now_unix_ms);
 
