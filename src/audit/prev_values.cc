@@ -1,27 +1,61 @@
 #include "audit/prev_values.h"
 
 #include "lock/keyspace.h"
+#include "lock/records.pb.h"
 
 namespace holdfast::audit {
+namespace {
 
-bool NeedsPrevValue(const std::string& key) {
-  if (keyspace::ParseHoldKey(key)) return true;
-  auto ns = keyspace::NamespaceOfKey(key);
-  return ns && keyspace::ParseSessionKey(key, *ns).has_value();
+// What Classify reads of a hold: the rest (holder_meta, up to 1 KiB) is not kept.
+std::string Trimmed(const std::string& value) {
+  records::HoldRecord full;
+  if (!full.ParseFromString(value)) return value;  // Classify counts it malformed
+  records::HoldRecord rec;
+  rec.set_identity(full.identity());
+  rec.set_epoch(full.epoch());
+  rec.set_advisory(full.advisory());
+  rec.set_granted_at_unix_ms(full.granted_at_unix_ms());
+  return rec.SerializeAsString();
 }
+
+}  // namespace
 
 absl::Status PrevValues::Fill(std::vector<mvccpb::Event>* events, const Lookup& lookup) {
   for (auto& e : *events) {
     const std::string& key = e.kv().key();
-    if (!NeedsPrevValue(key)) continue;
-    if (e.type() == mvccpb::Event::PUT) {
-      last_[key] = e.kv();
+    const bool put = e.type() == mvccpb::Event::PUT;
+    std::optional<int64_t> lease;
+    const bool hold = keyspace::ParseHoldKey(key).has_value();
+    if (!hold) {
+      auto ns = keyspace::NamespaceOfKey(key);
+      if (ns) lease = keyspace::ParseSessionKey(key, *ns);
+      if (!lease) continue;  // neither: its deletion needs no previous value
+    }
+    if (put) {
+      if (hold) {
+        holds_[key] = Hold{e.kv().create_revision(), Trimmed(e.kv().value())};
+      } else {
+        records::SessionRecord rec;
+        sessions_[*lease] = rec.ParseFromString(e.kv().value()) && rec.closing();
+      }
       continue;
     }
-    auto it = last_.find(key);
     if (!e.has_prev_kv()) {
-      if (it != last_.end()) {
-        *e.mutable_prev_kv() = it->second;
+      mvccpb::KeyValue* prev = nullptr;
+      if (hold) {
+        if (auto it = holds_.find(key); it != holds_.end()) {
+          prev = e.mutable_prev_kv();
+          prev->set_create_revision(it->second.create_revision);
+          prev->set_value(it->second.value);
+        }
+      } else if (auto it = sessions_.find(*lease); it != sessions_.end()) {
+        records::SessionRecord rec;
+        rec.set_closing(it->second);
+        prev = e.mutable_prev_kv();
+        prev->set_value(rec.SerializeAsString());
+      }
+      if (prev != nullptr) {
+        prev->set_key(key);
       } else {
         ++lookups_;
         auto found = lookup(key, e.kv().mod_revision() - 1);
@@ -35,7 +69,11 @@ absl::Status PrevValues::Fill(std::vector<mvccpb::Event>* events, const Lookup& 
         }
       }
     }
-    if (it != last_.end()) last_.erase(it);
+    if (hold) {
+      holds_.erase(key);
+    } else {
+      sessions_.erase(*lease);
+    }
   }
   return absl::OkStatus();
 }

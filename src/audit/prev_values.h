@@ -8,13 +8,15 @@
 // 3.4 reads it with one backend read per event, each copying its read buffer, for
 // every key under /holdfast/ (waiters, claims and audit marks too): about five
 // reads per lock cycle, taken from the lock calls' CPU. The auditor sees every
-// put of these keys anyway, so it keeps the last value of each live hold and
-// session key and gives deletions their previous value itself. A deletion of a key
+// put of these keys anyway, so it keeps what it needs of each live hold and
+// session and gives deletions their previous value itself. A deletion of a key
 // put before the auditor started watching (before its term, or before a gap) is
 // looked up in etcd at the revision before the deletion: once per such key.
 //
-// Memory: one etcd KeyValue per live hold and session (their records are small:
-// ~150 bytes each with the key). Not thread-safe: the auditor's thread owns it.
+// Memory: per live hold its key, create revision, identity, epoch and advisory
+// flag (~150 bytes; not its holder_meta); per live session its lease and closing
+// flag (~40 bytes: 10,000 sessions must stay under 1 KiB each in all of
+// holdfastd). Not thread-safe: the auditor's thread owns it.
 #pragma once
 
 #include <cstdint>
@@ -49,20 +51,25 @@ class PrevValues {
   absl::Status Fill(std::vector<mvccpb::Event>* events, const Lookup& lookup);
 
   // Forgets everything (the next events do not continue the last ones: a gap).
-  void Clear() { last_.clear(); }
+  void Clear() {
+    holds_.clear();
+    sessions_.clear();
+  }
 
-  size_t size() const { return last_.size(); }
+  size_t size() const { return holds_.size() + sessions_.size(); }
   int64_t lookups() const { return lookups_; }
   int64_t lost() const { return lost_; }
 
  private:
-  std::unordered_map<std::string, mvccpb::KeyValue> last_;
+  struct Hold {
+    int64_t create_revision = 0;
+    std::string value;  // a HoldRecord with what the audit reads of it
+  };
+  std::unordered_map<std::string, Hold> holds_;  // by hold key
+  std::unordered_map<int64_t, bool> sessions_;   // lease -> closing
   int64_t lookups_ = 0;
   int64_t lost_ = 0;
 };
 
-// Whether `key` is a hold or session key: the keys whose deletions need their
-// previous value.
-bool NeedsPrevValue(const std::string& key);
 
 }  // namespace holdfast::audit

@@ -132,6 +132,57 @@ TEST(PrevValuesTest, ACompactedValueIsLeftOutAndAnyOtherErrorStopsTheWalk) {
   EXPECT_EQ(prev.size(), 1u);
 }
 
+std::string SessionValue(bool closing) {
+  records::SessionRecord rec;
+  rec.set_identity("spiffe://t/a");
+  rec.set_closing(closing);
+  return rec.SerializeAsString();
+}
+
+// A session closed on purpose deletes its holds with its key, whose last value
+// says `closing`: Classify records those as releases, the others as expiries.
+TEST(PrevValuesTest, ASessionsClosingFlagDecidesReleaseOrExpiry) {
+  PrevValues prev;
+  CountingLookup lookup;
+  const std::string other_hold = keyspace::HoldKey("ns", "db2", 8);
+  const std::string other_session = keyspace::SessionKey("ns", 8);
+  std::vector<mvccpb::Event> events = {
+      Put(kSession, 5, 5, SessionValue(false)),       Put(other_session, 6, 6, SessionValue(false)),
+      Put(kHold, 10, 10, HoldValue("spiffe://t/a")),  Put(other_hold, 11, 11, HoldValue("b")),
+      Put(kSession, 5, 12, SessionValue(true)),  // marked closing
+      Delete(kHold, 13),  Delete(kSession, 13),  // closed
+      Delete(other_hold, 14), Delete(other_session, 14)};  // expired
+  ASSERT_TRUE(prev.Fill(&events, lookup.fn()).ok());
+  EXPECT_TRUE(lookup.asked.empty());
+  EXPECT_EQ(prev.size(), 0u);
+  Classified c = Classify(1, events, 5000);
+  ASSERT_EQ(c.events.size(), 4u);
+  EXPECT_EQ(c.malformed, 0);
+  EXPECT_EQ(c.events[2].type, EventType::kRelease);
+  EXPECT_EQ(c.events[2].token, *token::Make(1, 10));
+  EXPECT_EQ(c.events[3].type, EventType::kExpire);
+  EXPECT_EQ(c.events[3].token, *token::Make(1, 11));
+}
+
+TEST(PrevValuesTest, AHoldsMetadataIsNotKept) {
+  PrevValues prev;
+  CountingLookup lookup;
+  records::HoldRecord rec;
+  rec.set_identity("spiffe://t/a");
+  rec.set_epoch(3);
+  rec.set_advisory(true);
+  rec.set_holder_meta(std::string(1000, 'm'));
+  std::vector<mvccpb::Event> events = {Put(kHold, 10, 10, rec.SerializeAsString()),
+                                       Delete(kHold, 11)};
+  ASSERT_TRUE(prev.Fill(&events, lookup.fn()).ok());
+  records::HoldRecord kept;
+  ASSERT_TRUE(kept.ParseFromString(events[1].prev_kv().value()));
+  EXPECT_EQ(kept.identity(), "spiffe://t/a");
+  EXPECT_EQ(kept.epoch(), 3);
+  EXPECT_TRUE(kept.advisory());
+  EXPECT_TRUE(kept.holder_meta().empty());
+}
+
 TEST(PrevValuesTest, ClearForgetsWhatWasSeen) {
   PrevValues prev;
   CountingLookup lookup;
