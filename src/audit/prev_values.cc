@@ -1,5 +1,8 @@
 #include "audit/prev_values.h"
 
+#include <set>
+#include <utility>
+
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
 
@@ -21,6 +24,15 @@ std::string Trimmed(const std::string& value) {
 }  // namespace
 
 absl::Status PrevValues::Fill(std::vector<mvccpb::Event>* events, const Lookup& lookup) {
+  // (revision, lease) of every hold deletion: a session deletion's closing flag
+  // matters only with one of them in the same revision.
+  std::set<std::pair<int64_t, int64_t>> hold_deletions;
+  for (const auto& e : *events) {
+    if (e.type() != mvccpb::Event::DELETE) continue;
+    if (auto h = keyspace::ParseHoldKey(e.kv().key())) {
+      hold_deletions.insert({e.kv().mod_revision(), h->lease});
+    }
+  }
   for (auto& e : *events) {
     const std::string& key = e.kv().key();
     const bool put = e.type() == mvccpb::Event::PUT;
@@ -36,9 +48,17 @@ absl::Status PrevValues::Fill(std::vector<mvccpb::Event>* events, const Lookup& 
         holds_[key] = Hold{e.kv().create_revision(), Trimmed(e.kv().value())};
       } else {
         records::SessionRecord rec;
-        sessions_[*lease] = rec.ParseFromString(e.kv().value()) && rec.closing();
+        if (rec.ParseFromString(e.kv().value()) && rec.closing()) {
+          closing_.insert(*lease);
+        } else {
+          closing_.erase(*lease);
+        }
       }
       continue;
+    }
+    if (!hold && !e.has_prev_kv() && !closing_.count(*lease) &&
+        !hold_deletions.count({e.kv().mod_revision(), *lease})) {
+      continue;  // no hold ended with it: whether it was closing does not matter
     }
     if (!e.has_prev_kv()) {
       mvccpb::KeyValue* prev = nullptr;
@@ -48,9 +68,9 @@ absl::Status PrevValues::Fill(std::vector<mvccpb::Event>* events, const Lookup& 
           prev->set_create_revision(it->second.create_revision);
           prev->set_value(it->second.value);
         }
-      } else if (auto it = sessions_.find(*lease); it != sessions_.end()) {
+      } else if (closing_.count(*lease)) {
         records::SessionRecord rec;
-        rec.set_closing(it->second);
+        rec.set_closing(true);
         prev = e.mutable_prev_kv();
         prev->set_value(rec.SerializeAsString());
       }
@@ -72,7 +92,7 @@ absl::Status PrevValues::Fill(std::vector<mvccpb::Event>* events, const Lookup& 
     if (hold) {
       holds_.erase(key);
     } else {
-      sessions_.erase(*lease);
+      closing_.erase(*lease);
     }
   }
   return absl::OkStatus();

@@ -13,10 +13,16 @@
 // put before the auditor started watching (before its term, or before a gap) is
 // looked up in etcd at the revision before the deletion: once per such key.
 //
+// Sessions: only the leases of sessions marked closing are kept (a close marks its
+// session just before deleting it), not an entry per live session (10,000
+// sessions must stay under 1 KiB each in all of holdfastd; an entry each cost ~85
+// bytes). A session deletion that ends none of its holds in the same revision
+// needs nothing; one that does and is not marked closing here is looked up: one
+// read per session that expired holding locks.
+//
 // Memory: per live hold its key, create revision, identity, epoch and advisory
-// flag (~150 bytes; not its holder_meta); per live session its lease and closing
-// flag (~40 bytes: 10,000 sessions must stay under 1 KiB each in all of
-// holdfastd). Not thread-safe: the auditor's thread owns it.
+// flag (~150 bytes; not its holder_meta); per closing session its lease. Not
+// thread-safe: the auditor's thread owns it.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +30,7 @@
 #include <optional>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -53,10 +60,10 @@ class PrevValues {
   // Forgets everything (the next events do not continue the last ones: a gap).
   void Clear() {
     holds_.clear();
-    sessions_.clear();
+    closing_.clear();
   }
 
-  size_t size() const { return holds_.size() + sessions_.size(); }
+  size_t size() const { return holds_.size() + closing_.size(); }
   int64_t lookups() const { return lookups_; }
   int64_t lost() const { return lost_; }
 
@@ -66,7 +73,7 @@ class PrevValues {
     std::string value;  // a HoldRecord with what the audit reads of it
   };
   std::unordered_map<std::string, Hold> holds_;  // by hold key
-  std::unordered_map<int64_t, bool> sessions_;   // lease -> closing
+  std::unordered_set<int64_t> closing_;          // leases of sessions marked closing
   int64_t lookups_ = 0;
   int64_t lost_ = 0;
 };

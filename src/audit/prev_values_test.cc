@@ -102,7 +102,7 @@ TEST(PrevValuesTest, AWalkRetriedOnTheSameEventsChangesNothingMore) {
   ASSERT_TRUE(prev.Fill(&events, lookup.fn()).ok());
   EXPECT_EQ(lookup.asked.size(), 1u);
   EXPECT_EQ(events[0].prev_kv().create_revision(), 4);
-  EXPECT_EQ(prev.size(), 2u);
+  EXPECT_EQ(prev.size(), 1u);  // the hold (the session is not closing)
   std::vector<mvccpb::Event> later = {Delete(kHold, 12)};
   ASSERT_TRUE(prev.Fill(&later, lookup.fn()).ok());
   EXPECT_EQ(later[0].prev_kv().create_revision(), 9);
@@ -153,7 +153,9 @@ TEST(PrevValuesTest, ASessionsClosingFlagDecidesReleaseOrExpiry) {
       Delete(kHold, 13),  Delete(kSession, 13),  // closed
       Delete(other_hold, 14), Delete(other_session, 14)};  // expired
   ASSERT_TRUE(prev.Fill(&events, lookup.fn()).ok());
-  EXPECT_TRUE(lookup.asked.empty());
+  // Only the expired session is read (sessions not closing are not kept).
+  ASSERT_EQ(lookup.asked.size(), 1u);
+  EXPECT_EQ(lookup.asked[0], std::make_pair(other_session, int64_t{13}));
   EXPECT_EQ(prev.size(), 0u);
   Classified c = Classify(1, events, 5000);
   ASSERT_EQ(c.events.size(), 4u);
@@ -162,6 +164,19 @@ TEST(PrevValuesTest, ASessionsClosingFlagDecidesReleaseOrExpiry) {
   EXPECT_EQ(c.events[2].token, *token::Make(1, 10));
   EXPECT_EQ(c.events[3].type, EventType::kExpire);
   EXPECT_EQ(c.events[3].token, *token::Make(1, 11));
+}
+
+TEST(PrevValuesTest, ASessionDeletionThatEndsNoHoldNeedsNoValue) {
+  PrevValues prev;
+  CountingLookup lookup;
+  std::vector<mvccpb::Event> events = {Put(kSession, 5, 5, SessionValue(false)),
+                                       Delete(kSession, 9),
+                                       Delete(keyspace::SessionKey("ns", 8), 9)};
+  ASSERT_TRUE(prev.Fill(&events, lookup.fn()).ok());
+  EXPECT_TRUE(lookup.asked.empty());
+  EXPECT_FALSE(events[1].has_prev_kv());
+  EXPECT_FALSE(events[2].has_prev_kv());
+  EXPECT_EQ(prev.size(), 0u);
 }
 
 TEST(PrevValuesTest, AHoldsMetadataIsNotKept) {
