@@ -239,7 +239,7 @@ void Auditor::Lead(int64_t lease) {
     });
   };
   etcd::WatchId watch_id = watch(*start);
-  // The last value of each live hold and session key, as of the events filled.
+  // What the audit needs of live holds and closing sessions, as of the events filled.
   PrevValues prev;
   const PrevValues::Lookup lookup = [this](const std::string& key, int64_t revision)
       -> absl::StatusOr<std::optional<mvccpb::KeyValue>> {

@@ -78,5 +78,4 @@ class PrevValues {
   int64_t lost_ = 0;
 };
 
-
 }  // namespace holdfast::audit
