@@ -1,9 +1,13 @@
 #include "bench/bench.h"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <functional>
+#include <map>
+#include <optional>
 #include <random>
 #include <thread>
 
@@ -150,27 +154,55 @@ class Matrix {
     std::fprintf(stderr, "holdfast-bench: %s c=%d ...\n", id, c);
   }
 
-  // Runs the workers, counting the etcd requests they cause.
+  // What one cell's operations cost: etcd requests and CPU time per operation.
+  struct Costs {
+    std::map<std::string, double> requests_per_op;
+    std::map<std::string, double> cpu_ms_per_op;
+  };
+
+  // CPU seconds so far of etcd and holdfastd (when this run started them) and of
+  // the benchmark itself; a process that cannot be read is left out.
+  std::map<std::string, double> CpuNow() const {
+    std::map<std::string, double> cpu;
+    auto add = [&](const char* who, std::optional<pid_t> pid) {
+      if (!pid) return;
+      if (auto s = SampleProcess(*pid); s.ok()) cpu[who] = s->cpu_seconds;
+    };
+    add("etcd", env_.etcd_pid());
+    add("holdfastd", env_.holdfastd_pid());
+    add("bench", getpid());
+    return cpu;
+  }
+
+  // Runs the workers, counting the etcd requests and the CPU time they cause.
   std::map<std::string, SeriesResult> Measure(std::vector<std::unique_ptr<Worker>>& workers,
-                                              std::map<std::string, double>* requests_per_op) {
+                                              Costs* costs) {
     auto before = EtcdRequestCounts(env_.etcd_endpoint());
+    auto cpu_before = CpuNow();
     auto series = RunWorkers(workers, plan_.timing, stop_);
+    auto cpu_after = CpuNow();
     auto after = EtcdRequestCounts(env_.etcd_endpoint());
     int64_t ops = 0;
     for (const auto& [name, r] : series) ops += r.all_ops;
-    if (before.ok() && after.ok() && ops > 0) {
+    if (ops <= 0) return series;
+    if (before.ok() && after.ok()) {
       for (const auto& [method, n] : *after) {
         auto it = before->find(method);
         double delta = n - (it == before->end() ? 0 : it->second);
-        if (delta > 0) (*requests_per_op)[method] = delta / static_cast<double>(ops);
+        if (delta > 0) costs->requests_per_op[method] = delta / static_cast<double>(ops);
       }
+    }
+    for (const auto& [who, seconds] : cpu_after) {
+      auto it = cpu_before.find(who);
+      if (it == cpu_before.end()) continue;  // restarted or unreadable meanwhile
+      costs->cpu_ms_per_op[who] = (seconds - it->second) * 1000.0 / static_cast<double>(ops);
     }
     return series;
   }
 
   // Files a cell's figures; a cell cut short by a signal is left out.
   void File(const char* id, int c, const std::map<std::string, SeriesResult>& series,
-            const std::map<std::string, double>& requests_per_op = {}) {
+            const Costs& costs = {}) {
     if (stop_.stopped()) return;
     for (const auto& [name, r] : series) {
       std::string cell_id = id;
@@ -179,7 +211,8 @@ class Matrix {
       cell.id = cell_id;
       cell.concurrency = c;
       cell.result = r;
-      cell.etcd_requests_per_op = requests_per_op;
+      cell.etcd_requests_per_op = costs.requests_per_op;
+      cell.cpu_ms_per_op = costs.cpu_ms_per_op;
       report_->AddCell(std::move(cell));
       std::fprintf(stderr, "holdfast-bench:   %s c=%d: %.1f ops/s, p99 %.2f ms, %lld errors\n",
                    cell_id.c_str(), c, r.ops_per_sec, r.latency.p99_ms,
@@ -201,9 +234,9 @@ class Matrix {
     if (stop_.stopped()) return;
     Starting(id, c);
     auto workers = make();
-    std::map<std::string, double> requests;
-    auto series = Measure(workers, &requests);
-    File(id, c, series, requests);
+    Costs costs;
+    auto series = Measure(workers, &costs);
+    File(id, c, series, costs);
   }
 
   void LeaseCell(const char* id, int c, const LeaseWorkerFactory& make) {
@@ -214,9 +247,9 @@ class Matrix {
     if (!leases.ok()) return SetupFailed(id, c, leases.status());
     {
       auto workers = make(*leases);
-      std::map<std::string, double> requests;
-      auto series = Measure(workers, &requests);
-      File(id, c, series, requests);
+      Costs costs;
+      auto series = Measure(workers, &costs);
+      File(id, c, series, costs);
     }
     pool_.RevokeLeases(*leases, SteadyClock::now() + kSetupBudget);
   }
@@ -229,9 +262,9 @@ class Matrix {
                                     SteadyClock::now() + kSetupBudget, stop_);
     if (!fleet.ok()) return SetupFailed(id, c, fleet.status());
     auto workers = make(**fleet);
-    std::map<std::string, double> requests;
-    auto series = Measure(workers, &requests);
-    File(id, c, series, requests);
+    Costs costs;
+    auto series = Measure(workers, &costs);
+    File(id, c, series, costs);
   }
 
   // The same number of leases as the sessions workload has sessions, renewed on

@@ -70,6 +70,17 @@ std::string RequestsText(const std::map<std::string, double>& per_op) {
   return out.empty() ? "-" : out;
 }
 
+// "2.10 1.40 0.45": etcd, holdfastd and the benchmark, "-" for a process not measured.
+std::string CpuText(const std::map<std::string, double>& per_op) {
+  std::string out;
+  for (const char* who : {"etcd", "holdfastd", "bench"}) {
+    auto it = per_op.find(who);
+    absl::StrAppend(&out, out.empty() ? "" : " ",
+                    it == per_op.end() ? std::string("-") : absl::StrFormat("%.2f", it->second));
+  }
+  return out;
+}
+
 std::string MiB(int64_t bytes) {
   return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1024.0 * 1024.0));
 }
@@ -270,6 +281,7 @@ void Report::PrintCellTable(std::FILE* out, const std::string& title,
   std::string header = absl::StrFormat("%-36s %5s %10s %8s %8s %8s %7s %8s", "workload", "conc",
                                        "ops/s", "p50 ms", "p99 ms", "max ms", "errors", "timeouts");
   for (const auto& n : ratio_names) absl::StrAppend(&header, absl::StrFormat(" %22s", n));
+  absl::StrAppend(&header, absl::StrFormat(" %25s", "CPU ms/op etcd hfd bench"));
   absl::StrAppend(&header, "  etcd requests per op");
   std::fprintf(out, "%s\n", header.c_str());
   for (const auto& c : cells_) {
@@ -288,6 +300,7 @@ void Report::PrintCellTable(std::FILE* out, const std::string& title,
       auto it = ratios.find(n);
       absl::StrAppend(&row, absl::StrFormat(" %22s", it == ratios.end() ? "-" : Fixed(it->second)));
     }
+    absl::StrAppend(&row, absl::StrFormat(" %25s", CpuText(c.cpu_ms_per_op)));
     absl::StrAppend(&row, "  ", RequestsText(c.etcd_requests_per_op));
     std::fprintf(out, "%s\n", row.c_str());
     if (!r.first_error.empty()) std::fprintf(out, "    first error: %s\n", r.first_error.c_str());
@@ -378,6 +391,7 @@ nlohmann::json Report::ToJson() const {
         j.update(SeriesJson(c.result));
         j["ratios"] = of.RatiosOf(c);
         j["etcd_requests_per_op"] = c.etcd_requests_per_op;
+        j["cpu_ms_per_op"] = c.cpu_ms_per_op;
       }
       cells.push_back(std::move(j));
     }

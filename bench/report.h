@@ -37,6 +37,11 @@ struct Cell {
   // etcd requests received during the cell (from etcd's /metrics) per operation
   // completed, by gRPC method; all series of the cell together.
   std::map<std::string, double> etcd_requests_per_op;
+  // CPU time (user + system, ms) per operation completed, by process: "etcd" and
+  // "holdfastd" when this run started them, "bench" (the benchmark's own callers
+  // and client libraries) always; over the same window as etcd_requests_per_op.
+  // On a machine whose cores the processes share, it tells what bounds a cell.
+  std::map<std::string, double> cpu_ms_per_op;
 };
 
 // The four figures of the `bench:` line; nullopt when a cell is missing.

@@ -1,7 +1,11 @@
-// Report::Combine: the figures of several rounds of the matrix (--rounds).
+// Report::Combine: the figures of several rounds of the matrix (--rounds); the
+// cost columns of the tables.
 #include "bench/report.h"
 
 #include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
 
 namespace holdfast::bench {
 namespace {
@@ -73,6 +77,55 @@ TEST(ReportCombineTest, OneReportAloneKeepsItsOwnHeadline) {
   Report one = Round(1000, 700);
   EXPECT_TRUE(one.rounds().empty());
   EXPECT_DOUBLE_EQ(*one.ComputeHeadline().uncontended_vs_raw_cycle, 0.7);
+}
+
+std::string Tables(const Report& r) {
+  std::FILE* f = std::tmpfile();
+  r.PrintTables(f);
+  std::string out(static_cast<size_t>(std::ftell(f)), '\0');
+  std::rewind(f);
+  out.resize(std::fread(out.data(), 1, out.size(), f));
+  std::fclose(f);
+  return out;
+}
+
+std::string LineOf(const std::string& text, const std::string& start) {
+  auto at = text.find("\n" + start);
+  if (at == std::string::npos) return "";
+  auto end = text.find('\n', at + 1);
+  return text.substr(at + 1, end - at - 1);
+}
+
+TEST(ReportCostsTest, EachCellShowsTheCpuTimePerOperationOfEachProcessMeasured) {
+  Report r = Round(1000, 700);
+  Cell hf = Ran(kUncontended, 8, 500);
+  hf.cpu_ms_per_op = {{"etcd", 1.234}, {"holdfastd", 0.5}, {"bench", 0.25}};
+  hf.etcd_requests_per_op = {{"Txn", 2.0}};
+  r.AddCell(hf);
+  Cell raw = Ran(kRawCycle, 8, 900);
+  raw.cpu_ms_per_op = {{"etcd", 0.75}, {"bench", 0.125}};  // no holdfastd in a baseline
+  r.AddCell(raw);
+
+  std::string tables = Tables(r);
+  EXPECT_NE(tables.find("CPU ms/op etcd hfd bench"), std::string::npos) << tables;
+  std::string hf_row = LineOf(tables, "holdfast acquire+release                 8");
+  EXPECT_NE(hf_row.find("1.23 0.50 0.25  Txn 2.0"), std::string::npos) << hf_row;
+  std::string raw_row = LineOf(tables, "etcd grant+release (2 guarded txns)      8");
+  EXPECT_NE(raw_row.find("0.75 - 0.12"), std::string::npos) << raw_row;
+  // A cell measured without the figures says so rather than showing zeros.
+  std::string bare = LineOf(tables, "holdfast acquire+release               256");
+  EXPECT_NE(bare.find("- - -"), std::string::npos) << bare;
+
+  nlohmann::json j = r.ToJson();
+  bool found = false;
+  for (const auto& c : j["cells"]) {
+    if (c["id"] == kUncontended && c["concurrency"] == 8) {
+      found = true;
+      EXPECT_DOUBLE_EQ(c["cpu_ms_per_op"]["etcd"].get<double>(), 1.234);
+      EXPECT_DOUBLE_EQ(c["cpu_ms_per_op"]["bench"].get<double>(), 0.25);
+    }
+  }
+  EXPECT_TRUE(found) << j.dump();
 }
 
 }  // namespace
