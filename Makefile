@@ -41,12 +41,15 @@ clean:
 
 # Benchmarks: holdfast side by side with its baselines on the same etcd
 # (docs/performance.md). BENCH_ARGS adds flags, e.g. BENCH_ARGS="--json out.json".
+# `bench` runs the matrix BENCH_ROUNDS times (3, about 9 minutes) and reports medians:
+# one round's ratios move too much on a shared machine to read against a target.
+BENCH_ROUNDS ?= 3
 .PHONY: bench bench-short
 BENCH_ARGS ?=
 
 bench: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target holdfast-bench holdfastd
-	$(BUILD_DIR)/bin/holdfast-bench $(BENCH_ARGS)
+	$(BUILD_DIR)/bin/holdfast-bench --rounds $(BENCH_ROUNDS) $(BENCH_ARGS)
 
 bench-short: configure
 	cmake --build $(BUILD_DIR) -j $(JOBS) --target holdfast-bench holdfastd
