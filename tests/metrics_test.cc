@@ -13,6 +13,7 @@
 #include <map>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -306,6 +307,54 @@ TEST_F(MetricsTest, AWaitingAcquireQueuesWithoutAReadAfterTheEnqueue) {
   // behind), then the enqueue. With a read after the enqueue: 3 each (30).
   EXPECT_GE(spent, kWaits);
   EXPECT_LE(spent, 2 * kWaits + 3);
+}
+
+TEST_F(MetricsTest, WaitersOfOneKeyShareTheirEtcdWatches) {
+  constexpr int kWaiters = 6;
+  auto holder = Open();
+  ASSERT_TRUE(holder);
+  std::vector<std::unique_ptr<Session>> waiters;
+  for (int i = 0; i < kWaiters; ++i) {
+    waiters.push_back(Open());
+    ASSERT_TRUE(waiters.back());
+  }
+  const std::string key = "metrics/shared-watch";
+  auto held = holder->Acquire(key);
+  ASSERT_TRUE(held.ok()) << held.status();
+  const std::string before = Scrape();
+  const double watchers = Sample(before, "holdfast_watchers");
+  const double etcd_watches = Sample(before, "holdfast_etcd_watches");
+  ASSERT_GE(watchers, 0);
+  ASSERT_GE(etcd_watches, 0);
+
+  std::vector<std::future<absl::StatusOr<Hold>>> waits;
+  for (int i = 0; i < kWaiters; ++i) {
+    waits.push_back(std::async(std::launch::async, [&, i] {
+      return waiters[static_cast<size_t>(i)]->Acquire(key, testing::Waiting(seconds(30)));
+    }));
+    // One at a time, so that each reads the queue its predecessor left.
+    ScrapeUntil([&](const std::string& t) {
+      return Sample(t, "holdfast_waiters_parked", kDefault) == i + 1;
+    }, "the next waiter parked");
+  }
+  const std::string parked = Scrape();
+  // Each waiter watches its predecessor, its own hold and its own queue entry...
+  EXPECT_GE(Sample(parked, "holdfast_watchers") - watchers, 3 * kWaiters) << parked;
+  // ... through one etcd watch of the key's holds and one of its queue, not 3 each.
+  EXPECT_LE(Sample(parked, "holdfast_etcd_watches") - etcd_watches, 2) << parked;
+
+  // The queue moves through all of them without a watch created per waiter, and
+  // the shared watches end with the last waiter.
+  ASSERT_TRUE(held->Release().ok());
+  for (auto& w : waits) {
+    auto h = w.get();
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Release().ok());
+  }
+  ScrapeUntil([&](const std::string& t) {
+    return Sample(t, "holdfast_etcd_watches") == etcd_watches &&
+           Sample(t, "holdfast_watchers") == watchers;
+  }, "the waiters' watches ended");
 }
 
 TEST_F(MetricsTest, SessionsRenewalsAndCloses) {

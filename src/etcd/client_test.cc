@@ -1,7 +1,11 @@
 // The etcd client layer against a real etcd-server process.
 #include "etcd/client.h"
 
+#include <condition_variable>
 #include <future>
+#include <mutex>
+#include <string>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -154,6 +158,118 @@ TEST_F(EtcdClientTest, ManyWatchersOneStreamWithPrevKv) {
   EXPECT_EQ(bx.events[0].prev_kv().value(), "0");
   EXPECT_EQ(fy.get().events.size(), 1u);
   EXPECT_EQ(hub.size(), 2u);
+}
+
+// What a watcher was sent, in order: "put a=1", "delete a", ...; or the error.
+class Seen {
+ public:
+  WatchCallback Callback() {
+    return [this](absl::StatusOr<WatchBatch> b) {
+      std::lock_guard<std::mutex> l(mu_);
+      if (!b.ok()) {
+        items_.push_back("error " + std::string(absl::StatusCodeToString(b.status().code())));
+      } else {
+        for (const auto& e : b->events) {
+          std::string key = e.kv().key().substr(e.kv().key().rfind('/') + 1);
+          items_.push_back(e.type() == mvccpb::Event::PUT ? "put " + key + "=" + e.kv().value()
+                                                          : "delete " + key);
+        }
+      }
+      cv_.notify_all();
+    };
+  }
+  // The items once there are `n` (empty after 10 s without).
+  std::vector<std::string> Wait(size_t n) {
+    std::unique_lock<std::mutex> l(mu_);
+    if (!cv_.wait_for(l, seconds(10), [&] { return items_.size() >= n; })) return {};
+    return items_;
+  }
+  std::vector<std::string> Now() {
+    std::lock_guard<std::mutex> l(mu_);
+    return items_;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::vector<std::string> items_;
+};
+
+TEST_F(EtcdClientTest, WatchersWithinOneRangeShareOneEtcdWatch) {
+  const int64_t base = Put("/t/g/a", "0").header().revision();
+  auto& hub = client_->watches();
+  auto spec = [&](std::string key, std::string end, int64_t start) {
+    WatchSpec s;
+    s.key = std::move(key);
+    s.range_end = std::move(end);
+    s.start_revision = start;
+    return s;
+  };
+  Seen a_puts, b_all, deletes, late;
+  WatchSpec sa = spec("/t/g/a", "", base + 1);
+  sa.no_delete = true;
+  WatchSpec sd = spec("/t/g/", "/t/g0", base + 1);
+  sd.no_put = true;
+  WatchId a = hub.WatchWithin("/t/g/", "/t/g0", sa, a_puts.Callback());
+  WatchId b = hub.WatchWithin("/t/g/", "/t/g0", spec("/t/g/b", "", base + 1), b_all.Callback());
+  WatchId d = hub.WatchWithin("/t/g/", "/t/g0", sd, deletes.Callback());
+  EXPECT_EQ(hub.size(), 3u);
+  EXPECT_EQ(hub.etcd_watches(), 1u);
+
+  Put("/t/g/a", "1");
+  Put("/t/g/b", "1");
+  pb::DeleteRangeRequest del;
+  del.set_key("/t/g/a");
+  ASSERT_TRUE(client_->DeleteRangeSync(del, DeadlineIn(seconds(5))).ok());
+  EXPECT_EQ(deletes.Wait(1), std::vector<std::string>{"delete a"});
+  EXPECT_EQ(a_puts.Wait(1), std::vector<std::string>{"put a=1"});
+  EXPECT_EQ(b_all.Wait(1), std::vector<std::string>{"put b=1"});
+
+  // The shared watch has delivered revisions after base: a watcher from base + 1
+  // gets a watch of its own, and with it every event, none lost.
+  WatchId l = hub.WatchWithin("/t/g/", "/t/g0", spec("/t/g/", "/t/g0", base + 1), late.Callback());
+  EXPECT_EQ(hub.etcd_watches(), 2u);
+  EXPECT_EQ(late.Wait(3), (std::vector<std::string>{"put a=1", "put b=1", "delete a"}));
+  // ... and one from after them joins the shared watch.
+  const int64_t now = Put("/t/g/c", "1").header().revision();
+  Seen joined;
+  WatchId j = hub.WatchWithin("/t/g/", "/t/g0", spec("/t/g/c", "", now + 1), joined.Callback());
+  EXPECT_EQ(hub.etcd_watches(), 2u);
+  Put("/t/g/c", "2");
+  EXPECT_EQ(joined.Wait(1), std::vector<std::string>{"put c=2"});  // not c=1: before its start
+  EXPECT_EQ(b_all.Now(), std::vector<std::string>{"put b=1"});      // not c's
+
+  for (WatchId id : {a, b, d, l, j}) hub.Cancel(id);
+  EXPECT_EQ(hub.size(), 0u);
+  EXPECT_EQ(hub.etcd_watches(), 0u);  // the last one out ended the shared watch
+  // A new watcher in the range starts a new shared watch from its own start.
+  Seen again;
+  WatchId n = hub.WatchWithin("/t/g/", "/t/g0", spec("/t/g/c", "", base + 1), again.Callback());
+  EXPECT_EQ(hub.etcd_watches(), 1u);
+  EXPECT_EQ(again.Wait(2), (std::vector<std::string>{"put c=1", "put c=2"}));
+  hub.Cancel(n);
+}
+
+TEST_F(EtcdClientTest, AnErrorOfASharedWatchReachesEveryWatcherInIt) {
+  Put("/t/e/x", "0");
+  const int64_t last = Put("/t/e/x", "1").header().revision();
+  pb::CompactionRequest c;
+  c.set_revision(last);
+  ASSERT_TRUE(Await<pb::CompactionResponse>([&](auto cb) {
+                client_->Compact(c, DeadlineIn(seconds(5)), cb);
+              }).ok());
+  auto& hub = client_->watches();
+  Seen x, y;
+  WatchSpec sx, sy;
+  sx.key = "/t/e/x";
+  sy.key = "/t/e/y";
+  sx.start_revision = sy.start_revision = 1;  // compacted
+  hub.WatchWithin("/t/e/", "/t/e0", sx, x.Callback());
+  hub.WatchWithin("/t/e/", "/t/e0", sy, y.Callback());
+  EXPECT_EQ(x.Wait(1), std::vector<std::string>{"error OUT_OF_RANGE"});
+  EXPECT_EQ(y.Wait(1), std::vector<std::string>{"error OUT_OF_RANGE"});
+  EXPECT_EQ(hub.size(), 0u);
+  EXPECT_EQ(hub.etcd_watches(), 0u);
 }
 
 TEST_F(EtcdClientTest, WatchResumesFromARevisionAcrossAnEtcdRestart) {

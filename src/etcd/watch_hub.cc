@@ -1,5 +1,10 @@
 #include "etcd/watch_hub.h"
 
+#include <algorithm>
+#include <string>
+#include <utility>
+#include <vector>
+
 #include "absl/strings/str_cat.h"
 #include "etcd/errors.h"
 
@@ -23,6 +28,21 @@ class WatchHub::Stream : public BidiStream<pb::WatchRequest, pb::WatchResponse> 
   size_t index() const { return index_; }
 };
 
+namespace {
+
+// Whether a shared watch's event is one `spec` would have been sent by etcd.
+bool Matches(const WatchSpec& spec, const mvccpb::Event& e) {
+  if (e.kv().mod_revision() < spec.start_revision) return false;
+  if (spec.no_put && e.type() == mvccpb::Event::PUT) return false;
+  if (spec.no_delete && e.type() == mvccpb::Event::DELETE) return false;
+  const std::string& k = e.kv().key();
+  if (spec.range_end.empty()) return k == spec.key;
+  if (spec.range_end == std::string(1, '\0')) return k >= spec.key;  // every key from `key`
+  return k >= spec.key && k < spec.range_end;
+}
+
+}  // namespace
+
 WatchHub::WatchHub(Client* client) : client_(client) {}
 
 WatchHub::~WatchHub() {
@@ -31,6 +51,8 @@ WatchHub::~WatchHub() {
     absl::MutexLock l(&mu_);
     shutting_down_ = true;
     watchers_.clear();
+    groups_.clear();
+    member_group_.clear();
     if (reconnect_scheduled_) client_->timers().Cancel(reconnect_timer_);
     s = std::move(current_);
   }
@@ -41,6 +63,13 @@ WatchHub::~WatchHub() {
 }
 
 size_t WatchHub::size() {
+  absl::MutexLock l(&mu_);
+  // A shared watch whose error is being delivered has left watchers_ already.
+  int64_t own = static_cast<int64_t>(watchers_.size()) - static_cast<int64_t>(groups_.size());
+  return static_cast<size_t>(std::max<int64_t>(own, 0)) + member_group_.size();
+}
+
+size_t WatchHub::etcd_watches() {
   absl::MutexLock l(&mu_);
   return watchers_.size();
 }
@@ -73,37 +102,130 @@ std::pair<std::shared_ptr<WatchHub::Stream>, bool> WatchHub::EnsureStreamLocked(
   return {current_, true};
 }
 
+WatchHub::Pending WatchHub::AddWatcherLocked(WatchId id, WatchSpec spec, WatchCallback cb) {
+  Pending p;
+  Watcher w{std::move(spec), std::make_shared<WatchCallback>(std::move(cb)), 0};
+  p.req = CreateRequestLocked(id, w);
+  watchers_.emplace(id, std::move(w));
+  if (shutting_down_) return p;
+  if (reconnect_scheduled_) return p;  // Reconnect() will create it
+  std::tie(p.stream, p.fresh) = EnsureStreamLocked();
+  p.send = true;
+  return p;
+}
+
+void WatchHub::SendPending(Pending p) {
+  if (!p.send) return;
+  if (p.fresh) p.stream->Go();
+  p.stream->Send(std::move(p.req));  // if refused, OnFinished reconnects and re-creates
+}
+
 WatchId WatchHub::Watch(WatchSpec spec, WatchCallback cb) {
-  std::shared_ptr<Stream> stream;
-  bool fresh = false;
-  pb::WatchRequest req;
+  Pending p;
   WatchId id;
   {
     absl::MutexLock l(&mu_);
     id = next_id_++;
-    Watcher w{std::move(spec), std::make_shared<WatchCallback>(std::move(cb)), 0};
-    req = CreateRequestLocked(id, w);
-    watchers_.emplace(id, std::move(w));
-    if (shutting_down_) return id;
-    if (reconnect_scheduled_) return id;  // Reconnect() will create it
-    std::tie(stream, fresh) = EnsureStreamLocked();
+    p = AddWatcherLocked(id, std::move(spec), std::move(cb));
   }
-  if (fresh) stream->Go();
-  stream->Send(std::move(req));  // if refused, OnFinished reconnects and re-creates
+  SendPending(std::move(p));
+  return id;
+}
+
+WatchId WatchHub::WatchWithin(const std::string& group_key, const std::string& group_end,
+                              WatchSpec spec, WatchCallback cb) {
+  if (spec.prev_kv || spec.start_revision <= 0) return Watch(std::move(spec), std::move(cb));
+  Pending p;
+  WatchId id;
+  {
+    absl::MutexLock l(&mu_);
+    id = next_id_++;
+    GroupRange range{group_key, group_end};
+    auto it = groups_.find(range);
+    const int64_t start = spec.start_revision;
+    if (shutting_down_ ||
+        (it != groups_.end() && (it->second.start > start || it->second.last_delivered >= start))) {
+      // The shared watch may have passed events this watcher needs: one of its own.
+      p = AddWatcherLocked(id, std::move(spec), std::move(cb));
+    } else {
+      if (it == groups_.end()) {
+        const WatchId etcd_id = next_id_++;
+        WatchSpec shared;
+        shared.key = group_key;
+        shared.range_end = group_end;
+        shared.start_revision = start;
+        it = groups_.emplace(range, Group{}).first;
+        it->second.etcd_id = etcd_id;
+        it->second.start = start;
+        p = AddWatcherLocked(etcd_id, std::move(shared),
+                             [this, range, etcd_id](absl::StatusOr<WatchBatch> b) {
+                               OnGroupBatch(range, etcd_id, std::move(b));
+                             });
+      }
+      it->second.members.emplace(
+          id, Member{std::move(spec), std::make_shared<WatchCallback>(std::move(cb))});
+      member_group_.emplace(id, std::move(range));
+    }
+  }
+  SendPending(std::move(p));
   return id;
 }
 
 void WatchHub::Cancel(WatchId id) {
   std::shared_ptr<Stream> stream;
+  WatchId etcd_id = id;
   {
     absl::MutexLock l(&mu_);
-    if (watchers_.erase(id) == 0) return;
+    if (auto m = member_group_.find(id); m != member_group_.end()) {
+      auto g = groups_.find(m->second);
+      member_group_.erase(m);
+      if (g == groups_.end()) return;
+      g->second.members.erase(id);
+      if (!g->second.members.empty()) return;
+      etcd_id = g->second.etcd_id;  // the last one out ends the shared watch
+      groups_.erase(g);
+    }
+    if (watchers_.erase(etcd_id) == 0) return;
     stream = current_;
   }
   if (stream) {
     pb::WatchRequest req;
-    req.mutable_cancel_request()->set_watch_id(id);
+    req.mutable_cancel_request()->set_watch_id(etcd_id);
     stream->Send(std::move(req));
+  }
+}
+
+void WatchHub::OnGroupBatch(const GroupRange& range, WatchId etcd_id,
+                            absl::StatusOr<WatchBatch> batch) {
+  std::vector<std::pair<std::shared_ptr<WatchCallback>, absl::StatusOr<WatchBatch>>> out;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = groups_.find(range);
+    if (it == groups_.end() || it->second.etcd_id != etcd_id) return;  // ended meanwhile
+    Group& g = it->second;
+    if (!batch.ok()) {
+      // The shared watch ended (the hub has dropped it): so does every watcher in it.
+      for (auto& [id, m] : g.members) {
+        out.emplace_back(m.cb, batch.status());
+        member_group_.erase(id);
+      }
+      groups_.erase(it);
+    } else {
+      for (const auto& e : batch->events) {
+        g.last_delivered = std::max(g.last_delivered, e.kv().mod_revision());
+      }
+      for (auto& [id, m] : g.members) {
+        WatchBatch mine;
+        mine.header_revision = batch->header_revision;
+        for (const auto& e : batch->events) {
+          if (Matches(m.spec, e)) mine.events.push_back(e);
+        }
+        if (!mine.events.empty()) out.emplace_back(m.cb, std::move(mine));
+      }
+    }
+  }
+  for (auto& [cb, b] : out) {
+    if (cb && *cb) (*cb)(std::move(b));
   }
 }
 

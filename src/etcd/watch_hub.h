@@ -19,6 +19,7 @@
 #include <map>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
@@ -52,10 +53,24 @@ class WatchHub {
   ~WatchHub();
 
   WatchId Watch(WatchSpec spec, WatchCallback cb);
+  // A watcher inside [group_key, group_end), served by one etcd watch over that
+  // range which the hub shares among all such watchers (the waiters of one lock
+  // key on this replica): each one's key or range, filters and start revision are
+  // applied here. It joins the shared watch only when that watch started at or
+  // before spec.start_revision and has delivered no event at or after it, so it
+  // misses nothing and sees nothing twice; otherwise (and with prev_kv, or a start
+  // of 0) it is a watcher of its own, as from Watch(). The same callback contract
+  // (an error from the shared watch reaches every watcher in it) and Cancel(); the
+  // shared watch ends with the last watcher in it. `spec`'s keys must lie within
+  // the group's range.
+  WatchId WatchWithin(const std::string& group_key, const std::string& group_end,
+                      WatchSpec spec, WatchCallback cb);
   void Cancel(WatchId id);
 
-  // Number of live watchers (for metrics and tests).
+  // Number of live watchers, as callers see them (for metrics and tests).
   size_t size();
+  // Number of etcd watches behind them (a shared one counts once).
+  size_t etcd_watches();
 
   // The client moved off endpoint `index` (Client::ReportUnavailable): a stream on
   // it is dropped (its later answers ignored) and every watcher is created again
@@ -70,6 +85,30 @@ class WatchHub {
     int64_t next_revision = 0;  // resume point; 0 until known
   };
 
+  // A watcher of WatchWithin() inside a shared watch.
+  struct Member {
+    WatchSpec spec;
+    std::shared_ptr<WatchCallback> cb;
+  };
+  using GroupRange = std::pair<std::string, std::string>;
+  struct Group {
+    WatchId etcd_id = 0;         // its watcher in watchers_
+    int64_t start = 0;           // the shared watch's start revision
+    int64_t last_delivered = 0;  // the highest revision of an event it delivered
+    std::map<WatchId, Member> members;
+  };
+  // A create request to send once mu_ is released.
+  struct Pending {
+    pb::WatchRequest req;
+    std::shared_ptr<Stream> stream;
+    bool fresh = false;
+    bool send = false;
+  };
+
+  Pending AddWatcherLocked(WatchId id, WatchSpec spec, WatchCallback cb)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  static void SendPending(Pending p);
+  void OnGroupBatch(const GroupRange& range, WatchId etcd_id, absl::StatusOr<WatchBatch> batch);
   pb::WatchRequest CreateRequestLocked(WatchId id, const Watcher& w)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Opens a stream if there is none. Returns it, and whether Go() is due.
@@ -84,6 +123,8 @@ class WatchHub {
   std::shared_ptr<Stream> current_ ABSL_GUARDED_BY(mu_);
   Stream* leaving_ ABSL_GUARDED_BY(mu_) = nullptr;  // cancelled by MoveFrom, not finished
   std::map<WatchId, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
+  std::map<GroupRange, Group> groups_ ABSL_GUARDED_BY(mu_);
+  std::map<WatchId, GroupRange> member_group_ ABSL_GUARDED_BY(mu_);
   WatchId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   int live_streams_ ABSL_GUARDED_BY(mu_) = 0;
   bool reconnect_scheduled_ ABSL_GUARDED_BY(mu_) = false;

@@ -647,23 +647,36 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                         [](auto) {});
   }
 
-  // Watches the few keys this waiter depends on, from the read's revision + 1.
+  // Watches the few keys this waiter depends on, from the read's revision + 1. Each
+  // is inside the key's holds or its waiters, and the replica's waiters of one key
+  // share one etcd watch of each (WatchHub::WatchWithin): a queue that moves costs
+  // etcd no watch created or cancelled per waiter.
   void Wait(const KeySnapshot& snap, const queue::AcquireDecision& d) {
     const std::string& ns = req_.namespace_();
     const std::string& key = req_.lock_key();
-    std::vector<etcd::WatchSpec> specs;
-    auto deletes_of = [&](std::string k, std::string end = "") {
+    const std::string holds_begin = keyspace::HoldRangeBegin(ns, key);
+    const std::string holds_end = keyspace::HoldRangeEnd(ns, key);
+    const std::string waits_begin = keyspace::WaitRangeBegin(ns, key);
+    const std::string waits_end = keyspace::WaitRangeEnd(ns, key);
+    struct Within {
+      const std::string* begin;
+      const std::string* end;
+      etcd::WatchSpec spec;
+    };
+    std::vector<Within> specs;
+    auto deletes_of = [&](bool holds, std::string k, std::string end = "") {
       etcd::WatchSpec s;
       s.key = std::move(k);
       s.range_end = std::move(end);
       s.start_revision = snap.revision + 1;
       s.no_put = true;
-      specs.push_back(std::move(s));
+      specs.push_back({holds ? &holds_begin : &waits_begin, holds ? &holds_end : &waits_end,
+                       std::move(s)});
     };
     if (d.predecessor != nullptr) {
-      deletes_of(keyspace::WaitKey(ns, key, d.predecessor->lease));
+      deletes_of(false, keyspace::WaitKey(ns, key, d.predecessor->lease));
     } else {
-      deletes_of(keyspace::HoldRangeBegin(ns, key), keyspace::HoldRangeEnd(ns, key));
+      deletes_of(true, holds_begin, holds_end);
     }
     uint64_t gen;
     {
@@ -683,16 +696,21 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         if (auto again = weak.lock()) again->OnWake(gen);
       });
     };
-    for (auto& s : specs) ids.push_back(hub.Watch(std::move(s), look_again_soon));
+    for (auto& w : specs) {
+      ids.push_back(hub.WatchWithin(*w.begin, *w.end, std::move(w.spec), look_again_soon));
+    }
     // Handed the lock: the releasing commit puts the own hold (and deletes the own
     // waiter and the released hold) in one revision.
     etcd::WatchSpec own_hold;
     own_hold.key = keyspace::HoldKey(ns, key, req_.session_id());
     own_hold.start_revision = snap.revision + 1;
     own_hold.no_delete = true;
-    ids.push_back(hub.Watch(std::move(own_hold), [weak, gen](absl::StatusOr<etcd::WatchBatch> b) {
-      if (auto self = weak.lock()) self->OnHandedOver(gen, std::move(b));
-    }));
+    ids.push_back(hub.WatchWithin(holds_begin, holds_end, std::move(own_hold),
+                                  [weak, gen](absl::StatusOr<etcd::WatchBatch> b) {
+                                    if (auto self = weak.lock()) {
+                                      self->OnHandedOver(gen, std::move(b));
+                                    }
+                                  }));
     // ... and a release on this replica says so at once (lock/local_waiters.h).
     const uint64_t local = engine_->local_waiters_.Add(
         keyspace::HoldKey(ns, key, req_.session_id()), snap.revision,
@@ -705,7 +723,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     own_waiter.key = keyspace::WaitKey(ns, key, req_.session_id());
     own_waiter.start_revision = snap.revision + 1;
     own_waiter.no_put = true;
-    ids.push_back(hub.Watch(std::move(own_waiter), look_again_soon));
+    ids.push_back(hub.WatchWithin(waits_begin, waits_end, std::move(own_waiter), look_again_soon));
     TimerQueue::TimerId wake_timer = 0;
     if (d.wake_at_ms > 0) {
       // A waiter ahead whose own server is gone dies at its deadline: look again then.

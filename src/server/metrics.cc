@@ -110,6 +110,18 @@ Metrics::Metrics(Clock now)
                  .Name("holdfast_waiters_parked")
                  .Help("Acquires of this replica waiting in a queue now")
                  .Register(r);
+  watchers_ = &prometheus::BuildGauge()
+                   .Name("holdfast_watchers")
+                   .Help("Watchers of this replica's waiting acquires and services (a waiting "
+                         "acquire has up to three)")
+                   .Register(r)
+                   .Add({});
+  etcd_watches_ = &prometheus::BuildGauge()
+                       .Name("holdfast_etcd_watches")
+                       .Help("etcd watches behind them: the waiters of one lock key on this "
+                             "replica share one watch of its holds and one of its queue")
+                       .Register(r)
+                       .Add({});
   sessions_opened_ = &prometheus::BuildCounter()
                           .Name("holdfast_sessions_opened_total")
                           .Help("Sessions opened through this replica")
@@ -188,6 +200,11 @@ void Metrics::StopServing() {
   exposer.reset();  // joins the HTTP threads: no scrape runs after this
 }
 
+void Metrics::SetWatchSource(std::function<WatchCounts()> source) {
+  absl::MutexLock l(&mu_);
+  watch_source_ = std::move(source);
+}
+
 void Metrics::SetAuditSource(std::function<audit::AuditorStatus()> source) {
   std::unique_ptr<AuditGauges> gauges;
   {
@@ -230,6 +247,7 @@ void Metrics::Refresh() {
   const auto now = now_();
   std::map<std::string, int64_t> live;
   std::function<audit::AuditorStatus()> source;
+  std::function<WatchCounts()> watches;
   AuditGauges* audit = nullptr;
   {
     absl::MutexLock l(&mu_);
@@ -238,8 +256,12 @@ void Metrics::Refresh() {
     // Namespaces that had live sessions and have none now read 0.
     for (const auto& ns : live_namespaces_) live.emplace(ns, 0);
     source = audit_source_;
+    watches = watch_source_;
     audit = audit_.get();  // lives as long as this object, once made
   }
+  const WatchCounts w = watches ? watches() : WatchCounts{};
+  watchers_->Set(static_cast<double>(w.watchers));
+  etcd_watches_->Set(static_cast<double>(w.etcd_watches));
   for (const auto& [ns, n] : live) {
     sessions_live_->Add({{"namespace", ns}}).Set(static_cast<double>(n));
   }

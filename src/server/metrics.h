@@ -73,6 +73,15 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
   // must not block for long. Adds the holdfast_audit_* gauges. Null: none.
   void SetAuditSource(std::function<audit::AuditorStatus()> source);
 
+  // What this replica watches in etcd, over all its clusters.
+  struct WatchCounts {
+    int64_t watchers = 0;      // watchers inside holdfastd (a waiting acquire has up to 3)
+    int64_t etcd_watches = 0;  // etcd watches behind them (a key's shared one counts once)
+  };
+  // Where scrapes read them (called on the HTTP thread; must not block for long).
+  // Null: the holdfast_watchers and holdfast_etcd_watches gauges read 0.
+  void SetWatchSource(std::function<WatchCounts()> source);
+
   // What a scrape answers, in Prometheus' text format.
   std::string Render();
 
@@ -141,6 +150,9 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
   std::set<std::string, std::less<>> live_namespaces_ ABSL_GUARDED_BY(mu_);  // ever had one
   std::chrono::steady_clock::time_point next_prune_ ABSL_GUARDED_BY(mu_);
   std::function<audit::AuditorStatus()> audit_source_ ABSL_GUARDED_BY(mu_);
+  std::function<WatchCounts()> watch_source_ ABSL_GUARDED_BY(mu_);
+  prometheus::Gauge* watchers_;
+  prometheus::Gauge* etcd_watches_;
   std::unique_ptr<AuditGauges> audit_ ABSL_GUARDED_BY(mu_);
 };
 

@@ -219,6 +219,18 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
       metrics_->SetAuditSource([a = control.auditor.get()] { return a->status(); });
     }
   }
+  if (metrics_) {
+    // Shutdown stops the metrics endpoint before the etcd clients go.
+    metrics_->SetWatchSource([clusters = clusters_.get()] {
+      Metrics::WatchCounts n;
+      for (const auto& c : clusters->all()) {
+        if (!c->etcd) continue;
+        n.watchers += static_cast<int64_t>(c->etcd->watches().size());
+        n.etcd_watches += static_cast<int64_t>(c->etcd->watches().etcd_watches());
+      }
+      return n;
+    });
+  }
   epoch_guard_ = std::thread([this] { GuardEpochs(); });
   return absl::OkStatus();
 }
