@@ -1,0 +1,40 @@
+# Bad flags of audit-store-bench: each is refused with a message that names it and a
+# non-zero exit, and nothing is written.
+# Usage: cmake -DTOOL=/path/to/audit-store-bench -DWORK=/scratch/dir -P audit_store_bench_bad_flags.cmake
+if(NOT TOOL OR NOT WORK)
+  message(FATAL_ERROR "audit_store_bench_bad_flags.cmake: set -DTOOL=<audit-store-bench> -DWORK=<dir>")
+endif()
+file(REMOVE_RECURSE "${WORK}")
+file(MAKE_DIRECTORY "${WORK}")
+
+function(expect_refused expected)
+  execute_process(COMMAND ${TOOL} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err TIMEOUT 20)
+  if(rc EQUAL 0)
+    message(FATAL_ERROR "audit-store-bench ${ARGN}: accepted (exit 0)")
+  endif()
+  string(FIND "${out}${err}" "${expected}" at)
+  if(at EQUAL -1)
+    message(FATAL_ERROR "audit-store-bench ${ARGN}: exit ${rc} without \"${expected}\":\n${out}${err}")
+  endif()
+  string(FIND "${out}" " events " measured)
+  if(NOT measured EQUAL -1)
+    message(FATAL_ERROR "audit-store-bench ${ARGN}: measured something:\n${out}")
+  endif()
+  message(STATUS "audit-store-bench ${ARGN}: refused (exit ${rc}): ${expected}")
+endfunction()
+
+expect_refused("--keys: Value 0 not in range 1 to 10000000" --keys 0)
+expect_refused("--events: Value 10 not in range 1600 to 1000000000" --events 10)
+expect_refused("--batch: Value 1 not in range 2 to 100000" --batch 1)
+expect_refused("--commits: Value 0 not in range 1 to 100000" --commits 0)
+expect_refused("sqlite audit store: open ${WORK}/missing/audit.db"
+               --store "sqlite:${WORK}/missing/audit.db" --events 1600)
+expect_refused("audit store URL scheme \"mysql\" is not supported" --store "mysql://nowhere/audit" --events 1600)
+
+# Nothing was written where the refused runs pointed.
+file(GLOB_RECURSE left "${WORK}/*")
+if(left)
+  message(FATAL_ERROR "refused runs left files behind: ${left}")
+endif()
+file(REMOVE_RECURSE "${WORK}")
