@@ -5,22 +5,10 @@ if(NOT BENCH)
   message(FATAL_ERROR "bad_flags.cmake: set -DBENCH=<holdfast-bench>")
 endif()
 
-function(expect_refused expected)
-  execute_process(COMMAND ${BENCH} ${ARGN} RESULT_VARIABLE rc OUTPUT_VARIABLE out
-                  ERROR_VARIABLE err TIMEOUT 20)
-  if(rc EQUAL 0)
-    message(FATAL_ERROR "holdfast-bench ${ARGN}: accepted (exit 0)")
-  endif()
-  string(FIND "${out}${err}" "${expected}" at)
-  if(at EQUAL -1)
-    message(FATAL_ERROR "holdfast-bench ${ARGN}: exit ${rc} without \"${expected}\":\n${out}${err}")
-  endif()
-  string(FIND "${out}${err}" "holdfast-bench: etcd " started)
-  if(NOT started EQUAL -1)
-    message(FATAL_ERROR "holdfast-bench ${ARGN}: started a run:\n${out}${err}")
-  endif()
-  message(STATUS "holdfast-bench ${ARGN}: refused (exit ${rc}): ${expected}")
-endfunction()
+set(TOOL "${BENCH}")
+set(TOOL_NAME holdfast-bench)
+set(STARTED "holdfast-bench: etcd ")  # the run's first progress line
+include(${CMAKE_CURRENT_LIST_DIR}/expect_refused.cmake)
 
 expect_refused("--only: nonsense not in {baselines,uncontended,contended,shared,sessions}"
                --only nonsense)
