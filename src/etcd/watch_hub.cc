@@ -53,6 +53,7 @@ WatchHub::~WatchHub() {
     watchers_.clear();
     groups_.clear();
     member_group_.clear();
+    ended_unsent_.clear();
     if (reconnect_scheduled_) client_->timers().Cancel(reconnect_timer_);
     s = std::move(current_);
   }
@@ -137,6 +138,8 @@ WatchId WatchHub::WatchWithin(const std::string& group_key, const std::string& g
   if (spec.prev_kv || spec.start_revision <= 0) return Watch(std::move(spec), std::move(cb));
   Pending p;
   WatchId id;
+  WatchId created = 0;
+  GroupRange created_range;
   {
     absl::MutexLock l(&mu_);
     id = next_id_++;
@@ -161,13 +164,37 @@ WatchId WatchHub::WatchWithin(const std::string& group_key, const std::string& g
                              [this, range, etcd_id](absl::StatusOr<WatchBatch> b) {
                                OnGroupBatch(range, etcd_id, std::move(b));
                              });
+        it->second.sent = !p.send;
       }
       it->second.members.emplace(
           id, Member{std::move(spec), std::make_shared<WatchCallback>(std::move(cb))});
+      if (p.send) {
+        // This call sends the shared watch's create (else Reconnect() will: sent).
+        created = it->second.etcd_id;
+        created_range = range;
+      }
       member_group_.emplace(id, std::move(range));
     }
   }
   SendPending(std::move(p));
+  if (created != 0) {
+    std::shared_ptr<Stream> stream;
+    {
+      absl::MutexLock l(&mu_);
+      if (ended_unsent_.erase(created) > 0) {
+        // Its watchers all left meanwhile: cancel it, after its create.
+        if (watchers_.erase(created) > 0) stream = current_;
+      } else if (auto g = groups_.find(created_range);
+                 g != groups_.end() && g->second.etcd_id == created) {
+        g->second.sent = true;
+      }
+    }
+    if (stream) {
+      pb::WatchRequest req;
+      req.mutable_cancel_request()->set_watch_id(created);
+      stream->Send(std::move(req));
+    }
+  }
   return id;
 }
 
@@ -183,7 +210,12 @@ void WatchHub::Cancel(WatchId id) {
       g->second.members.erase(id);
       if (!g->second.members.empty()) return;
       etcd_id = g->second.etcd_id;  // the last one out ends the shared watch
+      const bool sent = g->second.sent;
       groups_.erase(g);
+      if (!sent) {
+        ended_unsent_.insert(etcd_id);  // its creator cancels it once the create is out
+        return;
+      }
     }
     if (watchers_.erase(etcd_id) == 0) return;
     stream = current_;

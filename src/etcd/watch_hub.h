@@ -18,6 +18,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -95,6 +96,9 @@ class WatchHub {
     WatchId etcd_id = 0;         // its watcher in watchers_
     int64_t start = 0;           // the shared watch's start revision
     int64_t last_delivered = 0;  // the highest revision of an event it delivered
+    // Its create request has gone out. Until then another thread may join it and
+    // leave it empty: the cancel then waits for the create (ended_unsent_).
+    bool sent = false;
     std::map<WatchId, Member> members;
   };
   // A create request to send once mu_ is released.
@@ -125,6 +129,9 @@ class WatchHub {
   std::map<WatchId, Watcher> watchers_ ABSL_GUARDED_BY(mu_);
   std::map<GroupRange, Group> groups_ ABSL_GUARDED_BY(mu_);
   std::map<WatchId, GroupRange> member_group_ ABSL_GUARDED_BY(mu_);
+  // Shared watches whose last watcher left before their create request went out:
+  // their creator sends the cancel after the create, so etcd never keeps one.
+  std::set<WatchId> ended_unsent_ ABSL_GUARDED_BY(mu_);
   WatchId next_id_ ABSL_GUARDED_BY(mu_) = 1;
   int live_streams_ ABSL_GUARDED_BY(mu_) = 0;
   bool reconnect_scheduled_ ABSL_GUARDED_BY(mu_) = false;
