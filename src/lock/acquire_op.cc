@@ -658,26 +658,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     const std::string holds_end = keyspace::HoldRangeEnd(ns, key);
     const std::string waits_begin = keyspace::WaitRangeBegin(ns, key);
     const std::string waits_end = keyspace::WaitRangeEnd(ns, key);
-    struct Within {
-      const std::string* begin;
-      const std::string* end;
-      etcd::WatchSpec spec;
-    };
-    std::vector<Within> specs;
-    auto deletes_of = [&](bool holds, std::string k, std::string end = "") {
-      etcd::WatchSpec s;
-      s.key = std::move(k);
-      s.range_end = std::move(end);
-      s.start_revision = snap.revision + 1;
-      s.no_put = true;
-      specs.push_back({holds ? &holds_begin : &waits_begin, holds ? &holds_end : &waits_end,
-                       std::move(s)});
-    };
-    if (d.predecessor != nullptr) {
-      deletes_of(false, keyspace::WaitKey(ns, key, d.predecessor->lease));
-    } else {
-      deletes_of(true, holds_begin, holds_end);
-    }
+    // What it waits to go: the waiter just ahead of it, or at the head the key's holds.
+    const bool at_head = d.predecessor == nullptr;
+    etcd::WatchSpec ahead;
+    ahead.key = at_head ? holds_begin : keyspace::WaitKey(ns, key, d.predecessor->lease);
+    ahead.range_end = at_head ? holds_end : "";
+    ahead.start_revision = snap.revision + 1;
+    ahead.no_put = true;
     uint64_t gen;
     {
       absl::MutexLock l(&mu_);
@@ -696,9 +683,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         if (auto again = weak.lock()) again->OnWake(gen);
       });
     };
-    for (auto& w : specs) {
-      ids.push_back(hub.WatchWithin(*w.begin, *w.end, std::move(w.spec), look_again_soon));
-    }
+    ids.push_back(hub.WatchWithin(at_head ? holds_begin : waits_begin,
+                                  at_head ? holds_end : waits_end, std::move(ahead),
+                                  look_again_soon));
     // Handed the lock: the releasing commit puts the own hold (and deletes the own
     // waiter and the released hold) in one revision.
     etcd::WatchSpec own_hold;
