@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -531,6 +532,7 @@ TEST(CheckerTest, AuditCaptureRoundTrips) {
   const std::string path = ::testing::TempDir() + "/audit_capture_test.jsonl";
   ASSERT_TRUE(WriteAuditCapture(path, c).ok());
   auto back = ReadAuditCapture(path);
+  std::remove(path.c_str());
   ASSERT_TRUE(back.ok()) << back.status();
   EXPECT_EQ(back->rows.size(), c.rows.size());
   EXPECT_EQ(back->etcd.size(), c.etcd.size());
