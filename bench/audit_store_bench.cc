@@ -18,7 +18,6 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <cstdlib>
 #include <filesystem>
 #include <random>
 #include <string>
@@ -29,6 +28,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "audit/store.h"
+#include "dev/temp_dir.h"
 
 namespace {
 
@@ -106,13 +106,12 @@ int main(int argc, char** argv) {
 
   std::string dir, sqlite_path;
   if (url.empty()) {
-    std::string tmpl =
-        (std::filesystem::temp_directory_path() / "audit-store-bench-XXXXXX").string();
-    if (mkdtemp(tmpl.data()) == nullptr) {
-      std::perror("audit-store-bench: mkdtemp");
+    auto made = holdfast::dev::MakeTempDir("audit-store-bench");
+    if (!made.ok()) {
+      std::fprintf(stderr, "audit-store-bench: %s\n", made.status().ToString().c_str());
       return 1;
     }
-    dir = tmpl;
+    dir = *made;
     sqlite_path = dir + "/audit.db";
     url = "sqlite:" + sqlite_path;
   }

@@ -12,6 +12,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "dev/temp_dir.h"
 #include "holdfast/client.h"
 
 namespace holdfast::bench {
@@ -76,15 +77,6 @@ bool HasFlag(const std::string& binary, const std::string& dir, const std::strin
   return false;
 }
 
-absl::StatusOr<std::string> MakeTempDir() {
-  const char* base = std::getenv("TMPDIR");
-  std::string tmpl = absl::StrCat(base && *base ? base : "/tmp", "/holdfast-bench-XXXXXX");
-  if (::mkdtemp(tmpl.data()) == nullptr) {
-    return absl::InternalError(absl::StrCat("cannot make a directory like ", tmpl));
-  }
-  return tmpl;
-}
-
 }  // namespace
 
 bool IsLoopbackEndpoint(const std::string& endpoint) {
@@ -142,7 +134,7 @@ absl::StatusOr<std::unique_ptr<Environment>> Environment::Start(
   env->etcd_endpoint_ = options.etcd_endpoint;
   env->holdfast_endpoint_ = options.holdfast_endpoint;
   if (env->etcd_endpoint_.empty() || env->holdfast_endpoint_.empty()) {
-    auto dir = MakeTempDir();
+    auto dir = dev::MakeTempDir("holdfast-bench");
     if (!dir.ok()) return dir.status();
     env->dir_ = *dir;
   }
