@@ -357,6 +357,62 @@ TEST_F(MetricsTest, WaitersOfOneKeyShareTheirEtcdWatches) {
   }, "the waiters' watches ended");
 }
 
+class RideTest : public MetricsTest {
+ protected:
+  void SetUp() override {
+    extra_config_ = "acquire: {ride_with_release: 1s}\n";
+    MetricsTest::SetUp();
+  }
+};
+
+// An acquire behind another waiter waits for the key's next release and joins
+// the queue in that release's etcd commit (one transaction for both); the first
+// waiter, with nobody ahead of it, joins at once.
+TEST_F(RideTest, AnAcquireBehindAWaiterJoinsTheQueueInTheNextReleasesCommit) {
+  auto a = Open(), b = Open(), c = Open();
+  ASSERT_TRUE(a && b && c);
+  const std::string key = "metrics/ride";
+  auto held = a->Acquire(key);
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto wb = std::async(std::launch::async,
+                       [&] { return b->Acquire(key, testing::Waiting(seconds(60))); });
+  ScrapeUntil([&](const std::string& t) {
+    return Sample(t, "holdfast_waiters_parked", kDefault) == 1;
+  }, "b parked");
+  std::string t = Scrape();
+  EXPECT_EQ(Sample(t, "holdfast_enqueues_riding"), 0) << "b had nobody ahead: it did not wait";
+  EXPECT_EQ(Sample(t, "holdfast_enqueue_rides_total", {{"outcome", "rode"}}), 0);
+
+  auto wc = std::async(std::launch::async,
+                       [&] { return c->Acquire(key, testing::Waiting(seconds(60))); });
+  ScrapeUntil([&](const std::string& t) { return Sample(t, "holdfast_enqueues_riding") == 1; },
+              "c waits for a release to ride with");
+  auto queue = client_->Describe("default", key);
+  ASSERT_TRUE(queue.ok()) << queue.status();
+  ASSERT_EQ(queue->waiters_size(), 1) << "c is not queued yet";
+  EXPECT_EQ(queue->waiters(0).session_id(), b->id());
+
+  ASSERT_TRUE(held->Release().ok());
+  auto hb = wb.get();
+  ASSERT_TRUE(hb.ok()) << hb.status();
+  // The release handed the key to b and queued c in one commit.
+  queue = client_->Describe("default", key);
+  ASSERT_TRUE(queue.ok()) << queue.status();
+  ASSERT_EQ(queue->waiters_size(), 1) << queue->DebugString();
+  EXPECT_EQ(queue->waiters(0).session_id(), c->id());
+  EXPECT_EQ(queue->waiters(0).create_revision(), hb->info().grant_revision());
+  t = Scrape();
+  EXPECT_EQ(Sample(t, "holdfast_enqueues_riding"), 0);
+  EXPECT_EQ(Sample(t, "holdfast_enqueue_rides_total", {{"outcome", "rode"}}), 1);
+  EXPECT_EQ(Sample(t, "holdfast_enqueue_rides_total", {{"outcome", "alone"}}), 0);
+
+  ASSERT_TRUE(hb->Release().ok());
+  auto hc = wc.get();
+  ASSERT_TRUE(hc.ok()) << hc.status();
+  EXPECT_GT(hc->token(), hb->token());
+  ASSERT_TRUE(hc->Release().ok());
+}
+
 TEST_F(MetricsTest, SessionsRenewalsAndCloses) {
   auto keep = Open(seconds(10));
   auto fast = Open(seconds(2));  // renewed every 667 ms by libholdfast

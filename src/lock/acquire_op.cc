@@ -27,7 +27,9 @@
 // held by another session skips the grant that would fail and joins the queue
 // first, under the same compares. An enqueue transaction reads the queue in both
 // branches, after its own put, so the call decides (and starts its watches) on the
-// queue as that commit left it without a read of its own.
+// queue as that commit left it without a read of its own. An enqueue behind other
+// waiters may wait a little for the key's next release on this replica and go in
+// its transaction (lock/group_commit.h, Ride; EngineOptions::ride_at_most).
 //
 // One etcd step is in flight at a time; a deadline or cancel that arrives during a
 // step takes effect when the step completes. A grant that commits after the call
@@ -54,6 +56,13 @@ namespace pb = ::etcdserverpb;
 // revision before it reads again. Only a holder that ends without a hand-over (an
 // expiry, a force-release) makes a waiter pay it.
 constexpr std::chrono::milliseconds kLookAgainAfterDelete{50};
+
+// An enqueue behind other waiters may wait up to EngineOptions::ride_at_most for
+// a release of its key on this replica to ride with (lock/group_commit.h, Ride):
+// it cannot be granted before the waiters ahead of it anyway. Only a call whose
+// wait has at least this many times that left rides (200 ms at the default 5 ms),
+// so riding never takes a noticeable part of a wait.
+constexpr int kRideWaitFactor = 40;
 
 class AcquireOp : public Cancellable, public std::enable_shared_from_this<AcquireOp> {
  public:
@@ -304,18 +313,29 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
           " waiters, the most one key may have (limits.max_waiters_per_key); not queued")));
     }
     NoteQueued();
-    if (d.own_waiter == nullptr ||
-        d.own_waiter->record.deadline_unix_ms() < deadline_unix_ms_) {
+    if (d.own_waiter == nullptr) {
+      // Behind other waiters, the enqueue may ride with the next release.
+      return Enqueue(nullptr, nullptr, !snap.waiters.empty() && RideWorthIt());
+    }
+    if (d.own_waiter->record.deadline_unix_ms() < deadline_unix_ms_) {
       return Enqueue(d.own_waiter);
     }
     Wait(snap, d);
+  }
+
+  // The call's wait is long enough to spend up to ride_at_most of it riding.
+  bool RideWorthIt() const {
+    const int64_t ride = engine_->options().ride_at_most.count();
+    return ride > 0 && deadline_unix_ms_ - NowUnixMs() >= kRideWaitFactor * ride;
   }
 
   // Puts the own waiter key (new, or refreshed with this call's later deadline:
   // a re-put keeps its create_revision, so its place in the queue).
   // `views`: the call joins from the views (FastStart), not from a read, so the
   // transaction also compares what a read would have shown of the namespace.
-  void Enqueue(const WaiterEntry* existing, const Views* views = nullptr) {
+  // `ride`: the views show waiters ahead: the transaction may wait a little for a
+  // release of the key to go with (lock/group_commit.h, Ride).
+  void Enqueue(const WaiterEntry* existing, const Views* views = nullptr, bool ride = false) {
     if (views == nullptr && !BeginStep()) return;  // FastStart's step is begun
     const std::string& ns = req_.namespace_();
     const int64_t lease = req_.session_id();
@@ -359,31 +379,36 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     AddSnapshotReads(ns, lease, req_.lock_key(), txn.mutable_success());
     AddSnapshotReads(ns, lease, req_.lock_key(), txn.mutable_failure());
     auto self = shared_from_this();
-    engine_->etcd().Txn(std::move(txn), EtcdDeadline(),
-                        [self, rec, reads_at, existing_rev = existing ? existing->create_revision : 0](
-                            absl::StatusOr<pb::TxnResponse> t) {
-                          if (t.ok() && t->succeeded()) {
-                            WaiterEntry w{self->req_.session_id(),
-                                          existing_rev != 0 ? existing_rev : t->header().revision(),
-                                          rec, t->header().revision()};
-                            self->engine_->views_.WaiterPut(self->req_.namespace_(),
-                                                            self->req_.lock_key(), w);
-                            absl::MutexLock l(&self->mu_);
-                            self->own_waiter_rev_ = w.create_revision;
-                          }
-                          if (auto end = self->StepDone()) return self->EndNow(*end);
-                          if (!t.ok()) {
-                            // Unknown outcome: read and decide with the queue as it is.
-                            if (!self->RetryUnknown(t.status())) return self->Finish(t.status());
-                            if (self->BeginStep()) self->Read();
-                            return;
-                          }
-                          // Queued, or a lost race: decide on the transaction's read.
-                          auto snap = ParseSnapshot(t->header(), t->responses(),
-                                                    t->succeeded() ? reads_at : 0);
-                          if (!snap.ok()) return self->Finish(snap.status());
-                          self->Decide(std::move(*snap));
-                        });
+    auto done = [self, rec, reads_at, existing_rev = existing ? existing->create_revision : 0](
+                    absl::StatusOr<pb::TxnResponse> t) {
+      if (t.ok() && t->succeeded()) {
+        WaiterEntry w{self->req_.session_id(),
+                      existing_rev != 0 ? existing_rev : t->header().revision(),
+                      rec, t->header().revision()};
+        self->engine_->views_.WaiterPut(self->req_.namespace_(),
+                                        self->req_.lock_key(), w);
+        absl::MutexLock l(&self->mu_);
+        self->own_waiter_rev_ = w.create_revision;
+      }
+      if (auto end = self->StepDone()) return self->EndNow(*end);
+      if (!t.ok()) {
+        // Unknown outcome: read and decide with the queue as it is.
+        if (!self->RetryUnknown(t.status())) return self->Finish(t.status());
+        if (self->BeginStep()) self->Read();
+        return;
+      }
+      // Queued, or a lost race: decide on the transaction's read.
+      auto snap = ParseSnapshot(t->header(), t->responses(),
+                                t->succeeded() ? reads_at : 0);
+      if (!snap.ok()) return self->Finish(snap.status());
+      self->Decide(std::move(*snap));
+    };
+    if (ride) {
+      engine_->commits_.Ride({ns, req_.lock_key(), lease}, std::move(txn), EtcdDeadline(),
+                             std::move(done), engine_->options().ride_at_most);
+    } else {
+      engine_->etcd().Txn(std::move(txn), EtcdDeadline(), std::move(done));
+    }
   }
 
   // Puts the session's claim on this key, guarded by "none of the session's claims
@@ -447,7 +472,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
             (max_waiters == 0 || kv->waiters.size() < max_waiters)) {
           read_revision_ = v->session.claims_revision;
           NoteQueued();
-          Enqueue(nullptr, &*v);
+          Enqueue(nullptr, &*v, !kv->waiters.empty() && RideWorthIt());
           return true;
         }
       }

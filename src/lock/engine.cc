@@ -102,9 +102,10 @@ Engine::Engine(etcd::Client* etcd, EngineOptions options, EtcdHealth* health)
     : etcd_(etcd),
       options_(std::move(options)),
       health_(health),
-      commits_(etcd, options_.group_commit, [this](int members) {
-        observer().OnCommitBatch(members);
-      }),
+      commits_(
+          etcd, options_.group_commit,
+          [this](int members) { observer().OnCommitBatch(members); },
+          [this](RideStep step) { observer().OnRide(step); }),
       forced_(etcd) {}
 
 absl::Status Engine::EtcdStatus() const {
@@ -569,7 +570,7 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
       base = KeyView{snap->revision, snap->revision, snap->holds, snap->waiters};
     }
   }
-  commits_.Txn({ns, key, session}, std::move(txn), EtcdDeadline(d),
+  commits_.Txn({ns, key, session, /*release=*/true}, std::move(txn), EtcdDeadline(d),
              [this, req, d, attempts_left, ns, key, session, tok, handed = std::move(handed),
               handover = std::move(handover), base = std::move(base),
               done](absl::StatusOr<pb::TxnResponse> t) {

@@ -65,6 +65,10 @@ struct EngineOptions {
   size_t max_holds_per_session = 1000;
   // Batching of grants and releases on different keys into one etcd transaction.
   GroupCommitOptions group_commit;
+  // How long an enqueue behind other waiters waits for a release of its key on
+  // this replica to ride with (lock/group_commit.h, Ride; 0: never). Only a call
+  // with at least 40 times that left of its wait rides (acquire_op.cc).
+  std::chrono::milliseconds ride_at_most{5};
   // Deadline of one lease renewal: an answer later than this is not a renewal a
   // holder can trust.
   std::chrono::milliseconds renew_timeout{1000};

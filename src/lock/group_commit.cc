@@ -18,22 +18,159 @@ const std::string* PutKey(const pb::RequestOp& op) {
 }
 }  // namespace
 
-GroupCommit::GroupCommit(etcd::Client* etcd, GroupCommitOptions options, BatchObserver observer)
-    : etcd_(etcd), options_(options), observer_(std::move(observer)) {}
+GroupCommit::GroupCommit(etcd::Client* etcd, GroupCommitOptions options, BatchObserver observer,
+                         RideObserver ride_observer)
+    : etcd_(etcd),
+      options_(options),
+      observer_(std::move(observer)),
+      ride_observer_(std::move(ride_observer)) {}
 
-void GroupCommit::Txn(Footprint footprint, pb::TxnRequest txn, etcd::Deadline d,
-                      etcd::Callback<pb::TxnResponse> done) {
+GroupCommit::~GroupCommit() {
+  std::map<KeyId, std::deque<Waiting>> riders;
+  {
+    absl::MutexLock l(&mu_);
+    riders.swap(riders_);
+  }
+  for (auto& [key, waiting] : riders) {
+    for (auto& w : waiting) {
+      etcd_->timers().Cancel(w.timer);
+      if (ride_observer_) ride_observer_(RideStep::kAlone);
+      w.rider.done(absl::UnavailableError("holdfastd is shutting down; the call was not sent"));
+    }
+  }
+}
+
+GroupCommit::Member GroupCommit::MakeMember(Footprint footprint, pb::TxnRequest txn,
+                                            etcd::Deadline d,
+                                            etcd::Callback<pb::TxnResponse> done) {
   std::vector<std::string> compare_keys;
   compare_keys.reserve(txn.compare_size());
   for (const auto& c : txn.compare()) compare_keys.push_back(c.SerializeAsString());
+  return Member{std::move(footprint), std::move(txn), std::move(compare_keys), d, std::move(done),
+                {}};
+}
+
+void GroupCommit::Txn(Footprint footprint, pb::TxnRequest txn, etcd::Deadline d,
+                      etcd::Callback<pb::TxnResponse> done) {
+  Member m = MakeMember(std::move(footprint), std::move(txn), d, std::move(done));
+  std::vector<Batch> out;
+  bool rode = false;
+  {
+    absl::MutexLock l(&mu_);
+    if (m.footprint.release) rode = TakeRiderLocked(&m);
+    queue_.push_back(std::move(m));
+    out = TakeLocked();
+  }
+  if (rode && ride_observer_) ride_observer_(RideStep::kRode);
+  for (auto& b : out) Send(std::move(b));
+}
+
+void GroupCommit::Ride(Footprint footprint, pb::TxnRequest txn, etcd::Deadline d,
+                       etcd::Callback<pb::TxnResponse> done, std::chrono::milliseconds at_most) {
+  Member m = MakeMember(std::move(footprint), std::move(txn), d, std::move(done));
+  if (ride_observer_) ride_observer_(RideStep::kWaiting);
+  bool rode = false;
+  {
+    absl::MutexLock l(&mu_);
+    const KeyId key{m.footprint.ns, m.footprint.lock_key};
+    auto& waiting = riders_[key];
+    // A release of the key that is queued, not sent yet: join it now (unless
+    // riders that came first wait for the key).
+    for (auto it = queue_.begin(); waiting.empty() && it != queue_.end(); ++it) {
+      const Footprint& f = it->footprint;
+      if (f.release && it->riders.empty() && f.ns == key.first && f.lock_key == key.second &&
+          f.session != m.footprint.session && RidesAfter(it->txn, m.txn)) {
+        it->riders.push_back(std::move(m));
+        rode = true;
+        break;
+      }
+    }
+    if (rode) {
+      riders_.erase(key);
+    } else {
+      const uint64_t id = ++next_rider_;
+      waiting.push_back(Waiting{std::move(m), id, 0});
+      waiting.back().timer =
+          etcd_->timers().ScheduleAfter(at_most, [this, key, id] { RiderDue(key, id); });
+    }
+  }
+  if (rode && ride_observer_) ride_observer_(RideStep::kRode);
+}
+
+void GroupCommit::RiderDue(const KeyId& key, uint64_t id) {
   std::vector<Batch> out;
   {
     absl::MutexLock l(&mu_);
-    queue_.push_back(
-        Member{std::move(footprint), std::move(txn), std::move(compare_keys), d, std::move(done)});
+    auto it = riders_.find(key);
+    if (it == riders_.end()) return;
+    auto& waiting = it->second;
+    auto w = std::find_if(waiting.begin(), waiting.end(),
+                          [id](const Waiting& x) { return x.id == id; });
+    if (w == waiting.end()) return;  // it rode with a release
+    queue_.push_back(std::move(w->rider));
+    waiting.erase(w);
+    if (waiting.empty()) riders_.erase(it);
     out = TakeLocked();
   }
+  if (ride_observer_) ride_observer_(RideStep::kAlone);
   for (auto& b : out) Send(std::move(b));
+}
+
+bool GroupCommit::TakeRiderLocked(Member* host) {
+  auto it = riders_.find(KeyId{host->footprint.ns, host->footprint.lock_key});
+  if (it == riders_.end()) return false;
+  Waiting& first = it->second.front();
+  Member& rider = first.rider;
+  if (rider.footprint.session == host->footprint.session || !RidesAfter(host->txn, rider.txn) ||
+      host->txn.success_size() + rider.txn.success_size() > options_.max_txn_ops ||
+      host->txn.compare_size() + rider.txn.compare_size() > options_.max_txn_ops) {
+    return false;  // it waits on for another release, or its bound
+  }
+  // A timer that fires anyway finds no such id and does nothing.
+  etcd_->timers().Cancel(first.timer);
+  host->riders.push_back(std::move(rider));
+  it->second.pop_front();
+  if (it->second.empty()) riders_.erase(it);
+  return true;
+}
+
+namespace {
+// [key, range_end) of a compare or a range op; an empty range_end is the key alone,
+// "\0" is every key from `key` on.
+bool InRange(const std::string& k, const std::string& key, const std::string& range_end) {
+  if (range_end.empty()) return k == key;
+  if (k < key) return false;
+  return range_end == std::string(1, '\0') || k < range_end;
+}
+}  // namespace
+
+bool GroupCommit::RidesAfter(const pb::TxnRequest& host, const pb::TxnRequest& rider) {
+  // The single keys each one writes; a range delete (or any other op that
+  // writes) makes the pair unknown: no.
+  auto writes = [](const pb::TxnRequest& txn, std::set<std::string>* keys) {
+    for (const auto& op : txn.success()) {
+      if (op.has_request_put()) {
+        keys->insert(op.request_put().key());
+      } else if (op.has_request_delete_range()) {
+        if (!op.request_delete_range().range_end().empty()) return false;
+        keys->insert(op.request_delete_range().key());
+      } else if (!op.has_request_range()) {
+        return false;
+      }
+    }
+    return true;
+  };
+  std::set<std::string> host_writes, rider_writes;
+  if (!writes(host, &host_writes) || !writes(rider, &rider_writes)) return false;
+  for (const auto& k : rider_writes) {
+    if (host_writes.count(k) > 0) return false;
+  }
+  for (const auto& c : rider.compare()) {
+    for (const auto& k : host_writes) {
+      if (InRange(k, c.key(), c.range_end())) return false;
+    }
+  }
+  return true;
 }
 
 std::vector<GroupCommit::Batch> GroupCommit::TakeLocked() {
@@ -47,11 +184,21 @@ std::vector<GroupCommit::Batch> GroupCommit::TakeLocked() {
     for (auto it = queue_.begin(); it != queue_.end() &&
                                    static_cast<int>(batch.size()) < options_.max_members;) {
       const auto& f = it->footprint;
-      int c = 0;  // compares this member adds to the batch
-      for (const auto& k : it->compare_keys) c += compared.count(k) == 0 ? 1 : 0;
-      const int o = it->txn.success_size();
-      const bool conflicts =
-          keys.count({f.ns, f.lock_key}) > 0 || sessions.count(f.session) > 0;
+      // The member and its rider, if any, as one unit.
+      int c = 0;  // compares this unit adds to the batch
+      int o = it->txn.success_size();
+      std::set<std::string> unit_compares;
+      for (const auto& k : it->compare_keys) {
+        if (compared.count(k) == 0 && unit_compares.insert(k).second) ++c;
+      }
+      bool conflicts = keys.count({f.ns, f.lock_key}) > 0 || sessions.count(f.session) > 0;
+      for (const auto& r : it->riders) {
+        for (const auto& k : r.compare_keys) {
+          if (compared.count(k) == 0 && unit_compares.insert(k).second) ++c;
+        }
+        o += r.txn.success_size();
+        conflicts = conflicts || sessions.count(r.footprint.session) > 0;
+      }
       const bool fits =
           batch.empty() || (static_cast<int>(compared.size()) + c <= options_.max_txn_ops &&
                             ops + o <= options_.max_txn_ops);
@@ -61,7 +208,8 @@ std::vector<GroupCommit::Batch> GroupCommit::TakeLocked() {
       }
       keys.insert({f.ns, f.lock_key});
       sessions.insert(f.session);
-      compared.insert(it->compare_keys.begin(), it->compare_keys.end());
+      for (const auto& r : it->riders) sessions.insert(r.footprint.session);
+      compared.insert(unit_compares.begin(), unit_compares.end());
       ops += o;
       batch.push_back(std::move(*it));
       it = queue_.erase(it);
@@ -82,7 +230,14 @@ void GroupCommit::Sent() {
   for (auto& b : out) Send(std::move(b));
 }
 
-void GroupCommit::Send(Batch batch) {
+void GroupCommit::Send(Batch units) {
+  // Each rider right after its host: its ops (reads included) after the host's.
+  Batch batch;
+  for (auto& u : units) {
+    std::vector<Member> riders = std::move(u.riders);
+    batch.push_back(std::move(u));
+    for (auto& r : riders) batch.push_back(std::move(r));
+  }
   if (observer_) observer_(static_cast<int>(batch.size()));
   if (batch.size() == 1) {
     Member m = std::move(batch.front());

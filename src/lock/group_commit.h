@@ -8,12 +8,13 @@
 // members queue; each time a transaction comes back, the queue goes out merged:
 // every compare of every member, then every success op, so the batch commits
 // only if all of their compares hold, and all of them in one revision (grants in
-// one batch share it; per key there is one member per batch, so per-key token
-// order is kept). If the batch's compares fail, each member is sent alone again
+// one batch share it; per key there is one member per batch, besides a rider
+// (below), which grants nothing, so per-key token order is kept). If the batch's compares fail, each member is sent alone again
 // and answered by its own transaction, else branch included.
 //
 // Merging is sound because members of one batch are independent: no two share a
-// lock key or a session, so no member writes a key another one compares (holds,
+// lock key or a session (a rider and its release share the key, and are checked
+// key by key instead), so no member writes a key another one compares (holds,
 // waiters and claims are per key or per session; nobody in a batch writes
 // namespace, class, session or epoch records). The one key several members put is
 // the audit mark (every release puts one): it is put once, with the first
@@ -31,18 +32,36 @@
 // member's own success responses. A transport error reaches every member (an
 // unknown outcome, handled by each as for its own transaction).
 //
+// A rider (Ride) is a member in no hurry: an enqueue behind other waiters, which
+// cannot be granted before the key's holder releases anyway. It waits up to a
+// bound for a release of its own lock key by another session (queued or yet to
+// come) and goes in the release's transaction, its ops after the release's: a
+// contended key's hand-over and the next enqueue then cost etcd one commit
+// instead of two. A rider joins a release only when the pair is the same as the
+// release then the rider, one after the other: the release writes no key the
+// rider compares, and the two write no key in common (lock/group_commit.cc,
+// RidesAfter). The pair shares a revision and so goes into a batch as one unit;
+// the rider's reads see the release's writes. A rider that finds no release goes
+// alone after its bound; a failed batch sends it alone like any member.
+//
 // Thread-safe; callbacks run on the etcd client's threads, never under its lock.
+// Like the transactions in flight, a rider's timer refers to the GroupCommit,
+// which must outlive them (the engine's does: it ends after its calls).
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <functional>
+#include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "etcd/client.h"
+#include "lock/observer.h"
 
 namespace holdfast::lock {
 
@@ -61,14 +80,32 @@ class GroupCommit {
     std::string ns;
     std::string lock_key;
     int64_t session = 0;
+    bool release = false;  // the member releases a hold of lock_key: a rider may join it
   };
   // Told the number of members of every transaction sent (1: alone).
   using BatchObserver = std::function<void(int members)>;
+  // Told each step of each rider (lock/observer.h).
+  using RideObserver = std::function<void(RideStep)>;
 
-  GroupCommit(etcd::Client* etcd, GroupCommitOptions options, BatchObserver observer = nullptr);
+  GroupCommit(etcd::Client* etcd, GroupCommitOptions options, BatchObserver observer = nullptr,
+              RideObserver ride_observer = nullptr);
+
+  ~GroupCommit();
 
   void Txn(Footprint footprint, etcdserverpb::TxnRequest txn, etcd::Deadline d,
            etcd::Callback<etcdserverpb::TxnResponse> done);
+  // As Txn, after waiting up to `at_most` for a release of the same lock key to
+  // ride with (see above). Riders of one key ride in the order they came, one per
+  // release (two in one revision would tie in the queue's order).
+  void Ride(Footprint footprint, etcdserverpb::TxnRequest txn, etcd::Deadline d,
+            etcd::Callback<etcdserverpb::TxnResponse> done, std::chrono::milliseconds at_most);
+
+  // True if `rider` run right after `host` in the same revision does what it
+  // would do alone right after it: `host` writes no key that `rider` compares, and
+  // the two write no key in common (etcd refuses a transaction that writes a key
+  // twice). Only single-key writes are understood; a range delete never pairs.
+  static bool RidesAfter(const etcdserverpb::TxnRequest& host,
+                         const etcdserverpb::TxnRequest& rider);
 
  private:
   struct Member {
@@ -78,8 +115,23 @@ class GroupCommit {
     std::vector<std::string> compare_keys;
     etcd::Deadline deadline;
     etcd::Callback<etcdserverpb::TxnResponse> done;
+    // A rider that goes right after this member, in its transaction (0 or 1).
+    std::vector<Member> riders;
   };
   using Batch = std::vector<Member>;
+  struct Waiting {
+    Member rider;
+    uint64_t id = 0;
+    TimerQueue::TimerId timer = 0;
+  };
+  using KeyId = std::pair<std::string, std::string>;  // namespace, lock key
+
+  static Member MakeMember(Footprint footprint, etcdserverpb::TxnRequest txn, etcd::Deadline d,
+                           etcd::Callback<etcdserverpb::TxnResponse> done);
+  // Attaches the first rider waiting for `host`'s key, if it may ride with it.
+  bool TakeRiderLocked(Member* host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A rider's bound passed: it goes as Txn would.
+  void RiderDue(const KeyId& key, uint64_t id);
 
   // Takes batches off the queue while transactions may be sent.
   std::vector<Batch> TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -89,9 +141,12 @@ class GroupCommit {
   etcd::Client* const etcd_;
   const GroupCommitOptions options_;
   const BatchObserver observer_;
+  const RideObserver ride_observer_;
   absl::Mutex mu_;
   std::deque<Member> queue_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  std::map<KeyId, std::deque<Waiting>> riders_ ABSL_GUARDED_BY(mu_);
+  uint64_t next_rider_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace holdfast::lock

@@ -2,6 +2,8 @@
 // a failed batch falls back to each member alone (with its own else branch), and
 // members that share a lock key or a session never share a batch, and a compare
 // several members make is made once, so it counts once against --max-txn-ops.
+// A rider waits for the next release of its key and goes in its transaction, its
+// reads after the release's writes, or alone after its bound.
 #include "lock/group_commit.h"
 
 #include <future>
@@ -69,6 +71,57 @@ class GroupCommitTest : public ::testing::Test {
     commits_->Txn({ns, key, session}, std::move(txn), etcd::DeadlineIn(seconds(10)),
                   [p](absl::StatusOr<pb::TxnResponse> t) { p->set_value(std::move(t)); });
     return f;
+  }
+
+  // A release of lock key "lk" by `session`: if `hold` exists, delete it and put
+  // `next` (a hand-over); else read `hold`.
+  Result Release(int64_t session, const std::string& hold, const std::string& next) {
+    pb::TxnRequest txn;
+    AddCompare(&txn, hold, pb::Compare::CREATE, pb::Compare::GREATER)->set_create_revision(0);
+    txn.add_success()->mutable_request_delete_range()->set_key(hold);
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(next);
+    put->set_value("handed");
+    txn.add_failure()->mutable_request_range()->set_key(hold);
+    auto p = std::make_shared<std::promise<absl::StatusOr<pb::TxnResponse>>>();
+    auto f = p->get_future();
+    commits_->Txn({"ns", "lk", session, /*release=*/true}, std::move(txn),
+                  etcd::DeadlineIn(seconds(10)),
+                  [p](absl::StatusOr<pb::TxnResponse> t) { p->set_value(std::move(t)); });
+    return f;
+  }
+
+  // An enqueue on lock key "lk" by `session`: if `waiter` is absent, put it and
+  // then read /h/ (the holds, as the transaction leaves them); else read `waiter`.
+  Result Rider(int64_t session, const std::string& waiter, std::chrono::milliseconds at_most) {
+    pb::TxnRequest txn;
+    AddCompare(&txn, waiter, pb::Compare::CREATE, pb::Compare::EQUAL)->set_create_revision(0);
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(waiter);
+    put->set_value("waiting");
+    auto* holds = txn.add_success()->mutable_request_range();
+    holds->set_key("/h/");
+    holds->set_range_end("/h0");
+    txn.add_failure()->mutable_request_range()->set_key(waiter);
+    auto p = std::make_shared<std::promise<absl::StatusOr<pb::TxnResponse>>>();
+    auto f = p->get_future();
+    commits_->Ride({"ns", "lk", session}, std::move(txn), etcd::DeadlineIn(seconds(30)),
+                   [p](absl::StatusOr<pb::TxnResponse> t) { p->set_value(std::move(t)); },
+                   at_most);
+    return f;
+  }
+
+  void Put(const std::string& key) {
+    pb::PutRequest put;
+    put.set_key(key);
+    put.set_value("v");
+    ASSERT_TRUE(client_->PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+  }
+
+  static std::vector<std::string> Keys(const pb::RangeResponse& r) {
+    std::vector<std::string> keys;
+    for (const auto& kv : r.kvs()) keys.push_back(kv.key());
+    return keys;
   }
 
   int64_t CreateRevision(const std::string& key) {
@@ -255,6 +308,130 @@ TEST_F(GroupCommitTest, ASharedCompareThatFailsFailsTheBatchAndEachMemberAlone) 
   EXPECT_FALSE(r3->succeeded());
   EXPECT_GT(CreateRevision("/f/right"), 0);
   EXPECT_EQ(CreateRevision("/f/wrong"), 0);
+}
+
+TEST_F(GroupCommitTest, ARiderGoesInTheTransactionOfTheNextReleaseOfItsKey) {
+  Put("/h/b");
+  auto rider = Rider(2, "/w/a", seconds(20));
+  // It waits for a release (its bound is far off).
+  EXPECT_EQ(rider.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  EXPECT_EQ(CreateRevision("/w/a"), 0);
+  auto release = Release(1, "/h/b", "/h/c");
+  auto rr = release.get(), ra = rider.get();
+  ASSERT_TRUE(rr.ok()) << rr.status();
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  EXPECT_TRUE(rr->succeeded());
+  EXPECT_TRUE(ra->succeeded());
+  // One transaction for both: one revision, one batch of two, each member
+  // answered with its own responses.
+  EXPECT_EQ(rr->header().revision(), ra->header().revision());
+  EXPECT_EQ(CreateRevision("/w/a"), ra->header().revision());
+  EXPECT_EQ(CreateRevision("/h/c"), ra->header().revision());
+  EXPECT_EQ(Batches(), std::vector<int>{2});
+  EXPECT_EQ(rr->responses_size(), 2);
+  ASSERT_EQ(ra->responses_size(), 2);
+  // The rider's read comes after the release's writes: the hand-over is seen.
+  EXPECT_EQ(Keys(ra->responses(1).response_range()), std::vector<std::string>{"/h/c"});
+}
+
+TEST_F(GroupCommitTest, ARiderWithNoReleaseGoesAloneAfterItsBound) {
+  auto rider = Rider(2, "/w/a", std::chrono::milliseconds(50));
+  auto ra = rider.get();
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  EXPECT_TRUE(ra->succeeded());
+  EXPECT_EQ(CreateRevision("/w/a"), ra->header().revision());
+  EXPECT_EQ(Batches(), std::vector<int>{1});
+  // A later release of the key goes alone: nobody waits to ride.
+  Put("/h/b");
+  auto rr = Release(1, "/h/b", "/h/c").get();
+  ASSERT_TRUE(rr.ok());
+  EXPECT_TRUE(rr->succeeded());
+  EXPECT_EQ(Batches(), (std::vector<int>{1, 1}));
+}
+
+TEST_F(GroupCommitTest, RidersOfOneKeyRideInTheirOrderOnePerRelease) {
+  Put("/h/b");
+  Put("/h/c");
+  auto first = Rider(2, "/w/a", seconds(20));
+  auto second = Rider(3, "/w/d", seconds(20));
+  auto r1 = Release(1, "/h/b", "/h/x").get();
+  auto a = first.get();
+  ASSERT_TRUE(r1.ok() && a.ok());
+  EXPECT_EQ(a->header().revision(), r1->header().revision());
+  // Two riders in one revision would tie in the queue: the second waits on.
+  EXPECT_EQ(second.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  auto r2 = Release(4, "/h/c", "/h/y").get();
+  auto d = second.get();
+  ASSERT_TRUE(r2.ok() && d.ok());
+  EXPECT_TRUE(d->succeeded());
+  EXPECT_EQ(d->header().revision(), r2->header().revision());
+  EXPECT_LT(CreateRevision("/w/a"), CreateRevision("/w/d"));
+  EXPECT_EQ(Batches(), (std::vector<int>{2, 2}));
+}
+
+TEST_F(GroupCommitTest, ARiderOfABatchThatFailsIsAnsweredByItsOwnTransaction) {
+  // The release's hold is gone (its compare fails): the batch fails, and each
+  // member goes alone, the release to its else branch, the rider to its put.
+  auto rider = Rider(2, "/w/a", seconds(20));
+  auto rr = Release(1, "/h/gone", "/h/c").get();
+  auto ra = rider.get();
+  ASSERT_TRUE(rr.ok() && ra.ok());
+  EXPECT_FALSE(rr->succeeded());
+  ASSERT_EQ(rr->responses_size(), 1);
+  EXPECT_EQ(rr->responses(0).response_range().kvs_size(), 0);
+  EXPECT_TRUE(ra->succeeded());
+  EXPECT_EQ(CreateRevision("/w/a"), ra->header().revision());
+  EXPECT_EQ(CreateRevision("/h/c"), 0);
+  EXPECT_EQ(Batches(), std::vector<int>{2});
+}
+
+TEST_F(GroupCommitTest, ARiderNeverRidesWithItsOwnSessionOrAReleaseThatWritesWhatItCompares) {
+  Put("/h/b");
+  // Same session as the release: it waits on and goes alone after its bound.
+  auto own = Rider(1, "/w/a", std::chrono::milliseconds(300));
+  auto r1 = Release(1, "/h/b", "/h/c").get();
+  auto ra = own.get();
+  ASSERT_TRUE(r1.ok() && ra.ok());
+  EXPECT_NE(ra->header().revision(), r1->header().revision());
+  // The release puts the key the rider compares: not the same as one after the
+  // other, so no ride.
+  auto clash = Rider(2, "/h/d", std::chrono::milliseconds(300));
+  auto r2 = Release(3, "/h/c", "/h/d").get();
+  auto rc = clash.get();
+  ASSERT_TRUE(r2.ok() && rc.ok());
+  EXPECT_TRUE(r2->succeeded());
+  EXPECT_FALSE(rc->succeeded()) << "alone, after the release put /h/d, its compare fails";
+  EXPECT_EQ(Batches(), (std::vector<int>{1, 1, 1, 1}));
+}
+
+TEST(RidesAfterTest, OnlyDisjointSingleKeyWritesPair) {
+  auto txn = [](std::vector<std::string> compares, std::vector<std::string> puts,
+                std::vector<std::string> deletes) {
+    pb::TxnRequest t;
+    for (const auto& c : compares) {
+      auto* cmp = AddCompare(&t, c, pb::Compare::CREATE, pb::Compare::EQUAL);
+      if (c.back() == '/') cmp->set_range_end(c.substr(0, c.size() - 1) + "0");
+    }
+    for (const auto& k : puts) t.add_success()->mutable_request_put()->set_key(k);
+    for (const auto& k : deletes) t.add_success()->mutable_request_delete_range()->set_key(k);
+    return t;
+  };
+  const auto release = txn({"/h/b", "/epoch"}, {"/h/c", "/mark"}, {"/h/b", "/w/c"});
+  EXPECT_TRUE(GroupCommit::RidesAfter(release, txn({"/w/a", "/claims/a/"}, {"/w/a"}, {})));
+  // The release writes a key, or a key in a range, that the rider compares.
+  EXPECT_FALSE(GroupCommit::RidesAfter(release, txn({"/w/c"}, {"/w/a"}, {})));
+  EXPECT_FALSE(GroupCommit::RidesAfter(release, txn({"/h/"}, {"/w/a"}, {})));
+  // Both write one key (etcd would refuse the transaction).
+  EXPECT_FALSE(GroupCommit::RidesAfter(release, txn({"/w/a"}, {"/mark"}, {})));
+  EXPECT_FALSE(GroupCommit::RidesAfter(release, txn({"/w/a"}, {}, {"/w/c"})));
+  // A range delete is not understood.
+  auto ranged = txn({"/w/a"}, {"/w/a"}, {});
+  auto* del = ranged.add_success()->mutable_request_delete_range();
+  del->set_key("/x/");
+  del->set_range_end("/x0");
+  EXPECT_FALSE(GroupCommit::RidesAfter(release, ranged));
+  // The rider compares keys the release only compares: fine.
+  EXPECT_TRUE(GroupCommit::RidesAfter(release, txn({"/epoch"}, {"/w/a"}, {})));
 }
 
 }  // namespace

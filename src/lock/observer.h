@@ -38,6 +38,8 @@ enum class GrantPath {
   kHandOver,  // a release handed the key to the head of the queue in its commit
 };
 
+enum class RideStep { kWaiting, kRode, kAlone };
+
 // One renewal of a session's lease, as answered to the client.
 struct RenewEnd {
   std::string_view ns;  // as verified on the KeepAlive stream
@@ -71,6 +73,10 @@ class EngineObserver {
   // A grant or release transaction went to etcd carrying `members` of them (1:
   // alone; more: a group commit, lock/group_commit.h).
   virtual void OnCommitBatch(int members) {}
+  // An enqueue behind other waiters started waiting for a release of its key to
+  // ride with (kWaiting), then rode in a release's transaction (kRode) or went
+  // alone after its bound (kAlone); lock/group_commit.h.
+  virtual void OnRide(RideStep step) {}
 };
 
 }  // namespace holdfast::lock

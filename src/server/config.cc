@@ -153,8 +153,18 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     if (auto s = ReadDuration(sessions["ttl_max"], "sessions.ttl_max", &c.session_ttl_max); !s.ok()) return s;
   }
   if (auto acquire = root["acquire"]) {
-    if (auto s = Unknown(acquire, "acquire.", {"max_wait"}); !s.ok()) return s;
+    if (auto s = Unknown(acquire, "acquire.", {"max_wait", "ride_with_release"}); !s.ok()) return s;
     if (auto s = ReadDuration(acquire["max_wait"], "acquire.max_wait", &c.max_wait); !s.ok()) return s;
+    if (auto s = ReadDuration(acquire["ride_with_release"], "acquire.ride_with_release",
+                              &c.ride_with_release);
+        !s.ok()) {
+      return s;
+    }
+    if (c.ride_with_release < std::chrono::milliseconds(0) ||
+        c.ride_with_release > std::chrono::seconds(1)) {
+      return absl::InvalidArgumentError(
+          "config: acquire.ride_with_release must be between 0s and 1s");
+    }
   }
   if (auto insecure = root["insecure"]) {
     try {

@@ -23,6 +23,9 @@
 //     ttl_max: 24h
 //   acquire:
 //     max_wait: 1h
+//     ride_with_release: 5ms        # an enqueue behind other waiters waits this long for
+//                                   #   the key's next release here, to share its etcd
+//                                   #   transaction (0s: never; at most 1s)
 //   tls:                            # mTLS: required unless `insecure`
 //     ca_file: /etc/holdfast/bundle.pem   # CAs that sign client SVIDs (re-read on change)
 //     cert_file: /etc/holdfast/svid.pem   # this server's certificate chain
@@ -89,6 +92,7 @@ struct Config {
   std::chrono::milliseconds session_ttl_min{1000};
   std::chrono::milliseconds session_ttl_max{24 * 3600 * 1000};
   std::chrono::milliseconds max_wait{3600 * 1000};
+  std::chrono::milliseconds ride_with_release{5};
   std::string dev_identity = "spiffe://holdfast.dev/dev";
   bool insecure = false;
   std::string tls_ca_file, tls_cert_file, tls_key_file;

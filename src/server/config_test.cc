@@ -22,7 +22,7 @@ etcd:
   endpoints: [10.0.0.1:2379, 10.0.0.2:2379]
   timeout: 2s
 sessions: {ttl_min: 2s, ttl_max: 1h}
-acquire: {max_wait: 10m}
+acquire: {max_wait: 10m, ride_with_release: 20ms}
 limits: {max_message_bytes: 8192, max_concurrent_streams: 50}
 audit: {store: "postgresql://h/db", compaction_interval: 30s, compaction_keep_revisions: 500,
         lag_warn_revisions: 7, leader_ttl: 4s, force_request_ttl: 5m, flush_interval: 200ms}
@@ -34,6 +34,7 @@ metrics: {listen: 0.0.0.0:9420}
   EXPECT_EQ(c->etcd_timeout, std::chrono::seconds(2));
   EXPECT_EQ(c->session_ttl_min, std::chrono::seconds(2));
   EXPECT_EQ(c->max_wait, std::chrono::minutes(10));
+  EXPECT_EQ(c->ride_with_release, std::chrono::milliseconds(20));
   EXPECT_EQ(c->max_concurrent_streams, 50);
   EXPECT_EQ(c->audit_store, "postgresql://h/db");
   EXPECT_EQ(c->audit_compaction_interval, std::chrono::seconds(30));
@@ -82,6 +83,8 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\naudit: {compaction_keep_revisions: 5}", "compaction_keep_revisions must be >= 100"},
       {"insecure: true\naudit: {force_request_ttl: soon}", "audit.force_request_ttl: invalid duration"},
       {"insecure: true\naudit: {flush_interval: 2s}", "audit.flush_interval must be between 0s and 1s"},
+      {"insecure: true\nacquire: {ride_with_release: 2s}",
+       "acquire.ride_with_release must be between 0s and 1s"},
       {"insecure: true\naudit: {flush_interval: -5ms}", "audit.flush_interval: invalid duration"},
       {"insecure: true\netcd: {timeout: 1s}\nclusters: [{name: a, endpoints: [h:1]}]",
        "either etcd (one cluster) or clusters"},

@@ -106,6 +106,19 @@ Metrics::Metrics(Clock now)
                              "alone; more: a group commit)")
                        .Register(r)
                        .Add({}, kBatchBuckets);
+  riding_ = &prometheus::BuildGauge()
+                 .Name("holdfast_enqueues_riding")
+                 .Help("Enqueues behind other waiters waiting now for a release of their key "
+                       "on this replica to share its etcd transaction")
+                 .Register(r)
+                 .Add({});
+  auto& rides = prometheus::BuildCounter()
+                    .Name("holdfast_enqueue_rides_total")
+                    .Help("Enqueues that waited for a release of their key: outcome=rode (in "
+                          "the release's transaction) or alone (none came in time)")
+                    .Register(r);
+  rode_ = &rides.Add({{"outcome", "rode"}});
+  rode_alone_ = &rides.Add({{"outcome", "alone"}});
   parked_ = &prometheus::BuildGauge()
                  .Name("holdfast_waiters_parked")
                  .Help("Acquires of this replica waiting in a queue now")
@@ -321,6 +334,22 @@ void Metrics::OnReleased(std::string_view ns, int handed_over) {
 }
 
 void Metrics::OnCommitBatch(int members) { commit_batch_->Observe(members); }
+
+void Metrics::OnRide(lock::RideStep step) {
+  switch (step) {
+    case lock::RideStep::kWaiting:
+      riding_->Increment();
+      return;
+    case lock::RideStep::kRode:
+      riding_->Decrement();
+      rode_->Increment();
+      return;
+    case lock::RideStep::kAlone:
+      riding_->Decrement();
+      rode_alone_->Increment();
+      return;
+  }
+}
 
 void Metrics::OnParked(std::string_view ns, std::string_view class_id, int delta) {
   auto& gauge = parked_->Add({{"namespace", std::string(ns)}, {"class", std::string(class_id)}});

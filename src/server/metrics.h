@@ -96,6 +96,7 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
   void OnSessionClosed(std::string_view ns, int64_t session) override;
   void OnRenewed(const lock::RenewEnd& end) override;
   void OnCommitBatch(int members) override;
+  void OnRide(lock::RideStep step) override;
 
   // etcd::CallObserver
   void OnEtcdCall(std::string_view method, const absl::Status& status,
@@ -152,6 +153,9 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
   std::function<audit::AuditorStatus()> audit_source_ ABSL_GUARDED_BY(mu_);
   std::function<WatchCounts()> watch_source_ ABSL_GUARDED_BY(mu_);
   prometheus::Gauge* watchers_;
+  prometheus::Gauge* riding_;
+  prometheus::Counter* rode_;
+  prometheus::Counter* rode_alone_;
   prometheus::Gauge* etcd_watches_;
   std::unique_ptr<AuditGauges> audit_ ABSL_GUARDED_BY(mu_);
 };

@@ -44,6 +44,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Server::StartCluster(
   lo.session_ttl_min = config_.session_ttl_min;
   lo.session_ttl_max = config_.session_ttl_max;
   lo.max_wait = config_.max_wait;
+  lo.ride_at_most = config_.ride_with_release;
   lo.max_waiters_per_key = static_cast<size_t>(config_.max_waiters_per_key);
   lo.max_holds_per_session = static_cast<size_t>(config_.max_holds_per_session);
   lo.observer = metrics_.get();
