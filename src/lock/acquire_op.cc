@@ -315,7 +315,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     NoteQueued();
     if (d.own_waiter == nullptr) {
       // Behind other waiters, the enqueue may ride with the next release.
-      return Enqueue(nullptr, nullptr, !snap.waiters.empty() && RideWorthIt());
+      return Enqueue(nullptr, nullptr, ShouldRide(snap.waiters));
     }
     if (d.own_waiter->record.deadline_unix_ms() < deadline_unix_ms_) {
       return Enqueue(d.own_waiter);
@@ -323,10 +323,12 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     Wait(snap, d);
   }
 
-  // The call's wait is long enough to spend up to ride_at_most of it riding.
-  bool RideWorthIt() const {
+  // A new waiter rides when `waiters` are queued ahead of it and its wait is long
+  // enough to spend up to ride_at_most of it riding.
+  bool ShouldRide(const std::vector<WaiterEntry>& waiters) const {
     const int64_t ride = engine_->options().ride_at_most.count();
-    return ride > 0 && deadline_unix_ms_ - NowUnixMs() >= kRideWaitFactor * ride;
+    return !waiters.empty() && ride > 0 &&
+           deadline_unix_ms_ - NowUnixMs() >= kRideWaitFactor * ride;
   }
 
   // Puts the own waiter key (new, or refreshed with this call's later deadline:
@@ -472,7 +474,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
             (max_waiters == 0 || kv->waiters.size() < max_waiters)) {
           read_revision_ = v->session.claims_revision;
           NoteQueued();
-          Enqueue(nullptr, &*v, !kv->waiters.empty() && RideWorthIt());
+          Enqueue(nullptr, &*v, ShouldRide(kv->waiters));
           return true;
         }
       }
