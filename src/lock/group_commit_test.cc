@@ -6,6 +6,7 @@
 // reads after the release's writes, or alone after its bound.
 #include "lock/group_commit.h"
 
+#include <csignal>
 #include <future>
 #include <set>
 
@@ -331,6 +332,30 @@ TEST_F(GroupCommitTest, ARiderGoesInTheTransactionOfTheNextReleaseOfItsKey) {
   EXPECT_EQ(rr->responses_size(), 2);
   ASSERT_EQ(ra->responses_size(), 2);
   // The rider's read comes after the release's writes: the hand-over is seen.
+  EXPECT_EQ(Keys(ra->responses(1).response_range()), std::vector<std::string>{"/h/c"});
+}
+
+// With max_in_flight transactions already in flight, a release waits in the queue,
+// unsent: a rider of its key joins it there. etcd is paused (SIGSTOP) so that the
+// first transaction stays in flight until the release and the rider are both in.
+TEST_F(GroupCommitTest, ARiderJoinsAReleaseThatIsQueuedButNotYetSent) {
+  Put("/h/b");
+  etcd_->process()->Signal(SIGSTOP);
+  auto blocker = Submit("ns", "other", 9, PutIfAbsent("/other", "x"));  // in flight
+  auto release = Release(1, "/h/b", "/h/c");                            // queued behind it
+  auto rider = Rider(2, "/w/a", seconds(20));
+  EXPECT_EQ(release.wait_for(std::chrono::milliseconds(200)), std::future_status::timeout);
+  etcd_->process()->Signal(SIGCONT);
+  auto rb = blocker.get(), rr = release.get(), ra = rider.get();
+  ASSERT_TRUE(rb.ok()) << rb.status();
+  ASSERT_TRUE(rr.ok()) << rr.status();
+  ASSERT_TRUE(ra.ok()) << ra.status();
+  EXPECT_TRUE(rr->succeeded());
+  EXPECT_TRUE(ra->succeeded());
+  EXPECT_EQ(rr->header().revision(), ra->header().revision());
+  EXPECT_GT(rr->header().revision(), rb->header().revision());
+  EXPECT_EQ(CreateRevision("/w/a"), CreateRevision("/h/c"));
+  EXPECT_EQ(Batches(), (std::vector<int>{1, 2}));
   EXPECT_EQ(Keys(ra->responses(1).response_range()), std::vector<std::string>{"/h/c"});
 }
 
