@@ -11,7 +11,10 @@
 // holdfastd accepts (`--store postgresql://...`: its rows are left there).
 //
 // Prints one line per size: events in the store, the file's size (SQLite), and the
-// commit's p50 / mean / p99. Exit status 0 when every record succeeded, 1 otherwise.
+// commit's p50 / mean / p99. Then retention (audit.retention, AuditStore::Prune): the
+// older half of the store is pruned in transactions of `--prune-batch` events, as the
+// auditor does, with each transaction's p50 / mean / p99, and the commit is measured
+// once more on the pruned store. Exit status 0 when every call succeeded, 1 otherwise.
 // See docs/audit.md ("Size") and docs/performance.md.
 #include <sys/stat.h>
 
@@ -91,7 +94,7 @@ int64_t FileBytes(const std::string& path) {
 int main(int argc, char** argv) {
   CLI::App app{"audit-store-bench: the audit store's commit cost as it grows"};
   std::string url;
-  int keys = 10'000, batch = 200, commits = 100;
+  int keys = 10'000, batch = 200, commits = 100, prune_batch = 2'000;
   int64_t events = 8'000'000;
   app.add_option("--store", url, "a store URL (default: SQLite in a temporary directory)");
   app.add_option("--keys", keys, "distinct lock keys the events spread over")
@@ -101,6 +104,8 @@ int main(int argc, char** argv) {
   app.add_option("--batch", batch, "events per timed commit (even)")
       ->check(CLI::Range(2, 100'000));
   app.add_option("--commits", commits, "timed commits per size")->check(CLI::Range(1, 100'000));
+  app.add_option("--prune-batch", prune_batch, "events per pruning transaction")
+      ->check(CLI::Range(1, AuditStore::kMaxPruneEvents));
   CLI11_PARSE(app, argc, argv);
   batch -= batch % 2;
 
@@ -141,20 +146,50 @@ int main(int argc, char** argv) {
         in_store += static_cast<int64_t>(rows.size());
         return true;
       };
+      // "p50 .. ms  mean .. ms  p99 .. ms" of a non-empty sample.
+      auto spread = [](std::vector<double> ms) {
+        std::sort(ms.begin(), ms.end());
+        double mean = 0;
+        for (double m : ms) mean += m / static_cast<double>(ms.size());
+        auto at = [&](double q) { return ms[static_cast<size_t>(q * (ms.size() - 1))]; };
+        return absl::StrFormat("p50 %6.2f ms  mean %6.2f ms  p99 %6.2f ms", at(0.5), mean, at(0.99));
+      };
+      auto size = [&] {
+        return sqlite_path.empty()
+                   ? std::string("-")
+                   : absl::StrFormat("%.0f MiB", FileBytes(sqlite_path) / 1048576.0);
+      };
       auto measure = [&]() {
         std::vector<double> ms(static_cast<size_t>(commits));
         for (auto& m : ms) {
           if (!record(batch, &m)) return false;
         }
-        std::sort(ms.begin(), ms.end());
-        double mean = 0;
-        for (double m : ms) mean += m / static_cast<double>(ms.size());
-        auto at = [&](double q) { return ms[static_cast<size_t>(q * (ms.size() - 1))]; };
-        std::string size =
-            sqlite_path.empty() ? std::string("-")
-                                : absl::StrFormat("%.0f MiB", FileBytes(sqlite_path) / 1048576.0);
-        std::printf("%11lld events  %9s  commit: p50 %6.2f ms  mean %6.2f ms  p99 %6.2f ms\n",
-                    static_cast<long long>(in_store), size.c_str(), at(0.5), mean, at(0.99));
+        std::printf("%11lld events  %9s  commit: %s\n", static_cast<long long>(in_store),
+                    size().c_str(), spread(ms).c_str());
+        std::fflush(stdout);
+        return true;
+      };
+      // Events carry time kEpochMs + revision: this cutoff is the older half.
+      auto prune = [&]() {
+        const int64_t before = kEpochMs + cycles.cursor() / 2;
+        std::vector<double> ms;
+        int64_t pruned = 0;
+        while (true) {
+          auto start = std::chrono::steady_clock::now();
+          auto p = (*store)->Prune(before, prune_batch);
+          if (!p.ok()) {
+            std::fprintf(stderr, "audit-store-bench: prune: %s\n", p.status().ToString().c_str());
+            return false;
+          }
+          ms.push_back(std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() -
+                                                                 start)
+                           .count());
+          pruned += p->events;
+          if (p->events < prune_batch) break;
+        }
+        in_store -= pruned;
+        std::printf("pruned %lld events in %zu transactions of up to %d: %s\n",
+                    static_cast<long long>(pruned), ms.size(), prune_batch, spread(ms).c_str());
         std::fflush(stdout);
         return true;
       };
@@ -164,6 +199,8 @@ int main(int argc, char** argv) {
         while (ok && in_store < size) ok = record(std::min(chunk, size - in_store + 1), nullptr);
         if (ok) ok = measure();
       }
+      if (ok) ok = prune();
+      if (ok) ok = measure();
       if (!ok) rc = 1;
     }
   }

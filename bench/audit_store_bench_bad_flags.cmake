@@ -15,6 +15,7 @@ expect_refused("--keys: Value 0 not in range 1 to 10000000" --keys 0)
 expect_refused("--events: Value 10 not in range 1600 to 1000000000" --events 10)
 expect_refused("--batch: Value 1 not in range 2 to 100000" --batch 1)
 expect_refused("--commits: Value 0 not in range 1 to 100000" --commits 0)
+expect_refused("--prune-batch: Value 0 not in range 1 to 100000" --prune-batch 0)
 expect_refused("sqlite audit store: open ${WORK}/missing/audit.db"
                --store "sqlite:${WORK}/missing/audit.db" --events 1600)
 expect_refused("audit store URL scheme \"mysql\" is not supported" --store "mysql://nowhere/audit" --events 1600)

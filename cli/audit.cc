@@ -149,6 +149,10 @@ int RunStatus(const GlobalOptions& global, const StatusFlags& flags) {
                {"cursor", st->this_replica_leads() ? absl::StrCat(st->cursor()) : "- (another replica leads)"},
                {"etcd_revision", absl::StrCat(st->etcd_revision())},
                {"compacted_revision", absl::StrCat(st->compacted_revision())},
+               {"retention", st->retention_ms() == 0
+                                 ? std::string("forever")
+                                 : FormatMillis(st->retention_ms())},
+               {"pruned_events", absl::StrCat(st->pruned_events())},
                {"last_error", OrDash(st->last_error())}},
               std::cout);
   return kExitOk;

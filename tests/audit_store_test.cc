@@ -736,6 +736,90 @@ TEST_P(AuditStoreContract, ForceReleasesNewestFirstUpToTheLimit) {
   }
 }
 
+// Retention (AuditStore::Prune): events older than the cutoff go, oldest first and
+// at most max_events per call, with the force_release rows approved before it;
+// younger events, epochs and every cluster's cursor stay.
+TEST_P(AuditStoreContract, PruneDeletesOlderEventsOldestFirstAndKeepsEpochsAndCursors) {
+  constexpr int64_t kBase = 1'700'000'000'000;
+  std::vector<AuditEvent> a;
+  for (int i = 0; i < 10; ++i) {
+    a.push_back(Event(kClusterA, 10 + i, "payments", absl::StrCat("k", i), 500 + i,
+                      i % 2 == 0 ? EventType::kGrant : EventType::kRelease, "spiffe://t/alice",
+                      kBase + 1000 * i));
+  }
+  // The oldest row of all belongs to another cluster, at a lower revision.
+  AuditEvent other = Event(kClusterHigh, 3, "payments", "kx", 900, EventType::kExpire,
+                           "spiffe://t/bob", kBase - 1000);
+  ForceReleaseRow old_force = Force(kClusterA, 12, "req-old", kBase + 1500);
+  ForceReleaseRow new_force = Force(kClusterA, 18, "req-new", kBase + 8500);
+  ASSERT_TRUE(store_->Record(kClusterA, 19, a, {old_force, new_force}).ok());
+  ASSERT_TRUE(store_->Record(kClusterHigh, 7, {other}, {}).ok());
+  const EpochRow epoch{1, kClusterA, kBase - 50'000, "init", "holdfastd"};  // older than all
+  ASSERT_TRUE(store_->AppendEpoch(epoch).ok());
+
+  const int64_t cutoff = kBase + 5000;  // a[0..4] and `other` are older
+  auto first = store_->Prune(cutoff, 3);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->events, 3);
+  EXPECT_EQ(first->force_releases, 1);
+  // Oldest first: `other`, a[0], a[1] went.
+  std::vector<AuditEvent> left(a.begin() + 2, a.end());
+  EXPECT_EQ(All(), Reference(left, Q().limit(10000).q));
+  EXPECT_EQ(Forces(), std::vector<ForceReleaseRow>{new_force});
+
+  auto second = store_->Prune(cutoff, 3);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->events, 3);  // a[2..4]: a full batch, so the caller asks again
+  auto third = store_->Prune(cutoff, 3);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->events, 0);
+  EXPECT_EQ(third->force_releases, 0);
+  left.assign(a.begin() + 5, a.end());
+  EXPECT_EQ(All(), Reference(left, Q().limit(10000).q));
+
+  // What is not an event stays.
+  auto epochs = store_->Epochs();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  EXPECT_EQ(*epochs, std::vector<EpochRow>{epoch});
+  EXPECT_EQ(CursorOf(kClusterA), 19);
+  EXPECT_EQ(CursorOf(kClusterHigh), 7);
+  // Recording goes on after a prune (the cursor did not move back).
+  AuditEvent later = Event(kClusterA, 20, "payments", "k20", 520, EventType::kGrant,
+                           "spiffe://t/alice", kBase + 20'000);
+  ASSERT_TRUE(store_->Record(kClusterA, 20, {later}, {}).ok());
+  left.push_back(later);
+  EXPECT_EQ(All(), Reference(left, Q().limit(10000).q));
+}
+
+TEST_P(AuditStoreContract, PruneRefusesABadCutoffOrBatchAndDeletesNothing) {
+  AuditEvent e = Event(kClusterA, 10, "payments", "k", 500, EventType::kGrant, "spiffe://t/alice",
+                       1'000);
+  ForceReleaseRow f = Force(kClusterA, 10, "req-1", 2'000);
+  ASSERT_TRUE(store_->Record(kClusterA, 10, {e}, {f}).ok());
+  struct Case {
+    int64_t before;
+    int max_events;
+    const char* message;
+  };
+  for (const Case& c : {Case{0, 10, "prune: the cutoff must be a positive unix time in ms, not 0"},
+                        Case{-5, 10, "prune: the cutoff must be a positive unix time in ms, not -5"},
+                        Case{1'700'000'000'000, 0, "prune: max_events 0 is outside 1..100000"},
+                        Case{1'700'000'000'000, 100'001,
+                             "prune: max_events 100001 is outside 1..100000"}}) {
+    auto r = store_->Prune(c.before, c.max_events);
+    ASSERT_FALSE(r.ok()) << c.before << " " << c.max_events;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_EQ(r.status().message(), c.message);
+  }
+  EXPECT_EQ(All(), std::vector<AuditEvent>{e});
+  EXPECT_EQ(Forces(), std::vector<ForceReleaseRow>{f});
+  // A cutoff at an event's own time keeps it: only what is strictly older goes.
+  auto none = store_->Prune(1'000, 10);
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_EQ(none->events, 0);
+  EXPECT_EQ(All(), std::vector<AuditEvent>{e});
+}
+
 TEST_P(AuditStoreContract, TwoStoresOnOneDatabaseAreBothUsable) {
   std::unique_ptr<AuditStore> other = Open(location_);
   ASSERT_NE(other, nullptr);

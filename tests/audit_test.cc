@@ -11,6 +11,8 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "audit/store.h"
 #include "harness/cluster.h"
 #include "lock/keyspace.h"
@@ -270,6 +272,115 @@ TEST(AuditTest, AnotherReplicaTakesOverFromTheCursorAndCompactionNeverPassesIt) 
   old.set_revision(1);
   auto r = c.etcd_client().RangeSync(old, etcd::DeadlineIn(seconds(5)));
   EXPECT_FALSE(r.ok());
+}
+
+// audit.retention: a new auditor term prunes at once, then every minute, 2,000
+// events per transaction, the next transaction on the next turn while one comes
+// back full. Rows
+// are planted straight in the store under another cluster id (as an etcd cluster
+// the namespace lived on before a rehome would have left them), so the auditor's
+// own cursor is not touched.
+TEST(AuditTest, EventsOlderThanTheRetentionArePrunedAndTheRestKept) {
+  testing::TestCluster::Options o;
+  o.extra_config = "audit:\n  retention: 1h\n";
+  auto cluster = testing::TestCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto& c = **cluster;
+  ASSERT_TRUE(c.CreateNamespace("default").ok());
+  {
+    auto client = std::move(*c.NewClient());
+    auto session = std::move(*client->OpenSession("default"));
+    auto h = session->Acquire("recent");
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Release().ok());
+    auto events = WaitForAudit(*client, InNamespace("default"),
+                               [](const auto& ev) { return ev.size() >= 2; });
+    ASSERT_EQ(events.size(), 2u);
+    auto st = client->GetAuditStatus();
+    ASSERT_TRUE(st.ok()) << st.status();
+    EXPECT_EQ(st->retention_ms(), 3'600'000);
+  }
+
+  constexpr uint64_t kEarlierCluster = 42;
+  constexpr int kOld = 5'000;
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  auto planted = [&](int64_t revision, const std::string& key, int64_t age_ms) {
+    audit::AuditEvent e;
+    e.cluster_id = kEarlierCluster;
+    e.revision = revision;
+    e.ns = "default";
+    e.lock_key = key;
+    e.session_id = 77;
+    e.type = audit::EventType::kGrant;
+    e.spiffe_id = "spiffe://holdfast.dev/dev";
+    e.token = (int64_t{1} << 48) | revision;
+    e.time_unix_ms = now_ms - age_ms;
+    return e;
+  };
+  audit::ForceReleaseRow old_force;
+  old_force.request_id = "req-old";
+  old_force.cluster_id = kEarlierCluster;
+  old_force.revision = 11;
+  old_force.ns = "default";
+  old_force.lock_key = "old/forced";
+  old_force.session_id = 77;
+  old_force.token = (int64_t{1} << 48) | 10;
+  old_force.requester = "spiffe://holdfast.dev/ops/a";
+  old_force.approver = "spiffe://holdfast.dev/ops/b";
+  old_force.reason = "wedged";
+  old_force.requested_at_unix_ms = now_ms - 3 * 3'600'000;
+  old_force.approved_at_unix_ms = now_ms - 3 * 3'600'000;
+  {
+    auto store = audit::OpenSqliteStore(c.dir() + "/audit.db");
+    ASSERT_TRUE(store.ok()) << store.status();
+    // More old events than one pruning transaction takes (2,000): the auditor
+    // goes on over several turns of its loop.
+    std::vector<audit::AuditEvent> rows;
+    for (int i = 0; i < kOld; ++i) {
+      rows.push_back(planted(100 + i, absl::StrCat("old/", i), 2 * 3'600'000));
+    }
+    rows.push_back(planted(11, "old/forced", 3 * 3'600'000));
+    rows.push_back(planted(100 + kOld, "kept/young", 30 * 60'000));
+    ASSERT_TRUE((*store)->Record(kEarlierCluster, 100 + kOld, rows, {old_force}).ok());
+  }
+  // A clean stop resigns; the restarted replica leads a new term and prunes.
+  c.holdfastd().Stop();
+  ASSERT_TRUE(c.holdfastd().Restart().ok());
+  auto client = std::move(*c.NewClient());
+  absl::StatusOr<v1::AuditStatus> st;
+  for (int i = 0; i < 300; ++i) {
+    st = client->GetAuditStatus();
+    if (st.ok() && st->pruned_events() >= kOld + 1) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->pruned_events(), kOld + 1) << st->last_error();
+
+  auto store = audit::OpenSqliteStore(c.dir() + "/audit.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  audit::AuditQuery all;
+  all.limit = 10000;
+  auto rows = (*store)->Query(all);
+  ASSERT_TRUE(rows.ok()) << rows.status();
+  std::vector<std::string> keys;
+  for (const auto& e : *rows) keys.push_back(absl::StrCat(e.lock_key, "/", audit::EventTypeName(e.type)));
+  std::sort(keys.begin(), keys.end());
+  EXPECT_EQ(keys, (std::vector<std::string>{"kept/young/grant", "recent/grant", "recent/release"}));
+  auto forces = (*store)->ForceReleases(100);
+  ASSERT_TRUE(forces.ok()) << forces.status();
+  EXPECT_TRUE(forces->empty());
+  // The epoch history is never pruned, and recording goes on.
+  auto epochs = (*store)->Epochs();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  EXPECT_FALSE(epochs->empty());
+  auto session = std::move(*client->OpenSession("default"));
+  auto h = session->Acquire("after");
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(h->Release().ok());
+  auto after = WaitForAudit(*client, InNamespace("default"), [&](const auto& ev) {
+    return Find(ev, "release", "after", session->id()) != nullptr;
+  });
+  EXPECT_NE(Find(after, "release", "after", session->id()), nullptr);
 }
 
 class ForceReleaseTest : public ::testing::Test {

@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -370,6 +371,17 @@ TEST_F(CliTest, AuditPrintsJsonLinesInRevisionOrder) {
   r = Run({"audit", "--since", "yesterday-ish"});
   EXPECT_EQ(r.exit_code, 2);  // usage
   EXPECT_NE(r.err.find("RFC 3339"), std::string::npos) << r.err;
+
+  // The status names the retention: the test cluster keeps every event.
+  r = Run({"audit", "status"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::map<std::string, std::string> status;
+  for (absl::string_view line : absl::StrSplit(r.out, '\n', absl::SkipEmpty())) {
+    std::pair<std::string, std::string> kv = absl::StrSplit(line, absl::MaxSplits(':', 1));
+    status[kv.first] = std::string(absl::StripAsciiWhitespace(kv.second));
+  }
+  EXPECT_EQ(status["retention"], "forever") << r.out;
+  EXPECT_EQ(status["pruned_events"], "0") << r.out;
 }
 
 TEST_F(CliTest, EpochShowsTheRecordAndHistoryAndAdvanceChecksItsReason) {

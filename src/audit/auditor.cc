@@ -185,6 +185,20 @@ void Auditor::MaybeCompact(Clock::time_point* last) {
   status_.compacted_revision = target;
 }
 
+void Auditor::MaybePrune(Clock::time_point* due) {
+  if (options_.retention <= std::chrono::milliseconds(0) || Clock::now() < *due) return;
+  *due = Clock::now() + options_.prune_interval;
+  auto pruned = store_->Prune(NowMs() - options_.retention.count(), options_.prune_batch);
+  if (!pruned.ok()) {
+    SetError(absl::StrCat("pruning the audit store (will retry): ", pruned.status().message()));
+    return;
+  }
+  std::lock_guard l(mu_);
+  status_.pruned_events += pruned->events;
+  // A full transaction: there may be more; the next goes on the next turn.
+  if (pruned->events >= options_.prune_batch) *due = Clock::now();
+}
+
 void Auditor::Lead(int64_t lease) {
   pb::RangeRequest probe;
   probe.set_key(keyspace::AuditorKey());
@@ -255,6 +269,7 @@ void Auditor::Lead(int64_t lease) {
   const auto renew_every = std::chrono::duration_cast<std::chrono::milliseconds>(options_.lease_ttl) / 3;
   auto last_renew = Clock::now();
   auto last_compaction = Clock::now();
+  auto next_prune = Clock::now();  // a new term prunes at once
   auto last_lag_warning = Clock::now() - options_.lag_warn_interval;
   std::vector<mvccpb::Event> pending;  // whole revisions, not yet recorded
   auto last_record = Clock::now() - options_.flush_interval;
@@ -421,6 +436,7 @@ void Auditor::Lead(int64_t lease) {
       }
     }
     MaybeCompact(&last_compaction);
+    MaybePrune(&next_prune);
   }
   etcd_->watches().Cancel(watch_id);
 }

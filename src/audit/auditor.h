@@ -29,6 +29,16 @@
 // a new leader always find the history they need. etcd's own auto-compaction
 // must stay off.
 //
+// Retention: with `retention` set, the leader deletes the events (and force-release
+// rows) older than that from the store: at the start of its term, then every
+// `prune_interval`, oldest first, one transaction of at most `prune_batch` events
+// per turn of its loop: while a transaction comes back full, the next goes on the
+// next turn, after what the watch brought is recorded, so a backlog of old rows never
+// holds up recording for more than one transaction (2,000 events: ~60 ms in a
+// SQLite store of a million events, docs/audit.md). The store is shared by every replica and cluster: each leader
+// prunes all of it by the same rule, so the shortest retention configured wins.
+// Epochs and cursors are never pruned. Off (0) by default: the trail is kept forever.
+//
 // Lag: when the backlog (revisions seen but not yet recorded) exceeds
 // `lag_warn_revisions`, or recording fails, the auditor logs loudly at most once
 // per `lag_warn_interval` and reports it in status().
@@ -64,6 +74,10 @@ struct AuditorOptions {
   // At most one SQL transaction per interval while events keep coming (a full
   // batch goes at once): the trail lags by up to this much.
   std::chrono::milliseconds flush_interval{50};
+  // Events older than this are deleted from the store; 0 keeps them forever.
+  std::chrono::milliseconds retention{0};
+  std::chrono::milliseconds prune_interval{std::chrono::minutes(1)};
+  int prune_batch = 2000;                              // events per SQL transaction
 };
 
 struct AuditorStatus {
@@ -76,6 +90,7 @@ struct AuditorStatus {
   int64_t store_commits = 0;  // audit store transactions that recorded revisions
   int64_t wakeups = 0;        // times the watch woke the auditor thread (this term)
   int64_t gaps = 0;
+  int64_t pruned_events = 0;          // deleted for retention, by this replica
   std::string last_error;
 };
 
@@ -100,6 +115,8 @@ class Auditor {
   bool StillLeader(int64_t lease, uint64_t cluster_id);
   absl::StatusOr<int64_t> StartRevision(uint64_t cluster_id);
   void MaybeCompact(std::chrono::steady_clock::time_point* last);
+  // One pruning transaction when one is due; `due` moves to the next.
+  void MaybePrune(std::chrono::steady_clock::time_point* due);
   void Resign(int64_t lease);
   void SetError(std::string e);
   bool Sleep(std::chrono::milliseconds d);  // false when stopping

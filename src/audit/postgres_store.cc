@@ -86,6 +86,7 @@ class PostgresStore final : public AuditStore {
                       const std::vector<ForceReleaseRow>& forces) override;
   absl::StatusOr<std::optional<int64_t>> Cursor(uint64_t cluster_id) override;
   absl::Status RewindCursor(uint64_t cluster_id, int64_t revision) override;
+  absl::StatusOr<Pruned> Prune(int64_t before_unix_ms, int max_events) override;
   absl::StatusOr<std::vector<AuditEvent>> Query(const AuditQuery& q) override;
   absl::StatusOr<std::vector<ForceReleaseRow>> ForceReleases(int limit) override;
   absl::Status AppendEpoch(const EpochRow& row) override;
@@ -350,6 +351,31 @@ absl::Status PostgresStore::RewindCursor(uint64_t cluster_id, int64_t revision) 
                 IntParam(internal::NowUnixMs())})
         .status();
   });
+}
+
+absl::StatusOr<AuditStore::Pruned> PostgresStore::Prune(int64_t before_unix_ms, int max_events) {
+  HF_RETURN_IF_ERROR(internal::ValidatePrune(before_unix_ms, max_events));
+  const std::string before = IntParam(before_unix_ms);
+  absl::MutexLock l(&mu_);
+  Pruned out;
+  // Run twice after a broken connection: deleting what is older again is harmless.
+  HF_RETURN_IF_ERROR(RunLockHeld([&] {
+    return InTransactionLockHeld([&]() -> absl::Status {
+      // Oldest first through the time index; ctid names the rows to delete.
+      HF_ASSIGN_OR_RETURN(
+          Result events,
+          ExecLockHeld("DELETE FROM audit_event WHERE ctid IN (SELECT ctid FROM audit_event "
+                       "WHERE time_unix_ms < $1 ORDER BY time_unix_ms LIMIT $2)",
+                       {before, IntParam(max_events)}));
+      HF_ASSIGN_OR_RETURN(
+          Result forces,
+          ExecLockHeld("DELETE FROM force_release WHERE approved_at_unix_ms < $1", {before}));
+      out.events = events.Affected();
+      out.force_releases = forces.Affected();
+      return absl::OkStatus();
+    });
+  }));
+  return out;
 }
 
 absl::StatusOr<std::vector<AuditEvent>> PostgresStore::Query(const AuditQuery& q) {

@@ -118,6 +118,7 @@ class SqliteStore final : public AuditStore {
                       const std::vector<ForceReleaseRow>& forces) override;
   absl::StatusOr<std::optional<int64_t>> Cursor(uint64_t cluster_id) override;
   absl::Status RewindCursor(uint64_t cluster_id, int64_t revision) override;
+  absl::StatusOr<Pruned> Prune(int64_t before_unix_ms, int max_events) override;
   absl::StatusOr<std::vector<AuditEvent>> Query(const AuditQuery& q) override;
   absl::StatusOr<std::vector<ForceReleaseRow>> ForceReleases(int limit) override;
   absl::Status AppendEpoch(const EpochRow& row) override;
@@ -339,6 +340,29 @@ absl::Status SqliteStore::RewindCursor(uint64_t cluster_id, int64_t revision) {
                       "WHERE cluster_id = ?1 AND revision > ?2"));
   update.Int(ClusterToSql(cluster_id)).Int(revision).Int(internal::NowUnixMs());
   return update.Run();
+}
+
+absl::StatusOr<AuditStore::Pruned> SqliteStore::Prune(int64_t before_unix_ms, int max_events) {
+  HF_RETURN_IF_ERROR(internal::ValidatePrune(before_unix_ms, max_events));
+  absl::MutexLock l(&mu_);
+  Pruned out;
+  HF_RETURN_IF_ERROR(InTransactionLockHeld([&]() -> absl::Status {
+    // Oldest first through the time index; rowid names the rows to delete.
+    HF_ASSIGN_OR_RETURN(
+        Statement events,
+        PrepareLockHeld("DELETE FROM audit_event WHERE rowid IN (SELECT rowid FROM audit_event "
+                        "WHERE time_unix_ms < ?1 ORDER BY time_unix_ms LIMIT ?2)"));
+    events.Int(before_unix_ms).Int(max_events);
+    HF_RETURN_IF_ERROR(events.Run());
+    out.events = sqlite3_changes(db_);
+    HF_ASSIGN_OR_RETURN(
+        Statement forces, PrepareLockHeld("DELETE FROM force_release WHERE approved_at_unix_ms < ?1"));
+    forces.Int(before_unix_ms);
+    HF_RETURN_IF_ERROR(forces.Run());
+    out.force_releases = sqlite3_changes(db_);
+    return absl::OkStatus();
+  }));
+  return out;
 }
 
 absl::StatusOr<std::vector<AuditEvent>> SqliteStore::Query(const AuditQuery& q) {

@@ -104,6 +104,18 @@ absl::Status ValidateBatch(uint64_t cluster_id, const std::vector<AuditEvent>& e
   return absl::OkStatus();
 }
 
+absl::Status ValidatePrune(int64_t before_unix_ms, int max_events) {
+  if (before_unix_ms <= 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("prune: the cutoff must be a positive unix time in ms, not ", before_unix_ms));
+  }
+  if (max_events < 1 || max_events > AuditStore::kMaxPruneEvents) {
+    return absl::InvalidArgumentError(absl::StrCat("prune: max_events ", max_events,
+                                                   " is outside 1..", AuditStore::kMaxPruneEvents));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateEpochRow(const EpochRow& row) {
   if (row.epoch < 1 || row.epoch > 32767) {
     return absl::InvalidArgumentError(absl::StrCat("epoch ", row.epoch, " is outside 1..32767"));

@@ -13,6 +13,10 @@
 //   epoch         the epoch history (the authority on the highest epoch ever used).
 //   audit_cursor  per etcd cluster, the last revision whose events are all recorded.
 //
+// Retention: rows are kept until Prune() deletes those older than a cutoff (the
+// auditor does it when `audit.retention` is set; auditor.h). Epochs and cursors are
+// never pruned: the epoch history is the authority on the highest epoch ever used.
+//
 // Tokens and revisions are signed 64-bit columns (a token is < 2^63: epochs stay
 // below 2^15). Cluster ids are unsigned in etcd; they are stored bit-for-bit in a
 // signed 64-bit column and converted back on read.
@@ -120,6 +124,19 @@ class AuditStore {
   // from a snapshot with the same cluster id): the epoch advance calls it, so the
   // auditor resumes from the restored cluster's revision. Rows stay.
   virtual absl::Status RewindCursor(uint64_t cluster_id, int64_t revision) = 0;
+
+  // Deletes audit_event rows whose time_unix_ms is before `before_unix_ms`, at
+  // most `max_events` of them, oldest first, and every force_release row approved
+  // before it, in ONE SQL transaction. Epochs and cursors stay. Returns how many
+  // rows of each went; fewer events than `max_events` means none older is left.
+  // INVALID_ARGUMENT (nothing deleted) unless before_unix_ms > 0 and 1 <= max_events
+  // <= kMaxPruneEvents.
+  struct Pruned {
+    int64_t events = 0;
+    int64_t force_releases = 0;
+  };
+  static constexpr int kMaxPruneEvents = 100000;
+  virtual absl::StatusOr<Pruned> Prune(int64_t before_unix_ms, int max_events) = 0;
 
   // q.limit is clamped to 1..10000.
   virtual absl::StatusOr<std::vector<AuditEvent>> Query(const AuditQuery& q) = 0;

@@ -39,6 +39,9 @@ inline constexpr const char* kForceOrder =
 absl::Status ValidateBatch(uint64_t cluster_id, const std::vector<AuditEvent>& events,
                            const std::vector<ForceReleaseRow>& forces);
 
+// INVALID_ARGUMENT unless before_unix_ms > 0 and 1 <= max_events <= kMaxPruneEvents.
+absl::Status ValidatePrune(int64_t before_unix_ms, int max_events);
+
 // INVALID_ARGUMENT unless 1 <= epoch <= 32767 and reason is init|restore|rehome.
 absl::Status ValidateEpochRow(const EpochRow& row);
 

@@ -12,7 +12,7 @@ absl::StatusOr<std::chrono::milliseconds> ParseDuration(absl::string_view text) 
   auto bad = [&](absl::string_view why) {
     return absl::InvalidArgumentError(
         absl::StrCat("invalid duration \"", text, "\": ", why,
-                     " (examples: 500ms, 10s, 5m, 1h30m)"));
+                     " (examples: 500ms, 10s, 5m, 1h30m, 90d)"));
   };
   if (text == "0") return std::chrono::milliseconds(0);
   if (text.empty()) return bad("empty");
@@ -34,6 +34,7 @@ absl::StatusOr<std::chrono::milliseconds> ParseDuration(absl::string_view text) 
     else if (unit == "s") scale = 1000;
     else if (unit == "m") scale = 60'000;
     else if (unit == "h") scale = 3'600'000;
+    else if (unit == "d") scale = 86'400'000;
     else if (unit.empty()) return bad("missing unit");
     else return bad(absl::StrCat("unknown unit \"", unit, "\""));
     total_ms += n * scale;

@@ -1,4 +1,4 @@
-// Parsing of human durations ("250ms", "10s", "5m", "1h", "1h30m") used by the
+// Parsing of human durations ("250ms", "10s", "5m", "1h", "1h30m", "90d") used by the
 // config file and the CLI.
 #pragma once
 
@@ -9,7 +9,7 @@
 
 namespace holdfast {
 
-// Accepts one or more <number><unit> groups, unit in ms|s|m|h; a bare "0" is zero.
+// Accepts one or more <number><unit> groups, unit in ms|s|m|h|d (a day is 24h); a bare "0" is zero.
 // Errors: INVALID_ARGUMENT naming the bad text.
 absl::StatusOr<std::chrono::milliseconds> ParseDuration(absl::string_view text);
 

@@ -13,10 +13,12 @@ TEST(DurationTest, ParsesUnitsAndSums) {
   EXPECT_EQ(*ParseDuration("10s"), milliseconds(10'000));
   EXPECT_EQ(*ParseDuration("5m"), milliseconds(300'000));
   EXPECT_EQ(*ParseDuration("1h30m"), milliseconds(5'400'000));
+  EXPECT_EQ(*ParseDuration("90d"), milliseconds(int64_t{90} * 86'400'000));
+  EXPECT_EQ(*ParseDuration("1d12h"), milliseconds(int64_t{36} * 3'600'000));
 }
 
 TEST(DurationTest, RejectsWithTheReason) {
-  for (const char* bad : {"", "10", "s", "10x", "-1s", "1.5s", "99999999999h"}) {
+  for (const char* bad : {"", "10", "s", "10x", "-1s", "1.5s", "99999999999h", "20000000d", "1w"}) {
     auto d = ParseDuration(bad);
     ASSERT_FALSE(d.ok()) << bad;
     EXPECT_EQ(d.status().code(), absl::StatusCode::kInvalidArgument);

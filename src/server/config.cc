@@ -222,7 +222,7 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     if (auto s = Unknown(audit, "audit.",
                          {"store", "compaction_interval", "compaction_keep_revisions",
                           "lag_warn_revisions", "leader_ttl", "force_request_ttl",
-                          "flush_interval"});
+                          "flush_interval", "retention"});
         !s.ok()) {
       return s;
     }
@@ -253,6 +253,9 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     if (auto s = ReadDuration(audit["flush_interval"], "audit.flush_interval",
                               &c.audit_flush_interval);
         !s.ok()) {
+      return s;
+    }
+    if (auto s = ReadDuration(audit["retention"], "audit.retention", &c.audit_retention); !s.ok()) {
       return s;
     }
   }
@@ -362,6 +365,12 @@ absl::Status ValidateConfig(const Config& c) {
   if (c.audit_flush_interval < std::chrono::milliseconds(0) ||
       c.audit_flush_interval > std::chrono::seconds(1)) {
     return absl::InvalidArgumentError("config: audit.flush_interval must be between 0s and 1s");
+  }
+  // Under an hour would prune events the auditor has barely written (more likely a
+  // mistaken unit, "30m" for "30d", than a wish): refuse it rather than lose the trail.
+  if (c.audit_retention != std::chrono::milliseconds(0) && c.audit_retention < std::chrono::hours(1)) {
+    return absl::InvalidArgumentError(
+        "config: audit.retention must be 0s (keep every event) or at least 1h");
   }
   if (c.audit_leader_ttl < std::chrono::seconds(2) ||
       c.audit_compaction_interval < std::chrono::seconds(1) ||

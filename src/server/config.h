@@ -45,6 +45,8 @@
 //     force_request_ttl: 15m        # how long a force-release request waits for approval
 //     flush_interval: 50ms          # one audit store transaction per this, at most,
 //                                   #   while events keep coming (0s..1s; 0s: at once)
+//     retention: 0s                 # events older than this are deleted from the store
+//                                   #   (0s: kept forever; else at least 1h, e.g. 90d)
 //   epochs:                         # ARCHITECTURE §6, docs/operations.md
 //     auto_advance_on_restore: false  # advance by itself when a restore is detected
 //     check_interval: 2s            # how often the restore guard looks
@@ -106,6 +108,7 @@ struct Config {
   std::chrono::milliseconds audit_leader_ttl{10'000};
   std::chrono::milliseconds force_request_ttl{15 * 60 * 1000};
   std::chrono::milliseconds audit_flush_interval{50};
+  std::chrono::milliseconds audit_retention{0};
   bool auto_advance_on_restore = false;
   std::chrono::milliseconds epoch_check_interval{2000};
   int max_message_bytes = 64 * 1024;

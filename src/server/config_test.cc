@@ -11,6 +11,7 @@ TEST(ConfigTest, EmptyIsDefaults) {
   EXPECT_EQ(c->listen, "127.0.0.1:7420");
   EXPECT_EQ(c->etcd_endpoints, std::vector<std::string>{"127.0.0.1:2379"});
   EXPECT_EQ(c->metrics_listen, "");  // no metrics endpoint unless asked for
+  EXPECT_EQ(c->audit_retention, std::chrono::milliseconds(0));  // the trail is kept forever
 }
 
 TEST(ConfigTest, ReadsEveryField) {
@@ -25,7 +26,8 @@ sessions: {ttl_min: 2s, ttl_max: 1h}
 acquire: {max_wait: 10m, ride_with_release: 20ms}
 limits: {max_message_bytes: 8192, max_concurrent_streams: 50}
 audit: {store: "postgresql://h/db", compaction_interval: 30s, compaction_keep_revisions: 500,
-        lag_warn_revisions: 7, leader_ttl: 4s, force_request_ttl: 5m, flush_interval: 200ms}
+        lag_warn_revisions: 7, leader_ttl: 4s, force_request_ttl: 5m, flush_interval: 200ms,
+        retention: 90d}
 metrics: {listen: 0.0.0.0:9420}
 )");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -43,6 +45,7 @@ metrics: {listen: 0.0.0.0:9420}
   EXPECT_EQ(c->audit_leader_ttl, std::chrono::seconds(4));
   EXPECT_EQ(c->force_request_ttl, std::chrono::minutes(5));
   EXPECT_EQ(c->audit_flush_interval, std::chrono::milliseconds(200));
+  EXPECT_EQ(c->audit_retention, std::chrono::hours(24 * 90));
   EXPECT_EQ(c->metrics_listen, "0.0.0.0:9420");
 }
 
@@ -86,6 +89,9 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\nacquire: {ride_with_release: 2s}",
        "acquire.ride_with_release must be between 0s and 1s"},
       {"insecure: true\naudit: {flush_interval: -5ms}", "audit.flush_interval: invalid duration"},
+      {"insecure: true\naudit: {retention: 30m}",
+       "audit.retention must be 0s (keep every event) or at least 1h"},
+      {"insecure: true\naudit: {retention: 3mo}", "audit.retention: invalid duration"},
       {"insecure: true\netcd: {timeout: 1s}\nclusters: [{name: a, endpoints: [h:1]}]",
        "either etcd (one cluster) or clusters"},
       {"insecure: true\nclusters: []", "clusters must be a non-empty list"},

@@ -64,6 +64,7 @@ struct Metrics::AuditGauges {
   prometheus::Gauge* recorded;
   prometheus::Gauge* commits;
   prometheus::Gauge* wakeups;
+  prometheus::Gauge* pruned;
 };
 
 Metrics::Metrics(Clock now)
@@ -248,6 +249,9 @@ void Metrics::SetAuditSource(std::function<audit::AuditorStatus()> source) {
   gauges->wakeups = gauge("holdfast_audit_wakeups",
                           "Times new events woke the auditor thread since it last became "
                           "the auditor (about one per store commit)");
+  gauges->pruned = gauge("holdfast_audit_pruned_events",
+                         "Events this replica deleted from the audit store since start, "
+                         "being older than audit.retention");
   absl::MutexLock l(&mu_);
   if (!audit_) audit_ = std::move(gauges);
 }
@@ -291,6 +295,7 @@ void Metrics::Refresh() {
     audit->recorded->Set(static_cast<double>(st.recorded_events));
     audit->commits->Set(static_cast<double>(st.store_commits));
     audit->wakeups->Set(static_cast<double>(st.wakeups));
+    audit->pruned->Set(static_cast<double>(st.pruned_events));
   }
 }
 

@@ -211,6 +211,7 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
       ao.compaction_keep_revisions = config_.audit_compaction_keep_revisions;
       ao.lag_warn_revisions = config_.audit_lag_warn_revisions;
       ao.flush_interval = config_.audit_flush_interval;
+      ao.retention = config_.audit_retention;
       ao.etcd_timeout = c->config.timeout;
       c->auditor = std::make_unique<audit::Auditor>(c->etcd.get(), audit_store_.get(), ao);
       c->auditor->Start();
@@ -355,6 +356,7 @@ v1::AuditStatus Server::AuditStatus() const {
   out.set_enabled(audit_store_ != nullptr);
   if (audit_store_) {
     out.set_store(config_.audit_store.rfind("sqlite:", 0) == 0 ? "sqlite" : "postgresql");
+    out.set_retention_ms(config_.audit_retention.count());
   }
   const Cluster& control = clusters_->control();
   if (control.auditor) {
@@ -363,6 +365,7 @@ v1::AuditStatus Server::AuditStatus() const {
     out.set_cluster_id(absl::StrCat(st.cluster_id));
     out.set_cursor(st.cursor);
     out.set_compacted_revision(st.compacted_revision);
+    out.set_pruned_events(st.pruned_events);
     out.set_last_error(st.last_error);
   }
   etcdserverpb::RangeRequest r;
