@@ -79,7 +79,7 @@ void GroupCommit::Ride(Footprint footprint, pb::TxnRequest txn, etcd::Deadline d
     for (auto it = queue_.begin(); waiting.empty() && it != queue_.end(); ++it) {
       const Footprint& f = it->footprint;
       if (f.release && it->riders.empty() && f.ns == key.first && f.lock_key == key.second &&
-          f.session != m.footprint.session && RidesAfter(it->txn, m.txn)) {
+          MayRide(*it, m)) {
         it->riders.push_back(std::move(m));
         rode = true;
         break;
@@ -116,16 +116,18 @@ void GroupCommit::RiderDue(const KeyId& key, uint64_t id) {
   for (auto& b : out) Send(std::move(b));
 }
 
+bool GroupCommit::MayRide(const Member& host, const Member& rider) const {
+  return rider.footprint.session != host.footprint.session && RidesAfter(host.txn, rider.txn) &&
+         host.txn.success_size() + rider.txn.success_size() <= options_.max_txn_ops &&
+         host.txn.compare_size() + rider.txn.compare_size() <= options_.max_txn_ops;
+}
+
 bool GroupCommit::TakeRiderLocked(Member* host) {
   auto it = riders_.find(KeyId{host->footprint.ns, host->footprint.lock_key});
   if (it == riders_.end()) return false;
   Waiting& first = it->second.front();
   Member& rider = first.rider;
-  if (rider.footprint.session == host->footprint.session || !RidesAfter(host->txn, rider.txn) ||
-      host->txn.success_size() + rider.txn.success_size() > options_.max_txn_ops ||
-      host->txn.compare_size() + rider.txn.compare_size() > options_.max_txn_ops) {
-    return false;  // it waits on for another release, or its bound
-  }
+  if (!MayRide(*host, rider)) return false;  // it waits on for another release, or its bound
   // A timer that fires anyway finds no such id and does nothing.
   etcd_->timers().Cancel(first.timer);
   host->riders.push_back(std::move(rider));

@@ -128,6 +128,10 @@ class GroupCommit {
 
   static Member MakeMember(Footprint footprint, etcdserverpb::TxnRequest txn, etcd::Deadline d,
                            etcd::Callback<etcdserverpb::TxnResponse> done);
+  // True if `rider` may go right after `host` in its transaction: another session,
+  // RidesAfter, and the pair within max_txn_ops. The one test for both ways a pair
+  // forms (a release meeting a waiting rider, a rider meeting a queued release).
+  bool MayRide(const Member& host, const Member& rider) const;
   // Attaches the first rider waiting for `host`'s key, if it may ride with it.
   bool TakeRiderLocked(Member* host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A rider's bound passed: it goes as Txn would.

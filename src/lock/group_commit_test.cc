@@ -359,6 +359,30 @@ TEST_F(GroupCommitTest, ARiderJoinsAReleaseThatIsQueuedButNotYetSent) {
   EXPECT_EQ(Keys(ra->responses(1).response_range()), std::vector<std::string>{"/h/c"});
 }
 
+// The pair must fit --max-txn-ops however it forms: a rider does not join a queued
+// release when the two together would pass the bound (each alone fits).
+TEST_F(GroupCommitTest, ARiderDoesNotJoinAQueuedReleaseWhenThePairPassesTheOpsBound) {
+  GroupCommitOptions g;
+  g.max_in_flight = 1;
+  g.max_txn_ops = 3;  // a release and a rider have two success ops each
+  commits_ = std::make_unique<GroupCommit>(client_.get(), g, [this](int members) {
+    absl::MutexLock l(&mu_);
+    batches_.push_back(members);
+  });
+  Put("/h/b");
+  etcd_->process()->Signal(SIGSTOP);
+  auto blocker = Submit("ns", "other", 9, PutIfAbsent("/other", "x"));
+  auto release = Release(1, "/h/b", "/h/c");
+  auto rider = Rider(2, "/w/a", std::chrono::milliseconds(300));
+  etcd_->process()->Signal(SIGCONT);
+  auto rb = blocker.get(), rr = release.get(), ra = rider.get();
+  ASSERT_TRUE(rb.ok() && rr.ok() && ra.ok());
+  EXPECT_TRUE(rr->succeeded());
+  EXPECT_TRUE(ra->succeeded());
+  EXPECT_NE(rr->header().revision(), ra->header().revision());
+  EXPECT_EQ(Batches(), (std::vector<int>{1, 1, 1}));
+}
+
 TEST_F(GroupCommitTest, ARiderWithNoReleaseGoesAloneAfterItsBound) {
   auto rider = Rider(2, "/w/a", std::chrono::milliseconds(50));
   auto ra = rider.get();
