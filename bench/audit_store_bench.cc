@@ -94,7 +94,7 @@ int64_t FileBytes(const std::string& path) {
 int main(int argc, char** argv) {
   CLI::App app{"audit-store-bench: the audit store's commit cost as it grows"};
   std::string url;
-  int keys = 10'000, batch = 200, commits = 100, prune_batch = 2'000;
+  int keys = 10'000, batch = 200, commits = 100, prune_batch = 1'000;
   int64_t events = 8'000'000;
   app.add_option("--store", url, "a store URL (default: SQLite in a temporary directory)");
   app.add_option("--keys", keys, "distinct lock keys the events spread over")

@@ -151,6 +151,8 @@ int RunStatus(const GlobalOptions& global, const StatusFlags& flags) {
                {"compacted_revision", absl::StrCat(st->compacted_revision())},
                {"retention", st->retention_ms() == 0
                                  ? std::string("forever")
+                             : st->retention_ms() % 86'400'000 == 0
+                                 ? absl::StrCat(st->retention_ms() / 86'400'000, "d")
                                  : FormatMillis(st->retention_ms())},
                {"pruned_events", absl::StrCat(st->pruned_events())},
                {"last_error", OrDash(st->last_error())}},

@@ -738,57 +738,81 @@ TEST_P(AuditStoreContract, ForceReleasesNewestFirstUpToTheLimit) {
 
 // Retention (AuditStore::Prune): events older than the cutoff go, oldest first and
 // at most max_events per call, with the force_release rows approved before it;
-// younger events, epochs and every cluster's cursor stay.
-TEST_P(AuditStoreContract, PruneDeletesOlderEventsOldestFirstAndKeepsEpochsAndCursors) {
+// younger events, epochs and every cluster's cursor stay, and so does the trail of
+// a hold that may still be live: a grant without a recorded end, and an end whose
+// grant is still there (its grant's server clock was behind the end's).
+TEST_P(AuditStoreContract, PruneDeletesEndedHoldsOldestFirstAndKeepsLiveOnesEpochsAndCursors) {
   constexpr int64_t kBase = 1'700'000'000'000;
-  std::vector<AuditEvent> a;
-  for (int i = 0; i < 10; ++i) {
-    a.push_back(Event(kClusterA, 10 + i, "payments", absl::StrCat("k", i), 500 + i,
-                      i % 2 == 0 ? EventType::kGrant : EventType::kRelease, "spiffe://t/alice",
-                      kBase + 1000 * i));
+  auto at = [](AuditEvent e, int64_t time_ms) {
+    e.time_unix_ms = time_ms;
+    return e;
+  };
+  // Four holds of cluster A, each a grant and its release; the first three older
+  // than the cutoff.
+  std::vector<AuditEvent> grants, releases;
+  for (int j = 0; j < 4; ++j) {
+    const std::string key = absl::StrCat("k", j);
+    grants.push_back(at(Event(kClusterA, 10 + 2 * j, "payments", key, 500 + j, EventType::kGrant),
+                        kBase + 2000 * j));
+    releases.push_back(at(Event(kClusterA, 11 + 2 * j, "payments", key, 500 + j,
+                                EventType::kRelease),
+                          kBase + 2000 * j + 500));
   }
-  // The oldest row of all belongs to another cluster, at a lower revision.
+  // Old and never ended: the hold may be live.
+  AuditEvent live = at(Event(kClusterA, 30, "payments", "live", 600, EventType::kGrant), kBase - 2000);
+  // The release's server clock was behind the grant's: old release, young grant.
+  AuditEvent skew_grant =
+      at(Event(kClusterA, 40, "payments", "skew", 700, EventType::kGrant), kBase + 9000);
+  AuditEvent skew_release =
+      at(Event(kClusterA, 41, "payments", "skew", 700, EventType::kRelease), kBase + 4900);
+  // Another cluster's expiry whose grant is not in the store: the oldest row.
   AuditEvent other = Event(kClusterHigh, 3, "payments", "kx", 900, EventType::kExpire,
                            "spiffe://t/bob", kBase - 1000);
+  std::vector<AuditEvent> a = {grants[0], releases[0], grants[1], releases[1],
+                               grants[2], releases[2], grants[3], releases[3],
+                               live,      skew_grant,  skew_release};
   ForceReleaseRow old_force = Force(kClusterA, 12, "req-old", kBase + 1500);
   ForceReleaseRow new_force = Force(kClusterA, 18, "req-new", kBase + 8500);
-  ASSERT_TRUE(store_->Record(kClusterA, 19, a, {old_force, new_force}).ok());
+  ASSERT_TRUE(store_->Record(kClusterA, 41, a, {old_force, new_force}).ok());
   ASSERT_TRUE(store_->Record(kClusterHigh, 7, {other}, {}).ok());
   const EpochRow epoch{1, kClusterA, kBase - 50'000, "init", "holdfastd"};  // older than all
   ASSERT_TRUE(store_->AppendEpoch(epoch).ok());
 
-  const int64_t cutoff = kBase + 5000;  // a[0..4] and `other` are older
-  auto first = store_->Prune(cutoff, 3);
-  ASSERT_TRUE(first.ok()) << first.status();
-  EXPECT_EQ(first->events, 3);
-  EXPECT_EQ(first->force_releases, 1);
-  // Oldest first: `other`, a[0], a[1] went.
-  std::vector<AuditEvent> left(a.begin() + 2, a.end());
-  EXPECT_EQ(All(), Reference(left, Q().limit(10000).q));
+  const int64_t cutoff = kBase + 5000;
+  auto prune = [&](int64_t expect_events, int64_t expect_forces) {
+    auto p = store_->Prune(cutoff, 3);
+    ASSERT_TRUE(p.ok()) << p.status();
+    EXPECT_EQ(p->events, expect_events);
+    EXPECT_EQ(p->force_releases, expect_forces);
+  };
+  auto left = [&](std::vector<AuditEvent> rows) {
+    EXPECT_EQ(All(), Reference(std::move(rows), Q().limit(10000).q));
+  };
+  // Oldest first, what may go: `other` (an end with no grant), g0, g1 (each has its
+  // release). A full call: ask again. The releases wait for their grants to be gone.
+  prune(3, 1);
+  left({releases[0], releases[1], grants[2], releases[2], grants[3], releases[3], live,
+        skew_grant, skew_release});
   EXPECT_EQ(Forces(), std::vector<ForceReleaseRow>{new_force});
-
-  auto second = store_->Prune(cutoff, 3);
-  ASSERT_TRUE(second.ok()) << second.status();
-  EXPECT_EQ(second->events, 3);  // a[2..4]: a full batch, so the caller asks again
-  auto third = store_->Prune(cutoff, 3);
-  ASSERT_TRUE(third.ok()) << third.status();
-  EXPECT_EQ(third->events, 0);
-  EXPECT_EQ(third->force_releases, 0);
-  left.assign(a.begin() + 5, a.end());
-  EXPECT_EQ(All(), Reference(left, Q().limit(10000).q));
+  prune(3, 0);  // r0, r1 (their grants are gone), g2
+  left({releases[2], grants[3], releases[3], live, skew_grant, skew_release});
+  prune(1, 0);  // r2; fewer than asked: nothing prunable is left
+  prune(0, 0);
+  const std::vector<AuditEvent> kept = {grants[3], releases[3], live, skew_grant, skew_release};
+  left(kept);
 
   // What is not an event stays.
   auto epochs = store_->Epochs();
   ASSERT_TRUE(epochs.ok()) << epochs.status();
   EXPECT_EQ(*epochs, std::vector<EpochRow>{epoch});
-  EXPECT_EQ(CursorOf(kClusterA), 19);
+  EXPECT_EQ(CursorOf(kClusterA), 41);
   EXPECT_EQ(CursorOf(kClusterHigh), 7);
-  // Recording goes on after a prune (the cursor did not move back).
-  AuditEvent later = Event(kClusterA, 20, "payments", "k20", 520, EventType::kGrant,
-                           "spiffe://t/alice", kBase + 20'000);
-  ASSERT_TRUE(store_->Record(kClusterA, 20, {later}, {}).ok());
-  left.push_back(later);
-  EXPECT_EQ(All(), Reference(left, Q().limit(10000).q));
+  // The live hold ends: its grant and release go once they are old enough.
+  AuditEvent live_end =
+      at(Event(kClusterA, 50, "payments", "live", 600, EventType::kExpire), kBase + 3000);
+  ASSERT_TRUE(store_->Record(kClusterA, 50, {live_end}, {}).ok());
+  prune(2, 0);
+  left({grants[3], releases[3], skew_grant, skew_release});
 }
 
 TEST_P(AuditStoreContract, PruneRefusesABadCutoffOrBatchAndDeletesNothing) {

@@ -190,7 +190,16 @@ void Auditor::MaybePrune(Clock::time_point* due) {
   *due = Clock::now() + options_.prune_interval;
   auto pruned = store_->Prune(NowMs() - options_.retention.count(), options_.prune_batch);
   if (!pruned.ok()) {
+    // Loud: a store that refuses deletions (a role without DELETE) would otherwise
+    // grow unnoticed; last_error alone is cleared by the next recording.
     SetError(absl::StrCat("pruning the audit store (will retry): ", pruned.status().message()));
+    if (Clock::now() - last_prune_warning_ >= options_.lag_warn_interval) {
+      last_prune_warning_ = Clock::now();
+      std::fprintf(stderr,
+                   "holdfastd: AUDIT RETENTION: cannot delete events older than "
+                   "audit.retention (will retry every minute): %s\n",
+                   std::string(pruned.status().message()).c_str());
+    }
     return;
   }
   std::lock_guard l(mu_);

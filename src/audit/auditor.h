@@ -30,13 +30,16 @@
 // must stay off.
 //
 // Retention: with `retention` set, the leader deletes the events (and force-release
-// rows) older than that from the store: at the start of its term, then every
+// rows) older than that from the store, except the trail of holds that may still be
+// live (AuditStore::Prune): at the start of its term, then every
 // `prune_interval`, oldest first, one transaction of at most `prune_batch` events
 // per turn of its loop: while a transaction comes back full, the next goes on the
 // next turn, after what the watch brought is recorded, so a backlog of old rows never
-// holds up recording for more than one transaction (2,000 events: ~60 ms in a
-// SQLite store of a million events, docs/audit.md). The store is shared by every replica and cluster: each leader
-// prunes all of it by the same rule, so the shortest retention configured wins.
+// holds up recording for more than one transaction (docs/audit.md has its cost).
+// The store is shared by every replica and cluster: holdfastd gives a retention to
+// its control cluster's auditor only, and each replica that leads prunes all of it
+// by the same rule, so the shortest retention configured wins. A failed prune is
+// logged (AUDIT RETENTION) at most once per `lag_warn_interval`.
 // Epochs and cursors are never pruned. Off (0) by default: the trail is kept forever.
 //
 // Lag: when the backlog (revisions seen but not yet recorded) exceeds
@@ -77,7 +80,7 @@ struct AuditorOptions {
   // Events older than this are deleted from the store; 0 keeps them forever.
   std::chrono::milliseconds retention{0};
   std::chrono::milliseconds prune_interval{std::chrono::minutes(1)};
-  int prune_batch = 2000;                              // events per SQL transaction
+  int prune_batch = 1000;                              // events per SQL transaction
 };
 
 struct AuditorStatus {
@@ -126,6 +129,8 @@ class Auditor {
   const AuditorOptions options_;
 
   std::atomic<bool> stop_{false};
+  // The auditor thread's own: when it last logged a failed prune.
+  std::chrono::steady_clock::time_point last_prune_warning_{};
   std::thread thread_;
 
   std::mutex stop_mu_;

@@ -361,16 +361,25 @@ absl::StatusOr<AuditStore::Pruned> PostgresStore::Prune(int64_t before_unix_ms, 
   // Run twice after a broken connection: deleting what is older again is harmless.
   HF_RETURN_IF_ERROR(RunLockHeld([&] {
     return InTransactionLockHeld([&]() -> absl::Status {
-      // Oldest first through the time index; ctid names the rows to delete.
+      // Prunable events oldest first through the time index (store.h), then the
+      // ends whose grants that statement deleted; ctid names the rows to delete.
       HF_ASSIGN_OR_RETURN(
-          Result events,
-          ExecLockHeld("DELETE FROM audit_event WHERE ctid IN (SELECT ctid FROM audit_event "
-                       "WHERE time_unix_ms < $1 ORDER BY time_unix_ms LIMIT $2)",
+          Result grants,
+          ExecLockHeld(absl::StrCat("DELETE FROM audit_event WHERE ctid IN (SELECT x.ctid FROM ",
+                                    internal::PrunableEvents(true, "$1"), " LIMIT $2)"),
                        {before, IntParam(max_events)}));
+      out.events = grants.Affected();
+      if (out.events < max_events) {
+        HF_ASSIGN_OR_RETURN(
+            Result ends,
+            ExecLockHeld(absl::StrCat("DELETE FROM audit_event WHERE ctid IN (SELECT x.ctid FROM ",
+                                      internal::PrunableEvents(false, "$1"), " LIMIT $2)"),
+                         {before, IntParam(max_events - out.events)}));
+        out.events += ends.Affected();
+      }
       HF_ASSIGN_OR_RETURN(
           Result forces,
           ExecLockHeld("DELETE FROM force_release WHERE approved_at_unix_ms < $1", {before}));
-      out.events = events.Affected();
       out.force_releases = forces.Affected();
       return absl::OkStatus();
     });

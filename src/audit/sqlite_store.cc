@@ -347,14 +347,24 @@ absl::StatusOr<AuditStore::Pruned> SqliteStore::Prune(int64_t before_unix_ms, in
   absl::MutexLock l(&mu_);
   Pruned out;
   HF_RETURN_IF_ERROR(InTransactionLockHeld([&]() -> absl::Status {
-    // Oldest first through the time index; rowid names the rows to delete.
+    // Prunable events oldest first through the time index (store.h), then the ends
+    // whose grants that statement deleted; rowid names the rows to delete.
     HF_ASSIGN_OR_RETURN(
-        Statement events,
-        PrepareLockHeld("DELETE FROM audit_event WHERE rowid IN (SELECT rowid FROM audit_event "
-                        "WHERE time_unix_ms < ?1 ORDER BY time_unix_ms LIMIT ?2)"));
-    events.Int(before_unix_ms).Int(max_events);
-    HF_RETURN_IF_ERROR(events.Run());
+        Statement grants,
+        PrepareLockHeld(absl::StrCat("DELETE FROM audit_event WHERE rowid IN (SELECT x.rowid FROM ",
+                                     internal::PrunableEvents(true, "?1"), " LIMIT ?2)")));
+    grants.Int(before_unix_ms).Int(max_events);
+    HF_RETURN_IF_ERROR(grants.Run());
     out.events = sqlite3_changes(db_);
+    if (out.events < max_events) {
+      HF_ASSIGN_OR_RETURN(
+          Statement ends,
+          PrepareLockHeld(absl::StrCat("DELETE FROM audit_event WHERE rowid IN (SELECT x.rowid FROM ",
+                                       internal::PrunableEvents(false, "?1"), " LIMIT ?2)")));
+      ends.Int(before_unix_ms).Int(max_events - out.events);
+      HF_RETURN_IF_ERROR(ends.Run());
+      out.events += sqlite3_changes(db_);
+    }
     HF_ASSIGN_OR_RETURN(
         Statement forces, PrepareLockHeld("DELETE FROM force_release WHERE approved_at_unix_ms < ?1"));
     forces.Int(before_unix_ms);

@@ -104,6 +104,24 @@ absl::Status ValidateBatch(uint64_t cluster_id, const std::vector<AuditEvent>& e
   return absl::OkStatus();
 }
 
+std::string PrunableEvents(bool grants, const char* cutoff) {
+  // x: the candidate; y: another event of the same hold (cluster, namespace, key,
+  // session): a grant goes once its end (a later non-grant) is there, an end once
+  // no grant before it is left.
+  constexpr const char* kSameHold =
+      "SELECT 1 FROM audit_event y WHERE y.namespace = x.namespace AND "
+      "y.lock_key = x.lock_key AND y.cluster_id = x.cluster_id AND "
+      "y.session_id = x.session_id AND ";
+  const std::string end_gone = absl::StrCat(
+      "(x.type <> 'grant' AND NOT EXISTS (", kSameHold,
+      "y.revision < x.revision AND y.type = 'grant'))");
+  const std::string ended = absl::StrCat("(x.type = 'grant' AND EXISTS (", kSameHold,
+                                         "y.revision > x.revision AND y.type <> 'grant'))");
+  return absl::StrCat("audit_event x WHERE x.time_unix_ms < ", cutoff, " AND ",
+                      grants ? absl::StrCat("(", ended, " OR ", end_gone, ")") : end_gone,
+                      " ORDER BY x.time_unix_ms");
+}
+
 absl::Status ValidatePrune(int64_t before_unix_ms, int max_events) {
   if (before_unix_ms <= 0) {
     return absl::InvalidArgumentError(

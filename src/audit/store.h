@@ -127,8 +127,14 @@ class AuditStore {
 
   // Deletes audit_event rows whose time_unix_ms is before `before_unix_ms`, at
   // most `max_events` of them, oldest first, and every force_release row approved
-  // before it, in ONE SQL transaction. Epochs and cursors stay. Returns how many
-  // rows of each went; fewer events than `max_events` means none older is left.
+  // before it, in ONE SQL transaction. Epochs and cursors stay, and so does the
+  // trail of every hold that may still be live: a grant goes only once an end of
+  // that hold (a later release, expire or force of the same cluster, namespace, key
+  // and session) is recorded, and an end only once no grant before it of the same
+  // hold is left (so a grant never loses its end first, even when the two servers'
+  // clocks put the end before the grant). A grant whose end was never recorded (an
+  // audit gap) is kept. Returns how many rows of each went; fewer events than
+  // `max_events` means none prunable was left when it ran.
   // INVALID_ARGUMENT (nothing deleted) unless before_unix_ms > 0 and 1 <= max_events
   // <= kMaxPruneEvents.
   struct Pruned {
