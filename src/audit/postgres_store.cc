@@ -363,18 +363,14 @@ absl::StatusOr<AuditStore::Pruned> PostgresStore::Prune(int64_t before_unix_ms, 
     return InTransactionLockHeld([&]() -> absl::Status {
       // Prunable events oldest first through the time index (store.h), then the
       // ends whose grants that statement deleted; ctid names the rows to delete.
-      HF_ASSIGN_OR_RETURN(
-          Result grants,
-          ExecLockHeld(absl::StrCat("DELETE FROM audit_event WHERE ctid IN (SELECT x.ctid FROM ",
-                                    internal::PrunableEvents(true, "$1"), " LIMIT $2)"),
-                       {before, IntParam(max_events)}));
-      out.events = grants.Affected();
+      HF_ASSIGN_OR_RETURN(Result oldest,
+                          ExecLockHeld(internal::PruneStatement(true, "ctid", "$1", "$2"),
+                                       {before, IntParam(max_events)}));
+      out.events = oldest.Affected();
       if (out.events < max_events) {
-        HF_ASSIGN_OR_RETURN(
-            Result ends,
-            ExecLockHeld(absl::StrCat("DELETE FROM audit_event WHERE ctid IN (SELECT x.ctid FROM ",
-                                      internal::PrunableEvents(false, "$1"), " LIMIT $2)"),
-                         {before, IntParam(max_events - out.events)}));
+        HF_ASSIGN_OR_RETURN(Result ends,
+                            ExecLockHeld(internal::PruneStatement(false, "ctid", "$1", "$2"),
+                                         {before, IntParam(max_events - out.events)}));
         out.events += ends.Affected();
       }
       HF_ASSIGN_OR_RETURN(

@@ -349,18 +349,14 @@ absl::StatusOr<AuditStore::Pruned> SqliteStore::Prune(int64_t before_unix_ms, in
   HF_RETURN_IF_ERROR(InTransactionLockHeld([&]() -> absl::Status {
     // Prunable events oldest first through the time index (store.h), then the ends
     // whose grants that statement deleted; rowid names the rows to delete.
-    HF_ASSIGN_OR_RETURN(
-        Statement grants,
-        PrepareLockHeld(absl::StrCat("DELETE FROM audit_event WHERE rowid IN (SELECT x.rowid FROM ",
-                                     internal::PrunableEvents(true, "?1"), " LIMIT ?2)")));
-    grants.Int(before_unix_ms).Int(max_events);
-    HF_RETURN_IF_ERROR(grants.Run());
+    HF_ASSIGN_OR_RETURN(Statement oldest,
+                        PrepareLockHeld(internal::PruneStatement(true, "rowid", "?1", "?2")));
+    oldest.Int(before_unix_ms).Int(max_events);
+    HF_RETURN_IF_ERROR(oldest.Run());
     out.events = sqlite3_changes(db_);
     if (out.events < max_events) {
-      HF_ASSIGN_OR_RETURN(
-          Statement ends,
-          PrepareLockHeld(absl::StrCat("DELETE FROM audit_event WHERE rowid IN (SELECT x.rowid FROM ",
-                                       internal::PrunableEvents(false, "?1"), " LIMIT ?2)")));
+      HF_ASSIGN_OR_RETURN(Statement ends,
+                          PrepareLockHeld(internal::PruneStatement(false, "rowid", "?1", "?2")));
       ends.Int(before_unix_ms).Int(max_events - out.events);
       HF_RETURN_IF_ERROR(ends.Run());
       out.events += sqlite3_changes(db_);

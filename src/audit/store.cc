@@ -104,7 +104,8 @@ absl::Status ValidateBatch(uint64_t cluster_id, const std::vector<AuditEvent>& e
   return absl::OkStatus();
 }
 
-std::string PrunableEvents(bool grants, const char* cutoff) {
+std::string PruneStatement(bool with_grants, const char* row_id, const char* cutoff,
+                           const char* limit) {
   // x: the candidate; y: another event of the same hold (cluster, namespace, key,
   // session): a grant goes once its end (a later non-grant) is there, an end once
   // no grant before it is left.
@@ -117,9 +118,10 @@ std::string PrunableEvents(bool grants, const char* cutoff) {
       "y.revision < x.revision AND y.type = 'grant'))");
   const std::string ended = absl::StrCat("(x.type = 'grant' AND EXISTS (", kSameHold,
                                          "y.revision > x.revision AND y.type <> 'grant'))");
-  return absl::StrCat("audit_event x WHERE x.time_unix_ms < ", cutoff, " AND ",
-                      grants ? absl::StrCat("(", ended, " OR ", end_gone, ")") : end_gone,
-                      " ORDER BY x.time_unix_ms");
+  return absl::StrCat("DELETE FROM audit_event WHERE ", row_id, " IN (SELECT x.", row_id,
+                      " FROM audit_event x WHERE x.time_unix_ms < ", cutoff, " AND ",
+                      with_grants ? absl::StrCat("(", ended, " OR ", end_gone, ")") : end_gone,
+                      " ORDER BY x.time_unix_ms LIMIT ", limit, ")");
 }
 
 absl::Status ValidatePrune(int64_t before_unix_ms, int max_events) {

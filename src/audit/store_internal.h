@@ -39,13 +39,15 @@ inline constexpr const char* kForceOrder =
 absl::Status ValidateBatch(uint64_t cluster_id, const std::vector<AuditEvent>& events,
                            const std::vector<ForceReleaseRow>& forces);
 
-// What AuditStore::Prune may delete, oldest first: "audit_event x WHERE ... ORDER BY
-// ..." with `cutoff` ("?1" or "$1") as the time bound: ends with no grant of their
-// hold left before them and, with `grants`, grants whose hold has a recorded end
-// (store.h). In one statement an end is judged before its grant goes (the statement
-// reads the table as it was), so Prune follows with an ends-only statement. The
-// inner lookups go through audit_event_by_key.
-std::string PrunableEvents(bool grants, const char* cutoff);
+// The DELETE of AuditStore::Prune, in a dialect: `row_id` names a row ("rowid",
+// "ctid"), `cutoff` and `limit` are the parameters ("?1", "?2" / "$1", "$2"). It
+// deletes, oldest first, ends with no grant of their hold left before them and,
+// `with_grants`, grants whose hold has a recorded end (store.h). In one statement
+// an end is judged before its grant goes (the statement reads the table as it
+// was), so Prune follows with an ends-only one. The inner lookups go through
+// audit_event_by_key.
+std::string PruneStatement(bool with_grants, const char* row_id, const char* cutoff,
+                           const char* limit);
 
 // INVALID_ARGUMENT unless before_unix_ms > 0 and 1 <= max_events <= kMaxPruneEvents.
 absl::Status ValidatePrune(int64_t before_unix_ms, int max_events);
