@@ -18,7 +18,6 @@
 //
 // The main thread waits for Ctrl-C / SIGTERM and for a child's death through
 // one SignalWaiter; it then stops holdfastd, then etcd.
-#include <arpa/inet.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -181,76 +180,6 @@ bool IsLoopbackHost(const std::string& host) {
   return host == "127.0.0.1" || host == "localhost" || host == "::1";
 }
 
-bool IsIpLiteral(const std::string& host) {
-  unsigned char buf[sizeof(in6_addr)];
-  return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
-}
-
-// A YAML double-quoted scalar.
-std::string YamlQuote(const std::string& text) {
-  std::string out = "\"";
-  for (char c : text) {
-    if (c == '"' || c == '\\') out.push_back('\\');
-    out.push_back(c);
-  }
-  return out + "\"";
-}
-
-// The dev PKI of DIR made ready for this start: the CA (made on the first start,
-// or when expired), holdfastd's SVID for `listen_host`, the CLI's SVID.
-struct DevPki {
-  dev::SvidFiles server;
-  dev::SvidFiles cli;
-  std::vector<std::string> minted;  // what was (re)made now, for the banner
-};
-
-absl::StatusOr<DevPki> PrepareDevPki(const fs::path& dir, const std::string& listen_host) {
-  auto ca = dev::LoadOrCreateDevCa(dir.string());
-  if (!ca.ok()) return ca.status();
-  DevPki pki;
-  if (ca->minted) pki.minted.push_back("the dev CA");
-  dev::SvidRequest server;
-  server.spiffe_id = dev::kDevServerId;
-  server.dns = {"localhost"};
-  server.ips = {"127.0.0.1"};
-  // A specific listen address is in the certificate too (wildcards are reached
-  // through 127.0.0.1).
-  if (listen_host != "0.0.0.0" && listen_host != "::" && !listen_host.empty()) {
-    auto& list = IsIpLiteral(listen_host) ? server.ips : server.dns;
-    if (std::find(list.begin(), list.end(), listen_host) == list.end()) {
-      list.push_back(listen_host);
-    }
-  }
-  auto server_minted = dev::EnsureSvid(ca->pem, server, dev::DevServerDir(dir.string()));
-  if (!server_minted.ok()) return server_minted.status();
-  if (*server_minted) pki.minted.push_back("holdfastd's certificate");
-  dev::SvidRequest cli;
-  cli.spiffe_id = dev::kDevCliId;
-  auto cli_minted = dev::EnsureSvid(ca->pem, cli, dev::DevCliDir(dir.string()));
-  if (!cli_minted.ok()) return cli_minted.status();
-  if (*cli_minted) pki.minted.push_back(absl::StrCat("the CLI's identity ", dev::kDevCliId));
-  pki.server = dev::SvidFiles::In(dev::DevServerDir(dir.string()));
-  pki.cli = dev::SvidFiles::In(dev::DevCliDir(dir.string()));
-  return pki;
-}
-
-// DIR/holdfastd.yaml: mTLS with the dev PKI, trust domain holdfast.dev, the dev
-// admins. --listen and --etcd are given as flags.
-absl::StatusOr<fs::path> WriteHoldfastdConfig(const fs::path& dir, const DevPki& pki) {
-  std::string yaml = absl::StrCat(
-      "# Written by `holdfast dev` on every start: edits here are lost.\n",
-      "tls:\n",
-      "  ca_file: ", YamlQuote(pki.server.bundle), "\n",
-      "  cert_file: ", YamlQuote(pki.server.cert), "\n",
-      "  key_file: ", YamlQuote(pki.server.key), "\n",
-      "  trust_domains: [", dev::kDevTrustDomain, "]\n",
-      "  refresh: 10s\n",
-      "admin_ids: [", YamlQuote(dev::kDevCliId), ", ", YamlQuote(dev::kDevOpsAdmins), "]\n");
-  fs::path file = dir / "holdfastd.yaml";
-  if (auto s = dev::WriteFileAtomically(file.string(), yaml, 0644); !s.ok()) return s;
-  return file;
-}
-
 // DIR/insecure present exactly when this start is --insecure.
 absl::Status MarkInsecure(const fs::path& dir, bool insecure) {
   fs::path marker = dir / dev::kInsecureMarker;
@@ -271,7 +200,7 @@ struct DevStack {
   std::string endpoint;  // what clients dial
   std::unique_ptr<dev::EtcdProcess> etcd;
   std::unique_ptr<dev::Subprocess> holdfastd;
-  std::optional<DevPki> pki;  // unset: --insecure
+  std::optional<dev::DevPki> pki;  // unset: --insecure
 
   fs::path holdfastd_log() const { return dir / "holdfastd.log"; }
   fs::path etcd_log() const { return dir / "etcd.log"; }
@@ -311,10 +240,10 @@ absl::Status StartHoldfastd(DevStack& stack, const std::string& listen) {
                   // The embedded audit store, kept with the rest of the data.
                   "--audit-store", "sqlite:" + (stack.dir / "audit.db").string()};
   if (stack.pki) {
-    auto config = WriteHoldfastdConfig(stack.dir, *stack.pki);
+    auto config = dev::WriteDevHoldfastdConfig(stack.dir.string(), *stack.pki);
     if (!config.ok()) return config.status();
     options.argv.push_back("--config");
-    options.argv.push_back(config->string());
+    options.argv.push_back(*config);
   } else {
     // Plaintext on loopback (holdfastd refuses it elsewhere).
     options.argv.push_back("--insecure");
@@ -478,7 +407,7 @@ int RunDev(const GlobalOptions& /*global*/, const DevFlags& flags) {
         ". Nobody is authenticated: every caller is spiffe://holdfast.dev/dev, an admin. "
         "For loopback development only; never expose this port."));
   } else {
-    auto pki = PrepareDevPki(stack.dir, host);
+    auto pki = dev::PrepareDevPki(stack.dir.string(), host);
     if (!pki.ok()) return ReportError(pki.status(), "dev: certificates");
     for (const auto& what : pki->minted) std::cout << "made " << what << "\n";
     stack.pki = *std::move(pki);

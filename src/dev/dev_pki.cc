@@ -1,5 +1,8 @@
 #include "dev/dev_pki.h"
 
+#include <arpa/inet.h>
+
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -36,6 +39,22 @@ absl::StatusOr<std::string> ReadFileText(const std::string& path) {
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
+}
+
+// A numeric IPv4 or IPv6 address (not a name).
+bool IsIpLiteral(const std::string& host) {
+  unsigned char buf[sizeof(in6_addr)];
+  return inet_pton(AF_INET, host.c_str(), buf) == 1 || inet_pton(AF_INET6, host.c_str(), buf) == 1;
+}
+
+// A YAML double-quoted scalar.
+std::string YamlQuote(const std::string& text) {
+  std::string out = "\"";
+  for (char c : text) {
+    if (c == '"' || c == '\\') out.push_back('\\');
+    out.push_back(c);
+  }
+  return out + "\"";
 }
 
 }  // namespace
@@ -144,6 +163,51 @@ absl::StatusOr<bool> EnsureSvid(const Pem& ca, const SvidRequest& req,
   if (usable()) return false;
   if (auto s = IssueSvid(ca, req, out_dir); !s.ok()) return s;
   return true;
+}
+
+absl::StatusOr<DevPki> PrepareDevPki(const std::string& dir, const std::string& listen_host) {
+  auto ca = LoadOrCreateDevCa(dir);
+  if (!ca.ok()) return ca.status();
+  DevPki pki;
+  if (ca->minted) pki.minted.push_back("the dev CA");
+  SvidRequest server;
+  server.spiffe_id = kDevServerId;
+  server.dns = {"localhost"};
+  server.ips = {"127.0.0.1"};
+  // A specific listen address is in the certificate too (wildcards are reached
+  // through 127.0.0.1).
+  if (listen_host != "0.0.0.0" && listen_host != "::" && !listen_host.empty()) {
+    auto& list = IsIpLiteral(listen_host) ? server.ips : server.dns;
+    if (std::find(list.begin(), list.end(), listen_host) == list.end()) {
+      list.push_back(listen_host);
+    }
+  }
+  auto server_minted = EnsureSvid(ca->pem, server, DevServerDir(dir));
+  if (!server_minted.ok()) return server_minted.status();
+  if (*server_minted) pki.minted.push_back("holdfastd's certificate");
+  SvidRequest cli;
+  cli.spiffe_id = kDevCliId;
+  auto cli_minted = EnsureSvid(ca->pem, cli, DevCliDir(dir));
+  if (!cli_minted.ok()) return cli_minted.status();
+  if (*cli_minted) pki.minted.push_back(absl::StrCat("the CLI's identity ", kDevCliId));
+  pki.server = SvidFiles::In(DevServerDir(dir));
+  pki.cli = SvidFiles::In(DevCliDir(dir));
+  return pki;
+}
+
+absl::StatusOr<std::string> WriteDevHoldfastdConfig(const std::string& dir, const DevPki& pki) {
+  std::string yaml = absl::StrCat(
+      "# Written on every start (holdfast dev, holdfast-bench --tls): edits here are lost.\n",
+      "tls:\n",
+      "  ca_file: ", YamlQuote(pki.server.bundle), "\n",
+      "  cert_file: ", YamlQuote(pki.server.cert), "\n",
+      "  key_file: ", YamlQuote(pki.server.key), "\n",
+      "  trust_domains: [", kDevTrustDomain, "]\n",
+      "  refresh: 10s\n",
+      "admin_ids: [", YamlQuote(kDevCliId), ", ", YamlQuote(kDevOpsAdmins), "]\n");
+  std::string file = dir + "/holdfastd.yaml";
+  if (auto s = WriteFileAtomically(file, yaml, 0644); !s.ok()) return s;
+  return file;
 }
 
 }  // namespace holdfast::dev

@@ -88,4 +88,21 @@ absl::Status IssueSvid(const Pem& ca, const SvidRequest& req, const std::string&
 absl::StatusOr<bool> EnsureSvid(const Pem& ca, const SvidRequest& req,
                                 const std::string& out_dir);
 
+// The dev PKI of `data_dir` made ready for a start of holdfastd: the CA (made on
+// the first start, or when expired), holdfastd's SVID for `listen_host` (besides
+// localhost and 127.0.0.1), the CLI's SVID. `holdfast dev` and holdfast-bench
+// --tls use it.
+struct DevPki {
+  SvidFiles server;
+  SvidFiles cli;
+  std::vector<std::string> minted;  // what was (re)made now, for a banner
+};
+absl::StatusOr<DevPki> PrepareDevPki(const std::string& data_dir, const std::string& listen_host);
+
+// Writes data_dir/holdfastd.yaml: mTLS with `pki`, trust domain holdfast.dev,
+// the dev admins (the CLI's identity and kDevOpsAdmins). --listen and --etcd are
+// left to flags. Returns the file's path.
+absl::StatusOr<std::string> WriteDevHoldfastdConfig(const std::string& data_dir,
+                                                    const DevPki& pki);
+
 }  // namespace holdfast::dev
