@@ -52,9 +52,7 @@ std::string LoadAverage() {
   return absl::StrCat(one, " ", five, " ", fifteen);
 }
 
-absl::Status CreateBenchNamespace(const std::string& endpoint) {
-  ClientOptions o;
-  o.endpoints = {endpoint};
+absl::Status CreateBenchNamespace(const ClientOptions& o) {
   auto client = Client::Connect(o);
   if (!client.ok()) return client.status();
   v1::CreateNamespaceRequest req;
@@ -257,7 +255,7 @@ class Matrix {
   void FleetCell(const char* id, int c, int64_t sessions, const FleetWorkerFactory& make) {
     if (stop_.stopped()) return;
     Starting(id, c);
-    auto fleet = SessionFleet::Open(env_.holdfast_endpoint(), kNamespace, sessions,
+    auto fleet = SessionFleet::Open(env_.client_options(), kNamespace, sessions,
                                     kSessionsPerClient, kWorkerSessionTtl,
                                     SteadyClock::now() + kSetupBudget, stop_);
     if (!fleet.ok()) return SetupFailed(id, c, fleet.status());
@@ -301,7 +299,7 @@ class Matrix {
       }
       fresh = true;
     }
-    auto r = RunSessionsCell(env_.holdfast_endpoint(), kNamespace, plan_.sessions,
+    auto r = RunSessionsCell(env_.client_options(), kNamespace, plan_.sessions,
                              kSessionsPerClientMany, options_.session_ttl, SessionTiming(),
                              env_.holdfastd_pid(), env_.etcd_pid(), stop_);
     if (stop_.stopped()) return;  // cut short: its figures would mislead
@@ -334,6 +332,7 @@ nlohmann::json RunInfo(const BenchOptions& options, const Plan& plan, const Envi
           {"session_ttl_ms", options.session_ttl.count()},
           {"etcd", env.etcd_endpoint()},
           {"holdfastd", env.holdfast_endpoint()},
+          {"holdfastd_tls", env.tls()},
           {"started_etcd", env.etcd_pid().has_value()},
           {"started_holdfastd", env.holdfastd_pid().has_value()},
           {"cores", std::thread::hardware_concurrency()},
@@ -386,15 +385,16 @@ int RunBenchmark(const BenchOptions& options, const StopFlag& stop) {
   std::string load_before = LoadAverage();
   auto env = Environment::Start({.etcd_endpoint = options.etcd_endpoint,
                                  .holdfast_endpoint = options.holdfast_endpoint,
-                                 .holdfastd_binary = options.holdfastd_binary});
+                                 .holdfastd_binary = options.holdfastd_binary,
+                                 .tls = options.tls});
   if (!env.ok()) {
     std::fprintf(stderr, "holdfast-bench: %s\n", env.status().ToString().c_str());
     return 1;
   }
-  std::fprintf(stderr, "holdfast-bench: etcd %s, holdfastd %s, load %s\n",
+  std::fprintf(stderr, "holdfast-bench: etcd %s, holdfastd %s (%s), load %s\n",
                (*env)->etcd_endpoint().c_str(), (*env)->holdfast_endpoint().c_str(),
-               load_before.c_str());
-  if (auto s = CreateBenchNamespace((*env)->holdfast_endpoint()); !s.ok()) {
+               (*env)->tls() ? "mTLS" : "plaintext", load_before.c_str());
+  if (auto s = CreateBenchNamespace((*env)->client_options()); !s.ok()) {
     std::fprintf(stderr, "holdfast-bench: cannot create namespace %s: %s\n", kNamespace,
                  s.ToString().c_str());
     return 1;

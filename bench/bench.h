@@ -20,6 +20,9 @@ struct BenchOptions {
   std::string etcd_endpoint;      // use this etcd instead of starting one
   std::string holdfast_endpoint;  // use this holdfastd instead of starting one
   std::string holdfastd_binary;   // default: holdfastd next to holdfast-bench
+  // Serve and call holdfastd over mTLS (--tls), as deployed; default plaintext on
+  // loopback (holdfastd --insecure). See EnvironmentOptions::tls.
+  bool tls = false;
   std::optional<int64_t> sessions;  // sessions workload size (default 10,000, --short 1,000)
   // TTL of the sessions workload: libholdfast's default.
   std::chrono::milliseconds session_ttl{10'000};

@@ -64,6 +64,9 @@ int main(int argc, char** argv) {
   app.add_option("--endpoint", o.holdfast_endpoint,
                  "use this holdfastd (loopback host:port; needs --etcd)");
   app.add_option("--holdfastd", o.holdfastd_binary, "holdfastd binary to start");
+  app.add_flag("--tls", o.tls,
+               "serve and call holdfastd over mTLS with a dev PKI, as deployed (default: "
+               "plaintext on loopback); etcd stays plaintext");
   app.add_option("--sessions", sessions, "sessions in the sessions workload")
       ->check(CLI::Range(int64_t{1}, int64_t{1'000'000}));
   app.add_option("--session-ttl", session_ttl, "TTL of the sessions workload (default 10s, as libholdfast)");

@@ -86,8 +86,9 @@ bool IsLoopbackEndpoint(const std::string& endpoint) {
   return inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
 }
 
-absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::milliseconds timeout,
+absl::Status WaitForHoldfastd(ClientOptions o, std::chrono::milliseconds timeout,
                               dev::Subprocess* process) {
+  const std::string endpoint = o.endpoints.at(0);
   auto until = std::chrono::steady_clock::now() + timeout;
   auto exited = [process]() -> std::optional<absl::Status> {
     if (process == nullptr || process->Running()) return std::nullopt;
@@ -100,8 +101,6 @@ absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::millisec
     if (auto gone = exited()) return *gone;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  ClientOptions o;
-  o.endpoints = {endpoint};
   o.rpc_timeout = std::chrono::seconds(1);
   auto client = Client::Connect(o);
   if (!client.ok()) return client.status();
@@ -125,6 +124,11 @@ absl::StatusOr<std::unique_ptr<Environment>> Environment::Start(
           absl::StrCat(*e, " is not a loopback address: the benchmark runs on this machine only"));
     }
   }
+  if (options.tls && !options.holdfast_endpoint.empty()) {
+    return absl::InvalidArgumentError(
+        "--tls starts holdfastd with a dev PKI of its own: it cannot be combined with "
+        "--endpoint");
+  }
   if (!options.holdfast_endpoint.empty() && options.etcd_endpoint.empty()) {
     return absl::InvalidArgumentError(
         "--endpoint needs --etcd (the etcd that holdfastd uses): the baselines must run on "
@@ -133,6 +137,7 @@ absl::StatusOr<std::unique_ptr<Environment>> Environment::Start(
   std::unique_ptr<Environment> env(new Environment());
   env->etcd_endpoint_ = options.etcd_endpoint;
   env->holdfast_endpoint_ = options.holdfast_endpoint;
+  env->tls_ = options.tls;
   if (env->etcd_endpoint_.empty() || env->holdfast_endpoint_.empty()) {
     auto dir = dev::MakeTempDir("holdfast-bench");
     if (!dir.ok()) return dir.status();
@@ -151,6 +156,17 @@ absl::StatusOr<std::unique_ptr<Environment>> Environment::Start(
 }
 
 Environment::~Environment() { Stop(); }
+
+ClientOptions Environment::client_options() const {
+  ClientOptions o;
+  o.endpoints = {holdfast_endpoint_};
+  if (pki_) {
+    o.ca_file = pki_->cli.bundle;
+    o.cert_file = pki_->cli.cert;
+    o.key_file = pki_->cli.key;
+  }
+  return o;
+}
 
 std::optional<pid_t> Environment::etcd_pid() const {
   if (etcd_ && etcd_->process()) return etcd_->process()->pid();
@@ -213,7 +229,19 @@ absl::Status Environment::StartHoldfastd(const std::string& binary) {
   std::string log = absl::StrCat(dir_, "/holdfastd-", *port, ".log");
   dev::SpawnOptions so;
   so.argv = {binary, "--listen", holdfast_endpoint_, "--etcd", etcd_endpoint_};
-  if (HasFlag(binary, dir_, "--insecure")) so.argv.push_back("--insecure");
+  if (tls_) {
+    if (!pki_) {
+      auto pki = dev::PrepareDevPki(dir_, "127.0.0.1");
+      if (!pki.ok()) return pki.status();
+      pki_ = *std::move(pki);
+    }
+    auto config = dev::WriteDevHoldfastdConfig(dir_, *pki_);
+    if (!config.ok()) return config.status();
+    so.argv.push_back("--config");
+    so.argv.push_back(*config);
+  } else if (HasFlag(binary, dir_, "--insecure")) {
+    so.argv.push_back("--insecure");
+  }
   if (HasFlag(binary, dir_, "--audit-store")) {
     so.argv.push_back("--audit-store");
     so.argv.push_back(absl::StrCat("sqlite:", dir_, "/audit.db"));
@@ -222,7 +250,7 @@ absl::Status Environment::StartHoldfastd(const std::string& binary) {
   auto proc = dev::Subprocess::Spawn(std::move(so));
   if (!proc.ok()) return proc.status();
   holdfastd_ = std::move(*proc);
-  auto s = WaitForHoldfastd(holdfast_endpoint_, kHoldfastdStartTimeout, holdfastd_.get());
+  auto s = WaitForHoldfastd(client_options(), kHoldfastdStartTimeout, holdfastd_.get());
   if (!s.ok()) {
     return absl::Status(s.code(), absl::StrCat(s.message(), "; holdfastd log ends with:\n",
                                                LogTail(log)));

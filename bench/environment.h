@@ -13,8 +13,10 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "dev/dev_pki.h"
 #include "dev/etcd_process.h"
 #include "dev/subprocess.h"
+#include "holdfast/client.h"
 
 namespace holdfast::bench {
 
@@ -25,6 +27,11 @@ struct EnvironmentOptions {
   std::string holdfast_endpoint;
   // The holdfastd binary to start; empty: "holdfastd" next to this executable.
   std::string holdfastd_binary;
+  // Serve and call holdfastd over mTLS, as deployed: a dev PKI (lib dev/dev_pki.h)
+  // in the run's directory, holdfastd started with it, every client calling with
+  // the dev CLI's identity (an admin). false: holdfastd --insecure (plaintext on
+  // loopback). Needs a holdfastd started here. etcd stays plaintext either way.
+  bool tls = false;
 };
 
 class Environment {
@@ -39,6 +46,10 @@ class Environment {
 
   const std::string& etcd_endpoint() const { return etcd_endpoint_; }
   const std::string& holdfast_endpoint() const { return holdfast_endpoint_; }
+  // What a libholdfast client of this run connects with: the endpoint, and the
+  // dev CLI's credentials under tls.
+  ClientOptions client_options() const;
+  bool tls() const { return tls_; }
   // Process ids of what this run started (nullopt for processes given by address).
   std::optional<pid_t> etcd_pid() const;
   std::optional<pid_t> holdfastd_pid() const;
@@ -58,6 +69,8 @@ class Environment {
 
   std::string dir_;  // temporary directory; empty when nothing was started
   std::string holdfastd_binary_;
+  bool tls_ = false;
+  std::optional<dev::DevPki> pki_;  // under tls
   std::string etcd_endpoint_;
   std::string holdfast_endpoint_;
   std::unique_ptr<dev::EtcdProcess> etcd_;
@@ -67,10 +80,11 @@ class Environment {
 // True for 127.0.0.0/8, ::1 and "localhost" host:port strings.
 bool IsLoopbackEndpoint(const std::string& endpoint);
 
-// Waits until holdfastd at `endpoint` accepts TCP connections and answers
-// Admin.GetEpoch. Errors: DEADLINE_EXCEEDED with the last answer;
-// FAILED_PRECONDITION when `process` (if given) exits first.
-absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::milliseconds timeout,
+// Waits until holdfastd at `client.endpoints[0]` accepts TCP connections and
+// answers Admin.GetEpoch to a client made with `client`. Errors:
+// DEADLINE_EXCEEDED with the last answer; FAILED_PRECONDITION when `process` (if
+// given) exits first.
+absl::Status WaitForHoldfastd(ClientOptions client, std::chrono::milliseconds timeout,
                               dev::Subprocess* process = nullptr);
 
 }  // namespace holdfast::bench

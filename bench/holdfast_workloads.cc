@@ -135,12 +135,11 @@ void FillProcessFigures(const WindowSamples& w, double seconds, int64_t renewals
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<SessionFleet>> SessionFleet::Open(
-    const std::string& endpoint, const std::string& ns, int64_t n, int per_client,
+    const ClientOptions& client, const std::string& ns, int64_t n, int per_client,
     std::chrono::milliseconds ttl, SteadyClock::time_point deadline, const StopFlag& stop) {
   std::unique_ptr<SessionFleet> fleet(new SessionFleet());
   per_client = std::max(per_client, 1);
-  ClientOptions o;
-  o.endpoints = {endpoint};
+  ClientOptions o = client;
   o.rpc_timeout = kRpcTimeout;
   for (int64_t i = 0; i < n; i += per_client) {
     auto c = Client::Connect(o);
@@ -239,7 +238,7 @@ std::vector<std::unique_ptr<Worker>> SharedWorkers(SessionFleet& fleet, const st
   return out;
 }
 
-SessionsResult RunSessionsCell(const std::string& endpoint, const std::string& ns, int64_t n,
+SessionsResult RunSessionsCell(const ClientOptions& client, const std::string& ns, int64_t n,
                                int per_client, std::chrono::milliseconds ttl,
                                const Timing& timing, std::optional<pid_t> holdfastd_pid,
                                std::optional<pid_t> etcd_pid, const StopFlag& stop) {
@@ -248,7 +247,7 @@ SessionsResult RunSessionsCell(const std::string& endpoint, const std::string& n
   WindowSamples w;
   w.before_open = Sample(holdfastd_pid);
   auto open_start = SteadyClock::now();
-  auto fleet = SessionFleet::Open(endpoint, ns, n, per_client, ttl,
+  auto fleet = SessionFleet::Open(client, ns, n, per_client, ttl,
                                   open_start + kOpenBudgetPerSession * n + kOpenBudgetMargin,
                                   stop);
   r.open_seconds = std::chrono::duration<double>(SteadyClock::now() - open_start).count();

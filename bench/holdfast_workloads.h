@@ -21,10 +21,11 @@ namespace holdfast::bench {
 // sessions. Thread-safe once opened; session(i) is meant for one worker.
 class SessionFleet {
  public:
-  // Opens `n` sessions in `ns` with `ttl`. Errors: the first failed open, or
+  // Opens `n` sessions in `ns` with `ttl`, through Clients made with `client`
+  // (endpoint and credentials). Errors: the first failed open, or
   // DEADLINE_EXCEEDED when not all were open by `deadline` (CANCELLED on stop).
   static absl::StatusOr<std::unique_ptr<SessionFleet>> Open(
-      const std::string& endpoint, const std::string& ns, int64_t n, int per_client,
+      const ClientOptions& client, const std::string& ns, int64_t n, int per_client,
       std::chrono::milliseconds ttl, SteadyClock::time_point deadline, const StopFlag& stop);
   // Closes every session, in parallel, then the Clients. Once a close fails
   // (holdfastd unreachable) the remaining sessions are abandoned to their
@@ -85,7 +86,7 @@ struct SessionsResult {
 // Opens `n` sessions with `ttl`, waits `timing.warmup`, then measures renewals
 // per second (from Session::renewals()) and the processes' CPU and RSS over
 // `timing.measure`; closes the sessions afterwards.
-SessionsResult RunSessionsCell(const std::string& endpoint, const std::string& ns, int64_t n,
+SessionsResult RunSessionsCell(const ClientOptions& client, const std::string& ns, int64_t n,
                                int per_client, std::chrono::milliseconds ttl,
                                const Timing& timing, std::optional<pid_t> holdfastd_pid,
                                std::optional<pid_t> etcd_pid, const StopFlag& stop);
