@@ -222,5 +222,56 @@ TEST(AuthenticatorTest, TakesTheSpiffeIdFromTheCertificate) {
             std::string::npos);
 }
 
+// Each certificate's answer is kept (a connection presents the same one on every
+// call), refusals included, and the cache stays within its bound.
+TEST(AuthenticatorTest, KeepsEachCertificatesAnswerWithinItsBound) {
+  auto ca = dev::MakeCa("ca");
+  ASSERT_TRUE(ca.ok());
+  server::Authenticator::Options ao{false, "", {"acme.org"}, {"spiffe://acme.org/ops/*"}};
+  ao.max_cached_certificates = 2;
+  server::Authenticator auth(ao);
+  dev::LeafOptions o;
+  o.uris = {"spiffe://acme.org/ops/oncall"};
+  const std::string admin = dev::MakeLeaf(*ca, o)->cert;
+  o.uris = {"spiffe://evil.org/x"};
+  const std::string foreign = dev::MakeLeaf(*ca, o)->cert;
+  o.uris = {"spiffe://acme.org/billing/worker"};
+  const std::string worker = dev::MakeLeaf(*ca, o)->cert;
+  EXPECT_EQ(auth.cached_certificates(), 0u);
+  for (int i = 0; i < 3; ++i) {
+    auto caller = auth.CallerOfCertificate(admin);
+    ASSERT_TRUE(caller.ok()) << caller.status();
+    EXPECT_EQ(caller->identity, "spiffe://acme.org/ops/oncall");
+    EXPECT_TRUE(caller->admin);
+    EXPECT_EQ(auth.cached_certificates(), 1u);
+  }
+  for (int i = 0; i < 2; ++i) {
+    auto refused = auth.CallerOfCertificate(foreign);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated);
+    EXPECT_EQ(refused.status().message(),
+              "trust domain \"evil.org\" of spiffe://evil.org/x is not accepted");
+    EXPECT_EQ(auth.cached_certificates(), 2u);
+  }
+  // Full: emptied, then the new one kept; the others are worked out again.
+  auto caller = auth.CallerOfCertificate(worker);
+  ASSERT_TRUE(caller.ok()) << caller.status();
+  EXPECT_EQ(caller->identity, "spiffe://acme.org/billing/worker");
+  EXPECT_FALSE(caller->admin);
+  EXPECT_EQ(auth.cached_certificates(), 1u);
+  caller = auth.CallerOfCertificate(admin);
+  ASSERT_TRUE(caller.ok()) << caller.status();
+  EXPECT_TRUE(caller->admin);
+  EXPECT_EQ(auth.cached_certificates(), 2u);
+  // A certificate over the size bound is answered, and not kept.
+  o.uris = {"spiffe://acme.org/big"};
+  for (int i = 0; i < 600; ++i) o.dns.push_back(absl::StrCat("name-", i, ".big.example.org"));
+  const std::string big = dev::MakeLeaf(*ca, o)->cert;
+  ASSERT_GT(big.size(), server::Authenticator::kMaxCachedPemBytes);
+  caller = auth.CallerOfCertificate(big);
+  ASSERT_TRUE(caller.ok()) << caller.status();
+  EXPECT_EQ(caller->identity, "spiffe://acme.org/big");
+  EXPECT_EQ(auth.cached_certificates(), 2u);
+}
+
 }  // namespace
 }  // namespace holdfast

@@ -14,9 +14,9 @@ namespace holdfast::server {
 namespace {
 
 // The URI SANs of a certificate.
-absl::StatusOr<std::vector<std::string>> UriSans(const std::string& pem) {
-  std::unique_ptr<BIO, decltype(&BIO_free)> bio(BIO_new_mem_buf(pem.data(), pem.size()),
-                                                BIO_free);
+absl::StatusOr<std::vector<std::string>> UriSans(absl::string_view pem) {
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
   std::unique_ptr<X509, decltype(&X509_free)> cert(
       PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), X509_free);
   if (!cert) return absl::UnauthenticatedError("the client certificate cannot be parsed");
@@ -37,7 +37,25 @@ absl::StatusOr<std::vector<std::string>> UriSans(const std::string& pem) {
 
 }  // namespace
 
-absl::StatusOr<lock::Caller> Authenticator::CallerOfCertificate(const std::string& pem) const {
+absl::StatusOr<lock::Caller> Authenticator::CallerOfCertificate(absl::string_view pem) const {
+  {
+    absl::ReaderMutexLock l(&mu_);
+    if (auto it = by_pem_.find(pem); it != by_pem_.end()) return it->second;
+  }
+  absl::StatusOr<lock::Caller> caller = Parse(pem);
+  if (pem.size() > kMaxCachedPemBytes) return caller;
+  absl::MutexLock l(&mu_);
+  if (by_pem_.size() >= options_.max_cached_certificates) by_pem_.clear();
+  by_pem_.emplace(pem, caller);
+  return caller;
+}
+
+size_t Authenticator::cached_certificates() const {
+  absl::ReaderMutexLock l(&mu_);
+  return by_pem_.size();
+}
+
+absl::StatusOr<lock::Caller> Authenticator::Parse(absl::string_view pem) const {
   auto uris = UriSans(pem);
   if (!uris.ok()) return uris.status();
   if (uris->size() != 1) {
@@ -66,7 +84,7 @@ absl::StatusOr<lock::Caller> Authenticator::CallerOf(const grpc::ServerContextBa
   if (!auth) return absl::UnauthenticatedError("no TLS peer");
   auto pems = auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
   if (pems.empty()) return absl::UnauthenticatedError("no client certificate was presented");
-  return CallerOfCertificate(std::string(pems.front().data(), pems.front().size()));
+  return CallerOfCertificate(absl::string_view(pems.front().data(), pems.front().size()));
 }
 
 absl::Status Authenticator::RequireAdmin(const lock::Caller& caller) {
