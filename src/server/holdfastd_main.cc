@@ -10,9 +10,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "server/config.h"
+#include "server/malloc_arenas.h"
 #include "server/server.h"
 
 int main(int argc, char** argv) {
+  holdfast::server::LimitMallocArenas();  // before any thread: server/malloc_arenas.h
   // Debian's Abseil is built with Mutex deadlock detection on: every lock taken
   // while another is held updates a global lock graph (~3% of holdfastd's CPU
   // under load, docs/performance.md). The unit tests keep it; the server does
