@@ -86,9 +86,9 @@ bool IsLoopbackEndpoint(const std::string& endpoint) {
   return inet_pton(AF_INET, host.c_str(), &a) == 1 && (ntohl(a.s_addr) >> 24) == 127;
 }
 
-absl::Status WaitForHoldfastd(ClientOptions o, std::chrono::milliseconds timeout,
+absl::Status WaitForHoldfastd(ClientOptions options, std::chrono::milliseconds timeout,
                               dev::Subprocess* process) {
-  const std::string endpoint = o.endpoints.at(0);
+  const std::string endpoint = options.endpoints.at(0);
   auto until = std::chrono::steady_clock::now() + timeout;
   auto exited = [process]() -> std::optional<absl::Status> {
     if (process == nullptr || process->Running()) return std::nullopt;
@@ -101,8 +101,8 @@ absl::Status WaitForHoldfastd(ClientOptions o, std::chrono::milliseconds timeout
     if (auto gone = exited()) return *gone;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
-  o.rpc_timeout = std::chrono::seconds(1);
-  auto client = Client::Connect(o);
+  options.rpc_timeout = std::chrono::seconds(1);
+  auto client = Client::Connect(options);
   if (!client.ok()) return client.status();
   absl::Status last = absl::DeadlineExceededError("not tried");
   while (std::chrono::steady_clock::now() < until) {

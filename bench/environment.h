@@ -36,8 +36,8 @@ struct EnvironmentOptions {
 
 class Environment {
  public:
-  // Errors: INVALID_ARGUMENT (an address that is not loopback, or --endpoint
-  // without --etcd), NOT_FOUND (no etcd or holdfastd binary), DEADLINE_EXCEEDED
+  // Errors: INVALID_ARGUMENT (an address that is not loopback, --endpoint
+  // without --etcd, or tls with --endpoint), NOT_FOUND (no etcd or holdfastd binary), DEADLINE_EXCEEDED
   // (a process did not become ready; the message quotes its log), INTERNAL.
   static absl::StatusOr<std::unique_ptr<Environment>> Start(const EnvironmentOptions& options);
   ~Environment();
@@ -80,11 +80,11 @@ class Environment {
 // True for 127.0.0.0/8, ::1 and "localhost" host:port strings.
 bool IsLoopbackEndpoint(const std::string& endpoint);
 
-// Waits until holdfastd at `client.endpoints[0]` accepts TCP connections and
-// answers Admin.GetEpoch to a client made with `client`. Errors:
+// Waits until holdfastd at `options.endpoints[0]` accepts TCP connections and
+// answers Admin.GetEpoch to a client made with `options`. Errors:
 // DEADLINE_EXCEEDED with the last answer; FAILED_PRECONDITION when `process` (if
 // given) exits first.
-absl::Status WaitForHoldfastd(ClientOptions client, std::chrono::milliseconds timeout,
+absl::Status WaitForHoldfastd(ClientOptions options, std::chrono::milliseconds timeout,
                               dev::Subprocess* process = nullptr);
 
 }  // namespace holdfast::bench

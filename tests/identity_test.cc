@@ -220,6 +220,11 @@ TEST(AuthenticatorTest, TakesTheSpiffeIdFromTheCertificate) {
   o.uris = {"spiffe://acme.org:8443/a"};
   EXPECT_NE(auth.CallerOfCertificate(dev::MakeLeaf(*ca, o)->cert).status().message().find("no port"),
             std::string::npos);
+  for (const char* junk : {"", "not a certificate"}) {
+    auto refused = auth.CallerOfCertificate(junk);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated) << junk;
+    EXPECT_EQ(refused.status().message(), "the client certificate cannot be parsed") << junk;
+  }
 }
 
 // Each certificate's answer is kept (a connection presents the same one on every

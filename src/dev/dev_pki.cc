@@ -165,7 +165,9 @@ absl::StatusOr<bool> EnsureSvid(const Pem& ca, const SvidRequest& req,
   return true;
 }
 
-absl::StatusOr<DevPki> PrepareDevPki(const std::string& dir, const std::string& listen_host) {
+absl::StatusOr<DevPki> PrepareDevPki(const std::string& data_dir,
+                                     const std::string& listen_host) {
+  const std::string& dir = data_dir;
   auto ca = LoadOrCreateDevCa(dir);
   if (!ca.ok()) return ca.status();
   DevPki pki;
@@ -195,7 +197,9 @@ absl::StatusOr<DevPki> PrepareDevPki(const std::string& dir, const std::string& 
   return pki;
 }
 
-absl::StatusOr<std::string> WriteDevHoldfastdConfig(const std::string& dir, const DevPki& pki) {
+absl::StatusOr<std::string> WriteDevHoldfastdConfig(const std::string& data_dir,
+                                                    const DevPki& pki) {
+  const std::string& dir = data_dir;
   std::string yaml = absl::StrCat(
       "# Written on every start (holdfast dev, holdfast-bench --tls): edits here are lost.\n",
       "tls:\n",

@@ -1,6 +1,7 @@
 // The dev PKI of `holdfast dev`: one CA for trust domain holdfast.dev kept in the
 // dev data directory, holdfastd's certificate, and the CLI's identity, so that
 // development runs mTLS with SPIFFE IDs like production (ARCHITECTURE §9).
+// holdfast-bench --tls makes the same in its own temporary directory.
 //
 // Layout under the data directory DIR (key files mode 0600, directories 0700):
 //   DIR/ca/ca.pem, DIR/ca/ca_key.pem        the dev CA (valid 10 years)
@@ -8,13 +9,16 @@
 //              svid_bundle.pem              DNS localhost, IP 127.0.0.1 (+ the listen host)
 //   DIR/cli/svid.pem, svid_key.pem,         the CLI: spiffe://holdfast.dev/dev/cli
 //           svid_bundle.pem
+//   DIR/holdfastd.yaml                      holdfastd's config for them (written
+//                                           on every start)
 // svid_bundle.pem is the dev CA (the trust bundle to verify peers with); the
 // file names are the ones SPIRE's helper writes. Leaves are valid for a year.
 // Everything is reused on later starts and minted again when missing, expiring
 // within a day, not signed by the current CA, or not naming what it must.
 //
 // Thread-compatible: one process at a time may write a DIR (`holdfast dev` holds
-// DIR/dev.lock); reading is safe meanwhile (files are replaced by rename).
+// DIR/dev.lock; holdfast-bench writes only its own temporary directory); reading
+// is safe meanwhile (files are replaced by rename).
 #pragma once
 
 #include <chrono>

@@ -1,9 +1,11 @@
 #include "server/auth.h"
 
+#include <openssl/err.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
+#include <climits>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -15,11 +17,17 @@ namespace {
 
 // The URI SANs of a certificate.
 absl::StatusOr<std::vector<std::string>> UriSans(absl::string_view pem) {
+  if (pem.empty() || pem.size() > static_cast<size_t>(INT_MAX)) {
+    return absl::UnauthenticatedError("the client certificate cannot be parsed");
+  }
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(
       BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
   std::unique_ptr<X509, decltype(&X509_free)> cert(
       PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr), X509_free);
-  if (!cert) return absl::UnauthenticatedError("the client certificate cannot be parsed");
+  if (!cert) {
+    ERR_clear_error();  // leave no stale entry for this thread's next TLS call
+    return absl::UnauthenticatedError("the client certificate cannot be parsed");
+  }
   std::vector<std::string> uris;
   auto* names = static_cast<GENERAL_NAMES*>(
       X509_get_ext_d2i(cert.get(), NID_subject_alt_name, nullptr, nullptr));
@@ -43,7 +51,7 @@ absl::StatusOr<lock::Caller> Authenticator::CallerOfCertificate(absl::string_vie
     if (auto it = by_pem_.find(pem); it != by_pem_.end()) return it->second;
   }
   absl::StatusOr<lock::Caller> caller = Parse(pem);
-  if (pem.size() > kMaxCachedPemBytes) return caller;
+  if (pem.size() > kMaxCachedPemBytes || options_.max_cached_certificates == 0) return caller;
   absl::MutexLock l(&mu_);
   if (by_pem_.size() >= options_.max_cached_certificates) by_pem_.clear();
   by_pem_.emplace(pem, caller);
