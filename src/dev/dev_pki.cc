@@ -167,8 +167,7 @@ absl::StatusOr<bool> EnsureSvid(const Pem& ca, const SvidRequest& req,
 
 absl::StatusOr<DevPki> PrepareDevPki(const std::string& data_dir,
                                      const std::string& listen_host) {
-  const std::string& dir = data_dir;
-  auto ca = LoadOrCreateDevCa(dir);
+  auto ca = LoadOrCreateDevCa(data_dir);
   if (!ca.ok()) return ca.status();
   DevPki pki;
   if (ca->minted) pki.minted.push_back("the dev CA");
@@ -184,22 +183,21 @@ absl::StatusOr<DevPki> PrepareDevPki(const std::string& data_dir,
       list.push_back(listen_host);
     }
   }
-  auto server_minted = EnsureSvid(ca->pem, server, DevServerDir(dir));
+  auto server_minted = EnsureSvid(ca->pem, server, DevServerDir(data_dir));
   if (!server_minted.ok()) return server_minted.status();
   if (*server_minted) pki.minted.push_back("holdfastd's certificate");
   SvidRequest cli;
   cli.spiffe_id = kDevCliId;
-  auto cli_minted = EnsureSvid(ca->pem, cli, DevCliDir(dir));
+  auto cli_minted = EnsureSvid(ca->pem, cli, DevCliDir(data_dir));
   if (!cli_minted.ok()) return cli_minted.status();
   if (*cli_minted) pki.minted.push_back(absl::StrCat("the CLI's identity ", kDevCliId));
-  pki.server = SvidFiles::In(DevServerDir(dir));
-  pki.cli = SvidFiles::In(DevCliDir(dir));
+  pki.server = SvidFiles::In(DevServerDir(data_dir));
+  pki.cli = SvidFiles::In(DevCliDir(data_dir));
   return pki;
 }
 
 absl::StatusOr<std::string> WriteDevHoldfastdConfig(const std::string& data_dir,
                                                     const DevPki& pki) {
-  const std::string& dir = data_dir;
   std::string yaml = absl::StrCat(
       "# Written on every start (holdfast dev, holdfast-bench --tls): edits here are lost.\n",
       "tls:\n",
@@ -209,7 +207,7 @@ absl::StatusOr<std::string> WriteDevHoldfastdConfig(const std::string& data_dir,
       "  trust_domains: [", kDevTrustDomain, "]\n",
       "  refresh: 10s\n",
       "admin_ids: [", YamlQuote(kDevCliId), ", ", YamlQuote(kDevOpsAdmins), "]\n");
-  std::string file = dir + "/holdfastd.yaml";
+  std::string file = data_dir + "/holdfastd.yaml";
   if (auto s = WriteFileAtomically(file, yaml, 0644); !s.ok()) return s;
   return file;
 }
