@@ -470,6 +470,16 @@ TEST(RidesAfterTest, OnlyDisjointSingleKeyWritesPair) {
   // The release writes a key, or a key in a range, that the rider compares.
   EXPECT_FALSE(GroupCommit::RidesAfter(release, txn({"/w/c"}, {"/w/a"}, {})));
   EXPECT_FALSE(GroupCommit::RidesAfter(release, txn({"/h/"}, {"/w/a"}, {})));
+  // A compare of every key from one on (range_end "\0"): what the release writes
+  // at or after it counts, what it writes before it does not.
+  auto from = [&](const std::string& key) {
+    auto t = txn({}, {"/w/a"}, {});
+    AddCompare(&t, key, pb::Compare::CREATE, pb::Compare::EQUAL)
+        ->set_range_end(std::string(1, '\0'));
+    return t;
+  };
+  EXPECT_FALSE(GroupCommit::RidesAfter(release, from("/mark")));
+  EXPECT_TRUE(GroupCommit::RidesAfter(release, from("/x")));
   // Both write one key (etcd would refuse the transaction).
   EXPECT_FALSE(GroupCommit::RidesAfter(release, txn({"/w/a"}, {"/mark"}, {})));
   EXPECT_FALSE(GroupCommit::RidesAfter(release, txn({"/w/a"}, {}, {"/w/c"})));
