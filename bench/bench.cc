@@ -89,7 +89,8 @@ class Matrix {
     const bool baselines = plan_.Runs("baselines");
     for (int c : plan_.concurrency) {
       if (baselines) {
-        EtcdCell(kGuardedTxn, c, [&] { return GuardedTxnWorkers(pool_, c, Tag("c", c)); });
+        EtcdCell(kGuardedTxn, c, GuardedTxnPrefix(Tag("c", c)),
+                 [&] { return GuardedTxnWorkers(pool_, c, Tag("c", c)); });
         LeaseCell(kRawCycle, c, [&](const auto& leases) {
           return RawCycleWorkers(pool_, leases, Tag("c", c));
         });
@@ -228,13 +229,22 @@ class Matrix {
                  s.ToString().c_str());
   }
 
-  void EtcdCell(const char* id, int c, const WorkerFactory& make) {
+  // A cell straight on etcd whose workers write keys under `written` (below the
+  // pool's prefix). They are deleted when the cell ends, as a lease cell's leases
+  // are revoked: the tens of thousands of keys a cell writes would otherwise stay
+  // in etcd's index through every later cell, and etcd's garbage collector scans
+  // that index (docs/performance.md, "What the baseline cells left behind").
+  // holdfastd's compaction then takes them out of the index.
+  void EtcdCell(const char* id, int c, const std::string& written, const WorkerFactory& make) {
     if (stop_.stopped()) return;
     Starting(id, c);
-    auto workers = make();
-    Costs costs;
-    auto series = Measure(workers, &costs);
-    File(id, c, series, costs);
+    {
+      auto workers = make();
+      Costs costs;
+      auto series = Measure(workers, &costs);
+      File(id, c, series, costs);
+    }
+    pool_.DeletePrefix(written);
   }
 
   void LeaseCell(const char* id, int c, const LeaseWorkerFactory& make) {

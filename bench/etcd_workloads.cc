@@ -306,19 +306,22 @@ void EtcdPool::RevokeLeases(const std::vector<int64_t>& leases,
               });
 }
 
-void EtcdPool::DeletePrefix() {
+void EtcdPool::DeletePrefix(const std::string& under) {
+  const std::string prefix = prefix_ + under;
   pb::DeleteRangeRequest req;
-  req.set_key(prefix_);
-  req.set_range_end(PrefixEnd(prefix_));
+  req.set_key(prefix);
+  req.set_range_end(PrefixEnd(prefix));
   (void)clients_[0]->DeleteRangeSync(req, etcd::DeadlineIn(kEtcdCallTimeout));
 }
+
+std::string GuardedTxnPrefix(const std::string& cell) { return absl::StrCat("txn/", cell, "/"); }
 
 std::vector<std::unique_ptr<Worker>> GuardedTxnWorkers(EtcdPool& pool, int n,
                                                        const std::string& cell) {
   std::vector<std::unique_ptr<Worker>> out;
   for (int i = 0; i < n; ++i) {
     out.push_back(std::make_unique<GuardedTxnWorker>(
-        &pool.client(i), absl::StrCat(pool.prefix(), "txn/", cell, "/", i, "/")));
+        &pool.client(i), absl::StrCat(pool.prefix(), GuardedTxnPrefix(cell), i, "/")));
   }
   return out;
 }

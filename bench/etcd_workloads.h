@@ -42,8 +42,9 @@ class EtcdPool {
                                                    const StopFlag& stop);
   // Revokes the leases (and so their keys); best effort, bounded by `deadline`.
   void RevokeLeases(const std::vector<int64_t>& leases, SteadyClock::time_point deadline);
-  // Deletes every key under prefix(). Best effort.
-  void DeletePrefix();
+  // Deletes every key under prefix() + `under` (every key under prefix() by
+  // default). Best effort.
+  void DeletePrefix(const std::string& under = "");
 
  private:
   EtcdPool() = default;
@@ -54,7 +55,9 @@ class EtcdPool {
 };
 
 // `n` workers, each putting fresh keys under `cell` behind a create_revision == 0
-// compare: one guarded txn per op.
+// compare: one guarded txn per op. The keys are under GuardedTxnPrefix(cell) of
+// the pool's prefix.
+std::string GuardedTxnPrefix(const std::string& cell);
 std::vector<std::unique_ptr<Worker>> GuardedTxnWorkers(EtcdPool& pool, int n,
                                                        const std::string& cell);
 
