@@ -241,7 +241,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
           "session ", req_.session_id(), " not found in namespace \"", ns,
           "\" (it expired or was closed)")));
     }
-    engine_->RememberOwner(req_.session_id(), snap.session->identity());
+    engine_->owners_.Remember(req_.session_id(), ns, snap.session->identity());
     if (auto s = Engine::CheckOwner(caller_, req_.session_id(), snap.session->identity());
         !s.ok()) {
       return Finish(s);

@@ -85,18 +85,6 @@ absl::Status Engine::CheckOwner(const Caller& caller, int64_t session, const std
       " may not use it"));
 }
 
-void Engine::RememberOwner(int64_t session, const std::string& identity) {
-  absl::MutexLock l(&owners_mu_);
-  if (owners_.size() >= 200'000) owners_.clear();  // bounded; misses cost a read
-  owners_[session] = identity;
-}
-
-std::optional<std::string> Engine::KnownOwner(int64_t session) {
-  absl::MutexLock l(&owners_mu_);
-  auto it = owners_.find(session);
-  if (it == owners_.end()) return std::nullopt;
-  return it->second;
-}
 
 Engine::Engine(etcd::Client* etcd, EngineOptions options, EtcdHealth* health)
     : etcd_(etcd),
@@ -270,7 +258,7 @@ void Engine::CommitSession(const Caller& caller, const std::string& ns, int64_t 
         RevokeQuietly(lease);
         return done(absl::AbortedError("too many concurrent session opens; try again"));
       }
-      RememberOwner(lease, caller.identity);
+      owners_.Remember(lease, ns, caller.identity);
       v1::OpenSessionResponse out;
       out.set_session_id(lease);
       out.set_ttl_ms(ttl_s * 1000);
@@ -311,6 +299,12 @@ void Engine::CommitSession(const Caller& caller, const std::string& ns, int64_t 
 void Engine::VerifySession(const Caller& caller, const std::string& ns, int64_t session,
                            Deadline d, Done<bool> done) {
   if (auto s = ValidateSessionRef(ns, session); !s.ok()) return done(s);
+  // Seen here in this namespace (opened here, most often): no read. A session
+  // that ended since is told so by its renewal (the lease is gone).
+  if (auto owner = owners_.OwnerIn(session, ns)) {
+    if (auto s = CheckOwner(caller, session, *owner); !s.ok()) return done(s);
+    return done(true);
+  }
   pb::RangeRequest r;
   r.set_key(keyspace::SessionKey(ns, session));
   etcd_->Range(r, EtcdDeadline(d), [this, caller, ns, session,
@@ -325,7 +319,7 @@ void Engine::VerifySession(const Caller& caller, const std::string& ns, int64_t 
     if (!rec.ParseFromString(resp->kvs(0).value())) {
       return done(absl::DataLossError("corrupt session record in etcd"));
     }
-    RememberOwner(session, rec.identity());
+    owners_.Remember(session, ns, rec.identity());
     if (auto s = CheckOwner(caller, session, rec.identity()); !s.ok()) return done(s);
     done(true);
   });
@@ -405,7 +399,6 @@ void Engine::CloseSession(const Caller& caller, const v1::CloseSessionRequest& r
     if (!rec.ParseFromString(resp->kvs(0).value())) {
       return done(absl::DataLossError("corrupt session record in etcd"));
     }
-    RememberOwner(lease, rec.identity());
     if (auto s = CheckOwner(caller, lease, rec.identity()); !s.ok()) return done(s);
     auto revoke = [this, ns, lease, d, done] {
       views_.Forget(lease);
@@ -414,6 +407,7 @@ void Engine::CloseSession(const Caller& caller, const v1::CloseSessionRequest& r
       etcd_->LeaseRevoke(rr, EtcdDeadline(d), [this, ns, lease,
                                                done](absl::StatusOr<pb::LeaseRevokeResponse> x) {
         if (!x.ok() && x.status().code() != absl::StatusCode::kNotFound) return done(x.status());
+        owners_.Forget(lease);
         observer().OnSessionClosed(ns, lease);
         done(v1::CloseSessionResponse());
       });
@@ -446,7 +440,7 @@ void Engine::Release(const Caller& caller, const v1::ReleaseRequest& req, Deadli
     return done(absl::InvalidArgumentError(absl::StrCat("token ", req.token(), " is invalid")));
   }
   // Only the session's owner may release its holds.
-  if (auto owner = KnownOwner(req.session_id())) {
+  if (auto owner = owners_.OwnerIn(req.session_id(), req.namespace_())) {
     if (auto s = CheckOwner(caller, req.session_id(), *owner); !s.ok()) return done(s);
     return ReleaseAttempt(req, d, /*attempts_left=*/5, std::move(done));
   }

@@ -13,7 +13,6 @@
 #include <chrono>
 #include <functional>
 #include <memory>
-#include <map>
 #include <optional>
 #include <string>
 
@@ -28,6 +27,7 @@
 #include "lock/view_cache.h"
 #include "lock/etcd_health.h"
 #include "lock/observer.h"
+#include "lock/session_owners.h"
 
 namespace holdfast::lock {
 
@@ -190,12 +190,9 @@ class Engine {
   ForcedHolds forced_;
   mutable absl::Mutex block_mu_;
   std::string block_reason_ ABSL_GUARDED_BY(block_mu_);
-  // Owner of each session seen (identities never change): lets Release check
-  // ownership without a read. Bounded; a miss costs one read.
-  absl::Mutex owners_mu_;
-  std::map<int64_t, std::string> owners_ ABSL_GUARDED_BY(owners_mu_);
-  void RememberOwner(int64_t session, const std::string& identity);
-  std::optional<std::string> KnownOwner(int64_t session);
+  // Namespace and owner of each session seen (lock/session_owners.h): lets a
+  // keepalive or a release check its session without a read.
+  SessionOwners owners_;
   // PERMISSION_DENIED unless the session belongs to the caller.
   static absl::Status CheckOwner(const Caller& caller, int64_t session,
                                  const std::string& owner);

@@ -269,7 +269,7 @@ void Metrics::Refresh() {
   {
     absl::MutexLock l(&mu_);
     PruneLocked(now);
-    for (const auto& [id, s] : sessions_) ++live[s.ns];
+    for (const auto& [id, s] : sessions_) ++live[*s.ns];
     // Namespaces that had live sessions and have none now read 0.
     for (const auto& ns : live_namespaces_) live.emplace(ns, 0);
     source = audit_source_;
@@ -302,7 +302,7 @@ void Metrics::Refresh() {
 void Metrics::PruneLocked(std::chrono::steady_clock::time_point now) {
   for (auto it = sessions_.begin(); it != sessions_.end();) {
     if (it->second.last + it->second.ttl < now) {
-      it = sessions_.erase(it);
+      sessions_.erase(it++);  // the other iterators stay valid
     } else {
       ++it;
     }
@@ -370,8 +370,8 @@ void Metrics::OnSessionOpened(std::string_view ns, int64_t session,
   sessions_opened_->Add({{"namespace", std::string(ns)}}).Increment();
   const auto now = now_();
   absl::MutexLock l(&mu_);
-  sessions_[session] = SeenSession{std::string(ns), now, ttl};
-  live_namespaces_.emplace(ns);
+  const std::string* name = &*live_namespaces_.emplace(ns).first;
+  sessions_[session] = SeenSession{name, now, ttl};
   if (now >= next_prune_) PruneLocked(now);
 }
 
@@ -399,9 +399,9 @@ void Metrics::OnRenewed(const lock::RenewEnd& end) {
   std::optional<double> ratio;
   {
     absl::MutexLock l(&mu_);
-    auto [it, added] = sessions_.try_emplace(end.session, SeenSession{ns, now, end.ttl});
+    auto [it, added] = sessions_.try_emplace(end.session, SeenSession{nullptr, now, end.ttl});
     if (added) {
-      live_namespaces_.insert(ns);  // came from another replica
+      it->second.ns = &*live_namespaces_.insert(ns).first;  // came from another replica
     } else {
       // Against the TTL the session had until now: that is when it would have
       // expired.

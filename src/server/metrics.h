@@ -31,9 +31,9 @@
 #include <string_view>
 #include <map>
 #include <set>
-#include <unordered_map>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "audit/auditor.h"
@@ -105,8 +105,9 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
  private:
   class Scrape;
   struct AuditGauges;
+  // 24 bytes in a flat table: a live session costs no heap block of its own.
   struct SeenSession {
-    std::string ns;
+    const std::string* ns;  // in live_namespaces_, whose nodes never move
     std::chrono::steady_clock::time_point last;  // opened or last renewed here
     std::chrono::milliseconds ttl;
   };
@@ -147,7 +148,7 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
   std::atomic<int> port_{0};
 
   absl::Mutex mu_;
-  std::unordered_map<int64_t, SeenSession> sessions_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<int64_t, SeenSession> sessions_ ABSL_GUARDED_BY(mu_);
   std::set<std::string, std::less<>> live_namespaces_ ABSL_GUARDED_BY(mu_);  // ever had one
   std::chrono::steady_clock::time_point next_prune_ ABSL_GUARDED_BY(mu_);
   std::function<audit::AuditorStatus()> audit_source_ ABSL_GUARDED_BY(mu_);

@@ -1,8 +1,6 @@
 #include "server/session_service.h"
 
 #include <deque>
-#include <set>
-#include <tuple>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -71,26 +69,15 @@ class KeepAliveReactor
  private:
   void Handle(v1::KeepAliveRequest req) {
     // Each request goes to its namespace's home cluster. A session is verified
-    // per cluster: after a rehome its id means nothing on the new home.
+    // per cluster: after a rehome its id means nothing on the new home. The
+    // engine knows the sessions it has seen (lock/session_owners.h), so only a
+    // session new to this replica costs a read, once.
     lock::Engine* engine = router_->RouteFor(req.namespace_()).engine;
-    auto key = std::make_tuple(req.namespace_(), req.session_id(), engine);
-    bool verified;
-    {
-      absl::MutexLock l(&mu_);
-      verified = verified_.count(key) > 0;
-    }
     auto deadline = lock::Deadline(std::chrono::system_clock::now() +
                                    engine->options().etcd_timeout);
-    if (verified) return Renew(engine, std::move(req), deadline);
     engine->VerifySession(caller_, req.namespace_(), req.session_id(), deadline,
-                           [this, engine, req, key, deadline](absl::StatusOr<bool> ok) mutable {
-                             if (ok.ok()) {
-                               {
-                                 absl::MutexLock l(&mu_);
-                                 verified_.insert(key);
-                               }
-                               return Renew(engine, std::move(req), deadline);
-                             }
+                           [this, engine, req, deadline](absl::StatusOr<bool> ok) mutable {
+                             if (ok.ok()) return Renew(engine, std::move(req), deadline);
                              v1::KeepAliveResponse resp;
                              resp.set_session_id(req.session_id());
                              resp.set_sequence(req.sequence());
@@ -143,7 +130,6 @@ class KeepAliveReactor
   v1::KeepAliveResponse write_buf_;       // owned by the write in flight
   absl::Mutex mu_;
   std::deque<v1::KeepAliveResponse> writes_ ABSL_GUARDED_BY(mu_);
-  std::set<std::tuple<std::string, int64_t, lock::Engine*>> verified_ ABSL_GUARDED_BY(mu_);
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
   bool writing_ ABSL_GUARDED_BY(mu_) = false;
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
