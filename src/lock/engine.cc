@@ -78,11 +78,17 @@ absl::Status CheckMember(const Caller& caller, const std::string& ns,
       caller.identity, " is not a member of namespace \"", ns, "\""));
 }
 
-absl::Status Engine::CheckOwner(const Caller& caller, int64_t session, const std::string& owner) {
-  if (owner == caller.identity) return absl::OkStatus();
+namespace {
+absl::Status NotOwner(const Caller& caller, int64_t session) {
   return absl::PermissionDeniedError(absl::StrCat(
       "session ", session, " belongs to another identity; ", caller.identity,
       " may not use it"));
+}
+}  // namespace
+
+absl::Status Engine::CheckOwner(const Caller& caller, int64_t session, const std::string& owner) {
+  if (owner == caller.identity) return absl::OkStatus();
+  return NotOwner(caller, session);
 }
 
 
@@ -301,8 +307,8 @@ void Engine::VerifySession(const Caller& caller, const std::string& ns, int64_t 
   if (auto s = ValidateSessionRef(ns, session); !s.ok()) return done(s);
   // Seen here in this namespace (opened here, most often): no read. A session
   // that ended since is told so by its renewal (the lease is gone).
-  if (auto owner = owners_.OwnerIn(session, ns)) {
-    if (auto s = CheckOwner(caller, session, *owner); !s.ok()) return done(s);
+  if (auto owner = owners_.IsOwner(session, ns, caller.identity)) {
+    if (!*owner) return done(NotOwner(caller, session));
     return done(true);
   }
   pb::RangeRequest r;
@@ -375,6 +381,7 @@ void Engine::RenewAttempt(const v1::KeepAliveRequest& req, Deadline d, bool agai
                          *base.add_ended() = std::move(e);
                        }
                      }
+                     if (base.lost()) owners_.Forget(req.session_id());
                      ReportRenewal(observer(), ns, base, std::chrono::steady_clock::now() - started);
                      done(std::move(base));
                    });
@@ -440,8 +447,8 @@ void Engine::Release(const Caller& caller, const v1::ReleaseRequest& req, Deadli
     return done(absl::InvalidArgumentError(absl::StrCat("token ", req.token(), " is invalid")));
   }
   // Only the session's owner may release its holds.
-  if (auto owner = owners_.OwnerIn(req.session_id(), req.namespace_())) {
-    if (auto s = CheckOwner(caller, req.session_id(), *owner); !s.ok()) return done(s);
+  if (auto owner = owners_.IsOwner(req.session_id(), req.namespace_(), caller.identity)) {
+    if (!*owner) return done(NotOwner(caller, req.session_id()));
     return ReleaseAttempt(req, d, /*attempts_left=*/5, std::move(done));
   }
   VerifySession(caller, req.namespace_(), req.session_id(), d,
