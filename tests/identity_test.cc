@@ -37,6 +37,36 @@ class IdentityTest : public ::testing::Test {
 
   std::unique_ptr<Client> As(const std::string& who) { return std::move(*cluster_->NewClientAs(who)); }
 
+  // A TLS channel to holdfastd with `who`'s certificate, made like the client
+  // library makes it, for the raw API.
+  std::shared_ptr<grpc::Channel> RawChannel(const std::string& who) {
+    grpc::experimental::TlsChannelCredentialsOptions topts;
+    auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        cluster_->certs_dir() + "/" + who + "_key.pem", cluster_->certs_dir() + "/" + who + ".pem",
+        cluster_->certs_dir() + "/ca.pem", 10);
+    topts.set_certificate_provider(provider);
+    topts.watch_root_certs();
+    topts.watch_identity_key_cert_pairs();
+    return grpc::CreateChannel(cluster_->endpoint(), grpc::experimental::TlsCredentials(topts));
+  }
+
+  // One KeepAlive request on a new stream, and its answer.
+  static v1::KeepAliveResponse KeepAliveOnce(v1::Session::Stub* stub, const std::string& ns,
+                                             int64_t session) {
+    grpc::ClientContext ctx;
+    auto stream = stub->KeepAlive(&ctx);
+    v1::KeepAliveRequest ka;
+    ka.set_namespace_(ns);
+    ka.set_session_id(session);
+    ka.set_sequence(1);
+    v1::KeepAliveResponse answer;
+    EXPECT_TRUE(stream->Write(ka));
+    EXPECT_TRUE(stream->Read(&answer));
+    stream->WritesDone();
+    EXPECT_TRUE(stream->Finish().ok());
+    return answer;
+  }
+
   int64_t Revision() {
     pb::RangeRequest r;
     r.set_key("/holdfast/epoch");
@@ -90,14 +120,7 @@ TEST_F(IdentityTest, ASessionServesOnlyTheIdentityThatOpenedIt) {
   rel.set_token(hold->token());
   // Bob's Session API cannot name alice's session, so use Describe/CheckToken and
   // the Lock stub through a TLS channel made like the client library makes it.
-  grpc::experimental::TlsChannelCredentialsOptions topts;
-  auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      cluster_->certs_dir() + "/bob_key.pem", cluster_->certs_dir() + "/bob.pem",
-      cluster_->certs_dir() + "/ca.pem", 10);
-  topts.set_certificate_provider(provider);
-  topts.watch_root_certs();
-  topts.watch_identity_key_cert_pairs();
-  auto channel = grpc::CreateChannel(cluster_->endpoint(), grpc::experimental::TlsCredentials(topts));
+  auto channel = RawChannel("bob");
   auto lock_stub = v1::Lock::NewStub(channel);
   auto session_stub = v1::Session::NewStub(channel);
   {
@@ -126,24 +149,44 @@ TEST_F(IdentityTest, ASessionServesOnlyTheIdentityThatOpenedIt) {
               grpc::StatusCode::PERMISSION_DENIED);
   }
   {
-    grpc::ClientContext ctx;
-    auto stream = session_stub->KeepAlive(&ctx);
-    v1::KeepAliveRequest ka;
-    ka.set_namespace_("default");
-    ka.set_session_id(session->id());
-    ka.set_sequence(1);
-    ASSERT_TRUE(stream->Write(ka));
-    v1::KeepAliveResponse answer;
-    ASSERT_TRUE(stream->Read(&answer));
+    auto answer = KeepAliveOnce(session_stub.get(), "default", session->id());
     EXPECT_TRUE(answer.lost());  // not renewed for bob
     EXPECT_EQ(answer.ttl_ms(), 0);
     EXPECT_NE(answer.reason().find("belongs to another identity"), std::string::npos);
-    stream->WritesDone();
-    stream->Finish();
   }
   EXPECT_EQ(Revision(), rev);  // nothing changed
   EXPECT_FALSE(hold->lost());
   EXPECT_TRUE(hold->Release().ok());  // alice can
+}
+
+// holdfastd knows the sessions it opened (lock/session_owners.h) and renews them
+// without reading etcd; a keepalive that names another namespace than the
+// session's, or a session that has ended, still renews nothing.
+TEST_F(IdentityTest, AKeepAliveRenewsOnlyALiveSessionInItsOwnNamespace) {
+  ASSERT_TRUE(cluster_->CreateNamespace("other").ok());
+  auto alice = As("alice");
+  auto session = std::move(*alice->OpenSession("default"));
+  auto stub = v1::Session::NewStub(RawChannel("alice"));
+  const int64_t rev = Revision();
+
+  auto elsewhere = KeepAliveOnce(stub.get(), "other", session->id());
+  EXPECT_TRUE(elsewhere.lost());
+  EXPECT_EQ(elsewhere.ttl_ms(), 0);
+  EXPECT_NE(elsewhere.reason().find("not found in namespace \"other\""), std::string::npos)
+      << elsewhere.reason();
+  EXPECT_EQ(Revision(), rev);  // nothing changed
+  EXPECT_FALSE(session->lost());
+
+  auto own = KeepAliveOnce(stub.get(), "default", session->id());
+  EXPECT_FALSE(own.lost()) << own.reason();
+  EXPECT_FALSE(own.etcd_unavailable()) << own.reason();
+  EXPECT_GT(own.ttl_ms(), 0);
+
+  const int64_t id = session->id();
+  ASSERT_TRUE(session->Close().ok());
+  auto closed = KeepAliveOnce(stub.get(), "default", id);
+  EXPECT_TRUE(closed.lost()) << closed.reason();
+  EXPECT_EQ(closed.ttl_ms(), 0);
 }
 
 TEST_F(IdentityTest, NamespacePolicyAdmitsMembersAndAdminsOnly) {
