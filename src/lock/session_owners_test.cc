@@ -1,9 +1,9 @@
 // SessionOwners' rules, without a server: an owner is answered only for the
 // namespace it was seen in, a forgotten session is unknown, and a full table
 // drops its least recently used half. How the engine uses it is tested end to
-// end: a keepalive or a release by another identity is refused
-// (tests/identity_test.cc), one for a session that ended reports it lost
-// (tests/lock_integration_test.cc).
+// end in tests/identity_test.cc: a keepalive or a release by another identity is
+// refused; a keepalive naming another namespace, or a session that was closed,
+// is answered lost.
 #include "lock/session_owners.h"
 
 #include <gtest/gtest.h>
