@@ -302,13 +302,21 @@ void Engine::CommitSession(const Caller& caller, const std::string& ns, int64_t 
   });
 }
 
+std::optional<absl::Status> Engine::CheckKnownSession(const Caller& caller, const std::string& ns,
+                                                      int64_t session) {
+  // Seen here in this namespace (opened here, most often). A session that ended
+  // since is told so by what follows: its renewal finds the lease gone.
+  auto owner = owners_.IsOwner(session, ns, caller.identity);
+  if (!owner) return std::nullopt;
+  if (!*owner) return NotOwner(caller, session);
+  return absl::OkStatus();
+}
+
 void Engine::VerifySession(const Caller& caller, const std::string& ns, int64_t session,
                            Deadline d, Done<bool> done) {
   if (auto s = ValidateSessionRef(ns, session); !s.ok()) return done(s);
-  // Seen here in this namespace (opened here, most often): no read. A session
-  // that ended since is told so by its renewal (the lease is gone).
-  if (auto owner = owners_.IsOwner(session, ns, caller.identity)) {
-    if (!*owner) return done(NotOwner(caller, session));
+  if (auto known = CheckKnownSession(caller, ns, session)) {
+    if (!known->ok()) return done(*known);
     return done(true);
   }
   pb::RangeRequest r;
@@ -447,8 +455,8 @@ void Engine::Release(const Caller& caller, const v1::ReleaseRequest& req, Deadli
     return done(absl::InvalidArgumentError(absl::StrCat("token ", req.token(), " is invalid")));
   }
   // Only the session's owner may release its holds.
-  if (auto owner = owners_.IsOwner(req.session_id(), req.namespace_(), caller.identity)) {
-    if (!*owner) return done(NotOwner(caller, req.session_id()));
+  if (auto known = CheckKnownSession(caller, req.namespace_(), req.session_id())) {
+    if (!known->ok()) return done(*known);
     return ReleaseAttempt(req, d, /*attempts_left=*/5, std::move(done));
   }
   VerifySession(caller, req.namespace_(), req.session_id(), d,

@@ -104,6 +104,11 @@ class Engine {
 
   void OpenSession(const Caller& caller, const v1::OpenSessionRequest& req, Deadline d,
                    Done<v1::OpenSessionResponse> done);
+  // The check VerifySession makes of a session this replica has seen in `ns`
+  // (lock/session_owners.h), without a read: OK, or PERMISSION_DENIED for another
+  // identity; nullopt when only a read can tell.
+  std::optional<absl::Status> CheckKnownSession(const Caller& caller, const std::string& ns,
+                                                int64_t session);
   // Checks that `session` is a live session of `ns` (before renewing it on a stream).
   void VerifySession(const Caller& caller, const std::string& ns, int64_t session, Deadline d,
                      Done<bool> done);

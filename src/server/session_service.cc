@@ -71,26 +71,36 @@ class KeepAliveReactor
   void Handle(v1::KeepAliveRequest req) {
     // Each request goes to its namespace's home cluster. A session is verified
     // per cluster: after a rehome its id means nothing on the new home. The
-    // engine knows the sessions it has seen (lock/session_owners.h), so only a
-    // session new to this replica costs a read, once.
+    // engine knows the sessions it has seen (lock/session_owners.h): those are
+    // checked at once, and only a session new to this replica costs a read.
     lock::Engine* engine = router_->RouteFor(req.namespace_()).engine;
     auto deadline = lock::Deadline(std::chrono::system_clock::now() +
                                    engine->options().etcd_timeout);
+    if (auto known = engine->CheckKnownSession(caller_, req.namespace_(), req.session_id())) {
+      if (!known->ok()) return Refuse(req, *known);
+      return Renew(engine, std::move(req), deadline);
+    }
     engine->VerifySession(caller_, req.namespace_(), req.session_id(), deadline,
                            [this, engine, req, deadline](absl::StatusOr<bool> ok) mutable {
                              if (ok.ok()) return Renew(engine, std::move(req), deadline);
-                             v1::KeepAliveResponse resp;
-                             resp.set_session_id(req.session_id());
-                             resp.set_sequence(req.sequence());
-                             const auto code = ok.status().code();
-                             bool gone = code == absl::StatusCode::kNotFound ||
-                                         code == absl::StatusCode::kInvalidArgument ||
-                                         code == absl::StatusCode::kPermissionDenied;
-                             resp.set_lost(gone);
-                             resp.set_etcd_unavailable(!gone);
-                             resp.set_reason(std::string(ok.status().message()));
-                             Answer(std::move(resp));
+                             Refuse(req, ok.status());
                            });
+  }
+
+  // Answers a request whose session did not pass the check: lost when it is not
+  // (or not the caller's) to renew, etcd_unavailable when etcd could not tell.
+  void Refuse(const v1::KeepAliveRequest& req, const absl::Status& why) {
+    v1::KeepAliveResponse resp;
+    resp.set_session_id(req.session_id());
+    resp.set_sequence(req.sequence());
+    const auto code = why.code();
+    bool gone = code == absl::StatusCode::kNotFound ||
+                code == absl::StatusCode::kInvalidArgument ||
+                code == absl::StatusCode::kPermissionDenied;
+    resp.set_lost(gone);
+    resp.set_etcd_unavailable(!gone);
+    resp.set_reason(std::string(why.message()));
+    Answer(std::move(resp));
   }
 
   void Renew(lock::Engine* engine, v1::KeepAliveRequest req, lock::Deadline deadline) {
