@@ -363,15 +363,28 @@ class RideTest : public MetricsTest {
     extra_config_ = "acquire: {ride_with_release: 1s}\n";
     MetricsTest::SetUp();
   }
+  void ExpectRide(bool c_seen);
 };
 
 // An acquire behind another waiter waits for the key's next release and joins
 // the queue in that release's etcd commit (one transaction for both); the first
-// waiter, with nobody ahead of it, joins at once.
-TEST_F(RideTest, AnAcquireBehindAWaiterJoinsTheQueueInTheNextReleasesCommit) {
+// waiter, with nobody ahead of it, joins at once. `c_seen` gives the rider's
+// session a past acquire on this replica, so that it joins from the replica's
+// views (acquire_op.cc, FastStart) and its commit reads only the key's holds and
+// waiters; otherwise it joins after a read.
+void RideTest::ExpectRide(bool c_seen) {
   auto a = Open(), b = Open(), c = Open();
   ASSERT_TRUE(a && b && c);
-  const std::string key = "metrics/ride";
+  const std::string key = c_seen ? "metrics/ride-seen" : "metrics/ride";
+  if (c_seen) {
+    auto warm = c->Acquire("metrics/ride-warm");
+    ASSERT_TRUE(warm.ok()) << warm.status();
+    ASSERT_TRUE(warm->Release().ok());
+  }
+  const std::string start = Scrape();
+  const double rode_before = Sample(start, "holdfast_enqueue_rides_total", {{"outcome", "rode"}});
+  const double alone_before =
+      Sample(start, "holdfast_enqueue_rides_total", {{"outcome", "alone"}});
   auto held = a->Acquire(key);
   ASSERT_TRUE(held.ok()) << held.status();
   auto wb = std::async(std::launch::async,
@@ -381,7 +394,7 @@ TEST_F(RideTest, AnAcquireBehindAWaiterJoinsTheQueueInTheNextReleasesCommit) {
   }, "b parked");
   std::string t = Scrape();
   EXPECT_EQ(Sample(t, "holdfast_enqueues_riding"), 0) << "b had nobody ahead: it did not wait";
-  EXPECT_EQ(Sample(t, "holdfast_enqueue_rides_total", {{"outcome", "rode"}}), 0);
+  EXPECT_EQ(Sample(t, "holdfast_enqueue_rides_total", {{"outcome", "rode"}}), rode_before);
 
   auto wc = std::async(std::launch::async,
                        [&] { return c->Acquire(key, testing::Waiting(seconds(60))); });
@@ -395,7 +408,11 @@ TEST_F(RideTest, AnAcquireBehindAWaiterJoinsTheQueueInTheNextReleasesCommit) {
   ASSERT_TRUE(held->Release().ok());
   auto hb = wb.get();
   ASSERT_TRUE(hb.ok()) << hb.status();
-  // The release handed the key to b and queued c in one commit.
+  // The release handed the key to b and queued c in one commit; c, queued, waits
+  // for b (it decided on the queue that commit left, and nothing refused it).
+  ScrapeUntil([&](const std::string& t) {
+    return Sample(t, "holdfast_waiters_parked", kDefault) == 1;
+  }, "c parked behind b");
   queue = client_->Describe("default", key);
   ASSERT_TRUE(queue.ok()) << queue.status();
   ASSERT_EQ(queue->waiters_size(), 1) << queue->DebugString();
@@ -403,14 +420,24 @@ TEST_F(RideTest, AnAcquireBehindAWaiterJoinsTheQueueInTheNextReleasesCommit) {
   EXPECT_EQ(queue->waiters(0).create_revision(), hb->info().grant_revision());
   t = Scrape();
   EXPECT_EQ(Sample(t, "holdfast_enqueues_riding"), 0);
-  EXPECT_EQ(Sample(t, "holdfast_enqueue_rides_total", {{"outcome", "rode"}}), 1);
-  EXPECT_EQ(Sample(t, "holdfast_enqueue_rides_total", {{"outcome", "alone"}}), 0);
+  EXPECT_EQ(Sample(t, "holdfast_enqueue_rides_total", {{"outcome", "rode"}}), rode_before + 1);
+  EXPECT_EQ(Sample(t, "holdfast_enqueue_rides_total", {{"outcome", "alone"}}), alone_before);
 
   ASSERT_TRUE(hb->Release().ok());
   auto hc = wc.get();
   ASSERT_TRUE(hc.ok()) << hc.status();
   EXPECT_GT(hc->token(), hb->token());
+  EXPECT_EQ(hc->info().session_id(), c->id());
+  EXPECT_EQ(hc->info().class_id(), "default");
   ASSERT_TRUE(hc->Release().ok());
+}
+
+TEST_F(RideTest, AnAcquireBehindAWaiterJoinsTheQueueInTheNextReleasesCommit) {
+  ExpectRide(/*c_seen=*/false);
+}
+
+TEST_F(RideTest, AnAcquireFromTheViewsRidesAndDecidesOnTheKeysReadAlone) {
+  ExpectRide(/*c_seen=*/true);
 }
 
 TEST_F(MetricsTest, SessionsRenewalsAndCloses) {

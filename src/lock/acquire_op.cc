@@ -376,12 +376,34 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (existing == nullptr) AddNewClaim(&txn);
     // Both branches end with the read that decides next (ranges in a transaction
     // see its own writes): the queue as this commit left it, own waiter included,
-    // so the watches start right after it without a read of their own.
+    // so the watches start right after it without a read of their own. From the
+    // views, the success branch reads only the key's holds and waiters and the
+    // session's claims: its compares pin the namespace and session records, the
+    // classes and the epoch record to what the views hold, so the snapshot takes
+    // those from the views (a class deleted since may still be among them, but is
+    // not the one resolved: that one's compare would have failed). A riding
+    // enqueue's ranges are applied inside the release's commit, before the new
+    // holder can be answered, so each one it skips shortens the hand-over.
     const int reads_at = txn.success_size();
-    AddSnapshotReads(ns, lease, req_.lock_key(), txn.mutable_success());
+    std::shared_ptr<const KeySnapshot> facts;
+    if (views != nullptr) {
+      auto f = std::make_shared<KeySnapshot>();
+      f->namespace_exists = true;
+      f->ns_record = views->ns.record;
+      f->ns_mod_revision = views->ns.mod_revision;
+      f->session = views->session.record;
+      f->session_mod_revision = views->session.mod_revision;
+      f->epoch = views->epoch;
+      f->classes = views->ns.classes;
+      facts = std::move(f);
+      AddKeyReads(ns, lease, req_.lock_key(), txn.mutable_success());
+    } else {
+      AddSnapshotReads(ns, lease, req_.lock_key(), txn.mutable_success());
+    }
     AddSnapshotReads(ns, lease, req_.lock_key(), txn.mutable_failure());
     auto self = shared_from_this();
-    auto done = [self, rec, reads_at, existing_rev = existing ? existing->create_revision : 0](
+    auto done = [self, rec, reads_at, facts = std::move(facts),
+                 existing_rev = existing ? existing->create_revision : 0](
                     absl::StatusOr<pb::TxnResponse> t) {
       if (t.ok() && t->succeeded()) {
         WaiterEntry w{self->req_.session_id(),
@@ -400,6 +422,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         return;
       }
       // Queued, or a lost race: decide on the transaction's read.
+      if (t->succeeded() && facts != nullptr) {
+        KeySnapshot snap = *facts;
+        if (auto s = ParseKeyReads(t->header(), t->responses(), reads_at, &snap); !s.ok()) {
+          return self->Finish(s);
+        }
+        return self->Decide(std::move(snap));
+      }
       auto snap = ParseSnapshot(t->header(), t->responses(),
                                 t->succeeded() ? reads_at : 0);
       if (!snap.ok()) return self->Finish(snap.status());

@@ -25,10 +25,15 @@ void AddSnapshotReads(const std::string& ns, int64_t session, const std::string&
   AddRange(ops, keyspace::SessionKey(ns, session));                             // 1
   AddRange(ops, keyspace::EpochKey());                                          // 2
   AddRange(ops, keyspace::ClassPrefix(ns), keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));  // 3
-  AddRange(ops, keyspace::HoldRangeBegin(ns, lock_key), keyspace::HoldRangeEnd(ns, lock_key));  // 4
-  AddRange(ops, keyspace::WaitRangeBegin(ns, lock_key), keyspace::WaitRangeEnd(ns, lock_key));  // 5
+  AddKeyReads(ns, session, lock_key, ops);                                      // 4 – 6
+}
+
+void AddKeyReads(const std::string& ns, int64_t session, const std::string& lock_key,
+                 google::protobuf::RepeatedPtrField<pb::RequestOp>* ops) {
+  AddRange(ops, keyspace::HoldRangeBegin(ns, lock_key), keyspace::HoldRangeEnd(ns, lock_key));
+  AddRange(ops, keyspace::WaitRangeBegin(ns, lock_key), keyspace::WaitRangeEnd(ns, lock_key));
   AddRange(ops, keyspace::ClaimPrefix(ns, session),
-           keyspace::PrefixEnd(keyspace::ClaimPrefix(ns, session)));  // 6
+           keyspace::PrefixEnd(keyspace::ClaimPrefix(ns, session)));
   ops->rbegin()->mutable_request_range()->set_count_only(true);
 }
 
@@ -42,8 +47,6 @@ absl::StatusOr<KeySnapshot> ParseSnapshot(
     return responses.Get(first + i).response_range();
   };
   KeySnapshot s;
-  s.revision = header.revision();
-  s.cluster_id = header.cluster_id();
   s.namespace_exists = range(0).kvs_size() > 0;
   if (s.namespace_exists && !s.ns_record.ParseFromString(range(0).kvs(0).value())) {
     return absl::DataLossError("corrupt namespace record in etcd");
@@ -75,7 +78,24 @@ absl::StatusOr<KeySnapshot> ParseSnapshot(
     c.mod_revision = kv.mod_revision();
     s.classes.push_back(std::move(c));
   }
-  for (const auto& kv : range(4).kvs()) {
+  if (auto st = ParseKeyReads(header, responses, first + 4, &s); !st.ok()) return st;
+  return s;
+}
+
+absl::Status ParseKeyReads(const pb::ResponseHeader& header,
+                           const google::protobuf::RepeatedPtrField<pb::ResponseOp>& responses,
+                           int first, KeySnapshot* s) {
+  if (responses.size() < first + 3) {
+    return absl::InternalError("etcd: key read returned too few responses");
+  }
+  auto range = [&](int i) -> const pb::RangeResponse& {
+    return responses.Get(first + i).response_range();
+  };
+  s->revision = header.revision();
+  s->cluster_id = header.cluster_id();
+  s->holds.clear();
+  s->waiters.clear();
+  for (const auto& kv : range(0).kvs()) {
     auto parsed = keyspace::ParseHoldKey(kv.key());
     HoldEntry h;
     if (!parsed || !h.record.ParseFromString(kv.value())) {
@@ -83,9 +103,9 @@ absl::StatusOr<KeySnapshot> ParseSnapshot(
     }
     h.lease = parsed->lease;
     h.create_revision = kv.create_revision();
-    s.holds.push_back(std::move(h));
+    s->holds.push_back(std::move(h));
   }
-  for (const auto& kv : range(5).kvs()) {
+  for (const auto& kv : range(1).kvs()) {
     auto parsed = keyspace::ParseWaitKey(kv.key());
     WaiterEntry w;
     if (!parsed || !w.record.ParseFromString(kv.value())) {
@@ -94,13 +114,14 @@ absl::StatusOr<KeySnapshot> ParseSnapshot(
     w.lease = parsed->lease;
     w.create_revision = kv.create_revision();
     w.mod_revision = kv.mod_revision();
-    s.waiters.push_back(std::move(w));
+    s->waiters.push_back(std::move(w));
   }
-  std::sort(s.waiters.begin(), s.waiters.end(), [](const WaiterEntry& a, const WaiterEntry& b) {
-    return a.create_revision < b.create_revision;
-  });
-  s.session_claims = range(6).count();
-  return s;
+  std::sort(s->waiters.begin(), s->waiters.end(),
+            [](const WaiterEntry& a, const WaiterEntry& b) {
+              return a.create_revision < b.create_revision;
+            });
+  s->session_claims = range(2).count();
+  return absl::OkStatus();
 }
 
 const ClassEntry* ResolveClass(const std::vector<ClassEntry>& classes,

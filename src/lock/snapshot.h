@@ -1,5 +1,5 @@
 // What the lock engine reads about one lock key in one etcd round trip. The same
-// six ranges are the read transaction and the else branch of every grant, enqueue
+// seven ranges are the read transaction and the else branch of every grant, enqueue
 // and release transaction, so a lost race re-decides without re-reading.
 #pragma once
 
@@ -63,6 +63,20 @@ absl::StatusOr<KeySnapshot> ParseSnapshot(const etcdserverpb::ResponseHeader& he
                                           const google::protobuf::RepeatedPtrField<
                                               etcdserverpb::ResponseOp>& responses,
                                           int first = 0);
+
+// The key's part of the snapshot alone: its holds, its waiters and the count of
+// the session's claims (three ranges). For a transaction whose compares already
+// pin the rest (the namespace and session records by mod revision, no class
+// changed, the epoch record by mod revision), so that the snapshot's other parts
+// are what the caller saw: etcd reads only what the transaction may have changed.
+void AddKeyReads(const std::string& ns, int64_t session, const std::string& lock_key,
+                 google::protobuf::RepeatedPtrField<etcdserverpb::RequestOp>* ops);
+// Fills `snap`'s revision, cluster id, holds, waiters and session_claims from the
+// responses that AddKeyReads asked for, starting at `first`; leaves the rest.
+absl::Status ParseKeyReads(const etcdserverpb::ResponseHeader& header,
+                           const google::protobuf::RepeatedPtrField<etcdserverpb::ResponseOp>&
+                               responses,
+                           int first, KeySnapshot* snap);
 
 // The class whose key_prefix is the longest prefix of `lock_key` (nullptr: none).
 const ClassEntry* ResolveClass(const std::vector<ClassEntry>& classes, const std::string& lock_key);
