@@ -396,10 +396,21 @@ void RideTest::ExpectRide(bool c_seen) {
   EXPECT_EQ(Sample(t, "holdfast_enqueues_riding"), 0) << "b had nobody ahead: it did not wait";
   EXPECT_EQ(Sample(t, "holdfast_enqueue_rides_total", {{"outcome", "rode"}}), rode_before);
 
+  // From the views, c goes straight to riding; otherwise it reads the key first.
+  // (The auditor campaigns with a transaction once, at the start: wait it out.)
+  ScrapeUntil([](const std::string& t) { return Sample(t, "holdfast_audit_leader") == 1; },
+              "the auditor leads");
+  const double txns_before =
+      Sample(Scrape(), "holdfast_etcd_request_duration_seconds_count", {{"method", "Txn"}});
   auto wc = std::async(std::launch::async,
                        [&] { return c->Acquire(key, testing::Waiting(seconds(60))); });
-  ScrapeUntil([&](const std::string& t) { return Sample(t, "holdfast_enqueues_riding") == 1; },
-              "c waits for a release to ride with");
+  t = ScrapeUntil(
+      [&](const std::string& t) { return Sample(t, "holdfast_enqueues_riding") == 1; },
+      "c waits for a release to ride with");
+  EXPECT_EQ(Sample(t, "holdfast_etcd_request_duration_seconds_count", {{"method", "Txn"}}) -
+                txns_before,
+            c_seen ? 0 : 1)
+      << (c_seen ? "c joined from the views, without a read" : "c read the key first");
   auto queue = client_->Describe("default", key);
   ASSERT_TRUE(queue.ok()) << queue.status();
   ASSERT_EQ(queue->waiters_size(), 1) << "c is not queued yet";

@@ -7,8 +7,11 @@
 //
 // Each entry is valid "as of" a revision: the namespace record and the session
 // record by their mod_revision (compared for equality), the class set by the read
-// revision (no class key modified after it), the session's claims as an upper
-// bound at a revision (no claim put after it; deletions only lower the count).
+// revision (no class key modified after it; a class deleted before it may still be
+// listed, since an enqueue from the views carries the set forward without reading
+// it, and a range compare cannot see a deletion: every use compares the class it
+// resolves), the session's claims as an upper bound at a revision (no claim put
+// after it; deletions only lower the count).
 //
 // A key's view serves Release's first attempt (engine.cc): a release that hands
 // the key over plans the hand-over from it, with compares that hold only while it
