@@ -91,7 +91,6 @@ absl::Status Engine::CheckOwner(const Caller& caller, int64_t session, const std
   return NotOwner(caller, session);
 }
 
-
 Engine::Engine(etcd::Client* etcd, EngineOptions options, EtcdHealth* health)
     : etcd_(etcd),
       options_(std::move(options)),

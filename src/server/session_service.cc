@@ -14,8 +14,8 @@ namespace {
 // One KeepAlive stream. Requests are read one after another; each is answered
 // once etcd has. Every request's session is checked (it exists in the namespace
 // named and belongs to the caller): from the engine's table of sessions it has
-// seen, or with one read of a session new to it. The reactor finishes only when reads are
-// over and no engine callback is outstanding, so no callback outlives it.
+// seen, or with one read of a session new to it. The reactor finishes only when
+// reads are over and no engine callback is outstanding, so no callback outlives it.
 class KeepAliveReactor
     : public grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse> {
  public:
