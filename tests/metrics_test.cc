@@ -18,9 +18,12 @@
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "dev/prometheus_text.h"
 #include "dev/subprocess.h"
 #include "harness/cluster.h"
+#include "lock/keyspace.h"
+#include "lock/records.pb.h"
 
 namespace holdfast {
 namespace {
@@ -364,6 +367,7 @@ class RideTest : public MetricsTest {
     MetricsTest::SetUp();
   }
   void ExpectRide(bool c_seen);
+  void ExpectJoinBehind(bool last_gone);
 };
 
 // An acquire behind another waiter waits for the key's next release and joins
@@ -449,6 +453,117 @@ TEST_F(RideTest, AnAcquireBehindAWaiterJoinsTheQueueInTheNextReleasesCommit) {
 
 TEST_F(RideTest, AnAcquireFromTheViewsRidesAndDecidesOnTheKeysReadAlone) {
   ExpectRide(/*c_seen=*/true);
+}
+
+// A waiter queued on `session`'s lease with no call behind it (its replica gone),
+// put straight into etcd: the replica under test learns of it only by reading.
+void PutWaiter(testing::TestCluster& c, const std::string& key, int64_t session) {
+  records::WaiterRecord rec;
+  rec.set_deadline_unix_ms(absl::ToUnixMillis(absl::Now() + absl::Minutes(5)));
+  rec.set_identity("spiffe://test.holdfast/ops/elsewhere");
+  etcdserverpb::TxnRequest put;
+  auto* p = put.add_success()->mutable_request_put();
+  p->set_key(keyspace::WaitKey("default", key, session));
+  p->set_value(rec.SerializeAsString());
+  p->set_lease(session);
+  ASSERT_TRUE(c.etcd_client().TxnSync(put, etcd::DeadlineIn(seconds(5))).ok());
+}
+
+void DeleteWaiter(testing::TestCluster& c, const std::string& key, int64_t session) {
+  etcdserverpb::TxnRequest del;
+  del.add_success()->mutable_request_delete_range()->set_key(
+      keyspace::WaitKey("default", key, session));
+  ASSERT_TRUE(c.etcd_client().TxnSync(del, etcd::DeadlineIn(seconds(5))).ok());
+}
+
+// An acquire from the views behind a queue the replica's view shows complete
+// joins behind the queue's last waiter and reads back that one alone in its
+// commit (lock/queue.h, JoinBehind). Here a waiter `q` joined after the view's
+// read, so the call waits behind the wrong one for a while: when that one goes,
+// the call reads the queue, finds `q` and waits behind it; it is granted only
+// once `q` is gone. With the whole queue read in its commit it would have
+// watched `q` from the start and never read again.
+// `last_gone`: the last waiter leaves before the commit, which then reads it back
+// gone: the call reads the queue at once instead.
+void RideTest::ExpectJoinBehind(bool last_gone) {
+  auto a = Open(), d = Open(), x = Open();
+  ASSERT_TRUE(a && d && x);
+  std::vector<std::unique_ptr<Session>> w;  // the queue, with no calls behind it
+  for (int i = 0; i < 4; ++i) {
+    w.push_back(Open());
+    ASSERT_TRUE(w.back());
+  }
+  const std::string key = last_gone ? "metrics/behind-gone" : "metrics/behind";
+  auto warm = d->Acquire("metrics/behind-warm");
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  ASSERT_TRUE(warm->Release().ok());
+  auto held = a->Acquire(key);
+  ASSERT_TRUE(held.ok()) << held.status();
+  for (int i = 0; i < 3; ++i) PutWaiter(*cluster_, key, w[i]->id());
+  // A try-acquire reads the key: the replica's view is complete with three waiters.
+  auto tried = x->Acquire(key);
+  ASSERT_EQ(tried.status().code(), absl::StatusCode::kAborted) << tried.status();
+  ScrapeUntil([](const std::string& t) { return Sample(t, "holdfast_audit_leader") == 1; },
+              "the auditor leads");
+  const double txns_before =
+      Sample(Scrape(), "holdfast_etcd_request_duration_seconds_count", {{"method", "Txn"}});
+  auto wd = std::async(std::launch::async,
+                       [&] { return d->Acquire(key, testing::Waiting(seconds(60))); });
+  ScrapeUntil([&](const std::string& t) { return Sample(t, "holdfast_enqueues_riding") == 1; },
+              "d waits for a release to ride with");
+  // Unseen by the replica: q joins between w[2] (the last waiter d saw) and d.
+  PutWaiter(*cluster_, key, w[3]->id());
+  if (last_gone) DeleteWaiter(*cluster_, key, w[2]->id());
+  auto txns = [&] {
+    return Sample(Scrape(), "holdfast_etcd_request_duration_seconds_count",
+                  {{"method", "Txn"}}) -
+           txns_before;
+  };
+  EXPECT_EQ(txns(), 0) << "d joined from the views, without a read";
+
+  // The release hands the key to w[0] and queues d in one commit.
+  ASSERT_TRUE(held->Release().ok());
+  if (!last_gone) {
+    // d read back w[2] and waits behind it; when it goes, d reads the queue.
+    EXPECT_EQ(txns(), 1) << "d did not read the queue";
+    DeleteWaiter(*cluster_, key, w[2]->id());
+  }
+  ScrapeUntil(
+      [&](const std::string& t) {
+        return Sample(t, "holdfast_etcd_request_duration_seconds_count", {{"method", "Txn"}}) -
+                   txns_before >= 2;
+      },
+      "d read the queue once it missed the waiter it joined behind");
+  // d now waits behind q: the key's holder and the waiter ahead go, q stays, and d
+  // is not granted; when q goes, it is.
+  etcdserverpb::TxnRequest free_key;
+  free_key.add_success()->mutable_request_delete_range()->set_key(
+      keyspace::HoldKey("default", key, w[0]->id()));
+  free_key.add_success()->mutable_request_delete_range()->set_key(
+      keyspace::WaitKey("default", key, w[1]->id()));
+  ASSERT_TRUE(cluster_->etcd_client().TxnSync(free_key, etcd::DeadlineIn(seconds(5))).ok());
+  EXPECT_EQ(wd.wait_for(milliseconds(300)), std::future_status::timeout)
+      << "d was granted with q ahead of it";
+  auto queue = client_->Describe("default", key);
+  ASSERT_TRUE(queue.ok()) << queue.status();
+  ASSERT_EQ(queue->holders_size(), 0) << queue->DebugString();
+  ASSERT_EQ(queue->waiters_size(), 2) << queue->DebugString();
+  EXPECT_EQ(queue->waiters(0).session_id(), w[3]->id());
+  EXPECT_EQ(queue->waiters(1).session_id(), d->id());
+  DeleteWaiter(*cluster_, key, w[3]->id());
+  auto hd = wd.get();
+  ASSERT_TRUE(hd.ok()) << hd.status();
+  EXPECT_GT(hd->token(), held->token());
+  EXPECT_EQ(hd->info().session_id(), d->id());
+  ASSERT_TRUE(hd->Release().ok());
+}
+
+TEST_F(RideTest, AnAcquireJoinsBehindTheLastWaiterAndReadsWhenThatOneGoes) {
+  ExpectJoinBehind(/*last_gone=*/false);
+}
+
+TEST_F(RideTest, AnAcquireThatFindsTheLastWaiterGoneReadsTheQueue) {
+  ExpectJoinBehind(/*last_gone=*/true);
 }
 
 TEST_F(MetricsTest, SessionsRenewalsAndCloses) {

@@ -3,6 +3,7 @@
 //   Start ─┬─ views allow, key free: Fast grant txn ─▶ done (new hold)
 //          │            └ compare failed: Decide on the else branch
 //          ├─ views allow, key held by another: Enqueue txn ─▶ Decide on its read
+//          │            (or, joined behind the view's last waiter: Wait behind it)
 //          └─▶ Read ─▶ Decide ─┬─ held ───────────────────────▶ done (the hold)
 //              ▲                ├─ grant ─▶ Grant txn ──────────▶ done (new hold)
 //              │                │            └ compare failed: Decide on the else branch
@@ -27,14 +28,18 @@
 // held by another session skips the grant that would fail and joins the queue
 // first, under the same compares. An enqueue transaction reads the queue in both
 // branches, after its own put, so the call decides (and starts its watches) on the
-// queue as that commit left it without a read of its own. An enqueue behind other
+// queue as that commit left it without a read of its own; one that joins from the
+// views behind a queue the view shows complete reads back only the waiter it joins
+// behind, and waits behind it (JoinBehind, WaitBehind). An enqueue behind other
 // waiters may wait a little for the key's next release on this replica and go in
 // its transaction (lock/group_commit.h, Ride; EngineOptions::ride_at_most).
 //
 // One etcd step is in flight at a time; a deadline or cancel that arrives during a
 // step takes effect when the step completes. A grant that commits after the call
 // has ended is deleted again by a guarded delete.
+#include <algorithm>
 #include <atomic>
+#include <memory>
 #include <optional>
 
 #include "absl/strings/str_cat.h"
@@ -99,6 +104,14 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     SessionView session;
     EpochEntry epoch;
     ClassEntry cls;
+  };
+
+  // What an enqueue from the views joins behind without reading the queue
+  // (JoinBehind): the key's view, and the waiter it shows last.
+  struct Behind {
+    WaiterEntry last;
+    std::vector<HoldEntry> holds;
+    std::vector<WaiterEntry> waiters;
   };
 
   absl::Status Validate() const {
@@ -337,7 +350,10 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // transaction also compares what a read would have shown of the namespace.
   // `ride`: the views show waiters ahead: the transaction may wait a little for a
   // release of the key to go with (lock/group_commit.h, Ride).
-  void Enqueue(const WaiterEntry* existing, const Views* views = nullptr, bool ride = false) {
+  // `behind`: the call joins behind the waiter the views show last, and its commit
+  // reads back only that waiter (JoinBehind).
+  void Enqueue(const WaiterEntry* existing, const Views* views = nullptr, bool ride = false,
+               std::shared_ptr<const Behind> behind = nullptr) {
     if (views == nullptr && !BeginStep()) return;  // FastStart's step is begun
     const std::string& ns = req_.namespace_();
     const int64_t lease = req_.session_id();
@@ -383,7 +399,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     // those from the views (a class deleted since may still be among them, but is
     // not the one resolved: that one's compare would have failed). A riding
     // enqueue's ranges are applied inside the release's commit, before the new
-    // holder can be answered, so each one it skips shortens the hand-over.
+    // holder can be answered, so each one it skips shortens the hand-over. Joining
+    // behind a waiter, it reads back that waiter alone (JoinBehind).
     const int reads_at = txn.success_size();
     std::shared_ptr<const KeySnapshot> facts;
     if (views != nullptr) {
@@ -396,23 +413,30 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       f->epoch = views->epoch;
       f->classes = views->ns.classes;
       facts = std::move(f);
-      AddKeyReads(ns, lease, req_.lock_key(), txn.mutable_success());
+      if (behind != nullptr) {
+        txn.add_success()->mutable_request_range()->set_key(
+            keyspace::WaitKey(ns, req_.lock_key(), behind->last.lease));
+      } else {
+        AddKeyReads(ns, lease, req_.lock_key(), txn.mutable_success());
+      }
     } else {
       AddSnapshotReads(ns, lease, req_.lock_key(), txn.mutable_success());
     }
     AddSnapshotReads(ns, lease, req_.lock_key(), txn.mutable_failure());
     auto self = shared_from_this();
-    auto done = [self, rec, reads_at, facts = std::move(facts),
+    auto done = [self, rec, reads_at, facts = std::move(facts), behind = std::move(behind),
+                 claims_before = views != nullptr ? views->session.claims : 0,
                  existing_rev = existing ? existing->create_revision : 0](
                     absl::StatusOr<pb::TxnResponse> t) {
+      WaiterEntry own;
       if (t.ok() && t->succeeded()) {
-        WaiterEntry w{self->req_.session_id(),
-                      existing_rev != 0 ? existing_rev : t->header().revision(),
-                      rec, t->header().revision()};
+        own = WaiterEntry{self->req_.session_id(),
+                          existing_rev != 0 ? existing_rev : t->header().revision(), rec,
+                          t->header().revision()};
         self->engine_->views_.WaiterPut(self->req_.namespace_(),
-                                        self->req_.lock_key(), w);
+                                        self->req_.lock_key(), own);
         absl::MutexLock l(&self->mu_);
-        self->own_waiter_rev_ = w.create_revision;
+        self->own_waiter_rev_ = own.create_revision;
       }
       if (auto end = self->StepDone()) return self->EndNow(*end);
       if (!t.ok()) {
@@ -422,6 +446,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         return;
       }
       // Queued, or a lost race: decide on the transaction's read.
+      if (t->succeeded() && behind != nullptr && facts != nullptr) {
+        return self->WaitBehind(*facts, *behind, own, claims_before, *t, reads_at);
+      }
       if (t->succeeded() && facts != nullptr) {
         KeySnapshot snap = *facts;
         if (auto s = ParseKeyReads(t->header(), t->responses(), reads_at, &snap); !s.ok()) {
@@ -440,6 +467,45 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     } else {
       engine_->etcd().Txn(std::move(txn), EtcdDeadline(), std::move(done));
     }
+  }
+
+  // After an enqueue that joined behind `b.last` (JoinBehind) and read back only
+  // that waiter: waits behind it when it is still queued and still blocks this
+  // call, which needs no more of the queue than that (Decide would find it ahead,
+  // and the call can be granted only after it goes, when the call reads again).
+  // Otherwise (it was handed the key by the release this enqueue rode with, or
+  // left, or is past its deadline) the call reads the queue and decides on that.
+  // The queue it waits on may miss waiters that joined after the views' read,
+  // between `b.last` and this one: such a waiter is found by the read that
+  // `b.last`'s going starts, and never passed, since this call grants itself only
+  // from a read (lock/queue.h, QueueBehind).
+  void WaitBehind(KeySnapshot snap, const Behind& b, const WaiterEntry& own,
+                  int64_t claims_before, const pb::TxnResponse& t, int at) {
+    snap.revision = t.header().revision();
+    snap.cluster_id = t.header().cluster_id();
+    // Guarded by "no claim put since the views' count" (AddNewClaim).
+    engine_->views_.ClaimAdded(req_.session_id(), claims_before, snap.revision);
+    std::optional<WaiterEntry> last;
+    if (at < t.responses_size() && t.responses(at).response_range().kvs_size() == 1) {
+      const auto& kv = t.responses(at).response_range().kvs(0);
+      WaiterEntry w{b.last.lease, kv.create_revision(), {}, kv.mod_revision()};
+      if (w.record.ParseFromString(kv.value())) last = std::move(w);
+    }
+    if (last && snap.epoch && snap.epoch->record.etcd_cluster_id() == snap.cluster_id) {
+      snap.holds = b.holds;  // as the views saw them: the deadline's message only
+      snap.waiters = queue::QueueBehind(b.waiters, *last, own);
+      auto d = queue::DecideAcquire(snap, req_.session_id(), req_.shared(), NowUnixMs());
+      if (d.kind == queue::AcquireDecision::Kind::kBlocked && d.predecessor != nullptr &&
+          d.predecessor->lease == last->lease && d.own_waiter != nullptr) {
+        read_revision_ = snap.revision;
+        {
+          absl::MutexLock l(&mu_);
+          blocked_by_ = d.blocked_by;
+        }
+        return Wait(snap, d);
+      }
+    }
+    if (BeginStep()) Read();
   }
 
   // Puts the session's claim on this key, guarded by "none of the session's claims
@@ -503,12 +569,22 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
             (max_waiters == 0 || kv->waiters.size() < max_waiters)) {
           read_revision_ = v->session.claims_revision;
           NoteQueued();
-          Enqueue(nullptr, &*v, ShouldRide(kv->waiters));
+          Enqueue(nullptr, &*v, ShouldRide(kv->waiters), JoinBehind(*kv));
           return true;
         }
       }
     }
     return FastGrant(*v);
+  }
+
+  // An enqueue from the views joins behind the waiter the key's view shows last,
+  // and reads back that one waiter instead of the key's holds and waiters, when
+  // the view allows it (lock/queue.h, JoinBehind). Null: it reads them.
+  std::shared_ptr<const Behind> JoinBehind(const KeyView& kv) const {
+    const WaiterEntry* last =
+        queue::JoinBehind(kv.waiters, kv.waiters_revision, req_.shared(), NowUnixMs());
+    if (last == nullptr) return nullptr;
+    return std::make_shared<const Behind>(Behind{*last, kv.holds, kv.waiters});
   }
 
   // The first step when this replica's views show the key free for this caller:

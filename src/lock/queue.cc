@@ -1,5 +1,7 @@
 #include "lock/queue.h"
 
+#include <algorithm>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
@@ -44,6 +46,30 @@ AcquireDecision DecideAcquire(const KeySnapshot& s, int64_t lease, bool shared, 
   if (waiting_ahead > 0) blockers.push_back(absl::StrCat(waiting_ahead, " waiter(s) ahead"));
   d.blocked_by = absl::StrJoin(blockers, ", ");
   return d;
+}
+
+const WaiterEntry* JoinBehind(const std::vector<WaiterEntry>& seen, int64_t complete_through,
+                              bool shared, int64_t now_ms) {
+  if (seen.empty()) return nullptr;
+  const WaiterEntry& last = seen.back();
+  if (Dead(last, now_ms) || (shared && last.record.shared())) return nullptr;
+  const auto complete_live = std::count_if(seen.begin(), seen.end(), [&](const WaiterEntry& w) {
+    return w.create_revision <= complete_through && !Dead(w, now_ms);
+  });
+  return complete_live >= kJoinBehindMargin ? &last : nullptr;
+}
+
+std::vector<WaiterEntry> QueueBehind(const std::vector<WaiterEntry>& seen,
+                                     const WaiterEntry& last, const WaiterEntry& own) {
+  std::vector<WaiterEntry> q;
+  for (const auto& w : seen) {
+    if (w.create_revision >= last.create_revision) break;  // only `last` is known to be there
+    if (w.lease == last.lease || w.lease == own.lease) continue;
+    q.push_back(w);
+  }
+  q.push_back(last);
+  q.push_back(own);
+  return q;
 }
 
 HandOver PlanHandOver(const KeySnapshot& s, int64_t releasing_lease, int64_t now_ms) {

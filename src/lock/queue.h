@@ -45,6 +45,36 @@ struct AcquireDecision {
 // What `lease` asking for `lock_key` (shared or not) may do in snapshot `s`.
 AcquireDecision DecideAcquire(const KeySnapshot& s, int64_t lease, bool shared, int64_t now_ms);
 
+// A waiter that joins the queue from a replica's view of it (acquire_op.cc, an
+// enqueue from the views) may join behind `seen`'s last waiter and read back only
+// that one in its commit, instead of every waiter (a record each, read inside the
+// commit of the release it rides with). `seen` is in queue order and complete
+// through `complete_through` (later waiters may be missing). Returns that last
+// waiter when:
+//  - it blocks the newcomer on its own (live; exclusive, or the newcomer is), so
+//    the newcomer waits whatever else the queue holds;
+//  - at least kJoinBehindMargin live waiters are listed through
+//    `complete_through`. A release planned on the view hands the key only to
+//    those (engine.cc, PlanOnViews), each hand-over takes one from the head, and a
+//    newcomer that joins behind adds none: the margin leaves the next releases a
+//    head to plan on until a newcomer that reads the whole queue makes the view
+//    complete again, and keeps the last waiter out of the release the newcomer
+//    rides with.
+// Null otherwise: the newcomer reads the key's holds and waiters.
+inline constexpr int64_t kJoinBehindMargin = 3;
+const WaiterEntry* JoinBehind(const std::vector<WaiterEntry>& seen, int64_t complete_through,
+                              bool shared, int64_t now_ms);
+
+// The queue as a waiter that joined from a replica's views knows it when its
+// joining commit read back only `last`, the waiter the views showed last, and found
+// it still queued (JoinBehind): the waiters the views showed ahead
+// of `last` (some may have left since), `last` as read back, then `own`. Waiters
+// that joined after the views' read may be missing between `last` and `own`, so
+// this queue serves to wait behind `last`, never to grant: the waiter's next look
+// is a full read.
+std::vector<WaiterEntry> QueueBehind(const std::vector<WaiterEntry>& seen,
+                                     const WaiterEntry& last, const WaiterEntry& own);
+
 // At most this many waiters are granted (and dead ones removed) by one release, so
 // the transaction stays under etcd's --max-txn-ops (128 by default); shared
 // waiters after them claim on their own when their predecessor's key goes.

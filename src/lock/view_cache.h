@@ -19,7 +19,9 @@
 // branch's read. It knows every hold of the key as of `holds_revision` (no hold
 // created after it but those listed) and every waiter created up to
 // `waiters_revision` (some may have left since; later ones may be missing, and are
-// never handed the key from the view, so the queue's order holds).
+// never handed the key from the view, so the queue's order holds). Only a read of
+// the whole queue moves `waiters_revision`: a waiter that joined behind the view's
+// last one without reading the queue (lock/queue.h, JoinBehind) is listed past it.
 //
 // Bounded (cleared when full: a miss costs one read); thread-safe.
 #pragma once
