@@ -569,7 +569,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
             (max_waiters == 0 || kv->waiters.size() < max_waiters)) {
           read_revision_ = v->session.claims_revision;
           NoteQueued();
-          Enqueue(nullptr, &*v, ShouldRide(kv->waiters), JoinBehind(*kv));
+          const bool ride = ShouldRide(kv->waiters);
+          Enqueue(nullptr, &*v, ride, JoinBehind(std::move(*kv)));
           return true;
         }
       }
@@ -580,11 +581,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // An enqueue from the views joins behind the waiter the key's view shows last,
   // and reads back that one waiter instead of the key's holds and waiters, when
   // the view allows it (lock/queue.h, JoinBehind). Null: it reads them.
-  std::shared_ptr<const Behind> JoinBehind(const KeyView& kv) const {
+  std::shared_ptr<const Behind> JoinBehind(KeyView kv) const {
     const WaiterEntry* last =
         queue::JoinBehind(kv.waiters, kv.waiters_revision, req_.shared(), NowUnixMs());
     if (last == nullptr) return nullptr;
-    return std::make_shared<const Behind>(Behind{*last, kv.holds, kv.waiters});
+    WaiterEntry copy = *last;
+    return std::make_shared<const Behind>(
+        Behind{std::move(copy), std::move(kv.holds), std::move(kv.waiters)});
   }
 
   // The first step when this replica's views show the key free for this caller:
