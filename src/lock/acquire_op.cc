@@ -107,11 +107,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   };
 
   // What an enqueue from the views joins behind without reading the queue
-  // (JoinBehind): the key's view, and the waiter it shows last.
+  // (lock/queue.h, JoinBehind): the waiter the key's view shows last, and, for the
+  // hint of who blocks the call, the view's holds and its live waiters that block
+  // the call.
   struct Behind {
     WaiterEntry last;
     std::vector<HoldEntry> holds;
-    std::vector<WaiterEntry> waiters;
+    int64_t blocking = 0;
   };
 
   absl::Status Validate() const {
@@ -328,7 +330,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     NoteQueued();
     if (d.own_waiter == nullptr) {
       // Behind other waiters, the enqueue may ride with the next release.
-      return Enqueue(nullptr, nullptr, ShouldRide(snap.waiters));
+      return Enqueue(nullptr, nullptr, ShouldRide(snap.waiters.size()));
     }
     if (d.own_waiter->record.deadline_unix_ms() < deadline_unix_ms_) {
       return Enqueue(d.own_waiter);
@@ -338,9 +340,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
 
   // A new waiter rides when `waiters` are queued ahead of it and its wait is long
   // enough to spend up to ride_at_most of it riding.
-  bool ShouldRide(const std::vector<WaiterEntry>& waiters) const {
+  bool ShouldRide(size_t waiters) const {
     const int64_t ride = engine_->options().ride_at_most.count();
-    return !waiters.empty() && ride > 0 &&
+    return waiters > 0 && ride > 0 &&
            deadline_unix_ms_ - NowUnixMs() >= kRideWaitFactor * ride;
   }
 
@@ -478,7 +480,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // The queue it waits on may miss waiters that joined after the views' read,
   // between `b.last` and this one: such a waiter is found by the read that
   // `b.last`'s going starts, and never passed, since this call grants itself only
-  // from a read (lock/queue.h, QueueBehind).
+  // from a read.
   void WaitBehind(KeySnapshot snap, const Behind& b, const WaiterEntry& own,
                   int64_t claims_before, const pb::TxnResponse& t, int at) {
     snap.revision = t.header().revision();
@@ -492,15 +494,19 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       if (w.record.ParseFromString(kv.value())) last = std::move(w);
     }
     if (last && snap.epoch && snap.epoch->record.etcd_cluster_id() == snap.cluster_id) {
-      snap.holds = b.holds;  // as the views saw them: the deadline's message only
-      snap.waiters = queue::QueueBehind(b.waiters, *last, own);
+      // The queue as far as the call needs it: the waiter it waits behind, then
+      // itself (one whose server is gone is looked at again at its deadline; the
+      // waiters ahead of it are its business). The holds as the views saw them.
+      snap.holds = b.holds;
+      snap.waiters = {*last, own};
       auto d = queue::DecideAcquire(snap, req_.session_id(), req_.shared(), NowUnixMs());
       if (d.kind == queue::AcquireDecision::Kind::kBlocked && d.predecessor != nullptr &&
           d.predecessor->lease == last->lease && d.own_waiter != nullptr) {
         read_revision_ = snap.revision;
         {
           absl::MutexLock l(&mu_);
-          blocked_by_ = d.blocked_by;
+          blocked_by_ = queue::BlockedBy(b.holds, std::max<int64_t>(b.blocking, 1),
+                                         req_.shared());
         }
         return Wait(snap, d);
       }
@@ -557,37 +563,23 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     NoteLabels(req_.namespace_(), v->cls.class_id);
     const size_t max_waiters = engine_->options().max_waiters_per_key;
     if (req_.wait_ms() > 0) {
-      if (auto kv = engine_->views_.Key(req_.namespace_(), req_.lock_key())) {
-        const int64_t lease = req_.session_id();
-        const bool other_holds = std::any_of(kv->holds.begin(), kv->holds.end(),
-                                             [&](const HoldEntry& h) { return h.lease != lease; });
-        const bool mine = std::any_of(kv->holds.begin(), kv->holds.end(),
-                                      [&](const HoldEntry& h) { return h.lease == lease; }) ||
-                          std::any_of(kv->waiters.begin(), kv->waiters.end(),
-                                      [&](const WaiterEntry& w) { return w.lease == lease; });
-        if (other_holds && !mine &&
-            (max_waiters == 0 || kv->waiters.size() < max_waiters)) {
+      if (auto kv = engine_->views_.GlanceKey(req_.namespace_(), req_.lock_key(),
+                                              req_.session_id(), req_.shared(), NowUnixMs())) {
+        if (kv->held_by_other && !kv->mine &&
+            (max_waiters == 0 || kv->waiters < max_waiters)) {
           read_revision_ = v->session.claims_revision;
           NoteQueued();
-          const bool ride = ShouldRide(kv->waiters);
-          Enqueue(nullptr, &*v, ride, JoinBehind(std::move(*kv)));
+          std::shared_ptr<const Behind> behind;
+          if (kv->behind) {
+            behind = std::make_shared<const Behind>(
+                Behind{std::move(*kv->behind), std::move(kv->holds), kv->blocking});
+          }
+          Enqueue(nullptr, &*v, ShouldRide(kv->waiters), std::move(behind));
           return true;
         }
       }
     }
     return FastGrant(*v);
-  }
-
-  // An enqueue from the views joins behind the waiter the key's view shows last,
-  // and reads back that one waiter instead of the key's holds and waiters, when
-  // the view allows it (lock/queue.h, JoinBehind). Null: it reads them.
-  std::shared_ptr<const Behind> JoinBehind(KeyView kv) const {
-    const WaiterEntry* last =
-        queue::JoinBehind(kv.waiters, kv.waiters_revision, req_.shared(), NowUnixMs());
-    if (last == nullptr) return nullptr;
-    WaiterEntry copy = *last;
-    return std::make_shared<const Behind>(
-        Behind{std::move(copy), std::move(kv.holds), std::move(kv.waiters)});
   }
 
   // The first step when this replica's views show the key free for this caller:

@@ -513,8 +513,8 @@ bool Engine::PlanOnViews(const v1::ReleaseRequest& req, ReleasePlan* plan) {
   s.ns_mod_revision = nsv->mod_revision;
   s.epoch = epoch;
   s.classes = nsv->classes;
-  s.holds = kv->holds;
-  s.waiters = kv->waiters;
+  s.holds = std::move(kv->holds);  // the plan's snapshot takes the view over, not a copy
+  s.waiters = std::move(kv->waiters);
   if (!GrantBlock().ok() || !CheckEpoch(epoch, nsv->cluster_id).ok() ||
       ResolveClass(s.classes, req.lock_key()) == nullptr) {
     return false;
@@ -525,7 +525,8 @@ bool Engine::PlanOnViews(const v1::ReleaseRequest& req, ReleasePlan* plan) {
     if (w->create_revision > kv->waiters_revision) return false;  // maybe not the head
   }
   plan->classes_revision = nsv->classes_revision;
-  plan->key = std::move(*kv);
+  plan->key.holds_revision = kv->holds_revision;
+  plan->key.waiters_revision = kv->waiters_revision;
   return true;
 }
 
@@ -570,13 +571,15 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
   }
   AddSnapshotReads(ns, session, key, txn.mutable_failure());
   auto handed = HandOverGrants(txn, ns, key);
+  // What the release's commit leaves of the key, from the plan's snapshot (which
+  // nothing needs after this).
   std::optional<KeyView> base;
   if (plan && handover.guarded) {
-    if (plan->classes_revision > 0) {
-      base = std::move(plan->key);
-    } else {
-      base = KeyView{snap->revision, snap->revision, snap->holds, snap->waiters};
-    }
+    KeySnapshot& planned = plan->snap;
+    const bool on_views = plan->classes_revision > 0;
+    base = KeyView{on_views ? plan->key.holds_revision : planned.revision,
+                   on_views ? plan->key.waiters_revision : planned.revision,
+                   std::move(planned.holds), std::move(planned.waiters)};
   }
   commits_.Txn({ns, key, session, /*release=*/true}, std::move(txn), EtcdDeadline(d),
              [this, req, d, attempts_left, ns, key, session, tok, handed = std::move(handed),

@@ -154,7 +154,7 @@ class Engine {
     KeySnapshot snap;
     int64_t now_ms = 0;
     int64_t classes_revision = 0;
-    KeyView key;
+    KeyView key;  // planned on the views: the view's revisions (its lists are in `snap`)
   };
   void ReleaseAttempt(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
                       Done<v1::ReleaseResponse> done);

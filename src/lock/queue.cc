@@ -19,11 +19,9 @@ AcquireDecision DecideAcquire(const KeySnapshot& s, int64_t lease, bool shared, 
   for (const auto& w : s.waiters) {
     if (w.lease == lease) d.own_waiter = &w;
   }
-  std::vector<std::string> blockers;
+  bool held_against = false;
   for (const auto& h : s.holds) {
-    if (!shared || !h.record.shared()) {
-      blockers.push_back(absl::StrCat("session ", h.lease, h.record.shared() ? " (shared)" : ""));
-    }
+    if (!shared || !h.record.shared()) held_against = true;
   }
   int waiting_ahead = 0;
   for (const auto& w : s.waiters) {
@@ -38,13 +36,12 @@ AcquireDecision DecideAcquire(const KeySnapshot& s, int64_t lease, bool shared, 
     }
     if (!shared || !w.record.shared()) ++waiting_ahead;
   }
-  if (blockers.empty() && waiting_ahead == 0) {
+  if (!held_against && waiting_ahead == 0) {
     d.kind = AcquireDecision::Kind::kGrant;
     return d;
   }
   d.kind = AcquireDecision::Kind::kBlocked;
-  if (waiting_ahead > 0) blockers.push_back(absl::StrCat(waiting_ahead, " waiter(s) ahead"));
-  d.blocked_by = absl::StrJoin(blockers, ", ");
+  d.blocked_by = BlockedBy(s.holds, waiting_ahead, shared);
   return d;
 }
 
@@ -59,17 +56,15 @@ const WaiterEntry* JoinBehind(const std::vector<WaiterEntry>& seen, int64_t comp
   return complete_live >= kJoinBehindMargin ? &last : nullptr;
 }
 
-std::vector<WaiterEntry> QueueBehind(const std::vector<WaiterEntry>& seen,
-                                     const WaiterEntry& last, const WaiterEntry& own) {
-  std::vector<WaiterEntry> q;
-  for (const auto& w : seen) {
-    if (w.create_revision >= last.create_revision) break;  // only `last` is known to be there
-    if (w.lease == last.lease || w.lease == own.lease) continue;
-    q.push_back(w);
+std::string BlockedBy(const std::vector<HoldEntry>& holds, int64_t waiting_ahead, bool shared) {
+  std::vector<std::string> blockers;
+  for (const auto& h : holds) {
+    if (!shared || !h.record.shared()) {
+      blockers.push_back(absl::StrCat("session ", h.lease, h.record.shared() ? " (shared)" : ""));
+    }
   }
-  q.push_back(last);
-  q.push_back(own);
-  return q;
+  if (waiting_ahead > 0) blockers.push_back(absl::StrCat(waiting_ahead, " waiter(s) ahead"));
+  return absl::StrJoin(blockers, ", ");
 }
 
 HandOver PlanHandOver(const KeySnapshot& s, int64_t releasing_lease, int64_t now_ms) {

@@ -65,15 +65,9 @@ inline constexpr int64_t kJoinBehindMargin = 3;
 const WaiterEntry* JoinBehind(const std::vector<WaiterEntry>& seen, int64_t complete_through,
                               bool shared, int64_t now_ms);
 
-// The queue as a waiter that joined from a replica's views knows it when its
-// joining commit read back only `last`, the waiter the views showed last, and found
-// it still queued (JoinBehind): the waiters the views showed ahead
-// of `last` (some may have left since), `last` as read back, then `own`. Waiters
-// that joined after the views' read may be missing between `last` and `own`, so
-// this queue serves to wait behind `last`, never to grant: the waiter's next look
-// is a full read.
-std::vector<WaiterEntry> QueueBehind(const std::vector<WaiterEntry>& seen,
-                                     const WaiterEntry& last, const WaiterEntry& own);
+// Who blocks a call (shared or not) that has `waiting_ahead` live waiters ahead of
+// it that it may not pass, besides `holds`: the hint its deadline's error gives.
+std::string BlockedBy(const std::vector<HoldEntry>& holds, int64_t waiting_ahead, bool shared);
 
 // At most this many waiters are granted (and dead ones removed) by one release, so
 // the transaction stays under etcd's --max-txn-ops (128 by default); shared

@@ -187,51 +187,18 @@ TEST(QueueTest, JoinBehindOnlyALastWaiterThatBlocksOnItsOwn) {
   EXPECT_EQ(JoinBehind(dead.s.waiters, 103, false, kNow), nullptr);  // it blocks nobody
 }
 
-// The queue a newcomer waits on after joining behind `last`: what the view showed
-// ahead of it, `last` as read back, then the newcomer; it decides to wait behind
-// `last`, with the earliest deadline ahead to look again at.
-TEST(QueueTest, QueueBehindWaitsBehindTheLastWaiterAsReadBack) {
+// Who blocks a call: the holds it cannot share, then the waiters ahead it may not
+// pass; the same words as a decision on the whole queue gives.
+TEST(QueueTest, BlockedByNamesTheHoldsAndCountsTheWaitersAhead) {
   Builder b;
-  b.Hold(1).Wait(2, false, kNow + 500).Wait(3).Wait(4);
-  WaiterEntry last = b.s.waiters.back();
-  last.record.set_deadline_unix_ms(kNow + 20'000);  // re-put with a later deadline
-  last.mod_revision = 150;
-  WaiterEntry own;
-  own.lease = 9;
-  own.create_revision = 200;
-  own.record.set_deadline_unix_ms(kNow + 30'000);
-  KeySnapshot s = b.s;
-  s.waiters = QueueBehind(b.s.waiters, last, own);
-  ASSERT_EQ(s.waiters.size(), 4u);
-  EXPECT_EQ(s.waiters[2].mod_revision, 150);
-  auto d = DecideAcquire(s, 9, false, kNow);
-  EXPECT_EQ(d.kind, Kind::kBlocked);
-  ASSERT_NE(d.own_waiter, nullptr);
-  EXPECT_EQ(d.predecessor->lease, 4);
-  EXPECT_EQ(d.wake_at_ms, kNow + 500);
-  EXPECT_EQ(d.blocked_by, "session 1, 3 waiter(s) ahead");
-
-  // `last` left and came back (a later create revision): the view's waiters
-  // created before that stay ahead of it, its old place and anything after it go.
-  Builder v;
-  v.Wait(2).Wait(4).Wait(3).Wait(5);  // 2@100, 4@101, 3@102, 5@103
-  WaiterEntry back = v.s.waiters[1];
-  back.create_revision = 103;  // say 5 was not there: only the waiter read back is
-  back.lease = 4;
-  auto q = QueueBehind({v.s.waiters[0], v.s.waiters[1], v.s.waiters[2]}, back, own);
-  ASSERT_EQ(q.size(), 4u);
-  EXPECT_EQ(q[0].lease, 2);
-  EXPECT_EQ(q[1].lease, 3);
-  EXPECT_EQ(q[2].lease, 4);
-  EXPECT_EQ(q[2].create_revision, 103);
-  EXPECT_EQ(q[3].lease, 9);
-  // Listed after `last` in the view but not read back: left out.
-  WaiterEntry early = v.s.waiters[1];  // 4@101, with 3@102 and 5@103 listed after it
-  q = QueueBehind(v.s.waiters, early, own);
-  ASSERT_EQ(q.size(), 3u);
-  EXPECT_EQ(q[0].lease, 2);
-  EXPECT_EQ(q[1].lease, 4);
-  EXPECT_EQ(q[2].lease, 9);
+  b.Hold(1).Wait(2).Wait(3, true).Wait(4);
+  EXPECT_EQ(DecideAcquire(b.s, 9, false, kNow).blocked_by, "session 1, 3 waiter(s) ahead");
+  EXPECT_EQ(BlockedBy(b.s.holds, 3, false), "session 1, 3 waiter(s) ahead");
+  Builder r;
+  r.Hold(1, true).Hold(5).Wait(2, true).Wait(3);
+  EXPECT_EQ(DecideAcquire(r.s, 9, true, kNow).blocked_by, "session 5, 1 waiter(s) ahead");
+  EXPECT_EQ(BlockedBy(r.s.holds, 1, true), "session 5, 1 waiter(s) ahead");
+  EXPECT_EQ(BlockedBy(r.s.holds, 0, false), "session 1 (shared), session 5");
 }
 
 }  // namespace

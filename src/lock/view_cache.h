@@ -35,6 +35,7 @@
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
+#include "lock/queue.h"
 #include "lock/snapshot.h"
 
 namespace holdfast::lock {
@@ -59,6 +60,19 @@ struct KeyView {
   int64_t waiters_revision = 0;
   std::vector<HoldEntry> holds;      // in key order
   std::vector<WaiterEntry> waiters;  // in queue order
+};
+
+// What an acquire from the views needs of a key's view (acquire_op.cc, FastStart),
+// without a copy of its waiters (a record each: 255 with 256 clients on a key).
+struct KeyGlance {
+  bool held_by_other = false;  // a hold of another session
+  bool mine = false;           // a hold or a waiter of the asking session
+  size_t waiters = 0;
+  // The waiter the call may join behind (lock/queue.h, JoinBehind), and then the
+  // key's holds and the live waiters that block the call: who blocks it.
+  std::optional<WaiterEntry> behind;
+  std::vector<HoldEntry> holds;
+  int64_t blocking = 0;
 };
 
 class ViewCache {
@@ -90,6 +104,27 @@ class ViewCache {
     auto it = keys_.find(KeyId(ns, key));
     if (it == keys_.end()) return std::nullopt;
     return it->second;
+  }
+
+  std::optional<KeyGlance> GlanceKey(const std::string& ns, const std::string& key,
+                                     int64_t session, bool shared, int64_t now_ms) {
+    absl::MutexLock l(&mu_);
+    auto it = keys_.find(KeyId(ns, key));
+    if (it == keys_.end()) return std::nullopt;
+    const KeyView& v = it->second;
+    KeyGlance g;
+    for (const auto& h : v.holds) (h.lease == session ? g.mine : g.held_by_other) = true;
+    for (const auto& w : v.waiters) g.mine = g.mine || w.lease == session;
+    g.waiters = v.waiters.size();
+    if (const WaiterEntry* last =
+            queue::JoinBehind(v.waiters, v.waiters_revision, shared, now_ms)) {
+      g.behind = *last;
+      g.holds = v.holds;
+      g.blocking = std::count_if(v.waiters.begin(), v.waiters.end(), [&](const WaiterEntry& w) {
+        return !queue::Dead(w, now_ms) && (!shared || !w.record.shared());
+      });
+    }
+    return g;
   }
 
   void ForgetKey(const std::string& ns, const std::string& key) {

@@ -145,5 +145,48 @@ TEST(KeyViewTest, SharedHoldsStayInKeyOrder) {
   EXPECT_EQ(v->holds[2].lease, 9);
 }
 
+// An acquire from the views glances at the key's view: who holds it, whether the
+// session is there already, how many wait, and whom it may join behind (the view
+// complete through three live waiters), with who blocks it.
+TEST(KeyViewTest, AGlanceShowsWhomANewcomerMayJoinBehind) {
+  const int64_t now = 1'000'000;
+  auto waiter = [&](int64_t lease, int64_t rev, bool shared = false) {
+    WaiterEntry w = Waiter(lease, rev);
+    w.record.set_deadline_unix_ms(now + 10'000);
+    w.record.set_shared(shared);
+    return w;
+  };
+  ViewCache c;
+  EXPECT_FALSE(c.GlanceKey("ns", "k", 9, false, now));
+  c.ObserveKey("ns", "k", Read(10, {Hold(1, 5)}, {waiter(2, 6), waiter(3, 7, true)}));
+  auto g = c.GlanceKey("ns", "k", 9, false, now);
+  ASSERT_TRUE(g);
+  EXPECT_TRUE(g->held_by_other);
+  EXPECT_FALSE(g->mine);
+  EXPECT_EQ(g->waiters, 2u);
+  EXPECT_FALSE(g->behind) << "two live waiters: under the margin";
+  EXPECT_TRUE(c.GlanceKey("ns", "k", 3, false, now)->mine);
+  EXPECT_TRUE(c.GlanceKey("ns", "k", 1, false, now)->mine);
+  EXPECT_FALSE(c.GlanceKey("ns", "k", 1, false, now)->held_by_other);
+
+  c.ObserveKey("ns", "k",
+               Read(12, {Hold(1, 5)}, {waiter(2, 6), waiter(3, 7, true), waiter(4, 11)}));
+  g = c.GlanceKey("ns", "k", 9, false, now);
+  ASSERT_TRUE(g && g->behind);
+  EXPECT_EQ(g->behind->lease, 4);
+  EXPECT_EQ(g->blocking, 3);
+  ASSERT_EQ(g->holds.size(), 1u);
+  EXPECT_EQ(g->holds[0].lease, 1);
+  // A reader is not blocked by the shared waiter.
+  EXPECT_EQ(c.GlanceKey("ns", "k", 9, true, now)->blocking, 2);
+  // A waiter put after the read is the last one, and the view is still complete
+  // through three: the next newcomer joins behind it.
+  c.WaiterPut("ns", "k", waiter(5, 13));
+  g = c.GlanceKey("ns", "k", 9, false, now);
+  ASSERT_TRUE(g && g->behind);
+  EXPECT_EQ(g->behind->lease, 5);
+  EXPECT_EQ(g->waiters, 4u);
+}
+
 }  // namespace
 }  // namespace holdfast::lock
