@@ -566,6 +566,47 @@ TEST_F(RideTest, AnAcquireThatFindsTheLastWaiterGoneReadsTheQueue) {
   ExpectJoinBehind(/*last_gone=*/true);
 }
 
+// A session that holds the key already (handed it on another replica, which this
+// replica's view of the key has not seen) and asks again from the views joins
+// behind the view's last waiter; its commit finds its own hold, and the call
+// returns that hold instead of waiting for it.
+TEST_F(RideTest, AnAcquireThatJoinedBehindReturnsAHoldTheViewHadNotSeen) {
+  auto a = Open(), d = Open(), x = Open();
+  ASSERT_TRUE(a && d && x);
+  std::vector<std::unique_ptr<Session>> w;
+  for (int i = 0; i < 3; ++i) {
+    w.push_back(Open());
+    ASSERT_TRUE(w.back());
+  }
+  const std::string key = "metrics/behind-held";
+  auto warm = d->Acquire("metrics/behind-held-warm");
+  ASSERT_TRUE(warm.ok()) << warm.status();
+  ASSERT_TRUE(warm->Release().ok());
+  auto held = a->Acquire(key, testing::Waiting(seconds(5), /*shared=*/true));
+  ASSERT_TRUE(held.ok()) << held.status();
+  for (int i = 0; i < 3; ++i) PutWaiter(*cluster_, key, w[i]->id());
+  auto tried = x->Acquire(key);  // reads the key: the view shows a's hold and three waiters
+  ASSERT_EQ(tried.status().code(), absl::StatusCode::kAborted) << tried.status();
+  // d is handed a shared hold behind the replica's back.
+  records::HoldRecord rec;
+  rec.set_class_id("default");
+  rec.set_shared(true);
+  rec.set_epoch(held->info().epoch());
+  rec.set_identity(held->info().identity());
+  etcdserverpb::TxnRequest put;
+  auto* p = put.add_success()->mutable_request_put();
+  p->set_key(keyspace::HoldKey("default", key, d->id()));
+  p->set_value(rec.SerializeAsString());
+  p->set_lease(d->id());
+  auto granted = cluster_->etcd_client().TxnSync(put, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(granted.ok()) << granted.status();
+
+  auto again = d->Acquire(key, testing::Waiting(seconds(10)));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->info().session_id(), d->id());
+  EXPECT_EQ(again->info().grant_revision(), granted->header().revision());
+}
+
 TEST_F(MetricsTest, SessionsRenewalsAndCloses) {
   auto keep = Open(seconds(10));
   auto fast = Open(seconds(2));  // renewed every 667 ms by libholdfast

@@ -17,7 +17,8 @@
 // revision + 1: its own hold key (a release that hands it the lock puts it: the
 // call answers from that event, or sooner when the release ran on this replica:
 // lock/local_waiters.h), its own waiter key (deleted without a hand-over:
-// read again), the waiter just ahead of it, and, at the head, the key's holds
+// read again), the waiter just ahead of it (or, joined behind the view's last
+// waiter without reading the queue, that one), and, at the head, the key's holds
 // (deletions wake it kLookAgainAfterDelete later, so a hand-over's own-hold event
 // of the same revision comes first). No thread is held.
 //
@@ -353,7 +354,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // `ride`: the views show waiters ahead: the transaction may wait a little for a
   // release of the key to go with (lock/group_commit.h, Ride).
   // `behind`: the call joins behind the waiter the views show last, and its commit
-  // reads back only that waiter (JoinBehind).
+  // reads back only that waiter and counts the call's own hold (JoinBehind).
   void Enqueue(const WaiterEntry* existing, const Views* views = nullptr, bool ride = false,
                std::shared_ptr<const Behind> behind = nullptr) {
     if (views == nullptr && !BeginStep()) return;  // FastStart's step is begun
@@ -402,7 +403,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     // not the one resolved: that one's compare would have failed). A riding
     // enqueue's ranges are applied inside the release's commit, before the new
     // holder can be answered, so each one it skips shortens the hand-over. Joining
-    // behind a waiter, it reads back that waiter alone (JoinBehind).
+    // behind a waiter, it reads back that waiter (and counts its own hold) instead
+    // of the key's holds and waiters (JoinBehind).
     const int reads_at = txn.success_size();
     std::shared_ptr<const KeySnapshot> facts;
     if (views != nullptr) {
@@ -418,6 +420,11 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       if (behind != nullptr) {
         txn.add_success()->mutable_request_range()->set_key(
             keyspace::WaitKey(ns, req_.lock_key(), behind->last.lease));
+        // And the call's own hold, which a view older than a hand-over to this
+        // session (on another replica) may not show: then Decide returns it.
+        auto* own_hold = txn.add_success()->mutable_request_range();
+        own_hold->set_key(keyspace::HoldKey(ns, req_.lock_key(), lease));
+        own_hold->set_count_only(true);
       } else {
         AddKeyReads(ns, lease, req_.lock_key(), txn.mutable_success());
       }
@@ -476,7 +483,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // call, which needs no more of the queue than that (Decide would find it ahead,
   // and the call can be granted only after it goes, when the call reads again).
   // Otherwise (it was handed the key by the release this enqueue rode with, or
-  // left, or is past its deadline) the call reads the queue and decides on that.
+  // left, or is past its deadline; or this session holds the key already) the
+  // call reads the queue and decides on that.
   // The queue it waits on may miss waiters that joined after the views' read,
   // between `b.last` and this one: such a waiter is found by the read that
   // `b.last`'s going starts, and never passed, since this call grants itself only
@@ -488,12 +496,15 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     // Guarded by "no claim put since the views' count" (AddNewClaim).
     engine_->views_.ClaimAdded(req_.session_id(), claims_before, snap.revision);
     std::optional<WaiterEntry> last;
-    if (at < t.responses_size() && t.responses(at).response_range().kvs_size() == 1) {
+    if (at + 1 < t.responses_size() && t.responses(at).response_range().kvs_size() == 1) {
       const auto& kv = t.responses(at).response_range().kvs(0);
       WaiterEntry w{b.last.lease, kv.create_revision(), {}, kv.mod_revision()};
       if (w.record.ParseFromString(kv.value())) last = std::move(w);
     }
-    if (last && snap.epoch && snap.epoch->record.etcd_cluster_id() == snap.cluster_id) {
+    const bool holds_it = at + 1 < t.responses_size() &&
+                          t.responses(at + 1).response_range().count() > 0;
+    if (last && !holds_it && snap.epoch &&
+        snap.epoch->record.etcd_cluster_id() == snap.cluster_id) {
       // The queue as far as the call needs it: the waiter it waits behind, then
       // itself (one whose server is gone is looked at again at its deadline; the
       // waiters ahead of it are its business). The holds as the views saw them.
@@ -785,7 +796,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     const std::string holds_end = keyspace::HoldRangeEnd(ns, key);
     const std::string waits_begin = keyspace::WaitRangeBegin(ns, key);
     const std::string waits_end = keyspace::WaitRangeEnd(ns, key);
-    // What it waits to go: the waiter just ahead of it, or at the head the key's holds.
+    // What it waits to go: the waiter ahead of it (`d.predecessor`), or at the head
+    // the key's holds.
     const bool at_head = d.predecessor == nullptr;
     etcd::WatchSpec ahead;
     ahead.key = at_head ? holds_begin : keyspace::WaitKey(ns, key, d.predecessor->lease);

@@ -58,9 +58,13 @@ AcquireDecision DecideAcquire(const KeySnapshot& s, int64_t lease, bool shared, 
 //    those (engine.cc, PlanOnViews), each hand-over takes one from the head, and a
 //    newcomer that joins behind adds none: the margin leaves the next releases a
 //    head to plan on until a newcomer that reads the whole queue makes the view
-//    complete again, and keeps the last waiter out of the release the newcomer
-//    rides with.
-// Null otherwise: the newcomer reads the key's holds and waiters.
+//    complete again, and an exclusive head out of the way of the last waiter in
+//    the release the newcomer rides with. (A run of shared waiters handed the key
+//    together, or listed waiters that are gone, may take the last one with it:
+//    the newcomer then finds it gone and reads the queue.)
+// Null otherwise: the newcomer reads the key's holds and waiters. Several
+// newcomers that glance before the first of them commits join behind the same
+// waiter, and each reads the queue when it goes.
 inline constexpr int64_t kJoinBehindMargin = 3;
 const WaiterEntry* JoinBehind(const std::vector<WaiterEntry>& seen, int64_t complete_through,
                               bool shared, int64_t now_ms);
