@@ -605,6 +605,25 @@ TEST_F(RideTest, AnAcquireThatJoinedBehindReturnsAHoldTheViewHadNotSeen) {
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->info().session_id(), d->id());
   EXPECT_EQ(again->info().grant_revision(), granted->header().revision());
+  // The waiter key the enqueue put goes again (else d's own release would hand the
+  // key back to d), and the claim stays with the hold.
+  etcdserverpb::RangeRequest own_wait;
+  own_wait.set_key(keyspace::WaitKey("default", key, d->id()));
+  int64_t left = -1;
+  for (auto until = std::chrono::steady_clock::now() + seconds(30);
+       std::chrono::steady_clock::now() < until;
+       std::this_thread::sleep_for(milliseconds(20))) {
+    auto r = cluster_->etcd_client().RangeSync(own_wait, etcd::DeadlineIn(seconds(5)));
+    ASSERT_TRUE(r.ok()) << r.status();
+    left = r->kvs_size();
+    if (left == 0) break;
+  }
+  EXPECT_EQ(left, 0) << "d still waits for a key it holds";
+  etcdserverpb::RangeRequest claim;
+  claim.set_key(keyspace::ClaimKey("default", key, d->id()));
+  auto c = cluster_->etcd_client().RangeSync(claim, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->kvs_size(), 1);
 }
 
 TEST_F(MetricsTest, SessionsRenewalsAndCloses) {

@@ -281,6 +281,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     }
     auto d = queue::DecideAcquire(snap, req_.session_id(), req_.shared(), NowUnixMs());
     if (d.kind == queue::AcquireDecision::Kind::kHeld) {
+      for (const auto& w : snap.waiters) {
+        if (w.lease == req_.session_id()) LeaveQueue(w.create_revision);
+      }
       return Granted(MakeHoldInfo(req_.lock_key(), *d.own_hold, snap.classes));
     }
     if (!snap.ns_record.draining_to().empty()) {
@@ -768,6 +771,34 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (retries_left_ <= 0 || std::chrono::system_clock::now() >= rpc_deadline_) return false;
     --retries_left_;
     return true;
+  }
+
+  // Deletes the own waiter created at `create_revision`, if it is still that one,
+  // and keeps the claim: the session holds the key. A session that holds the key
+  // and asks again from the views (whose view of the key did not show the hold)
+  // has queued first; left there, the waiter would be handed the key again by the
+  // session's own release, which then would not free it.
+  void LeaveQueue(int64_t create_revision) {
+    const std::string wait_key =
+        keyspace::WaitKey(req_.namespace_(), req_.lock_key(), req_.session_id());
+    pb::TxnRequest txn;
+    AddCompare(&txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)
+        ->set_create_revision(create_revision);
+    txn.add_success()->mutable_request_delete_range()->set_key(wait_key);
+    {
+      absl::MutexLock l(&mu_);
+      own_waiter_rev_ = 0;
+    }
+    auto self = shared_from_this();
+    engine_->etcd().Txn(std::move(txn), etcd::DeadlineIn(engine_->options().etcd_timeout),
+                        [self, create_revision](absl::StatusOr<pb::TxnResponse> t) {
+                          if (t.ok() && t->succeeded()) {
+                            self->engine_->views_.WaiterGone(self->req_.namespace_(),
+                                                             self->req_.lock_key(),
+                                                             self->req_.session_id(),
+                                                             create_revision);
+                          }
+                        });
   }
 
   // Deletes the hold this call created at `grant_rev`, if it is still that one.
