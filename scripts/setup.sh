@@ -14,6 +14,8 @@ packages=(
   # libraries
   libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libssl-dev
   libsqlite3-dev libpq-dev
+  # holdfastd's allocator (src/server/allocator.h)
+  libjemalloc-dev
   # holdfastd's Prometheus metrics endpoint
   prometheus-cpp-dev
   # the audit store's tests run a real PostgreSQL 15 (as the postgres user, via

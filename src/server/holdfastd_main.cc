@@ -10,11 +10,11 @@
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "server/config.h"
-#include "server/malloc_arenas.h"
+#include "server/allocator.h"
 #include "server/server.h"
 
 int main(int argc, char** argv) {
-  holdfast::server::LimitMallocArenas();  // before any thread: server/malloc_arenas.h
+  holdfast::server::SetUpAllocator();  // before any thread: server/allocator.h
   // Debian's Abseil is built with Mutex deadlock detection on: every lock taken
   // while another is held updates a global lock graph (~3% of holdfastd's CPU
   // under load, docs/performance.md). The unit tests keep it; the server does
@@ -74,8 +74,9 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "holdfastd: %s\n", s.ToString().c_str());
     return 1;
   }
-  std::fprintf(stderr, "holdfastd: serving on %s (etcd %s)\n", server.bound_address().c_str(),
-               holdfast::server::EffectiveClusters(config).front().endpoints.front().c_str());
+  std::fprintf(stderr, "holdfastd: serving on %s (etcd %s; %s)\n", server.bound_address().c_str(),
+               holdfast::server::EffectiveClusters(config).front().endpoints.front().c_str(),
+               holdfast::server::AllocatorInUse().c_str());
   int sig = 0;
   sigwait(&stop, &sig);
   std::fprintf(stderr, "holdfastd: signal %d, shutting down\n", sig);
