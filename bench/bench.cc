@@ -176,6 +176,7 @@ class Matrix {
   // Runs the workers, counting the etcd requests and the CPU time they cause.
   std::map<std::string, SeriesResult> Measure(std::vector<std::unique_ptr<Worker>>& workers,
                                               Costs* costs) {
+    pool_.Settle();
     auto before = EtcdRequestCounts(env_.etcd_endpoint());
     auto cpu_before = CpuNow();
     auto series = RunWorkers(workers, plan_.timing, stop_);

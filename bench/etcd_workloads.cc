@@ -1,6 +1,7 @@
 #include "bench/etcd_workloads.h"
 
 #include <algorithm>
+#include <thread>
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -312,6 +313,26 @@ void EtcdPool::DeletePrefix(const std::string& under) {
   req.set_key(prefix);
   req.set_range_end(PrefixEnd(prefix));
   (void)clients_[0]->DeleteRangeSync(req, etcd::DeadlineIn(kEtcdCallTimeout));
+}
+
+void EtcdPool::Settle(std::chrono::milliseconds period) {
+  // Each step must fall in a commit period of its own: a period ends at etcd's
+  // next tick after it, at most `period` later.
+  const auto past_a_tick = period + period / 2;
+  etcd::Client& c = *clients_[0];
+  std::this_thread::sleep_for(past_a_tick);
+  const std::string key = prefix_ + "settle";
+  pb::PutRequest put;
+  put.set_key(key);
+  put.set_value(kValue);
+  if (!c.PutSync(put, etcd::DeadlineIn(kEtcdCallTimeout)).ok()) return;
+  std::this_thread::sleep_for(past_a_tick);
+  pb::LeaseGrantRequest grant;
+  grant.set_ttl(60);
+  auto lease = c.LeaseGrantSync(grant, etcd::DeadlineIn(kEtcdCallTimeout));
+  std::this_thread::sleep_for(past_a_tick);
+  if (lease.ok() && lease->error().empty()) RevokeLeases({lease->id()}, SteadyClock::now() + kEtcdCallTimeout);
+  DeletePrefix("settle");
 }
 
 std::string GuardedTxnPrefix(const std::string& cell) { return absl::StrCat("txn/", cell, "/"); }
