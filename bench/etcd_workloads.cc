@@ -1,6 +1,7 @@
 #include "bench/etcd_workloads.h"
 
 #include <algorithm>
+#include <cstdio>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -320,19 +321,32 @@ void EtcdPool::Settle(std::chrono::milliseconds period) {
   // next tick after it, at most `period` later.
   const auto past_a_tick = period + period / 2;
   etcd::Client& c = *clients_[0];
+  auto failed = [](const char* step, const absl::Status& s) {
+    std::fprintf(stderr, "holdfast-bench: settling etcd: %s: %s (the cell starts unsettled)\n",
+                 step, s.ToString().c_str());
+  };
   std::this_thread::sleep_for(past_a_tick);
   const std::string key = prefix_ + "settle";
   pb::PutRequest put;
   put.set_key(key);
   put.set_value(kValue);
-  if (!c.PutSync(put, etcd::DeadlineIn(kEtcdCallTimeout)).ok()) return;
+  if (auto r = c.PutSync(put, etcd::DeadlineIn(kEtcdCallTimeout)); !r.ok()) {
+    return failed("put", r.status());
+  }
   std::this_thread::sleep_for(past_a_tick);
   pb::LeaseGrantRequest grant;
   grant.set_ttl(60);
   auto lease = c.LeaseGrantSync(grant, etcd::DeadlineIn(kEtcdCallTimeout));
+  if (!lease.ok() || !lease->error().empty()) {
+    failed("lease grant", lease.ok() ? absl::InternalError(lease->error()) : lease.status());
+  }
   std::this_thread::sleep_for(past_a_tick);
-  if (lease.ok() && lease->error().empty()) RevokeLeases({lease->id()}, SteadyClock::now() + kEtcdCallTimeout);
-  DeletePrefix("settle");
+  if (lease.ok() && lease->error().empty()) {
+    RevokeLeases({lease->id()}, SteadyClock::now() + kEtcdCallTimeout);
+  }
+  pb::DeleteRangeRequest del;
+  del.set_key(key);
+  (void)c.DeleteRangeSync(del, etcd::DeadlineIn(kEtcdCallTimeout));
 }
 
 std::string GuardedTxnPrefix(const std::string& cell) { return absl::StrCat("txn/", cell, "/"); }

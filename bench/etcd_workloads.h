@@ -48,18 +48,20 @@ class EtcdPool {
 
   // Brings etcd's buffer of writes not yet committed to its backend back to its
   // smallest before a cell is measured, so that every cell starts from the same
-  // etcd whatever the cell before it wrote. etcd 3.4 copies that buffer, as long
-  // as its array has grown, into every transaction and range it serves
-  // (ConcurrentReadTx), and a bucket's array keeps its largest size for as long
-  // as each commit period (etcd's --backend-batch-interval, `period`, 100 ms by
-  // default) writes to the bucket again. After one burst (a cell's thousands of
-  // keys deleted in one request, thousands of leases granted or revoked) every
-  // transaction copied thousands of entries, and etcd ran the raw grant+release
-  // cycle at a third of its speed, until some period happened to pass without a
-  // write to that bucket (docs/performance.md, "etcd's write buffer"). Settle
-  // makes such periods: it waits out the current one; writes a key (a period
-  // with no lease written); grants a lease (a period with no key written); then
-  // revokes the lease and deletes the key. About 3.5 periods; best effort.
+  // etcd whatever the cell before it wrote. etcd 3.4 copies that buffer's whole
+  // array into every transaction and range it serves (ConcurrentReadTx), and a
+  // bucket's array keeps its largest size for as long as each commit period
+  // (etcd's --backend-batch-interval, `period`, 100 ms by default) writes to the
+  // bucket again. After one burst (a cell's thousands of keys deleted in one
+  // request, thousands of leases granted or revoked) every transaction copied
+  // thousands of entries, and etcd ran the raw grant+release cycle at a third of
+  // its speed, until some period happened to pass without a write to that bucket
+  // (docs/performance.md, "etcd's write buffer"). Settle makes such periods: it
+  // waits out the current one; writes a key (a period with no lease written);
+  // grants a lease (a period with no key written); then revokes the lease and
+  // deletes the key. About 4.5 periods. It assumes nothing else writes meanwhile
+  // (holdfastd writes no key while no client calls it), and says on stderr when
+  // a step failed, the cell then starting unsettled.
   void Settle(std::chrono::milliseconds period = std::chrono::milliseconds(100));
 
  private:
