@@ -15,5 +15,6 @@ expect_refused("--only: nonsense not in {baselines,uncontended,contended,shared,
 expect_refused("--only: sessionz not in" --only baselines,sessionz)
 expect_refused("--duration: invalid duration \"banana\"" --duration banana)
 expect_refused("--rounds: Value 0 not in range 1 to 20" --rounds 0)
+expect_refused("--concurrency: Value 0 not in range 1 to 4096" --concurrency 1,0)
 expect_refused("--tls starts holdfastd with a dev PKI of its own: it cannot be combined with --endpoint"
                --tls --etcd 127.0.0.1:1 --endpoint 127.0.0.1:2)

@@ -386,6 +386,7 @@ Plan MakePlan(const BenchOptions& options) {
     p.timing.warmup = std::min<std::chrono::milliseconds>(std::chrono::seconds(1),
                                                           *options.duration / 5);
   }
+  if (!options.concurrency.empty()) p.concurrency = options.concurrency;
   if (options.sessions) p.sessions = *options.sessions;
   p.acquire_wait = std::max<std::chrono::milliseconds>(p.timing.measure, std::chrono::seconds(2));
   return p;

@@ -23,6 +23,9 @@ struct BenchOptions {
   // Serve and call holdfastd over mTLS (--tls), as deployed; default plaintext on
   // loopback (holdfastd --insecure). See EnvironmentOptions::tls.
   bool tls = false;
+  // Callers of the uncontended and baseline cells (--concurrency); empty: the
+  // matrix's (1, 8, 64, 256; --short 1, 8).
+  std::vector<int> concurrency;
   std::optional<int64_t> sessions;  // sessions workload size (default 10,000, --short 1,000)
   // TTL of the sessions workload: libholdfast's default.
   std::chrono::milliseconds session_ttl{10'000};

@@ -74,6 +74,11 @@ int main(int argc, char** argv) {
                  "run the matrix this many times; report each cell's median round and each "
                  "ratio's median (default 1)")
       ->check(CLI::Range(1, 20));
+  app.add_option("--concurrency", o.concurrency,
+                 "callers of the uncontended and baseline cells, e.g. 1 or 1,8 (default 1,8,64,256; "
+                 "--short 1,8)")
+      ->delimiter(',')
+      ->check(CLI::Range(1, 4096));
   app.add_option("--only", o.only,
                  "run only these workloads (baselines, uncontended, contended, shared, sessions)")
       ->delimiter(',')
