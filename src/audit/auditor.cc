@@ -25,6 +25,8 @@ struct Inbox {
   size_t events = 0;   // in batches
   absl::Status error;  // the watch ended
   int64_t wakeups = 0;  // notifications sent to the auditor thread
+  int64_t responses = 0;  // watch responses with events taken in
+  bool closed = false;  // the watch was paused: what it still sends is dropped
 };
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
@@ -244,11 +246,13 @@ void Auditor::Lead(int64_t lease) {
     return etcd_->watches().Watch(spec, [inbox, full = options_.max_batch_events](
                                             absl::StatusOr<etcd::WatchBatch> b) {
       std::lock_guard l(inbox->mu);
+      if (inbox->closed) return;  // paused: the next watch starts before these
       bool wake = !inbox->error.ok() || inbox->batches.empty();
       if (!b.ok()) {
         inbox->error = b.status();
         wake = true;
       } else if (!b->events.empty()) {
+        ++inbox->responses;
         inbox->events += b->events.size();
         inbox->batches.push_back(std::move(b->events));
         wake = wake || inbox->events >= full;
@@ -283,13 +287,35 @@ void Auditor::Lead(int64_t lease) {
   std::vector<mvccpb::Event> pending;  // whole revisions, not yet recorded
   auto last_record = Clock::now() - options_.flush_interval;
 
+  // The watch is paused from the first response after a record until the next
+  // record (header comment, "Recording"); earlier inboxes' counts are added here.
+  bool paused = false;
+  int64_t wakeups_before = 0, responses_before = 0;
   while (!stop_) {
     absl::Status watch_error;
     {
       std::unique_lock l(inbox->mu);
-      inbox->cv.wait_for(l, std::chrono::milliseconds(200), [&] {
-        return !inbox->batches.empty() || !inbox->error.ok();
-      });
+      if (!paused) {
+        inbox->cv.wait_for(l, std::chrono::milliseconds(200), [&] {
+          return !inbox->batches.empty() || !inbox->error.ok();
+        });
+        if (options_.flush_interval.count() > 0 && !inbox->batches.empty() &&
+            inbox->error.ok()) {
+          // Pause: etcd sends each revision in a response of its own while the
+          // watch is live (two per lock cycle at one caller, each a message
+          // for etcd to send and for holdfastd to take in, on the cores the
+          // lock calls need). Until the record, nothing is needed from it; the
+          // watch started again from the cursor gets what came meanwhile as
+          // one response (etcd's catch-up of a watch behind, every 100 ms).
+          // With no flush interval the watch stays live: the trail follows
+          // etcd as closely as it can.
+          inbox->closed = true;
+          paused = true;
+          l.unlock();
+          etcd_->watches().Cancel(watch_id);
+          l.lock();
+        }
+      }
       // Linger: one SQL transaction per flush_interval at most, unless a full
       // batch is waiting. Each commit rewrites the index pages it touched and
       // syncs; under load this takes ~24x fewer commits (docs/audit.md) for up to
@@ -398,23 +424,53 @@ void Auditor::Lead(int64_t lease) {
         resume = compacted;
         prev.Clear();  // what was deleted in the gap is unknown
       }
+      {
+        std::lock_guard l(inbox->mu);
+        wakeups_before += inbox->wakeups;
+        responses_before += inbox->responses;
+      }
       inbox = std::make_shared<Inbox>();
       watch_id = watch(resume);  // bound to the new inbox
       if (!Sleep(std::chrono::milliseconds(100))) break;
     }
 
+    // Recorded all that the paused watch sent: start it again after the cursor.
+    if (paused && pending.empty()) {
+      bool drained;
+      {
+        std::lock_guard l(inbox->mu);
+        drained = inbox->batches.empty();
+        if (drained) {
+          wakeups_before += inbox->wakeups;
+          responses_before += inbox->responses;
+        }
+      }
+      if (drained) {
+        int64_t cursor;
+        {
+          std::lock_guard l(mu_);
+          cursor = status_.cursor;
+        }
+        inbox = std::make_shared<Inbox>();
+        watch_id = watch(cursor + 1);  // bound to the new inbox
+        paused = false;
+      }
+    }
+
     // Backlog: events seen but not yet recorded.
     {
-      int64_t seen = 0, wakeups = 0;
+      int64_t seen = 0, wakeups = 0, responses = 0;
       {
         std::lock_guard l(inbox->mu);
         if (!inbox->batches.empty() && !inbox->batches.back().empty()) {
           seen = inbox->batches.back().back().kv().mod_revision();
         }
-        wakeups = inbox->wakeups;
+        wakeups = wakeups_before + inbox->wakeups;
+        responses = responses_before + inbox->responses;
       }
       std::lock_guard l(mu_);
       status_.wakeups = wakeups;
+      status_.watch_responses = responses;
       status_.last_seen_revision = std::max({status_.last_seen_revision, seen, status_.cursor});
       const int64_t lag = status_.last_seen_revision - status_.cursor;
       if (lag > options_.lag_warn_revisions &&

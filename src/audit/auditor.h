@@ -13,7 +13,15 @@
 // deletion gets its own from PrevValues, prev_values.h). Each
 // watch response holds whole revisions; the loop drains what has arrived,
 // classifies it (classify.h) and writes the rows and the new cursor in ONE SQL
-// transaction (AuditStore::Record). Rows are keyed by (cluster, revision,
+// transaction (AuditStore::Record), at most one per `flush_interval`. The watch
+// is paused from its first response after a record until the record is done,
+// then started again from the new cursor + 1: a live etcd watch sends every
+// revision in a response of its own (a message for etcd to send and holdfastd to
+// take in, two per lock cycle at one caller), while one started behind gets the
+// revisions it missed together, from etcd's catch-up of lagging watches (every
+// 100 ms). Under steady writes the trail so lags by up to `flush_interval` plus
+// that 100 ms, and the auditor takes in one response per record instead of one
+// per revision. With a `flush_interval` of 0 the watch is never paused. Rows are keyed by (cluster, revision,
 // namespace, key, session) and a replay inserts nothing, so an overlap between an
 // old and a new leader, or a crash between commit and acknowledgement, records
 // each event exactly once. A store that refuses the cursor (another auditor is
@@ -92,6 +100,7 @@ struct AuditorStatus {
   int64_t recorded_events = 0;
   int64_t store_commits = 0;  // audit store transactions that recorded revisions
   int64_t wakeups = 0;        // times the watch woke the auditor thread (this term)
+  int64_t watch_responses = 0;  // etcd watch responses with events taken in (this term)
   int64_t gaps = 0;
   int64_t pruned_events = 0;          // deleted for retention, by this replica
   std::string last_error;

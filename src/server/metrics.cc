@@ -64,6 +64,7 @@ struct Metrics::AuditGauges {
   prometheus::Gauge* recorded;
   prometheus::Gauge* commits;
   prometheus::Gauge* wakeups;
+  prometheus::Gauge* watch_responses;
   prometheus::Gauge* pruned;
 };
 
@@ -249,6 +250,10 @@ void Metrics::SetAuditSource(std::function<audit::AuditorStatus()> source) {
   gauges->wakeups = gauge("holdfast_audit_wakeups",
                           "Times new events woke the auditor thread since it last became "
                           "the auditor (about one per store commit)");
+  gauges->watch_responses = gauge("holdfast_audit_watch_responses",
+                                  "etcd watch responses with events the auditor took in since "
+                                  "it last became the auditor (about one per store commit: "
+                                  "the watch is paused until each record)");
   gauges->pruned = gauge("holdfast_audit_pruned_events",
                          "Events this replica deleted from the audit store since start, "
                          "being older than audit.retention");
@@ -295,6 +300,7 @@ void Metrics::Refresh() {
     audit->recorded->Set(static_cast<double>(st.recorded_events));
     audit->commits->Set(static_cast<double>(st.store_commits));
     audit->wakeups->Set(static_cast<double>(st.wakeups));
+    audit->watch_responses->Set(static_cast<double>(st.watch_responses));
     audit->pruned->Set(static_cast<double>(st.pruned_events));
   }
 }
