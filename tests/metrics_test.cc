@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "dev/postgres_process.h"
 #include "dev/prometheus_text.h"
 #include "dev/subprocess.h"
 #include "harness/cluster.h"
@@ -85,6 +86,7 @@ class MetricsTest : public ::testing::Test {
     port_ = *port;
     testing::TestCluster::Options o;
     o.extra_config = absl::StrCat("metrics: {listen: 127.0.0.1:", port_, "}\n", extra_config_);
+    o.holdfastd_args = extra_args_;
     auto c = testing::TestCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status();
     cluster_ = std::move(*c);
@@ -129,6 +131,7 @@ class MetricsTest : public ::testing::Test {
   }
 
   std::string extra_config_;  // more of holdfastd's config, set before SetUp
+  std::vector<std::string> extra_args_;  // more of holdfastd's flags, set before SetUp
   int port_ = 0;
   std::unique_ptr<testing::TestCluster> cluster_;
   std::unique_ptr<Client> client_;
@@ -755,6 +758,69 @@ TEST_F(AuditFlushTest, ABurstIsRecordedInOneStoreTransactionPerInterval) {
   const double responses = Sample(t, "holdfast_audit_watch_responses") - responses_before;
   EXPECT_GE(responses, 1);
   EXPECT_LE(responses, commits + 2) << commits << " commits, " << 2 * kCycles << " revisions";
+}
+
+// While the audit store is down, the auditor's watch is not paused: the backlog
+// shows in holdfast_audit_lag_revisions as it grows, and it is all recorded,
+// once, when the store is back.
+class PostgresStoreTest : public MetricsTest {
+ protected:
+  void SetUp() override {
+    auto pg = dev::PostgresProcess::Start();
+    ASSERT_TRUE(pg.ok()) << pg.status();
+    pg_ = std::move(*pg);
+    extra_args_ = {"--audit-store", pg_->url(pg_->options().database)};
+    MetricsTest::SetUp();
+  }
+  void TearDown() override {
+    MetricsTest::TearDown();
+    pg_.reset();
+  }
+  std::unique_ptr<dev::PostgresProcess> pg_;
+};
+
+TEST_F(PostgresStoreTest, AStoreThatIsDownShowsItsBacklog) {
+  auto s = Open();
+  ASSERT_TRUE(s);
+  std::string t = ScrapeUntil(
+      [](const std::string& t) { return Sample(t, "holdfast_audit_leader") == 1; },
+      "this replica is the auditor");
+  {
+    const double recorded = Sample(t, "holdfast_audit_recorded_events");
+    auto h = s->Acquire("metrics/backlog/first");
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Release().ok());
+    t = ScrapeUntil(
+        [&](const std::string& t) {
+          return Sample(t, "holdfast_audit_recorded_events") >= recorded + 2;
+        },
+        "the first cycle is recorded");
+  }
+  const double recorded = Sample(t, "holdfast_audit_recorded_events");
+  pg_->Stop();
+  // One cycle, which the auditor fails to record; the rest after that.
+  constexpr int kCycles = 15;
+  for (int i = 0; i < kCycles; ++i) {
+    auto h = s->Acquire(absl::StrCat("metrics/backlog/", i));
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Release().ok());
+    if (i == 0) std::this_thread::sleep_for(seconds(1));
+  }
+  t = ScrapeUntil(
+      [&](const std::string& t) {
+        return Sample(t, "holdfast_audit_lag_revisions") >= 2 * kCycles;
+      },
+      "the backlog shows while the store is down");
+  EXPECT_EQ(Sample(t, "holdfast_audit_recorded_events"), recorded);
+  EXPECT_EQ(Sample(t, "holdfast_audit_leader"), 1);
+  ASSERT_TRUE(pg_->Restart().ok());
+  t = ScrapeUntil(
+      [&](const std::string& t) {
+        return Sample(t, "holdfast_audit_recorded_events") >= recorded + 2 * kCycles &&
+               Sample(t, "holdfast_audit_lag_revisions") == 0;
+      },
+      "the backlog is recorded once the store is back");
+  EXPECT_EQ(Sample(t, "holdfast_audit_recorded_events"), recorded + 2 * kCycles);
 }
 
 TEST(MetricsFlagTest, MetricsListenFlagServesTextFormat) {

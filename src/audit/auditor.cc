@@ -1,6 +1,8 @@
 #include "audit/auditor.h"
 
+#include <algorithm>
 #include <cstdio>
+#include <memory>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -230,7 +232,14 @@ void Auditor::Lead(int64_t lease) {
   }
 
   auto inbox = std::make_shared<Inbox>();
+  // The auditor's watch has a stream of its own, ended to pause it (below): etcd
+  // 3.4 keeps, until its stream ends, a response it had queued for a watch that
+  // was cancelled. A new stream goes to the client's current endpoint.
+  std::unique_ptr<etcd::WatchHub> hub;
+  size_t hub_endpoint = 0;
   auto watch = [&](int64_t from) {
+    hub = std::make_unique<etcd::WatchHub>(etcd_);
+    hub_endpoint = etcd_->current_endpoint();
     etcd::WatchSpec spec;
     spec.key = std::string(keyspace::kRoot);
     spec.range_end = keyspace::PrefixEnd(keyspace::kRoot);
@@ -243,10 +252,10 @@ void Auditor::Lead(int64_t lease) {
     // lingers it sleeps until its deadline; a wake-up per watch response (two per
     // lock cycle at one caller) would only re-check the deadline, each one a
     // context switch taken from the lock calls on a small machine.
-    return etcd_->watches().Watch(spec, [inbox, full = options_.max_batch_events](
+    hub->Watch(spec, [inbox, full = options_.max_batch_events](
                                             absl::StatusOr<etcd::WatchBatch> b) {
       std::lock_guard l(inbox->mu);
-      if (inbox->closed) return;  // paused: the next watch starts before these
+      if (inbox->closed) return;  // paused: the next watch starts at these
       bool wake = !inbox->error.ok() || inbox->batches.empty();
       if (!b.ok()) {
         inbox->error = b.status();
@@ -265,7 +274,7 @@ void Auditor::Lead(int64_t lease) {
       }
     });
   };
-  etcd::WatchId watch_id = watch(*start);
+  watch(*start);
   // What the audit needs of live holds and closing sessions, as of the events filled.
   PrevValues prev;
   const PrevValues::Lookup lookup = [this](const std::string& key, int64_t revision)
@@ -290,6 +299,8 @@ void Auditor::Lead(int64_t lease) {
   // The watch is paused from the first response after a record until the next
   // record (header comment, "Recording"); earlier inboxes' counts are added here.
   bool paused = false;
+  bool record_failed = false;  // the last record (or its previous values) failed
+  int64_t taken_through = 0;   // the highest revision taken out of an inbox
   int64_t wakeups_before = 0, responses_before = 0;
   while (!stop_) {
     absl::Status watch_error;
@@ -299,8 +310,23 @@ void Auditor::Lead(int64_t lease) {
         inbox->cv.wait_for(l, std::chrono::milliseconds(200), [&] {
           return !inbox->batches.empty() || !inbox->error.ok();
         });
-        if (options_.flush_interval.count() > 0 && !inbox->batches.empty() &&
-            inbox->error.ok()) {
+        // A response of etcd's catch-up of a watch behind holds at most this
+        // many revisions; one that full means more are waiting, and a live
+        // watch gets them sooner (etcd's next pass comes at once, not in 100 ms).
+        constexpr int64_t kCatchUpMaxRevisions = 1000;
+        int64_t revisions = 0;
+        if (!inbox->batches.empty()) {
+          int64_t last = 0;
+          for (const auto& e : inbox->batches.back()) {
+            if (e.kv().mod_revision() != last) ++revisions;
+            last = e.kv().mod_revision();
+          }
+        }
+        const bool moved = etcd_->current_endpoint() != hub_endpoint;
+        if (inbox->error.ok() &&
+            ((options_.flush_interval.count() > 0 && !inbox->batches.empty() &&
+              revisions < kCatchUpMaxRevisions && !record_failed) ||
+             moved)) {
           // Pause: etcd sends each revision in a response of its own while the
           // watch is live (two per lock cycle at one caller, each a message
           // for etcd to send and for holdfastd to take in, on the cores the
@@ -308,11 +334,13 @@ void Auditor::Lead(int64_t lease) {
           // watch started again from the cursor gets what came meanwhile as
           // one response (etcd's catch-up of a watch behind, every 100 ms).
           // With no flush interval the watch stays live: the trail follows
-          // etcd as closely as it can.
+          // etcd as closely as it can. The client moved to another endpoint (a
+          // member that answers nothing ends no stream): pause, so that the
+          // watch starts again there.
           inbox->closed = true;
           paused = true;
           l.unlock();
-          etcd_->watches().Cancel(watch_id);
+          hub.reset();  // no callback runs after this
           l.lock();
         }
       }
@@ -328,6 +356,7 @@ void Auditor::Lead(int64_t lease) {
       }
       while (!inbox->batches.empty() && pending.size() < options_.max_batch_events) {
         auto& b = inbox->batches.front();
+        if (!b.empty()) taken_through = std::max(taken_through, b.back().kv().mod_revision());
         inbox->events -= b.size();
         pending.insert(pending.end(), std::make_move_iterator(b.begin()),
                        std::make_move_iterator(b.end()));
@@ -341,6 +370,10 @@ void Auditor::Lead(int64_t lease) {
       {
         std::lock_guard l(mu_);
         cursor = status_.cursor;
+        // Seen before the record is tried: one that fails may take the store's
+        // whole busy timeout, and the lag should show meanwhile.
+        status_.last_seen_revision =
+            std::max(status_.last_seen_revision, pending.back().kv().mod_revision());
       }
       // A revision at or below the cursor is already recorded (a replay after a
       // reconnect, or etcd going backwards): never record it twice.
@@ -354,6 +387,7 @@ void Auditor::Lead(int64_t lease) {
         SetError(absl::StrCat("reading a deleted key's previous value (will retry): ",
                               s.message()));
         filled = false;
+        record_failed = true;
         if (!Sleep(std::chrono::milliseconds(500))) break;
       }
     }
@@ -373,6 +407,7 @@ void Auditor::Lead(int64_t lease) {
           std::fprintf(stderr, "holdfastd: AUDIT BEHIND: cannot write the audit store: %s\n",
                        std::string(s.message()).c_str());
         }
+        record_failed = true;
         if (!Sleep(std::chrono::milliseconds(500))) break;
       } else {
         if (c.malformed > 0) {
@@ -382,6 +417,7 @@ void Auditor::Lead(int64_t lease) {
                        c.malformed, static_cast<long long>(c.last_revision));
         }
         pending.clear();
+        record_failed = false;
         last_record = Clock::now();
         std::lock_guard l(mu_);
         status_.cursor = c.last_revision;
@@ -392,7 +428,6 @@ void Auditor::Lead(int64_t lease) {
     }
 
     if (!watch_error.ok() && pending.empty()) {
-      etcd_->watches().Cancel(watch_id);
       int64_t cursor;
       {
         std::lock_guard l(mu_);
@@ -430,12 +465,15 @@ void Auditor::Lead(int64_t lease) {
         responses_before += inbox->responses;
       }
       inbox = std::make_shared<Inbox>();
-      watch_id = watch(resume);  // bound to the new inbox
+      watch(resume);  // bound to the new inbox, on a new stream
       if (!Sleep(std::chrono::milliseconds(100))) break;
     }
 
     // Recorded all that the paused watch sent: start it again after the cursor.
-    if (paused && pending.empty()) {
+    // A record that failed starts it again too, after what it holds: while the
+    // store is down the watch stays live, so the backlog shows (lag, AUDIT
+    // BEHIND) as it grows, and arrives as it comes.
+    if (paused && (pending.empty() || record_failed)) {
       bool drained;
       {
         std::lock_guard l(inbox->mu);
@@ -452,7 +490,7 @@ void Auditor::Lead(int64_t lease) {
           cursor = status_.cursor;
         }
         inbox = std::make_shared<Inbox>();
-        watch_id = watch(cursor + 1);  // bound to the new inbox
+        watch(std::max(cursor, taken_through) + 1);  // bound to the new inbox, on a new stream
         paused = false;
       }
     }
@@ -465,6 +503,7 @@ void Auditor::Lead(int64_t lease) {
         if (!inbox->batches.empty() && !inbox->batches.back().empty()) {
           seen = inbox->batches.back().back().kv().mod_revision();
         }
+        if (!pending.empty()) seen = std::max(seen, pending.back().kv().mod_revision());
         wakeups = wakeups_before + inbox->wakeups;
         responses = responses_before + inbox->responses;
       }
@@ -503,7 +542,7 @@ void Auditor::Lead(int64_t lease) {
     MaybeCompact(&last_compaction);
     MaybePrune(&next_prune);
   }
-  etcd_->watches().Cancel(watch_id);
+  hub.reset();
 }
 
 }  // namespace holdfast::audit

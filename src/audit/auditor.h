@@ -13,15 +13,22 @@
 // deletion gets its own from PrevValues, prev_values.h). Each
 // watch response holds whole revisions; the loop drains what has arrived,
 // classifies it (classify.h) and writes the rows and the new cursor in ONE SQL
-// transaction (AuditStore::Record), at most one per `flush_interval`. The watch
-// is paused from its first response after a record until the record is done,
-// then started again from the new cursor + 1: a live etcd watch sends every
-// revision in a response of its own (a message for etcd to send and holdfastd to
-// take in, two per lock cycle at one caller), while one started behind gets the
-// revisions it missed together, from etcd's catch-up of lagging watches (every
-// 100 ms). Under steady writes the trail so lags by up to `flush_interval` plus
-// that 100 ms, and the auditor takes in one response per record instead of one
-// per revision. With a `flush_interval` of 0 the watch is never paused. Rows are keyed by (cluster, revision,
+// transaction (AuditStore::Record), at most one per `flush_interval`.
+//
+// Pausing: a live etcd watch sends every revision in a response of its own (a
+// message for etcd to send and holdfastd to take in, two per lock cycle at one
+// caller), while one started behind gets the revisions it missed together, from
+// etcd's catch-up of lagging watches (every 100 ms, at most 1,000 revisions a
+// response). So the watch is paused from its first response after a record
+// until the record is done, then started again after it. Under steady writes
+// the trail lags by up to `flush_interval`, plus that 100 ms, plus the record's
+// time, and the auditor takes in about one response per record. The watch runs
+// on a gRPC stream of its own, and a pause ends the stream: etcd 3.4 keeps a
+// response it had queued for a cancelled watch until its stream ends. It is not
+// paused after a full catch-up response (more is waiting, and a live watch gets
+// it sooner), while records fail (the backlog keeps arriving, and shows as lag),
+// or with a `flush_interval` of 0; it is paused when the etcd client moved to
+// another endpoint, so that it starts again there. Rows are keyed by (cluster, revision,
 // namespace, key, session) and a replay inserts nothing, so an overlap between an
 // old and a new leader, or a crash between commit and acknowledgement, records
 // each event exactly once. A store that refuses the cursor (another auditor is

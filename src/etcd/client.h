@@ -110,6 +110,9 @@ class Client {
 
   // --- Watch ----------------------------------------------------------------
   WatchHub& watches() { return *watch_hub_; }
+  // The endpoint calls go to now (an index into ClientOptions::endpoints); it
+  // changes when the client moves (fail-over, above).
+  size_t current_endpoint() const { return current_.load() % endpoints_.size(); }
 
   // --- Synchronous helpers (never from a gRPC callback thread) ----------------
   absl::StatusOr<pb::RangeResponse> RangeSync(pb::RangeRequest req, Deadline d);
