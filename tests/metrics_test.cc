@@ -315,18 +315,7 @@ TEST_F(MetricsTest, AWaitingAcquireQueuesWithoutAReadAfterTheEnqueue) {
   EXPECT_LE(spent, 2 * kWaits + 3);
 }
 
-// The auditor's watch is counted too, and it comes and goes with the auditor's
-// pauses (audit/auditor.h); with no flush interval it stays, and the counts below
-// move with the waiters alone.
-class SharedWatchTest : public MetricsTest {
- protected:
-  void SetUp() override {
-    extra_config_ = "audit: {flush_interval: 0s}\n";
-    MetricsTest::SetUp();
-  }
-};
-
-TEST_F(SharedWatchTest, WaitersOfOneKeyShareTheirEtcdWatches) {
+TEST_F(MetricsTest, WaitersOfOneKeyShareTheirEtcdWatches) {
   constexpr int kWaiters = 6;
   auto holder = Open();
   ASSERT_TRUE(holder);

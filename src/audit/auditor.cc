@@ -27,7 +27,7 @@ struct Inbox {
   size_t events = 0;   // in batches
   absl::Status error;  // the watch ended
   int64_t wakeups = 0;  // notifications sent to the auditor thread
-  int64_t responses = 0;  // watch responses with events taken in
+  int64_t responses = 0;  // watch responses with events, taken in or dropped
   bool closed = false;  // the watch was paused: what it still sends is dropped
 };
 
@@ -255,13 +255,13 @@ void Auditor::Lead(int64_t lease) {
     hub->Watch(spec, [inbox, full = options_.max_batch_events](
                                             absl::StatusOr<etcd::WatchBatch> b) {
       std::lock_guard l(inbox->mu);
+      if (b.ok() && !b->events.empty()) ++inbox->responses;
       if (inbox->closed) return;  // paused: the next watch starts at these
       bool wake = !inbox->error.ok() || inbox->batches.empty();
       if (!b.ok()) {
         inbox->error = b.status();
         wake = true;
       } else if (!b->events.empty()) {
-        ++inbox->responses;
         inbox->events += b->events.size();
         inbox->batches.push_back(std::move(b->events));
         wake = wake || inbox->events >= full;
@@ -297,7 +297,7 @@ void Auditor::Lead(int64_t lease) {
   auto last_record = Clock::now() - options_.flush_interval;
 
   // The watch is paused from the first response after a record until the next
-  // record (header comment, "Recording"); earlier inboxes' counts are added here.
+  // record (header comment, "Pausing"); earlier inboxes' counts are added here.
   bool paused = false;
   bool record_failed = false;  // the last record (or its previous values) failed
   int64_t taken_through = 0;   // the highest revision taken out of an inbox
@@ -310,10 +310,13 @@ void Auditor::Lead(int64_t lease) {
         inbox->cv.wait_for(l, std::chrono::milliseconds(200), [&] {
           return !inbox->batches.empty() || !inbox->error.ok();
         });
-        // A response of etcd's catch-up of a watch behind holds at most this
-        // many revisions; one that full means more are waiting, and a live
-        // watch gets them sooner (etcd's next pass comes at once, not in 100 ms).
-        constexpr int64_t kCatchUpMaxRevisions = 1000;
+        // A response of etcd's catch-up of a watch behind holds at most 1,000
+        // revisions, one pass per 100 ms. After one of half that, the watch
+        // stays live: more is likely waiting, and a live watch gets it in
+        // etcd's next passes, and then as it comes, without a record and a new
+        // stream between each; a watch paused after every response could not
+        // follow etcd beyond about 10,000 revisions a second.
+        constexpr int64_t kStayLiveRevisions = 500;
         int64_t revisions = 0;
         if (!inbox->batches.empty()) {
           int64_t last = 0;
@@ -325,7 +328,7 @@ void Auditor::Lead(int64_t lease) {
         const bool moved = etcd_->current_endpoint() != hub_endpoint;
         if (inbox->error.ok() &&
             ((options_.flush_interval.count() > 0 && !inbox->batches.empty() &&
-              revisions < kCatchUpMaxRevisions && !record_failed) ||
+              revisions < kStayLiveRevisions && !record_failed) ||
              moved)) {
           // Pause: etcd sends each revision in a response of its own while the
           // watch is live (two per lock cycle at one caller, each a message
@@ -477,6 +480,12 @@ void Auditor::Lead(int64_t lease) {
       bool drained;
       {
         std::lock_guard l(inbox->mu);
+        if (record_failed) {
+          // What is left of the paused watch's responses lies past what was
+          // taken: the next watch brings it again.
+          inbox->batches.clear();
+          inbox->events = 0;
+        }
         drained = inbox->batches.empty();
         if (drained) {
           wakeups_before += inbox->wakeups;

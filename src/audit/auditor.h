@@ -9,7 +9,7 @@
 // again every `campaign_interval`; when a leader dies, its lease expires and
 // another replica takes over from the durable cursor.
 //
-// Recording: a watch on /holdfast/ from cursor + 1, without previous values (a
+// Recording: a watch on /holdfast/ after the cursor, without previous values (a
 // deletion gets its own from PrevValues, prev_values.h). Each
 // watch response holds whole revisions; the loop drains what has arrived,
 // classifies it (classify.h) and writes the rows and the new cursor in ONE SQL
@@ -17,22 +17,21 @@
 //
 // Pausing: a live etcd watch sends every revision in a response of its own (a
 // message for etcd to send and holdfastd to take in, two per lock cycle at one
-// caller), while one started behind gets the revisions it missed together, from
-// etcd's catch-up of lagging watches (every 100 ms, at most 1,000 revisions a
+// caller), while one started behind gets what it missed together, from etcd's
+// catch-up of lagging watches (every 100 ms, at most 1,000 revisions a
 // response). So the watch is paused from its first response after a record
-// until the record is done, then started again after it. Under steady writes
-// the trail lags by up to `flush_interval`, plus that 100 ms, plus the record's
-// time, and the auditor takes in about one response per record. The watch runs
-// on a gRPC stream of its own, and a pause ends the stream: etcd 3.4 keeps a
-// response it had queued for a cancelled watch until its stream ends. It is not
-// paused after a full catch-up response (more is waiting, and a live watch gets
-// it sooner), while records fail (the backlog keeps arriving, and shows as lag),
-// or with a `flush_interval` of 0; it is paused when the etcd client moved to
-// another endpoint, so that it starts again there. Rows are keyed by (cluster, revision,
-// namespace, key, session) and a replay inserts nothing, so an overlap between an
-// old and a new leader, or a crash between commit and acknowledgement, records
-// each event exactly once. A store that refuses the cursor (another auditor is
-// ahead) ends this leadership term.
+// until the record is done, then started again after the last revision taken.
+// Under steady writes the trail lags by up to `flush_interval`, plus that
+// 100 ms, plus the record's time, and the auditor takes in about one response
+// per record. The watch runs on a gRPC stream of its own, and a pause ends the
+// stream: etcd 3.4 keeps a response it had queued for a cancelled watch until
+// its stream ends. Nothing is lost or doubled: what the ended stream still
+// carried is dropped, and the next watch brings it again. The watch stays live
+// after a response of 500 revisions or more (more is likely waiting; paused
+// after each, it could not follow etcd beyond about 10,000 revisions a second),
+// while records fail (the backlog keeps arriving and shows as lag), and with a
+// `flush_interval` of 0; it is paused when the etcd client moved to another
+// endpoint, so that it starts again there.
 //
 // A cluster never audited before is read from the creation of its epoch record
 // (holdfast's first write there). If etcd compacted past the cursor (someone
@@ -107,7 +106,7 @@ struct AuditorStatus {
   int64_t recorded_events = 0;
   int64_t store_commits = 0;  // audit store transactions that recorded revisions
   int64_t wakeups = 0;        // times the watch woke the auditor thread (this term)
-  int64_t watch_responses = 0;  // etcd watch responses with events taken in (this term)
+  int64_t watch_responses = 0;  // etcd watch responses with events sent to it (this term)
   int64_t gaps = 0;
   int64_t pruned_events = 0;          // deleted for retention, by this replica
   std::string last_error;

@@ -54,14 +54,22 @@ WatchHub::~WatchHub() {
     groups_.clear();
     member_group_.clear();
     ended_unsent_.clear();
-    if (reconnect_scheduled_) client_->timers().Cancel(reconnect_timer_);
+    // A reconnect not yet taken by the timer thread never runs. One taken runs
+    // Reconnect(), which clears the flag and returns; one that MoveFrom() asked
+    // for waits for the stream it left, whose OnFinished clears it. Either way
+    // the flag is cleared under mu_ after the last use of this hub.
+    if (reconnect_scheduled_ && client_->timers().Cancel(reconnect_timer_)) {
+      reconnect_scheduled_ = false;
+    }
     s = std::move(current_);
   }
   if (s) s->Cancel();
   s.reset();  // our reference must not keep it from being destroyed
   absl::MutexLock l(&mu_);
-  mu_.Await(absl::Condition(+[](int* live) { return *live == 0; }, &live_streams_));
+  mu_.Await(absl::Condition(this, &WatchHub::GoneLocked));
 }
+
+bool WatchHub::GoneLocked() const { return live_streams_ == 0 && !reconnect_scheduled_; }
 
 size_t WatchHub::size() {
   absl::MutexLock l(&mu_);

@@ -121,6 +121,8 @@ class WatchHub {
   void OnResponse(Stream* s, const pb::WatchResponse& resp);
   void OnFinished(Stream* s, const grpc::Status& status, size_t endpoint_index);
   void Reconnect();
+  // No stream and no reconnect can still use this hub (the destructor waits).
+  bool GoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   Client* const client_;
   absl::Mutex mu_;

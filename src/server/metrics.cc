@@ -251,9 +251,9 @@ void Metrics::SetAuditSource(std::function<audit::AuditorStatus()> source) {
                           "Times new events woke the auditor thread since it last became "
                           "the auditor (about one per store commit)");
   gauges->watch_responses = gauge("holdfast_audit_watch_responses",
-                                  "etcd watch responses with events the auditor took in since "
-                                  "it last became the auditor (about one per store commit: "
-                                  "the watch is paused until each record)");
+                                  "etcd watch responses with events sent to the auditor since "
+                                  "it last became the auditor (about one per store commit under "
+                                  "steady writes: the watch is paused until each record)");
   gauges->pruned = gauge("holdfast_audit_pruned_events",
                          "Events this replica deleted from the audit store since start, "
                          "being older than audit.retention");
