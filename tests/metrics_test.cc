@@ -122,6 +122,24 @@ class MetricsTest : public ::testing::Test {
     return text;
   }
 
+  // Waits until this replica is the auditor, then takes and releases `key` and
+  // waits until both are recorded; returns the last scrape.
+  std::string RecordOneCycle(Session& s, const std::string& key) {
+    std::string t = ScrapeUntil(
+        [](const std::string& t) { return Sample(t, "holdfast_audit_leader") == 1; },
+        "this replica is the auditor");
+    const double recorded = Sample(t, "holdfast_audit_recorded_events");
+    auto h = s.Acquire(key);
+    EXPECT_TRUE(h.ok()) << h.status();
+    if (!h.ok()) return t;
+    EXPECT_TRUE(h->Release().ok());
+    return ScrapeUntil(
+        [&](const std::string& t) {
+          return Sample(t, "holdfast_audit_recorded_events") >= recorded + 2;
+        },
+        "the first cycle is recorded");
+  }
+
   std::unique_ptr<Session> Open(milliseconds ttl = seconds(10)) {
     SessionOptions o;
     o.ttl = ttl;
@@ -694,22 +712,9 @@ class AuditFlushTest : public MetricsTest {
 TEST_F(AuditFlushTest, ABurstIsRecordedInOneStoreTransactionPerInterval) {
   auto s = Open();
   ASSERT_TRUE(s);
-  std::string t = ScrapeUntil(
-      [](const std::string& t) { return Sample(t, "holdfast_audit_leader") == 1; },
-      "this replica is the auditor");
   // One cycle recorded first: the auditor's watch has caught up with etcd (a
   // watch behind gets what it missed in one response anyway).
-  {
-    const double recorded = Sample(t, "holdfast_audit_recorded_events");
-    auto h = s->Acquire("metrics/burst/first");
-    ASSERT_TRUE(h.ok()) << h.status();
-    ASSERT_TRUE(h->Release().ok());
-    t = ScrapeUntil(
-        [&](const std::string& t) {
-          return Sample(t, "holdfast_audit_recorded_events") >= recorded + 2;
-        },
-        "the first cycle is recorded");
-  }
+  std::string t = RecordOneCycle(*s, "metrics/burst/first");
   const double commits_before = Sample(t, "holdfast_audit_store_commits");
   const double wakeups_before = Sample(t, "holdfast_audit_wakeups");
   const double responses_before = Sample(t, "holdfast_audit_watch_responses");
@@ -771,20 +776,7 @@ class PostgresStoreTest : public MetricsTest {
 TEST_F(PostgresStoreTest, AStoreThatIsDownShowsItsBacklog) {
   auto s = Open();
   ASSERT_TRUE(s);
-  std::string t = ScrapeUntil(
-      [](const std::string& t) { return Sample(t, "holdfast_audit_leader") == 1; },
-      "this replica is the auditor");
-  {
-    const double recorded = Sample(t, "holdfast_audit_recorded_events");
-    auto h = s->Acquire("metrics/backlog/first");
-    ASSERT_TRUE(h.ok()) << h.status();
-    ASSERT_TRUE(h->Release().ok());
-    t = ScrapeUntil(
-        [&](const std::string& t) {
-          return Sample(t, "holdfast_audit_recorded_events") >= recorded + 2;
-        },
-        "the first cycle is recorded");
-  }
+  std::string t = RecordOneCycle(*s, "metrics/backlog/first");
   const double recorded = Sample(t, "holdfast_audit_recorded_events");
   pg_->Stop();
   // One cycle, which the auditor fails to record; the rest after that.
