@@ -231,13 +231,21 @@ void Auditor::Lead(int64_t lease) {
     status_.last_error.clear();
   }
 
-  auto inbox = std::make_shared<Inbox>();
+  std::shared_ptr<Inbox> inbox;
+  int64_t wakeups_before = 0, responses_before = 0;  // counts of inboxes before it
   // The auditor's watch has a stream of its own, ended to pause it (below): etcd
   // 3.4 keeps, until its stream ends, a response it had queued for a watch that
-  // was cancelled. A new stream goes to the client's current endpoint.
+  // was cancelled. A new stream goes to the client's current endpoint. Each watch
+  // fills an inbox of its own.
   std::unique_ptr<etcd::WatchHub> hub;
   size_t hub_endpoint = 0;
   auto watch = [&](int64_t from) {
+    if (inbox) {
+      std::lock_guard l(inbox->mu);
+      wakeups_before += inbox->wakeups;
+      responses_before += inbox->responses;
+    }
+    inbox = std::make_shared<Inbox>();
     hub = std::make_unique<etcd::WatchHub>(etcd_);
     hub_endpoint = etcd_->current_endpoint();
     etcd::WatchSpec spec;
@@ -297,11 +305,10 @@ void Auditor::Lead(int64_t lease) {
   auto last_record = Clock::now() - options_.flush_interval;
 
   // The watch is paused from the first response after a record until the next
-  // record (header comment, "Pausing"); earlier inboxes' counts are added here.
+  // record (header comment, "Pausing").
   bool paused = false;
   bool record_failed = false;  // the last record (or its previous values) failed
   int64_t taken_through = 0;   // the highest revision taken out of an inbox
-  int64_t wakeups_before = 0, responses_before = 0;
   while (!stop_) {
     absl::Status watch_error;
     {
@@ -462,13 +469,7 @@ void Auditor::Lead(int64_t lease) {
         resume = compacted;
         prev.Clear();  // what was deleted in the gap is unknown
       }
-      {
-        std::lock_guard l(inbox->mu);
-        wakeups_before += inbox->wakeups;
-        responses_before += inbox->responses;
-      }
-      inbox = std::make_shared<Inbox>();
-      watch(resume);  // bound to the new inbox, on a new stream
+      watch(resume);
       if (!Sleep(std::chrono::milliseconds(100))) break;
     }
 
@@ -487,10 +488,6 @@ void Auditor::Lead(int64_t lease) {
           inbox->events = 0;
         }
         drained = inbox->batches.empty();
-        if (drained) {
-          wakeups_before += inbox->wakeups;
-          responses_before += inbox->responses;
-        }
       }
       if (drained) {
         int64_t cursor;
@@ -498,8 +495,7 @@ void Auditor::Lead(int64_t lease) {
           std::lock_guard l(mu_);
           cursor = status_.cursor;
         }
-        inbox = std::make_shared<Inbox>();
-        watch(std::max(cursor, taken_through) + 1);  // bound to the new inbox, on a new stream
+        watch(std::max(cursor, taken_through) + 1);
         paused = false;
       }
     }
