@@ -153,49 +153,62 @@ class Matrix {
     std::fprintf(stderr, "holdfast-bench: %s c=%d ...\n", id, c);
   }
 
-  // What one cell's operations cost: etcd requests and CPU time per operation.
+  // What one cell's operations cost: etcd requests, CPU time and context
+  // switches per operation, and etcd's garbage collections per second.
   struct Costs {
     std::map<std::string, double> requests_per_op;
     std::map<std::string, double> cpu_ms_per_op;
+    std::map<std::string, double> switches_per_op;
+    std::optional<double> etcd_gc_per_sec;
   };
 
-  // CPU seconds so far of etcd and holdfastd (when this run started them) and of
-  // the benchmark itself; a process that cannot be read is left out.
-  std::map<std::string, double> CpuNow() const {
-    std::map<std::string, double> cpu;
+  // /proc samples so far of etcd and holdfastd (when this run started them) and
+  // of the benchmark itself; a process that cannot be read is left out.
+  std::map<std::string, ProcSample> ProcNow() const {
+    std::map<std::string, ProcSample> now;
     auto add = [&](const char* who, std::optional<pid_t> pid) {
       if (!pid) return;
-      if (auto s = SampleProcess(*pid); s.ok()) cpu[who] = s->cpu_seconds;
+      if (auto s = SampleProcess(*pid); s.ok()) now[who] = *s;
     };
     add("etcd", env_.etcd_pid());
     add("holdfastd", env_.holdfastd_pid());
     add("bench", getpid());
-    return cpu;
+    return now;
   }
 
-  // Runs the workers, counting the etcd requests and the CPU time they cause.
+  // Runs the workers, counting the etcd requests, CPU time, context switches and
+  // etcd garbage collections they cause.
   std::map<std::string, SeriesResult> Measure(std::vector<std::unique_ptr<Worker>>& workers,
                                               Costs* costs) {
     pool_.Settle();
-    auto before = EtcdRequestCounts(env_.etcd_endpoint());
-    auto cpu_before = CpuNow();
+    auto before = ReadEtcdCounters(env_.etcd_endpoint());
+    auto proc_before = ProcNow();
+    const auto started = SteadyClock::now();
     auto series = RunWorkers(workers, plan_.timing, stop_);
-    auto cpu_after = CpuNow();
-    auto after = EtcdRequestCounts(env_.etcd_endpoint());
+    const auto ended = SteadyClock::now();
+    auto proc_after = ProcNow();
+    auto after = ReadEtcdCounters(env_.etcd_endpoint());
     int64_t ops = 0;
     for (const auto& [name, r] : series) ops += r.all_ops;
     if (ops <= 0) return series;
+    const double n = static_cast<double>(ops);
     if (before.ok() && after.ok()) {
-      for (const auto& [method, n] : *after) {
-        auto it = before->find(method);
-        double delta = n - (it == before->end() ? 0 : it->second);
-        if (delta > 0) costs->requests_per_op[method] = delta / static_cast<double>(ops);
+      for (const auto& [method, count] : after->requests) {
+        auto it = before->requests.find(method);
+        double delta = count - (it == before->requests.end() ? 0 : it->second);
+        if (delta > 0) costs->requests_per_op[method] = delta / n;
+      }
+      const double seconds = std::chrono::duration<double>(ended - started).count();
+      if (before->gc_cycles && after->gc_cycles && seconds > 0) {
+        costs->etcd_gc_per_sec = (*after->gc_cycles - *before->gc_cycles) / seconds;
       }
     }
-    for (const auto& [who, seconds] : cpu_after) {
-      auto it = cpu_before.find(who);
-      if (it == cpu_before.end()) continue;  // restarted or unreadable meanwhile
-      costs->cpu_ms_per_op[who] = (seconds - it->second) * 1000.0 / static_cast<double>(ops);
+    for (const auto& [who, sample] : proc_after) {
+      auto it = proc_before.find(who);
+      if (it == proc_before.end()) continue;  // restarted or unreadable meanwhile
+      costs->cpu_ms_per_op[who] = (sample.cpu_seconds - it->second.cpu_seconds) * 1000.0 / n;
+      costs->switches_per_op[who] =
+          static_cast<double>(sample.context_switches - it->second.context_switches) / n;
     }
     return series;
   }
@@ -213,6 +226,8 @@ class Matrix {
       cell.result = r;
       cell.etcd_requests_per_op = costs.requests_per_op;
       cell.cpu_ms_per_op = costs.cpu_ms_per_op;
+      cell.switches_per_op = costs.switches_per_op;
+      cell.etcd_gc_per_sec = costs.etcd_gc_per_sec;
       report_->AddCell(std::move(cell));
       std::fprintf(stderr, "holdfast-bench:   %s c=%d: %.1f ops/s, p99 %.2f ms, %lld errors\n",
                    cell_id.c_str(), c, r.ops_per_sec, r.latency.p99_ms,

@@ -12,6 +12,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
 
 namespace holdfast::bench {
 
@@ -19,6 +20,7 @@ namespace {
 
 constexpr char kCounter[] = "grpc_server_msg_received_total{";
 constexpr char kMethodLabel[] = "grpc_method=\"";
+constexpr char kGcCount[] = "go_gc_duration_seconds_count ";
 constexpr size_t kMaxPageBytes = 8 << 20;
 
 // GET http://<endpoint>/metrics (HTTP/1.0: the server closes when done).
@@ -55,11 +57,20 @@ absl::StatusOr<std::string> FetchMetrics(const std::string& endpoint) {
 
 }  // namespace
 
-absl::StatusOr<std::map<std::string, double>> EtcdRequestCounts(const std::string& endpoint) {
+absl::StatusOr<EtcdCounters> ReadEtcdCounters(const std::string& endpoint) {
   auto page = FetchMetrics(endpoint);
   if (!page.ok()) return page.status();
-  std::map<std::string, double> counts;
-  for (absl::string_view line : absl::StrSplit(*page, '\n')) {
+  return ParseEtcdCounters(*page);
+}
+
+absl::StatusOr<EtcdCounters> ParseEtcdCounters(const std::string& page) {
+  EtcdCounters out;
+  for (absl::string_view line : absl::StrSplit(page, '\n')) {
+    if (absl::ConsumePrefix(&line, kGcCount)) {
+      double value = 0;
+      if (absl::SimpleAtod(line, &value)) out.gc_cycles = value;
+      continue;
+    }
     if (!absl::StartsWith(line, kCounter)) continue;
     auto m = line.find(kMethodLabel);
     auto space = line.rfind(' ');
@@ -70,10 +81,13 @@ absl::StatusOr<std::map<std::string, double>> EtcdRequestCounts(const std::strin
     if (end == absl::string_view::npos || !absl::SimpleAtod(line.substr(space + 1), &value)) {
       continue;
     }
-    counts[std::string(line.substr(begin, end - begin))] += value;
+    out.requests[std::string(line.substr(begin, end - begin))] += value;
   }
-  if (counts.empty()) return absl::InternalError("no grpc_server_msg_received_total in /metrics");
-  return counts;
+  if (out.requests.empty()) {
+    return absl::InternalError("no grpc_server_msg_received_total in /metrics");
+  }
+  return out;
 }
 
 }  // namespace holdfast::bench
+

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -52,6 +53,20 @@ absl::StatusOr<int64_t> RssBytes(const std::string& status) {
   return absl::InternalError("no VmRSS line");
 }
 
+// voluntary_ctxt_switches + nonvoluntary_ctxt_switches of one thread's status.
+int64_t ContextSwitches(const std::string& status) {
+  int64_t total = 0;
+  for (absl::string_view line : absl::StrSplit(status, '\n')) {
+    if (!absl::ConsumePrefix(&line, "voluntary_ctxt_switches:") &&
+        !absl::ConsumePrefix(&line, "nonvoluntary_ctxt_switches:")) {
+      continue;
+    }
+    int64_t n = 0;
+    if (absl::SimpleAtoi(absl::StripAsciiWhitespace(line), &n)) total += n;
+  }
+  return total;
+}
+
 }  // namespace
 
 absl::StatusOr<ProcSample> SampleProcess(pid_t pid) {
@@ -67,6 +82,13 @@ absl::StatusOr<ProcSample> SampleProcess(pid_t pid) {
   if (!rss.ok()) return rss.status();
   s.cpu_seconds = *cpu;
   s.rss_bytes = *rss;
+  std::error_code ec;
+  for (const auto& task : std::filesystem::directory_iterator(dir + "task", ec)) {
+    // A thread that ends meanwhile is skipped.
+    if (auto t = ReadFile(task.path().string() + "/status"); t.ok()) {
+      s.context_switches += ContextSwitches(*t);
+    }
+  }
   return s;
 }
 

@@ -70,13 +70,15 @@ std::string RequestsText(const std::map<std::string, double>& per_op) {
   return out.empty() ? "-" : out;
 }
 
-// "2.10 1.40 0.45": etcd, holdfastd and the benchmark, "-" for a process not measured.
-std::string CpuText(const std::map<std::string, double>& per_op) {
+// "2.10 1.40 0.45": etcd, holdfastd and the benchmark, "-" for a process not
+// measured; `decimals` after the point.
+std::string PerProcessText(const std::map<std::string, double>& per_op, int decimals = 2) {
   std::string out;
   for (const char* who : {"etcd", "holdfastd", "bench"}) {
     auto it = per_op.find(who);
     absl::StrAppend(&out, out.empty() ? "" : " ",
-                    it == per_op.end() ? std::string("-") : absl::StrFormat("%.2f", it->second));
+                    it == per_op.end() ? std::string("-")
+                                       : absl::StrFormat("%.*f", decimals, it->second));
   }
   return out;
 }
@@ -282,6 +284,8 @@ void Report::PrintCellTable(std::FILE* out, const std::string& title,
                                        "ops/s", "p50 ms", "p99 ms", "max ms", "errors", "timeouts");
   for (const auto& n : ratio_names) absl::StrAppend(&header, absl::StrFormat(" %22s", n));
   absl::StrAppend(&header, absl::StrFormat(" %25s", "CPU ms/op etcd hfd bench"));
+  absl::StrAppend(&header, absl::StrFormat(" %26s", "switches/op etcd hfd bench"));
+  absl::StrAppend(&header, absl::StrFormat(" %10s", "etcd GC/s"));
   absl::StrAppend(&header, "  etcd requests per op");
   std::fprintf(out, "%s\n", header.c_str());
   for (const auto& c : cells_) {
@@ -300,7 +304,10 @@ void Report::PrintCellTable(std::FILE* out, const std::string& title,
       auto it = ratios.find(n);
       absl::StrAppend(&row, absl::StrFormat(" %22s", it == ratios.end() ? "-" : Fixed(it->second)));
     }
-    absl::StrAppend(&row, absl::StrFormat(" %25s", CpuText(c.cpu_ms_per_op)));
+    absl::StrAppend(&row, absl::StrFormat(" %25s", PerProcessText(c.cpu_ms_per_op)));
+    absl::StrAppend(&row, absl::StrFormat(" %26s", PerProcessText(c.switches_per_op, 1)));
+    absl::StrAppend(&row, absl::StrFormat(
+                              " %10s", c.etcd_gc_per_sec ? Fixed(*c.etcd_gc_per_sec, 1) : "-"));
     absl::StrAppend(&row, "  ", RequestsText(c.etcd_requests_per_op));
     std::fprintf(out, "%s\n", row.c_str());
     if (!r.first_error.empty()) std::fprintf(out, "    first error: %s\n", r.first_error.c_str());
@@ -392,6 +399,8 @@ nlohmann::json Report::ToJson() const {
         j["ratios"] = of.RatiosOf(c);
         j["etcd_requests_per_op"] = c.etcd_requests_per_op;
         j["cpu_ms_per_op"] = c.cpu_ms_per_op;
+        j["switches_per_op"] = c.switches_per_op;
+        if (c.etcd_gc_per_sec) j["etcd_gc_per_sec"] = *c.etcd_gc_per_sec;
       }
       cells.push_back(std::move(j));
     }

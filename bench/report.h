@@ -42,6 +42,14 @@ struct Cell {
   // and client libraries) always; over the same window as etcd_requests_per_op.
   // On a machine whose cores the processes share, it tells what bounds a cell.
   std::map<std::string, double> cpu_ms_per_op;
+  // Context switches (voluntary and involuntary, of all threads) per operation,
+  // by process as cpu_ms_per_op: how often a process's threads hand work to
+  // each other or wait, which at one caller is latency.
+  std::map<std::string, double> switches_per_op;
+  // etcd's garbage collections per second over the cell (warm-up included). At
+  // one caller the slowest cycles are the ones a collection overlaps, so this
+  // rate explains much of a cell's p99 (docs/performance.md, "One caller's p99").
+  std::optional<double> etcd_gc_per_sec;
 };
 
 // The four figures of the `bench:` line; nullopt when a cell is missing.

@@ -100,21 +100,30 @@ TEST(ReportCostsTest, EachCellShowsTheCpuTimePerOperationOfEachProcessMeasured) 
   Report r = Round(1000, 700);
   Cell hf = Ran(kUncontended, 8, 500);
   hf.cpu_ms_per_op = {{"etcd", 1.234}, {"holdfastd", 0.5}, {"bench", 0.25}};
+  hf.switches_per_op = {{"etcd", 36.04}, {"holdfastd", 24.96}, {"bench", 4.0}};
+  hf.etcd_gc_per_sec = 4.64;
   hf.etcd_requests_per_op = {{"Txn", 2.0}};
   r.AddCell(hf);
   Cell raw = Ran(kRawCycle, 8, 900);
   raw.cpu_ms_per_op = {{"etcd", 0.75}, {"bench", 0.125}};  // no holdfastd in a baseline
+  raw.switches_per_op = {{"etcd", 30.0}, {"bench", 6.5}};
+  raw.etcd_gc_per_sec = 9.8;
   r.AddCell(raw);
 
   std::string tables = Tables(r);
-  EXPECT_NE(tables.find("CPU ms/op etcd hfd bench"), std::string::npos) << tables;
+  EXPECT_NE(tables.find("CPU ms/op etcd hfd bench switches/op etcd hfd bench  etcd GC/s"),
+            std::string::npos)
+      << tables;
   std::string hf_row = LineOf(tables, "holdfast acquire+release                 8");
-  EXPECT_NE(hf_row.find("1.23 0.50 0.25  Txn 2.0"), std::string::npos) << hf_row;
+  EXPECT_NE(hf_row.find(" 1.23 0.50 0.25 "), std::string::npos) << hf_row;
+  EXPECT_NE(hf_row.find(" 36.0 25.0 4.0        4.6  Txn 2.0"), std::string::npos) << hf_row;
   std::string raw_row = LineOf(tables, "etcd grant+release (2 guarded txns)      8");
-  EXPECT_NE(raw_row.find("0.75 - 0.12"), std::string::npos) << raw_row;
+  EXPECT_NE(raw_row.find("0.75 - 0.12 "), std::string::npos) << raw_row;
+  EXPECT_NE(raw_row.find(" 30.0 - 6.5        9.8  -"), std::string::npos) << raw_row;
   // A cell measured without the figures says so rather than showing zeros.
   std::string bare = LineOf(tables, "holdfast acquire+release               256");
-  EXPECT_NE(bare.find("- - -"), std::string::npos) << bare;
+  EXPECT_NE(bare.find(" - - -                      - - -          -  -"), std::string::npos)
+      << bare;
 
   nlohmann::json j = r.ToJson();
   bool found = false;
@@ -123,6 +132,8 @@ TEST(ReportCostsTest, EachCellShowsTheCpuTimePerOperationOfEachProcessMeasured) 
       found = true;
       EXPECT_DOUBLE_EQ(c["cpu_ms_per_op"]["etcd"].get<double>(), 1.234);
       EXPECT_DOUBLE_EQ(c["cpu_ms_per_op"]["bench"].get<double>(), 0.25);
+      EXPECT_DOUBLE_EQ(c["switches_per_op"]["holdfastd"].get<double>(), 24.96);
+      EXPECT_DOUBLE_EQ(c["etcd_gc_per_sec"].get<double>(), 4.64);
     }
   }
   EXPECT_TRUE(found) << j.dump();
