@@ -770,38 +770,93 @@ class PostgresStoreTest : public MetricsTest {
     MetricsTest::TearDown();
     pg_.reset();
   }
+
+  // Stops the store, runs `cycles` lock cycles, and waits until the lag shows
+  // them all with nothing recorded meanwhile; then `while_down` (given the
+  // session and that scrape), and the store back: every cycle is recorded, once.
+  void CyclesWhileTheStoreIsDown(
+      int cycles, const std::function<void(Session&, const std::string&)>& while_down) {
+    auto s = Open();
+    ASSERT_TRUE(s);
+    std::string t = RecordOneCycle(*s, "metrics/backlog/first");
+    const double recorded = Sample(t, "holdfast_audit_recorded_events");
+    pg_->Stop();
+    // One cycle, which the auditor fails to record; the rest after that.
+    for (int i = 0; i < cycles; ++i) {
+      auto h = s->Acquire(absl::StrCat("metrics/backlog/", i));
+      ASSERT_TRUE(h.ok()) << h.status();
+      ASSERT_TRUE(h->Release().ok());
+      if (i == 0) std::this_thread::sleep_for(seconds(1));
+    }
+    t = ScrapeUntil(
+        [&](const std::string& t) {
+          return Sample(t, "holdfast_audit_lag_revisions") >= 2 * cycles;
+        },
+        "the backlog shows while the store is down");
+    EXPECT_EQ(Sample(t, "holdfast_audit_recorded_events"), recorded);
+    EXPECT_EQ(Sample(t, "holdfast_audit_leader"), 1);
+    int more = 0;
+    if (while_down) {
+      while_down(*s, t);
+      more = extra_cycles_;
+    }
+    ASSERT_TRUE(pg_->Restart().ok());
+    t = ScrapeUntil(
+        [&](const std::string& t) {
+          return Sample(t, "holdfast_audit_recorded_events") >=
+                     recorded + 2 * (cycles + more) &&
+                 Sample(t, "holdfast_audit_lag_revisions") == 0;
+        },
+        "the backlog is recorded once the store is back");
+    EXPECT_EQ(Sample(t, "holdfast_audit_recorded_events"), recorded + 2 * (cycles + more));
+    EXPECT_EQ(Sample(t, "holdfast_audit_buffered_events"), 0);
+  }
+
   std::unique_ptr<dev::PostgresProcess> pg_;
+  int extra_cycles_ = 0;  // lock cycles `while_down` ran
 };
 
 TEST_F(PostgresStoreTest, AStoreThatIsDownShowsItsBacklog) {
-  auto s = Open();
-  ASSERT_TRUE(s);
-  std::string t = RecordOneCycle(*s, "metrics/backlog/first");
-  const double recorded = Sample(t, "holdfast_audit_recorded_events");
-  pg_->Stop();
-  // One cycle, which the auditor fails to record; the rest after that.
-  constexpr int kCycles = 15;
-  for (int i = 0; i < kCycles; ++i) {
-    auto h = s->Acquire(absl::StrCat("metrics/backlog/", i));
-    ASSERT_TRUE(h.ok()) << h.status();
-    ASSERT_TRUE(h->Release().ok());
-    if (i == 0) std::this_thread::sleep_for(seconds(1));
+  CyclesWhileTheStoreIsDown(15, nullptr);
+}
+
+// holdfastd does not hold an unbounded backlog in memory while the store is down:
+// at audit.max_buffered_events its watch ends, the lag goes on growing from the
+// revisions its etcd client sees, and all is recorded once the store is back.
+class BoundedAuditBufferTest : public PostgresStoreTest {
+ protected:
+  static constexpr int kBound = 1000;
+  void SetUp() override {
+    extra_config_ = absl::StrCat("audit: {max_buffered_events: ", kBound, "}\n");
+    PostgresStoreTest::SetUp();
   }
-  t = ScrapeUntil(
-      [&](const std::string& t) {
-        return Sample(t, "holdfast_audit_lag_revisions") >= 2 * kCycles;
-      },
-      "the backlog shows while the store is down");
-  EXPECT_EQ(Sample(t, "holdfast_audit_recorded_events"), recorded);
-  EXPECT_EQ(Sample(t, "holdfast_audit_leader"), 1);
-  ASSERT_TRUE(pg_->Restart().ok());
-  t = ScrapeUntil(
-      [&](const std::string& t) {
-        return Sample(t, "holdfast_audit_recorded_events") >= recorded + 2 * kCycles &&
-               Sample(t, "holdfast_audit_lag_revisions") == 0;
-      },
-      "the backlog is recorded once the store is back");
-  EXPECT_EQ(Sample(t, "holdfast_audit_recorded_events"), recorded + 2 * kCycles);
+};
+
+TEST_F(BoundedAuditBufferTest, AFullBufferEndsTheWatchAndTheLagStillGrows) {
+  // Five etcd events a cycle (a hold and a claim put, then deleted, and the
+  // release's audit mark): 800 cycles are four times the bound.
+  CyclesWhileTheStoreIsDown(800, [&](Session& s, const std::string& t) {
+    const double held = Sample(t, "holdfast_audit_buffered_events");
+    // The bound, plus the rest of the watch response that reached it: at most
+    // one catch-up response of etcd's (1,000 revisions); unbounded, the 4,000.
+    EXPECT_GE(held, kBound);
+    EXPECT_LT(held, 4 * kBound - 500);
+    const double responses = Sample(t, "holdfast_audit_watch_responses");
+    const double lag = Sample(t, "holdfast_audit_lag_revisions");
+    extra_cycles_ = 50;
+    for (int i = 0; i < extra_cycles_; ++i) {
+      auto h = s.Acquire(absl::StrCat("metrics/backlog/more/", i));
+      ASSERT_TRUE(h.ok()) << h.status();
+      ASSERT_TRUE(h->Release().ok());
+    }
+    std::string after = ScrapeUntil(
+        [&](const std::string& t) {
+          return Sample(t, "holdfast_audit_lag_revisions") >= lag + 2 * extra_cycles_;
+        },
+        "the lag grows with the watch ended");
+    EXPECT_EQ(Sample(after, "holdfast_audit_watch_responses"), responses);
+    EXPECT_EQ(Sample(after, "holdfast_audit_buffered_events"), held);
+  });
 }
 
 TEST(MetricsFlagTest, MetricsListenFlagServesTextFormat) {

@@ -25,10 +25,14 @@ struct Inbox {
   std::condition_variable cv;
   std::deque<std::vector<mvccpb::Event>> batches;
   size_t events = 0;   // in batches
+  size_t taken = 0;    // events taken out of batches by the auditor, not yet recorded
   absl::Status error;  // the watch ended
   int64_t wakeups = 0;  // notifications sent to the auditor thread
   int64_t responses = 0;  // watch responses with events, taken in or dropped
   bool closed = false;  // the watch was paused: what it still sends is dropped
+  // The inbox reached max_buffered_events: closed, and what it holds is kept
+  // (the next watch starts after it).
+  bool full = false;
 };
 
 int64_t NowMs() { return absl::ToUnixMillis(absl::Now()); }
@@ -239,6 +243,7 @@ void Auditor::Lead(int64_t lease) {
   // fills an inbox of its own.
   std::unique_ptr<etcd::WatchHub> hub;
   size_t hub_endpoint = 0;
+  std::vector<mvccpb::Event> pending;  // whole revisions, not yet recorded
   auto watch = [&](int64_t from) {
     if (inbox) {
       std::lock_guard l(inbox->mu);
@@ -246,6 +251,7 @@ void Auditor::Lead(int64_t lease) {
       responses_before += inbox->responses;
     }
     inbox = std::make_shared<Inbox>();
+    inbox->taken = pending.size();
     hub = std::make_unique<etcd::WatchHub>(etcd_);
     hub_endpoint = etcd_->current_endpoint();
     etcd::WatchSpec spec;
@@ -260,8 +266,9 @@ void Auditor::Lead(int64_t lease) {
     // lingers it sleeps until its deadline; a wake-up per watch response (two per
     // lock cycle at one caller) would only re-check the deadline, each one a
     // context switch taken from the lock calls on a small machine.
-    hub->Watch(spec, [inbox, full = options_.max_batch_events](
-                                            absl::StatusOr<etcd::WatchBatch> b) {
+    hub->Watch(spec, [inbox, full = options_.max_batch_events,
+                      bound = options_.max_buffered_events](
+                         absl::StatusOr<etcd::WatchBatch> b) {
       std::lock_guard l(inbox->mu);
       if (b.ok() && !b->events.empty()) ++inbox->responses;
       if (inbox->closed) return;  // paused: the next watch starts at these
@@ -273,6 +280,13 @@ void Auditor::Lead(int64_t lease) {
         inbox->events += b->events.size();
         inbox->batches.push_back(std::move(b->events));
         wake = wake || inbox->events >= full;
+        if (inbox->events + inbox->taken >= bound) {
+          // Held in memory up to the bound; what etcd sends after it is dropped,
+          // and the watch is ended (the auditor thread, woken now).
+          inbox->full = true;
+          inbox->closed = true;
+          wake = true;
+        }
       } else {
         wake = false;  // nothing new
       }
@@ -301,7 +315,6 @@ void Auditor::Lead(int64_t lease) {
   auto last_compaction = Clock::now();
   auto next_prune = Clock::now();  // a new term prunes at once
   auto last_lag_warning = Clock::now() - options_.lag_warn_interval;
-  std::vector<mvccpb::Event> pending;  // whole revisions, not yet recorded
   auto last_record = Clock::now() - options_.flush_interval;
 
   // The watch is paused from the first response after a record until the next
@@ -333,7 +346,14 @@ void Auditor::Lead(int64_t lease) {
           }
         }
         const bool moved = etcd_->current_endpoint() != hub_endpoint;
-        if (inbox->error.ok() &&
+        if (inbox->full) {
+          // The store is not keeping up (or is down) and the buffer is full:
+          // end the watch, and start it again once what it holds is recorded.
+          paused = true;
+          l.unlock();
+          hub.reset();  // no callback runs after this
+          l.lock();
+        } else if (inbox->error.ok() &&
             ((options_.flush_interval.count() > 0 && !inbox->batches.empty() &&
               revisions < kStayLiveRevisions && !record_failed) ||
              moved)) {
@@ -372,6 +392,7 @@ void Auditor::Lead(int64_t lease) {
                        std::make_move_iterator(b.end()));
         inbox->batches.pop_front();
       }
+      inbox->taken = pending.size();
       if (inbox->batches.empty()) watch_error = inbox->error;
     }
 
@@ -427,6 +448,10 @@ void Auditor::Lead(int64_t lease) {
                        c.malformed, static_cast<long long>(c.last_revision));
         }
         pending.clear();
+        {
+          std::lock_guard l(inbox->mu);
+          inbox->taken = 0;
+        }
         record_failed = false;
         last_record = Clock::now();
         std::lock_guard l(mu_);
@@ -476,18 +501,21 @@ void Auditor::Lead(int64_t lease) {
     // Recorded all that the paused watch sent: start it again after the cursor.
     // A record that failed starts it again too, after what it holds: while the
     // store is down the watch stays live, so the backlog shows (lag, AUDIT
-    // BEHIND) as it grows, and arrives as it comes.
+    // BEHIND) as it grows, and arrives as it comes; until the buffer is full,
+    // then the watch waits until the store has taken what the buffer holds.
     if (paused && (pending.empty() || record_failed)) {
       bool drained;
       {
         std::lock_guard l(inbox->mu);
-        if (record_failed) {
+        if (record_failed && !inbox->full) {
           // What is left of the paused watch's responses lies past what was
           // taken: the next watch brings it again.
           inbox->batches.clear();
           inbox->events = 0;
         }
-        drained = inbox->batches.empty();
+        // A watch ended for a full buffer starts again once all it held is
+        // recorded, not as soon as the auditor has taken it.
+        drained = inbox->batches.empty() && (!inbox->full || pending.empty());
       }
       if (drained) {
         int64_t cursor;
@@ -503,6 +531,8 @@ void Auditor::Lead(int64_t lease) {
     // Backlog: events seen but not yet recorded.
     {
       int64_t seen = 0, wakeups = 0, responses = 0;
+      size_t buffered = pending.size();
+      bool full = false;
       {
         std::lock_guard l(inbox->mu);
         if (!inbox->batches.empty() && !inbox->batches.back().empty()) {
@@ -511,17 +541,28 @@ void Auditor::Lead(int64_t lease) {
         if (!pending.empty()) seen = std::max(seen, pending.back().kv().mod_revision());
         wakeups = wakeups_before + inbox->wakeups;
         responses = responses_before + inbox->responses;
+        buffered += inbox->events;
+        full = inbox->full;
       }
+      // With the watch ended for a full buffer, etcd's newest revision that this
+      // client has seen (its lock calls, the auditor's own lease checks) stands
+      // for the newest event, so the lag keeps growing as it does.
+      if (full) seen = std::max(seen, etcd_->last_revision());
       std::lock_guard l(mu_);
       status_.wakeups = wakeups;
       status_.watch_responses = responses;
+      status_.buffered_events = static_cast<int64_t>(buffered);
       status_.last_seen_revision = std::max({status_.last_seen_revision, seen, status_.cursor});
       const int64_t lag = status_.last_seen_revision - status_.cursor;
-      if (lag > options_.lag_warn_revisions &&
+      if ((lag > options_.lag_warn_revisions || full) &&
           Clock::now() - last_lag_warning >= options_.lag_warn_interval) {
         last_lag_warning = Clock::now();
-        std::fprintf(stderr, "holdfastd: AUDIT BEHIND: %lld revisions seen but not yet recorded\n",
-                     static_cast<long long>(lag));
+        std::fprintf(stderr,
+                     "holdfastd: AUDIT BEHIND: %lld revisions seen but not yet recorded%s\n",
+                     static_cast<long long>(lag),
+                     full ? " (audit.max_buffered_events reached: the watch waits until "
+                            "the store has taken what is held)"
+                          : "");
       }
     }
 

@@ -33,6 +33,14 @@
 // `flush_interval` of 0; it is paused when the etcd client moved to another
 // endpoint, so that it starts again there.
 //
+// Memory: what the watch brought and is not yet recorded is held in memory, up
+// to `max_buffered_events` (plus the rest of the response that reached it).
+// While the store is down or slower than etcd, the watch stays live until then;
+// at the bound it is ended and what etcd sends after is dropped (it is still in
+// etcd: the auditor never compacts past its cursor), the lag goes on from the
+// newest revision the etcd client has seen, and AUDIT BEHIND is logged. Once what
+// is held is recorded, the watch starts again after it.
+//
 // A cluster never audited before is read from the creation of its epoch record
 // (holdfast's first write there). If etcd compacted past the cursor (someone
 // compacted by hand, or auto-compaction was turned on), the events in between are
@@ -88,6 +96,10 @@ struct AuditorOptions {
   std::chrono::milliseconds lag_warn_interval{std::chrono::minutes(1)};
   std::chrono::milliseconds etcd_timeout{5000};
   size_t max_batch_events = 5000;                      // rows per SQL transaction
+  // Events taken from the watch and held in memory until recorded: reached (the
+  // store down or slower than etcd), the watch ends until they are recorded
+  // (header comment, "Memory").
+  size_t max_buffered_events = 50000;
   // At most one SQL transaction per interval while events keep coming (a full
   // batch goes at once): the trail lags by up to this much.
   std::chrono::milliseconds flush_interval{50};
@@ -107,6 +119,7 @@ struct AuditorStatus {
   int64_t store_commits = 0;  // audit store transactions that recorded revisions
   int64_t wakeups = 0;        // times the watch woke the auditor thread (this term)
   int64_t watch_responses = 0;  // etcd watch responses with events sent to it (this term)
+  int64_t buffered_events = 0;  // taken from the watch, held in memory, not yet recorded
   int64_t gaps = 0;
   int64_t pruned_events = 0;          // deleted for retention, by this replica
   std::string last_error;

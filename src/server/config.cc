@@ -222,7 +222,7 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     if (auto s = Unknown(audit, "audit.",
                          {"store", "compaction_interval", "compaction_keep_revisions",
                           "lag_warn_revisions", "leader_ttl", "force_request_ttl",
-                          "flush_interval", "retention"});
+                          "flush_interval", "max_buffered_events", "retention"});
         !s.ok()) {
       return s;
     }
@@ -252,6 +252,11 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     }
     if (auto s = ReadDuration(audit["flush_interval"], "audit.flush_interval",
                               &c.audit_flush_interval);
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = ReadInt(audit["max_buffered_events"], "audit.max_buffered_events",
+                         &c.audit_max_buffered_events);
         !s.ok()) {
       return s;
     }
@@ -365,6 +370,11 @@ absl::Status ValidateConfig(const Config& c) {
   if (c.audit_flush_interval < std::chrono::milliseconds(0) ||
       c.audit_flush_interval > std::chrono::seconds(1)) {
     return absl::InvalidArgumentError("config: audit.flush_interval must be between 0s and 1s");
+  }
+  // Under a batch's worth, the watch would end before one transaction could fill.
+  if (c.audit_max_buffered_events < 1000 || c.audit_max_buffered_events > 10'000'000) {
+    return absl::InvalidArgumentError(
+        "config: audit.max_buffered_events must be between 1000 and 10000000");
   }
   // Under an hour would prune events the auditor has barely written (more likely a
   // mistaken unit, "30m" for "30d", than a wish): refuse it rather than lose the trail.

@@ -45,6 +45,8 @@
 //     force_request_ttl: 15m        # how long a force-release request waits for approval
 //     flush_interval: 50ms          # one audit store transaction per this, at most,
 //                                   #   while events keep coming (0s..1s; 0s: at once)
+//     max_buffered_events: 50000    # events held in memory until recorded; beyond, the
+//                                   #   watch waits for the store (1000..10000000)
 //     retention: 0s                 # events older than this are deleted from the store
 //                                   #   (0s: kept forever; else at least 1h, e.g. 90d)
 //   epochs:                         # ARCHITECTURE §6, docs/operations.md
@@ -108,6 +110,7 @@ struct Config {
   std::chrono::milliseconds audit_leader_ttl{10'000};
   std::chrono::milliseconds force_request_ttl{15 * 60 * 1000};
   std::chrono::milliseconds audit_flush_interval{50};
+  int audit_max_buffered_events = 50000;
   std::chrono::milliseconds audit_retention{0};
   bool auto_advance_on_restore = false;
   std::chrono::milliseconds epoch_check_interval{2000};

@@ -27,7 +27,7 @@ acquire: {max_wait: 10m, ride_with_release: 20ms}
 limits: {max_message_bytes: 8192, max_concurrent_streams: 50}
 audit: {store: "postgresql://h/db", compaction_interval: 30s, compaction_keep_revisions: 500,
         lag_warn_revisions: 7, leader_ttl: 4s, force_request_ttl: 5m, flush_interval: 200ms,
-        retention: 90d}
+        max_buffered_events: 2000, retention: 90d}
 metrics: {listen: 0.0.0.0:9420}
 )");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -45,6 +45,7 @@ metrics: {listen: 0.0.0.0:9420}
   EXPECT_EQ(c->audit_leader_ttl, std::chrono::seconds(4));
   EXPECT_EQ(c->force_request_ttl, std::chrono::minutes(5));
   EXPECT_EQ(c->audit_flush_interval, std::chrono::milliseconds(200));
+  EXPECT_EQ(c->audit_max_buffered_events, 2000);
   EXPECT_EQ(c->audit_retention, std::chrono::hours(24 * 90));
   EXPECT_EQ(c->metrics_listen, "0.0.0.0:9420");
 }
@@ -86,6 +87,9 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\naudit: {compaction_keep_revisions: 5}", "compaction_keep_revisions must be >= 100"},
       {"insecure: true\naudit: {force_request_ttl: soon}", "audit.force_request_ttl: invalid duration"},
       {"insecure: true\naudit: {flush_interval: 2s}", "audit.flush_interval must be between 0s and 1s"},
+      {"insecure: true\naudit: {max_buffered_events: 999}",
+       "audit.max_buffered_events must be between 1000 and 10000000"},
+      {"insecure: true\naudit: {max_buffered_events: many}", "audit.max_buffered_events"},
       {"insecure: true\nacquire: {ride_with_release: 2s}",
        "acquire.ride_with_release must be between 0s and 1s"},
       {"insecure: true\naudit: {flush_interval: -5ms}", "audit.flush_interval: invalid duration"},

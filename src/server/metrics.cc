@@ -65,6 +65,7 @@ struct Metrics::AuditGauges {
   prometheus::Gauge* commits;
   prometheus::Gauge* wakeups;
   prometheus::Gauge* watch_responses;
+  prometheus::Gauge* buffered;
   prometheus::Gauge* pruned;
 };
 
@@ -254,6 +255,9 @@ void Metrics::SetAuditSource(std::function<audit::AuditorStatus()> source) {
                                   "etcd watch responses with events sent to the auditor since "
                                   "it last became the auditor (about one per store commit under "
                                   "steady writes: the watch is paused until each record)");
+  gauges->buffered = gauge("holdfast_audit_buffered_events",
+                           "etcd events the auditor holds in memory, not yet recorded (up to "
+                           "audit.max_buffered_events; then its watch waits for the store)");
   gauges->pruned = gauge("holdfast_audit_pruned_events",
                          "Events this replica deleted from the audit store since start, "
                          "being older than audit.retention");
@@ -301,6 +305,7 @@ void Metrics::Refresh() {
     audit->commits->Set(static_cast<double>(st.store_commits));
     audit->wakeups->Set(static_cast<double>(st.wakeups));
     audit->watch_responses->Set(static_cast<double>(st.watch_responses));
+    audit->buffered->Set(static_cast<double>(st.buffered_events));
     audit->pruned->Set(static_cast<double>(st.pruned_events));
   }
 }

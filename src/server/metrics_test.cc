@@ -165,6 +165,7 @@ TEST_F(MetricsTest, AuditorProgressIsReadAtScrapeTime) {
   st.recorded_events = 42;
   st.store_commits = 7;
   st.watch_responses = 9;
+  st.buffered_events = 33;
   st.pruned_events = 12;
   metrics_.SetAuditSource([&st] { return st; });
   std::string text = metrics_.Render();
@@ -177,6 +178,7 @@ TEST_F(MetricsTest, AuditorProgressIsReadAtScrapeTime) {
   EXPECT_EQ(Sample(text, "holdfast_audit_recorded_events"), 42);
   EXPECT_EQ(Sample(text, "holdfast_audit_store_commits"), 7);
   EXPECT_EQ(Sample(text, "holdfast_audit_watch_responses"), 9);
+  EXPECT_EQ(Sample(text, "holdfast_audit_buffered_events"), 33);
   EXPECT_EQ(Sample(text, "holdfast_audit_pruned_events"), 12);
   st.leader = false;  // a follower's numbers are its last term's: no lag claimed
   st.cursor = 95;

@@ -211,6 +211,7 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
       ao.compaction_keep_revisions = config_.audit_compaction_keep_revisions;
       ao.lag_warn_revisions = config_.audit_lag_warn_revisions;
       ao.flush_interval = config_.audit_flush_interval;
+      ao.max_buffered_events = static_cast<size_t>(config_.audit_max_buffered_events);
       // The store is shared by every cluster's auditor: one of them prunes it (two
       // would delete the same rows, and a SQLite store serialises them all).
       if (c.get() == &control) ao.retention = config_.audit_retention;
