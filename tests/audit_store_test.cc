@@ -9,6 +9,8 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <chrono>
+#include <functional>
 #include <filesystem>
 #include <memory>
 #include <optional>
@@ -24,6 +26,7 @@
 #include "audit/store.h"
 #include "dev/postgres_process.h"
 #include "dev/subprocess.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 
 namespace holdfast::audit {
@@ -451,6 +454,55 @@ TEST_P(AuditStoreContract, LowerCursorIsRefusedAndWritesNothing) {
   // The same cursor again is not lower: accepted (an empty batch, or a replay).
   EXPECT_TRUE(store_->Record(kClusterA, 50, {}, {}).ok());
   EXPECT_EQ(CursorOf(kClusterA), 50);
+}
+
+// Another connection that holds the write lock (SQLite: the file's; PostgreSQL:
+// the cursor table's) makes a record wait StoreOptions::lock_wait, then fail
+// UNAVAILABLE with nothing written; once the lock is gone the same record goes in.
+TEST_P(AuditStoreContract, ARecordBehindAnotherConnectionsLockGivesUpAndWritesNothing) {
+  ASSERT_TRUE(store_->Record(kClusterA, 10, {Event(kClusterA, 5, "ns", "a", 1, EventType::kGrant)},
+                             {})
+                  .ok());
+  StoreOptions quick;
+  quick.lock_wait = std::chrono::milliseconds(300);
+  auto waiting = GetParam() == Backend::kSqlite ? OpenSqliteStore(location_, quick)
+                                                : OpenPostgresStore(location_, quick);
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+
+  // The lock, held by a connection of the test's own.
+  std::function<void()> release;
+  if (GetParam() == Backend::kSqlite) {
+    sqlite3* db = nullptr;
+    ASSERT_EQ(sqlite3_open_v2(location_.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+    ASSERT_EQ(sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+    release = [db] {
+      sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+      sqlite3_close(db);
+    };
+  } else {
+    PGconn* conn = PQconnectdb(location_.c_str());
+    ASSERT_EQ(PQstatus(conn), CONNECTION_OK) << PQerrorMessage(conn);
+    PQclear(PQexec(conn, "BEGIN"));
+    PGresult* r = PQexec(conn, "LOCK TABLE audit_cursor IN ACCESS EXCLUSIVE MODE");
+    ASSERT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQerrorMessage(conn);
+    PQclear(r);
+    release = [conn] {
+      PQclear(PQexec(conn, "ROLLBACK"));
+      PQfinish(conn);
+    };
+  }
+  const std::vector<AuditEvent> batch = {Event(kClusterA, 15, "ns", "b", 2, EventType::kGrant)};
+  absl::Status s = (*waiting)->Record(kClusterA, 20, batch, {});
+  EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+  EXPECT_THAT(std::string(s.message()),
+              GetParam() == Backend::kSqlite ? testing::HasSubstr("database is locked")
+                                             : testing::HasSubstr("lock timeout"));
+  release();
+  EXPECT_EQ(CursorOf(kClusterA), 10);
+  EXPECT_EQ(All().size(), 1u);
+  EXPECT_TRUE((*waiting)->Record(kClusterA, 20, batch, {}).ok());
+  EXPECT_EQ(CursorOf(kClusterA), 20);
+  EXPECT_EQ(All().size(), 2u);
 }
 
 TEST_P(AuditStoreContract, RewindMovesOnlyThatClusterBackAndKeepsRows) {

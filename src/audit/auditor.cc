@@ -82,6 +82,7 @@ void Auditor::Run() {
       {
         std::lock_guard l(mu_);
         status_.leader = false;
+        status_.buffered_events = 0;  // what the term held is gone with it
       }
       Resign(lease);
       if (stop_) break;
@@ -322,6 +323,10 @@ void Auditor::Lead(int64_t lease) {
   bool paused = false;
   bool record_failed = false;  // the last record (or its previous values) failed
   int64_t taken_through = 0;   // the highest revision taken out of an inbox
+  // The newest revision of an event the watch brought (what the lag counts from,
+  // but while the buffer is full; below).
+  int64_t seen_events = *start - 1;
+  bool full_logged = false;  // the full buffer of the current watch was logged
   while (!stop_) {
     absl::Status watch_error;
     {
@@ -498,6 +503,19 @@ void Auditor::Lead(int64_t lease) {
       if (!Sleep(std::chrono::milliseconds(100))) break;
     }
 
+    // A full buffer ends the watch now, before the lag of this turn is published.
+    if (!paused) {
+      bool full;
+      {
+        std::lock_guard l(inbox->mu);
+        full = inbox->full;
+      }
+      if (full) {
+        paused = true;
+        hub.reset();  // no callback runs after this
+      }
+    }
+
     // Recorded all that the paused watch sent: start it again after the cursor.
     // A record that failed starts it again too, after what it holds: while the
     // store is down the watch stays live, so the backlog shows (lag, AUDIT
@@ -544,25 +562,33 @@ void Auditor::Lead(int64_t lease) {
         buffered += inbox->events;
         full = inbox->full;
       }
-      // With the watch ended for a full buffer, etcd's newest revision that this
-      // client has seen (its lock calls, the auditor's own lease checks) stands
-      // for the newest event, so the lag keeps growing as it does.
-      if (full) seen = std::max(seen, etcd_->last_revision());
       std::lock_guard l(mu_);
+      seen_events = std::max({seen_events, seen, status_.cursor});
+      // With the watch ended for a full buffer, etcd's newest revision that this
+      // client has seen (its lock calls, sessions' renewals, the auditor's own
+      // lease checks) stands for the newest event, so the lag keeps growing as it
+      // does; only meanwhile: it may count writes outside holdfast's keys, which
+      // no record would ever reach.
+      status_.last_seen_revision =
+          full ? std::max(seen_events, etcd_->last_revision()) : seen_events;
       status_.wakeups = wakeups;
       status_.watch_responses = responses;
       status_.buffered_events = static_cast<int64_t>(buffered);
-      status_.last_seen_revision = std::max({status_.last_seen_revision, seen, status_.cursor});
       const int64_t lag = status_.last_seen_revision - status_.cursor;
-      if ((lag > options_.lag_warn_revisions || full) &&
+      if (full && !full_logged) {
+        full_logged = true;
+        std::fprintf(stderr,
+                     "holdfastd: AUDIT BEHIND: %lld events held in memory "
+                     "(audit.max_buffered_events); the watch waits until the store has "
+                     "recorded them (%lld revisions behind)\n",
+                     static_cast<long long>(buffered), static_cast<long long>(lag));
+      }
+      if (!full) full_logged = false;
+      if (lag > options_.lag_warn_revisions &&
           Clock::now() - last_lag_warning >= options_.lag_warn_interval) {
         last_lag_warning = Clock::now();
-        std::fprintf(stderr,
-                     "holdfastd: AUDIT BEHIND: %lld revisions seen but not yet recorded%s\n",
-                     static_cast<long long>(lag),
-                     full ? " (audit.max_buffered_events reached: the watch waits until "
-                            "the store has taken what is held)"
-                          : "");
+        std::fprintf(stderr, "holdfastd: AUDIT BEHIND: %lld revisions seen but not yet recorded\n",
+                     static_cast<long long>(lag));
       }
     }
 

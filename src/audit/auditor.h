@@ -34,12 +34,13 @@
 // endpoint, so that it starts again there.
 //
 // Memory: what the watch brought and is not yet recorded is held in memory, up
-// to `max_buffered_events` (plus the rest of the response that reached it).
-// While the store is down or slower than etcd, the watch stays live until then;
-// at the bound it is ended and what etcd sends after is dropped (it is still in
-// etcd: the auditor never compacts past its cursor), the lag goes on from the
-// newest revision the etcd client has seen, and AUDIT BEHIND is logged. Once what
-// is held is recorded, the watch starts again after it.
+// to `max_buffered_events` (plus the rest of the response that reached it: at
+// most 1,000 revisions). It fills while records fail (the watch then stays
+// live, above) or lag behind etcd. At the bound the watch is ended and what etcd
+// sends after is dropped (it is still in etcd: the auditor never compacts past
+// its cursor); meanwhile the lag is counted from the newest revision the etcd
+// client has seen, and AUDIT BEHIND is logged once. Once what is held is
+// recorded, the watch starts again after it.
 //
 // A cluster never audited before is read from the creation of its epoch record
 // (holdfast's first write there). If etcd compacted past the cursor (someone

@@ -78,7 +78,8 @@ class Result {
 // Thread-safe: one mutex serialises every use of the connection.
 class PostgresStore final : public AuditStore {
  public:
-  static absl::StatusOr<std::unique_ptr<AuditStore>> Open(const std::string& conninfo);
+  static absl::StatusOr<std::unique_ptr<AuditStore>> Open(const std::string& conninfo,
+                                                          const StoreOptions& options);
   ~PostgresStore() override;
 
   absl::Status Record(uint64_t cluster_id, int64_t cursor_revision,
@@ -123,7 +124,8 @@ class PostgresStore final : public AuditStore {
 std::string IntParam(int64_t v) { return absl::StrCat(v); }
 std::string BoolParam(bool v) { return v ? "true" : "false"; }
 
-absl::StatusOr<std::unique_ptr<AuditStore>> PostgresStore::Open(const std::string& conninfo) {
+absl::StatusOr<std::unique_ptr<AuditStore>> PostgresStore::Open(const std::string& conninfo,
+                                                               const StoreOptions& options) {
   // A malformed connection string is the caller's mistake, not worth a retry.
   char* parse_error = nullptr;
   PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &parse_error);
@@ -135,8 +137,19 @@ absl::StatusOr<std::unique_ptr<AuditStore>> PostgresStore::Open(const std::strin
   }
   PQconninfoFree(parsed);
   // Defaults first: the connection string (expanded from "dbname") overrides them.
-  const char* keys[] = {"connect_timeout", "application_name", "dbname", nullptr};
-  const char* values[] = {kDefaultConnectTimeout, "holdfast-audit", conninfo.c_str(), nullptr};
+  // The keepalives and tcp_user_timeout end a connection to a server that is gone
+  // without closing it (a host down, a network cut) in about 10 s; lock_timeout
+  // (a session setting, kept across PQreset) bounds a wait on another
+  // connection's lock. Without them the auditor's thread could wait for hours
+  // while its lease lapses.
+  const std::string server_options =
+      absl::StrCat("-c lock_timeout=", options.lock_wait.count());
+  const char* keys[] = {"connect_timeout", "keepalives", "keepalives_idle",
+                        "keepalives_interval", "keepalives_count", "tcp_user_timeout",
+                        "application_name", "options", "dbname", nullptr};
+  const char* values[] = {kDefaultConnectTimeout, "1", "5", "2", "3", "10000",
+                          "holdfast-audit", server_options.c_str(), conninfo.c_str(),
+                          nullptr};
   PGconn* conn = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
   if (conn == nullptr) return absl::ResourceExhaustedError("postgres audit store: out of memory");
   if (PQstatus(conn) != CONNECTION_OK) {
@@ -174,6 +187,8 @@ absl::Status PostgresStore::ErrorLockHeld(const PGresult* r, absl::string_view w
   if (absl::StartsWith(state, "08") || absl::StartsWith(state, "57P") || state == "53300") {
     return absl::UnavailableError(msg);
   }
+  // lock_not_available: lock_timeout ran out behind another connection; retry.
+  if (state == "55P03") return absl::UnavailableError(msg);
   // Serialisation failure, deadlock: the transaction lost a race; retry it.
   if (state == "40001" || state == "40P01") return absl::AbortedError(msg);
   return absl::InternalError(msg);
@@ -537,8 +552,9 @@ absl::StatusOr<int> PostgresStore::SchemaVersion() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<AuditStore>> OpenPostgresStore(const std::string& conninfo) {
-  return PostgresStore::Open(conninfo);
+absl::StatusOr<std::unique_ptr<AuditStore>> OpenPostgresStore(const std::string& conninfo,
+                                                              const StoreOptions& options) {
+  return PostgresStore::Open(conninfo, options);
 }
 
 }  // namespace holdfast::audit

@@ -2,7 +2,7 @@
 // store in WAL mode, so several stores on one file (several holdfastd replicas on
 // one host, or a CLI reading while the auditor writes) work side by side; every
 // write transaction is BEGIN IMMEDIATE, so writers queue on the file lock (up to
-// kBusyTimeoutMs) instead of failing half way.
+// StoreOptions::lock_wait) instead of failing half way.
 #include <sqlite3.h>
 
 #include <map>
@@ -25,9 +25,6 @@ namespace {
 
 using internal::ClusterFromSql;
 using internal::ClusterToSql;
-
-// How long a statement waits for another connection's lock on the file.
-constexpr int kBusyTimeoutMs = 10000;
 
 // The canonical code for a SQLite result code: BUSY / LOCKED (another writer kept
 // the file past the busy timeout) is worth retrying; a file that cannot be opened
@@ -110,7 +107,8 @@ class Statement {
 // Thread-safe: one mutex serialises every use of the connection.
 class SqliteStore final : public AuditStore {
  public:
-  static absl::StatusOr<std::unique_ptr<AuditStore>> Open(const std::string& path);
+  static absl::StatusOr<std::unique_ptr<AuditStore>> Open(const std::string& path,
+                                                          const StoreOptions& options);
   ~SqliteStore() override;
 
   absl::Status Record(uint64_t cluster_id, int64_t cursor_revision,
@@ -149,7 +147,8 @@ class SqliteStore final : public AuditStore {
   std::map<std::string, sqlite3_stmt*> statements_ ABSL_GUARDED_BY(mu_);
 };
 
-absl::StatusOr<std::unique_ptr<AuditStore>> SqliteStore::Open(const std::string& path) {
+absl::StatusOr<std::unique_ptr<AuditStore>> SqliteStore::Open(const std::string& path,
+                                                             const StoreOptions& options) {
   if (path.empty()) return absl::InvalidArgumentError("sqlite audit store: empty path");
   sqlite3* db = nullptr;
   int rc = sqlite3_open_v2(
@@ -162,6 +161,8 @@ absl::StatusOr<std::unique_ptr<AuditStore>> SqliteStore::Open(const std::string&
   std::unique_ptr<SqliteStore> store(new SqliteStore(db));
   {
     absl::MutexLock l(&store->mu_);
+    // How long a statement waits for another connection's lock on the file.
+    sqlite3_busy_timeout(store->db_, static_cast<int>(options.lock_wait.count()));
     HF_RETURN_IF_ERROR(store->ConfigureLockHeld());
     HF_RETURN_IF_ERROR(store->MigrateLockHeld());
   }
@@ -176,7 +177,6 @@ SqliteStore::~SqliteStore() {
 
 absl::Status SqliteStore::ConfigureLockHeld() {
   sqlite3_extended_result_codes(db_, 1);
-  sqlite3_busy_timeout(db_, kBusyTimeoutMs);
   // WAL: readers never block the writer. synchronous=FULL: a committed cursor
   // survives power loss (holdfast compacts etcd up to it, so it must not roll back).
   HF_ASSIGN_OR_RETURN(Statement wal, PrepareLockHeld("PRAGMA journal_mode = WAL"));
@@ -499,8 +499,9 @@ absl::StatusOr<int> SqliteStore::SchemaVersion() {
 
 }  // namespace
 
-absl::StatusOr<std::unique_ptr<AuditStore>> OpenSqliteStore(const std::string& path) {
-  return SqliteStore::Open(path);
+absl::StatusOr<std::unique_ptr<AuditStore>> OpenSqliteStore(const std::string& path,
+                                                            const StoreOptions& options) {
+  return SqliteStore::Open(path, options);
 }
 
 }  // namespace holdfast::audit

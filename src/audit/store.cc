@@ -34,7 +34,8 @@ std::optional<EventType> ParseEventType(std::string_view s) {
   return std::nullopt;
 }
 
-absl::StatusOr<std::unique_ptr<AuditStore>> OpenStore(const std::string& url) {
+absl::StatusOr<std::unique_ptr<AuditStore>> OpenStore(const std::string& url,
+                                                      const StoreOptions& options) {
   constexpr const char* kExpected =
       "expected sqlite:///absolute/path.db, sqlite:relative/path.db, postgresql://... or "
       "postgres://...";
@@ -55,10 +56,10 @@ absl::StatusOr<std::unique_ptr<AuditStore>> OpenStore(const std::string& url) {
       return absl::InvalidArgumentError(
           absl::StrCat("audit store URL \"", url, "\" names no file; ", kExpected));
     }
-    return OpenSqliteStore(std::string(rest));
+    return OpenSqliteStore(std::string(rest), options);
   }
   if (absl::StartsWith(url, "postgresql://") || absl::StartsWith(url, "postgres://")) {
-    return OpenPostgresStore(url);
+    return OpenPostgresStore(url, options);
   }
   // Only the scheme is echoed: the rest may hold a password.
   auto colon = url.find(':');

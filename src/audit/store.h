@@ -31,6 +31,7 @@
 // the database's message.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -161,17 +162,34 @@ class AuditStore {
   virtual absl::StatusOr<int> SchemaVersion() = 0;
 };
 
+struct StoreOptions {
+  // How long one statement waits for a lock that another connection holds
+  // (SQLite: the file's write lock, its busy timeout; PostgreSQL: a row or table
+  // lock, its lock_timeout) before it fails UNAVAILABLE, to be retried. holdfastd
+  // keeps it under a third of the auditor lease's TTL, so that a record waiting
+  // on a lock never outlasts the lease (server.cc).
+  std::chrono::milliseconds lock_wait{10'000};
+};
+
 // Opens (creating if needed) a SQLite store at `path` and applies migrations.
 // FAILED_PRECONDITION when the file cannot be opened or is not a database.
-absl::StatusOr<std::unique_ptr<AuditStore>> OpenSqliteStore(const std::string& path);
+absl::StatusOr<std::unique_ptr<AuditStore>> OpenSqliteStore(const std::string& path,
+                                                            const StoreOptions& options = {});
 
 // Opens a PostgreSQL store from a libpq connection string ("host=... dbname=..."
 // or "postgresql://...") and applies migrations. INVALID_ARGUMENT for a malformed
-// string, UNAVAILABLE when the server cannot be reached.
-absl::StatusOr<std::unique_ptr<AuditStore>> OpenPostgresStore(const std::string& conninfo);
+// string, UNAVAILABLE when the server cannot be reached. Unless the string sets
+// them: connect_timeout 10 s; TCP keepalives after 5 s idle, every 2 s, 3 missed
+// end the connection, and tcp_user_timeout 10 s (a server that vanished without
+// closing is noticed in about 10 s, not after the kernel's two hours); and
+// lock_timeout from `options` (through "options", so a connection string that
+// sets "options" replaces it).
+absl::StatusOr<std::unique_ptr<AuditStore>> OpenPostgresStore(const std::string& conninfo,
+                                                              const StoreOptions& options = {});
 
 // Opens by URL: "sqlite:///abs/path.db" or "sqlite:relative.db", or
 // "postgresql://..." / "postgres://...". INVALID_ARGUMENT for anything else.
-absl::StatusOr<std::unique_ptr<AuditStore>> OpenStore(const std::string& url);
+absl::StatusOr<std::unique_ptr<AuditStore>> OpenStore(const std::string& url,
+                                                      const StoreOptions& options = {});
 
 }  // namespace holdfast::audit

@@ -371,7 +371,8 @@ absl::Status ValidateConfig(const Config& c) {
       c.audit_flush_interval > std::chrono::seconds(1)) {
     return absl::InvalidArgumentError("config: audit.flush_interval must be between 0s and 1s");
   }
-  // Under a batch's worth, the watch would end before one transaction could fill.
+  // Fewer would end the auditor's watch at every small burst while the store
+  // lags; more than ten million is gigabytes of holdfastd's memory.
   if (c.audit_max_buffered_events < 1000 || c.audit_max_buffered_events > 10'000'000) {
     return absl::InvalidArgumentError(
         "config: audit.max_buffered_events must be between 1000 and 10000000");

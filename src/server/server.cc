@@ -1,5 +1,6 @@
 #include "server/server.h"
 
+#include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
@@ -102,7 +103,14 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   }
   timers_ = std::make_shared<TimerQueue>();
   if (config_.audit_store != "none") {
-    auto store = audit::OpenStore(config_.audit_store);
+    // A record waiting on another connection's lock gives up within a quarter
+    // of the auditor lease's TTL (and is retried), so the lease is renewed in
+    // time (the auditor renews it every third, on the same thread).
+    audit::StoreOptions so;
+    so.lock_wait = std::clamp<std::chrono::milliseconds>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(config_.audit_leader_ttl) / 4,
+        std::chrono::milliseconds(250), std::chrono::milliseconds(10'000));
+    auto store = audit::OpenStore(config_.audit_store, so);
     if (!store.ok()) {
       return absl::Status(store.status().code(),
                           absl::StrCat("audit store: ", store.status().message()));
