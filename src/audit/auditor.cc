@@ -233,6 +233,7 @@ void Auditor::Lead(int64_t lease) {
     status_.leader = true;
     status_.cluster_id = cluster_id;
     status_.cursor = *start - 1;
+    status_.last_seen_revision = *start - 1;  // not the last term's
     status_.last_error.clear();
   }
 
@@ -326,7 +327,7 @@ void Auditor::Lead(int64_t lease) {
   // The newest revision of an event the watch brought (what the lag counts from,
   // but while the buffer is full; below).
   int64_t seen_events = *start - 1;
-  bool full_logged = false;  // the full buffer of the current watch was logged
+  auto last_full_warning = Clock::now() - options_.lag_warn_interval;
   while (!stop_) {
     absl::Status watch_error;
     {
@@ -575,15 +576,14 @@ void Auditor::Lead(int64_t lease) {
       status_.watch_responses = responses;
       status_.buffered_events = static_cast<int64_t>(buffered);
       const int64_t lag = status_.last_seen_revision - status_.cursor;
-      if (full && !full_logged) {
-        full_logged = true;
+      if (full && Clock::now() - last_full_warning >= options_.lag_warn_interval) {
+        last_full_warning = Clock::now();
         std::fprintf(stderr,
                      "holdfastd: AUDIT BEHIND: %lld events held in memory "
                      "(audit.max_buffered_events); the watch waits until the store has "
                      "recorded them (%lld revisions behind)\n",
                      static_cast<long long>(buffered), static_cast<long long>(lag));
       }
-      if (!full) full_logged = false;
       if (lag > options_.lag_warn_revisions &&
           Clock::now() - last_lag_warning >= options_.lag_warn_interval) {
         last_lag_warning = Clock::now();

@@ -39,8 +39,9 @@
 // live, above) or lag behind etcd. At the bound the watch is ended and what etcd
 // sends after is dropped (it is still in etcd: the auditor never compacts past
 // its cursor); meanwhile the lag is counted from the newest revision the etcd
-// client has seen, and AUDIT BEHIND is logged once. Once what is held is
-// recorded, the watch starts again after it.
+// client has seen, and AUDIT BEHIND is logged (at most once per
+// `lag_warn_interval`). Once what is held is recorded, the watch starts again
+// after it.
 //
 // A cluster never audited before is read from the creation of its epoch record
 // (holdfast's first write there). If etcd compacted past the cursor (someone

@@ -96,7 +96,10 @@ class PostgresStore final : public AuditStore {
   absl::StatusOr<int> SchemaVersion() override;
 
  private:
-  explicit PostgresStore(PGconn* conn) : conn_(conn) {}
+  PostgresStore(PGconn* conn, const StoreOptions& options)
+      : begin_bounded_(absl::StrCat("BEGIN; SET LOCAL lock_timeout = ",
+                                    options.lock_wait.count())),
+        conn_(conn) {}
 
   // The canonical code for a failed call (see the file comment).
   absl::Status ErrorLockHeld(const PGresult* r, absl::string_view what)
@@ -108,9 +111,12 @@ class PostgresStore final : public AuditStore {
   // ';'-separated statements without parameters (the migrations).
   absl::Status ExecScriptLockHeld(const char* sql, absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // BEGIN; body; COMMIT, or ROLLBACK when anything failed.
-  absl::Status InTransactionLockHeld(absl::FunctionRef<absl::Status()> body)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // BEGIN; body; COMMIT, or ROLLBACK when anything failed. Each lock the body
+  // waits for is waited for up to StoreOptions::lock_wait (SET LOCAL
+  // lock_timeout, sent with the BEGIN), unless `bounded` is false (the
+  // migrations, which wait for another replica's as long as it takes).
+  absl::Status InTransactionLockHeld(absl::FunctionRef<absl::Status()> body,
+                                     bool bounded = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `op`; if it failed because the connection broke, reconnects (PQreset)
   // once and runs it again. Every operation of this store may run twice: reads
   // trivially, Record and AppendEpoch because they are idempotent.
@@ -118,6 +124,7 @@ class PostgresStore final : public AuditStore {
   absl::Status MigrateLockHeld() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
+  const std::string begin_bounded_;  // BEGIN and the transaction's lock_timeout
   PGconn* const conn_ ABSL_PT_GUARDED_BY(mu_);
 };
 
@@ -138,18 +145,13 @@ absl::StatusOr<std::unique_ptr<AuditStore>> PostgresStore::Open(const std::strin
   PQconninfoFree(parsed);
   // Defaults first: the connection string (expanded from "dbname") overrides them.
   // The keepalives and tcp_user_timeout end a connection to a server that is gone
-  // without closing it (a host down, a network cut) in about 10 s; lock_timeout
-  // (a session setting, kept across PQreset) bounds a wait on another
-  // connection's lock. Without them the auditor's thread could wait for hours
-  // while its lease lapses.
-  const std::string server_options =
-      absl::StrCat("-c lock_timeout=", options.lock_wait.count());
+  // without closing it (a host down, a network cut) in about 10 s; without them
+  // the auditor's thread could wait for hours while its lease lapses.
   const char* keys[] = {"connect_timeout", "keepalives", "keepalives_idle",
                         "keepalives_interval", "keepalives_count", "tcp_user_timeout",
-                        "application_name", "options", "dbname", nullptr};
+                        "application_name", "dbname", nullptr};
   const char* values[] = {kDefaultConnectTimeout, "1", "5", "2", "3", "10000",
-                          "holdfast-audit", server_options.c_str(), conninfo.c_str(),
-                          nullptr};
+                          "holdfast-audit", conninfo.c_str(), nullptr};
   PGconn* conn = PQconnectdbParams(keys, values, /*expand_dbname=*/1);
   if (conn == nullptr) return absl::ResourceExhaustedError("postgres audit store: out of memory");
   if (PQstatus(conn) != CONNECTION_OK) {
@@ -160,7 +162,7 @@ absl::StatusOr<std::unique_ptr<AuditStore>> PostgresStore::Open(const std::strin
   // NOTICEs ("relation ... already exists, skipping") are not for stderr.
   PQsetNoticeProcessor(
       conn, [](void*, const char*) {}, nullptr);
-  std::unique_ptr<PostgresStore> store(new PostgresStore(conn));
+  std::unique_ptr<PostgresStore> store(new PostgresStore(conn, options));
   {
     absl::MutexLock l(&store->mu_);
     HF_RETURN_IF_ERROR(store->RunLockHeld([&] { return store->MigrateLockHeld(); }));
@@ -213,8 +215,13 @@ absl::Status PostgresStore::ExecScriptLockHeld(const char* sql, absl::string_vie
   return absl::OkStatus();
 }
 
-absl::Status PostgresStore::InTransactionLockHeld(absl::FunctionRef<absl::Status()> body) {
-  HF_RETURN_IF_ERROR(ExecLockHeld("BEGIN").status());
+absl::Status PostgresStore::InTransactionLockHeld(absl::FunctionRef<absl::Status()> body,
+                                                  bool bounded) {
+  if (bounded) {
+    HF_RETURN_IF_ERROR(ExecScriptLockHeld(begin_bounded_.c_str(), "BEGIN"));
+  } else {
+    HF_RETURN_IF_ERROR(ExecLockHeld("BEGIN").status());
+  }
   absl::Status s = body();
   if (s.ok()) s = ExecLockHeld("COMMIT").status();
   if (!s.ok() && PQstatus(conn_) == CONNECTION_OK && PQtransactionStatus(conn_) != PQTRANS_IDLE) {
@@ -250,7 +257,7 @@ absl::Status PostgresStore::MigrateLockHeld() {
                "  name                TEXT    NOT NULL,"
                "  applied_at_unix_ms  BIGINT  NOT NULL)")
         .status();
-  }));
+  }, /*bounded=*/false));
   for (const Migration& m : Migrations()) {
     HF_RETURN_IF_ERROR(InTransactionLockHeld([&]() -> absl::Status {
       HF_RETURN_IF_ERROR(ExecLockHeld(kMigrationLock).status());
@@ -265,7 +272,7 @@ absl::Status PostgresStore::MigrateLockHeld() {
                  "VALUES ($1, $2, $3)",
                  {IntParam(m.version), m.name, IntParam(internal::NowUnixMs())})
           .status();
-    }));
+    }, /*bounded=*/false));
   }
   return absl::OkStatus();
 }

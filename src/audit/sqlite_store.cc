@@ -26,6 +26,9 @@ namespace {
 using internal::ClusterFromSql;
 using internal::ClusterToSql;
 
+// How long opening (configuring, migrating) waits for another connection's lock.
+constexpr int kOpenBusyTimeoutMs = 10000;
+
 // The canonical code for a SQLite result code: BUSY / LOCKED (another writer kept
 // the file past the busy timeout) is worth retrying; a file that cannot be opened
 // or written is not; anything else is INTERNAL with SQLite's message.
@@ -161,10 +164,12 @@ absl::StatusOr<std::unique_ptr<AuditStore>> SqliteStore::Open(const std::string&
   std::unique_ptr<SqliteStore> store(new SqliteStore(db));
   {
     absl::MutexLock l(&store->mu_);
-    // How long a statement waits for another connection's lock on the file.
-    sqlite3_busy_timeout(store->db_, static_cast<int>(options.lock_wait.count()));
+    // Opening waits as long as it did always for another replica's migration;
+    // every call after it, StoreOptions::lock_wait.
+    sqlite3_busy_timeout(store->db_, kOpenBusyTimeoutMs);
     HF_RETURN_IF_ERROR(store->ConfigureLockHeld());
     HF_RETURN_IF_ERROR(store->MigrateLockHeld());
+    sqlite3_busy_timeout(store->db_, static_cast<int>(options.lock_wait.count()));
   }
   return std::unique_ptr<AuditStore>(std::move(store));
 }

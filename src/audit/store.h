@@ -163,11 +163,13 @@ class AuditStore {
 };
 
 struct StoreOptions {
-  // How long one statement waits for a lock that another connection holds
-  // (SQLite: the file's write lock, its busy timeout; PostgreSQL: a row or table
-  // lock, its lock_timeout) before it fails UNAVAILABLE, to be retried. holdfastd
-  // keeps it under a third of the auditor lease's TTL, so that a record waiting
-  // on a lock never outlasts the lease (server.cc).
+  // How long one wait for a lock that another connection holds lasts (SQLite:
+  // the file's write lock, its busy timeout; PostgreSQL: each row or table lock,
+  // the transaction's lock_timeout) before the call fails UNAVAILABLE, to be
+  // retried. Opening (the migrations) waits up to 10 s (SQLite) or as long as it
+  // takes (PostgreSQL) for another replica's migration. holdfastd sets a quarter
+  // of the auditor lease's TTL, so that a record waiting on a lock does not
+  // outlast the lease (server.cc).
   std::chrono::milliseconds lock_wait{10'000};
 };
 
@@ -181,9 +183,8 @@ absl::StatusOr<std::unique_ptr<AuditStore>> OpenSqliteStore(const std::string& p
 // string, UNAVAILABLE when the server cannot be reached. Unless the string sets
 // them: connect_timeout 10 s; TCP keepalives after 5 s idle, every 2 s, 3 missed
 // end the connection, and tcp_user_timeout 10 s (a server that vanished without
-// closing is noticed in about 10 s, not after the kernel's two hours); and
-// lock_timeout from `options` (through "options", so a connection string that
-// sets "options" replaces it).
+// closing is noticed in about 10 s, not after the kernel's two hours). Every
+// transaction but the migrations sets its lock_timeout to `options.lock_wait`.
 absl::StatusOr<std::unique_ptr<AuditStore>> OpenPostgresStore(const std::string& conninfo,
                                                               const StoreOptions& options = {});
 
