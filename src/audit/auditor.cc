@@ -352,14 +352,7 @@ void Auditor::Lead(int64_t lease) {
           }
         }
         const bool moved = etcd_->current_endpoint() != hub_endpoint;
-        if (inbox->full) {
-          // The store is not keeping up (or is down) and the buffer is full:
-          // end the watch, and start it again once what it holds is recorded.
-          paused = true;
-          l.unlock();
-          hub.reset();  // no callback runs after this
-          l.lock();
-        } else if (inbox->error.ok() &&
+        if (inbox->error.ok() && !inbox->full &&
             ((options_.flush_interval.count() > 0 && !inbox->batches.empty() &&
               revisions < kStayLiveRevisions && !record_failed) ||
              moved)) {
@@ -504,7 +497,9 @@ void Auditor::Lead(int64_t lease) {
       if (!Sleep(std::chrono::milliseconds(100))) break;
     }
 
-    // A full buffer ends the watch now, before the lag of this turn is published.
+    // A full buffer (the store down or not keeping up) ends the watch, before the
+    // lag of this turn is published; it starts again once what it held is
+    // recorded (below).
     if (!paused) {
       bool full;
       {
