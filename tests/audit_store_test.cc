@@ -456,6 +456,35 @@ TEST_P(AuditStoreContract, LowerCursorIsRefusedAndWritesNothing) {
   EXPECT_EQ(CursorOf(kClusterA), 50);
 }
 
+// Holds, on a connection of the test's own, what makes this store's calls wait:
+// SQLite's write lock on the file (BEGIN IMMEDIATE), or PostgreSQL's ACCESS
+// EXCLUSIVE lock on `tables` (what an operator's LOCK TABLE, VACUUM FULL or ALTER
+// TABLE takes). Returns what lets it go.
+std::function<void()> HoldLocks(Backend backend, const std::string& location,
+                                const std::vector<std::string>& tables) {
+  if (backend == Backend::kSqlite) {
+    sqlite3* db = nullptr;
+    EXPECT_EQ(sqlite3_open_v2(location.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+    EXPECT_EQ(sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+    return [db] {
+      sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
+      sqlite3_close(db);
+    };
+  }
+  PGconn* conn = PQconnectdb(location.c_str());
+  EXPECT_EQ(PQstatus(conn), CONNECTION_OK) << PQerrorMessage(conn);
+  PQclear(PQexec(conn, "BEGIN"));
+  for (const std::string& table : tables) {
+    PGresult* r = PQexec(conn, absl::StrCat("LOCK TABLE ", table, " IN ACCESS EXCLUSIVE MODE").c_str());
+    EXPECT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQerrorMessage(conn);
+    PQclear(r);
+  }
+  return [conn] {
+    PQclear(PQexec(conn, "ROLLBACK"));
+    PQfinish(conn);
+  };
+}
+
 // Another connection that holds the write lock (SQLite: the file's; PostgreSQL:
 // the cursor table's) makes a record wait StoreOptions::lock_wait, then fail
 // UNAVAILABLE with nothing written; once the lock is gone the same record goes in.
@@ -469,28 +498,7 @@ TEST_P(AuditStoreContract, ARecordBehindAnotherConnectionsLockGivesUpAndWritesNo
                                                 : OpenPostgresStore(location_, quick);
   ASSERT_TRUE(waiting.ok()) << waiting.status();
 
-  // The lock, held by a connection of the test's own.
-  std::function<void()> release;
-  if (GetParam() == Backend::kSqlite) {
-    sqlite3* db = nullptr;
-    ASSERT_EQ(sqlite3_open_v2(location_.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
-    ASSERT_EQ(sqlite3_exec(db, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
-    release = [db] {
-      sqlite3_exec(db, "ROLLBACK", nullptr, nullptr, nullptr);
-      sqlite3_close(db);
-    };
-  } else {
-    PGconn* conn = PQconnectdb(location_.c_str());
-    ASSERT_EQ(PQstatus(conn), CONNECTION_OK) << PQerrorMessage(conn);
-    PQclear(PQexec(conn, "BEGIN"));
-    PGresult* r = PQexec(conn, "LOCK TABLE audit_cursor IN ACCESS EXCLUSIVE MODE");
-    ASSERT_EQ(PQresultStatus(r), PGRES_COMMAND_OK) << PQerrorMessage(conn);
-    PQclear(r);
-    release = [conn] {
-      PQclear(PQexec(conn, "ROLLBACK"));
-      PQfinish(conn);
-    };
-  }
+  std::function<void()> release = HoldLocks(GetParam(), location_, {"audit_cursor"});
   const std::vector<AuditEvent> batch = {Event(kClusterA, 15, "ns", "b", 2, EventType::kGrant)};
   const auto started = std::chrono::steady_clock::now();
   absl::Status s = (*waiting)->Record(kClusterA, 20, batch, {});
@@ -506,6 +514,64 @@ TEST_P(AuditStoreContract, ARecordBehindAnotherConnectionsLockGivesUpAndWritesNo
   EXPECT_TRUE((*waiting)->Record(kClusterA, 20, batch, {}).ok());
   EXPECT_EQ(CursorOf(kClusterA), 20);
   EXPECT_EQ(All().size(), 2u);
+}
+
+// Every call, reads included, waits for another connection's lock at most
+// StoreOptions::lock_wait. A read blocked without a bound would hold the store's
+// connection (and every call queued on it) until an operator's lock goes. With
+// every table locked: PostgreSQL fails each call UNAVAILABLE; SQLite's reads go on
+// (WAL: a writer never blocks them) and its writes fail. Nothing changes.
+TEST_P(AuditStoreContract, EveryCallBehindAnotherConnectionsLockAnswersWithinTheBound) {
+  const AuditEvent grant = Event(kClusterA, 5, "ns", "a", 1, EventType::kGrant);
+  ASSERT_TRUE(store_->Record(kClusterA, 10, {grant}, {Force(kClusterA, 8, "req-1")}).ok());
+  const EpochRow init{1, kClusterA, 1'700'000'000'000, "init", "holdfastd"};
+  ASSERT_TRUE(store_->AppendEpoch(init).ok());
+  StoreOptions quick;
+  quick.lock_wait = std::chrono::milliseconds(300);
+  auto waiting = GetParam() == Backend::kSqlite ? OpenSqliteStore(location_, quick)
+                                                : OpenPostgresStore(location_, quick);
+  ASSERT_TRUE(waiting.ok()) << waiting.status();
+  AuditStore& w = **waiting;
+
+  std::function<void()> release =
+      HoldLocks(GetParam(), location_,
+                {"audit_event", "audit_cursor", "force_release", "epoch", "schema_migrations"});
+  const bool sqlite = GetParam() == Backend::kSqlite;
+  auto expect_bounded = [&](const char* call, bool is_read, auto&& run) {
+    const auto started = std::chrono::steady_clock::now();
+    absl::Status s = run();
+    EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(5)) << call;
+    if (sqlite && is_read) {
+      EXPECT_TRUE(s.ok()) << call << ": " << s;
+      return;
+    }
+    EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << call << ": " << s;
+    EXPECT_THAT(std::string(s.message()), sqlite ? testing::HasSubstr("database is locked")
+                                                 : testing::HasSubstr("lock timeout"))
+        << call;
+  };
+  expect_bounded("Cursor", true, [&] { return w.Cursor(kClusterA).status(); });
+  expect_bounded("Query", true, [&] { return w.Query(Q().limit(100)).status(); });
+  expect_bounded("ForceReleases", true, [&] { return w.ForceReleases(100).status(); });
+  expect_bounded("Epochs", true, [&] { return w.Epochs().status(); });
+  expect_bounded("MaxEpoch", true, [&] { return w.MaxEpoch().status(); });
+  expect_bounded("SchemaVersion", true, [&] { return w.SchemaVersion().status(); });
+  expect_bounded("Record", false, [&] {
+    return w.Record(kClusterA, 20, {Event(kClusterA, 15, "ns", "b", 2, EventType::kGrant)}, {});
+  });
+  expect_bounded("RewindCursor", false, [&] { return w.RewindCursor(kClusterA, 3); });
+  expect_bounded("AppendEpoch", false, [&] {
+    return w.AppendEpoch({2, kClusterA, 1'700'000'100'000, "restore", "spiffe://t/admin"});
+  });
+  expect_bounded("Prune", false, [&] { return w.Prune(1'800'000'000'000, 100).status(); });
+  release();
+
+  EXPECT_EQ(CursorOf(kClusterA), 10);
+  EXPECT_EQ(All(), std::vector<AuditEvent>{grant});
+  EXPECT_EQ(Forces().size(), 1u);
+  auto epochs = store_->Epochs();
+  ASSERT_TRUE(epochs.ok()) << epochs.status();
+  EXPECT_EQ(*epochs, std::vector<EpochRow>{init});
 }
 
 TEST_P(AuditStoreContract, RewindMovesOnlyThatClusterBackAndKeepsRows) {
@@ -998,6 +1064,18 @@ TEST_F(AuditStoreUrl, RejectsUnknownAndMalformedUrls) {
   }
   auto mysql = OpenStore("mysql://u@h/db");
   EXPECT_NE(mysql.status().message().find("\"mysql\""), std::string::npos) << mysql.status();
+}
+
+TEST_F(AuditStoreUrl, RefusesAnInMemorySqliteDatabase) {
+  const auto before = std::filesystem::current_path();
+  auto store = OpenStore("sqlite::memory:");
+  ASSERT_FALSE(store.ok());
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(store.status().message().find("in-memory SQLite database would lose the audit trail"),
+            std::string::npos)
+      << store.status();
+  EXPECT_NE(store.status().message().find("name a file"), std::string::npos) << store.status();
+  EXPECT_FALSE(std::filesystem::exists(before / ":memory:")) << "nothing is created";
 }
 
 TEST_F(AuditStoreUrl, OpensSqliteByAbsoluteAndRelativePath) {

@@ -121,6 +121,14 @@ class PostgresStore final : public AuditStore {
   // once and runs it again. Every operation of this store may run twice: reads
   // trivially, Record and AppendEpoch because they are idempotent.
   absl::Status RunLockHeld(absl::FunctionRef<absl::Status()> op) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // RunLockHeld of `op` as one bounded transaction (InTransactionLockHeld). Every
+  // call of this store but the migrations runs so, reads included: a read waits
+  // for a table lock too (an operator's LOCK TABLE, VACUUM FULL or ALTER TABLE),
+  // and without a bound it would hold this connection until that lock goes.
+  absl::Status RunBoundedLockHeld(absl::FunctionRef<absl::Status()> op)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return RunLockHeld([&] { return InTransactionLockHeld(op); });
+  }
   absl::Status MigrateLockHeld() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
@@ -290,67 +298,65 @@ absl::Status PostgresStore::Record(uint64_t cluster_id, int64_t cursor_revision,
                    ") VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13) "
                    "ON CONFLICT DO NOTHING");
   absl::MutexLock l(&mu_);
-  return RunLockHeld([&] {
-    return InTransactionLockHeld([&]() -> absl::Status {
-      // FOR UPDATE: a concurrent Record of the same cluster waits here, then
-      // reads the cursor this one leaves.
-      HF_ASSIGN_OR_RETURN(
-          Result stored,
-          ExecLockHeld("SELECT revision FROM audit_cursor WHERE cluster_id = $1 FOR UPDATE",
-                       {cluster}));
-      if (stored.rows() > 0) {
-        HF_ASSIGN_OR_RETURN(int64_t at, stored.Int(0, 0));
-        if (at > cursor_revision)
-          return internal::CursorRegression(cluster_id, at, cursor_revision);
-      }
-      // ON CONFLICT DO NOTHING covers unique keys only: a CHECK that fails still
-      // fails the statement, and the whole batch with it.
-      for (const AuditEvent& e : events) {
-        HF_RETURN_IF_ERROR(
-            ExecLockHeld(insert_event,
-                         {cluster, IntParam(e.revision), e.ns, e.lock_key, IntParam(e.session_id),
-                          EventTypeName(e.type), e.spiffe_id, IntParam(e.token),
-                          BoolParam(e.unprotected), IntParam(e.time_unix_ms)})
-                .status());
-      }
-      for (const ForceReleaseRow& f : forces) {
-        HF_RETURN_IF_ERROR(
-            ExecLockHeld(insert_force,
-                         {f.request_id, cluster, IntParam(f.revision), f.ns, f.lock_key,
-                          IntParam(f.session_id), IntParam(f.token), f.requester, f.approver,
-                          f.reason, BoolParam(f.class_was_fenced), IntParam(f.requested_at_unix_ms),
-                          IntParam(f.approved_at_unix_ms)})
-                .status());
-      }
-      // The WHERE keeps the cursor from moving back even when two first Records
-      // of a cluster race (FOR UPDATE locks no row that does not exist yet).
-      HF_ASSIGN_OR_RETURN(
-          Result upsert,
-          ExecLockHeld("INSERT INTO audit_cursor (cluster_id, revision, updated_at_unix_ms) "
-                       "VALUES ($1, $2, $3) ON CONFLICT (cluster_id) DO UPDATE SET "
-                       "revision = EXCLUDED.revision, "
-                       "updated_at_unix_ms = EXCLUDED.updated_at_unix_ms "
-                       "WHERE audit_cursor.revision <= EXCLUDED.revision",
-                       {cluster, IntParam(cursor_revision), IntParam(internal::NowUnixMs())}));
-      if (upsert.Affected() != 1) {
-        HF_ASSIGN_OR_RETURN(
-            Result now,
-            ExecLockHeld("SELECT revision FROM audit_cursor WHERE cluster_id = $1", {cluster}));
-        int64_t at = 0;
-        if (now.rows() > 0) {
-          HF_ASSIGN_OR_RETURN(at, now.Int(0, 0));
-        }
+  return RunBoundedLockHeld([&]() -> absl::Status {
+    // FOR UPDATE: a concurrent Record of the same cluster waits here, then
+    // reads the cursor this one leaves.
+    HF_ASSIGN_OR_RETURN(
+        Result stored,
+        ExecLockHeld("SELECT revision FROM audit_cursor WHERE cluster_id = $1 FOR UPDATE",
+                     {cluster}));
+    if (stored.rows() > 0) {
+      HF_ASSIGN_OR_RETURN(int64_t at, stored.Int(0, 0));
+      if (at > cursor_revision)
         return internal::CursorRegression(cluster_id, at, cursor_revision);
+    }
+    // ON CONFLICT DO NOTHING covers unique keys only: a CHECK that fails still
+    // fails the statement, and the whole batch with it.
+    for (const AuditEvent& e : events) {
+      HF_RETURN_IF_ERROR(
+          ExecLockHeld(insert_event,
+                       {cluster, IntParam(e.revision), e.ns, e.lock_key, IntParam(e.session_id),
+                        EventTypeName(e.type), e.spiffe_id, IntParam(e.token),
+                        BoolParam(e.unprotected), IntParam(e.time_unix_ms)})
+              .status());
+    }
+    for (const ForceReleaseRow& f : forces) {
+      HF_RETURN_IF_ERROR(
+          ExecLockHeld(insert_force,
+                       {f.request_id, cluster, IntParam(f.revision), f.ns, f.lock_key,
+                        IntParam(f.session_id), IntParam(f.token), f.requester, f.approver,
+                        f.reason, BoolParam(f.class_was_fenced), IntParam(f.requested_at_unix_ms),
+                        IntParam(f.approved_at_unix_ms)})
+              .status());
+    }
+    // The WHERE keeps the cursor from moving back even when two first Records
+    // of a cluster race (FOR UPDATE locks no row that does not exist yet).
+    HF_ASSIGN_OR_RETURN(
+        Result upsert,
+        ExecLockHeld("INSERT INTO audit_cursor (cluster_id, revision, updated_at_unix_ms) "
+                     "VALUES ($1, $2, $3) ON CONFLICT (cluster_id) DO UPDATE SET "
+                     "revision = EXCLUDED.revision, "
+                     "updated_at_unix_ms = EXCLUDED.updated_at_unix_ms "
+                     "WHERE audit_cursor.revision <= EXCLUDED.revision",
+                     {cluster, IntParam(cursor_revision), IntParam(internal::NowUnixMs())}));
+    if (upsert.Affected() != 1) {
+      HF_ASSIGN_OR_RETURN(
+          Result now,
+          ExecLockHeld("SELECT revision FROM audit_cursor WHERE cluster_id = $1", {cluster}));
+      int64_t at = 0;
+      if (now.rows() > 0) {
+        HF_ASSIGN_OR_RETURN(at, now.Int(0, 0));
       }
-      return absl::OkStatus();
-    });
+      return internal::CursorRegression(cluster_id, at, cursor_revision);
+    }
+    return absl::OkStatus();
   });
 }
 
 absl::StatusOr<std::optional<int64_t>> PostgresStore::Cursor(uint64_t cluster_id) {
   absl::MutexLock l(&mu_);
   std::optional<int64_t> out;
-  HF_RETURN_IF_ERROR(RunLockHeld([&]() -> absl::Status {
+  HF_RETURN_IF_ERROR(RunBoundedLockHeld([&]() -> absl::Status {
     HF_ASSIGN_OR_RETURN(Result r,
                         ExecLockHeld("SELECT revision FROM audit_cursor WHERE cluster_id = $1",
                                      {IntParam(ClusterToSql(cluster_id))}));
@@ -365,7 +371,7 @@ absl::StatusOr<std::optional<int64_t>> PostgresStore::Cursor(uint64_t cluster_id
 
 absl::Status PostgresStore::RewindCursor(uint64_t cluster_id, int64_t revision) {
   absl::MutexLock l(&mu_);
-  return RunLockHeld([&]() -> absl::Status {
+  return RunBoundedLockHeld([&]() -> absl::Status {
     return ExecLockHeld(
                "UPDATE audit_cursor SET revision = $2, updated_at_unix_ms = $3 "
                "WHERE cluster_id = $1 AND revision > $2",
@@ -381,26 +387,24 @@ absl::StatusOr<AuditStore::Pruned> PostgresStore::Prune(int64_t before_unix_ms, 
   absl::MutexLock l(&mu_);
   Pruned out;
   // Run twice after a broken connection: deleting what is older again is harmless.
-  HF_RETURN_IF_ERROR(RunLockHeld([&] {
-    return InTransactionLockHeld([&]() -> absl::Status {
-      // Prunable events oldest first through the time index (store.h), then the
-      // ends whose grants that statement deleted; ctid names the rows to delete.
-      HF_ASSIGN_OR_RETURN(Result oldest,
-                          ExecLockHeld(internal::PruneStatement(true, "ctid", "$1", "$2"),
-                                       {before, IntParam(max_events)}));
-      out.events = oldest.Affected();
-      if (out.events < max_events) {
-        HF_ASSIGN_OR_RETURN(Result ends,
-                            ExecLockHeld(internal::PruneStatement(false, "ctid", "$1", "$2"),
-                                         {before, IntParam(max_events - out.events)}));
-        out.events += ends.Affected();
-      }
-      HF_ASSIGN_OR_RETURN(
-          Result forces,
-          ExecLockHeld("DELETE FROM force_release WHERE approved_at_unix_ms < $1", {before}));
-      out.force_releases = forces.Affected();
-      return absl::OkStatus();
-    });
+  HF_RETURN_IF_ERROR(RunBoundedLockHeld([&]() -> absl::Status {
+    // Prunable events oldest first through the time index (store.h), then the
+    // ends whose grants that statement deleted; ctid names the rows to delete.
+    HF_ASSIGN_OR_RETURN(Result oldest,
+                        ExecLockHeld(internal::PruneStatement(true, "ctid", "$1", "$2"),
+                                     {before, IntParam(max_events)}));
+    out.events = oldest.Affected();
+    if (out.events < max_events) {
+      HF_ASSIGN_OR_RETURN(Result ends,
+                          ExecLockHeld(internal::PruneStatement(false, "ctid", "$1", "$2"),
+                                       {before, IntParam(max_events - out.events)}));
+      out.events += ends.Affected();
+    }
+    HF_ASSIGN_OR_RETURN(
+        Result forces,
+        ExecLockHeld("DELETE FROM force_release WHERE approved_at_unix_ms < $1", {before}));
+    out.force_releases = forces.Affected();
+    return absl::OkStatus();
   }));
   return out;
 }
@@ -413,7 +417,7 @@ absl::StatusOr<std::vector<AuditEvent>> PostgresStore::Query(const AuditQuery& q
   }
   absl::MutexLock l(&mu_);
   std::vector<AuditEvent> out;
-  HF_RETURN_IF_ERROR(RunLockHeld([&]() -> absl::Status {
+  HF_RETURN_IF_ERROR(RunBoundedLockHeld([&]() -> absl::Status {
     HF_ASSIGN_OR_RETURN(Result r, ExecLockHeld(built.sql, params));
     out.clear();
     out.reserve(r.rows());
@@ -448,7 +452,7 @@ absl::StatusOr<std::vector<ForceReleaseRow>> PostgresStore::ForceReleases(int li
                                        internal::kForceOrder, " LIMIT $1");
   absl::MutexLock l(&mu_);
   std::vector<ForceReleaseRow> out;
-  HF_RETURN_IF_ERROR(RunLockHeld([&]() -> absl::Status {
+  HF_RETURN_IF_ERROR(RunBoundedLockHeld([&]() -> absl::Status {
     HF_ASSIGN_OR_RETURN(Result r, ExecLockHeld(sql, {IntParam(internal::ClampLimit(limit))}));
     out.clear();
     for (int i = 0; i < r.rows(); ++i) {
@@ -491,34 +495,32 @@ absl::Status PostgresStore::AppendEpoch(const EpochRow& row) {
   HF_RETURN_IF_ERROR(internal::ValidateEpochRow(row));
   const std::string cluster = IntParam(ClusterToSql(row.cluster_id));
   absl::MutexLock l(&mu_);
-  return RunLockHeld([&] {
-    return InTransactionLockHeld([&]() -> absl::Status {
-      HF_ASSIGN_OR_RETURN(
-          Result insert,
-          ExecLockHeld(absl::StrCat("INSERT INTO epoch (", internal::kEpochColumns,
-                                    ") VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING"),
-                       {IntParam(row.epoch), cluster, IntParam(row.advanced_at_unix_ms), row.reason,
-                        row.actor}));
-      if (insert.Affected() == 1) return absl::OkStatus();
-      // The key is taken: the same row again is a harmless retry, another is refused.
-      HF_ASSIGN_OR_RETURN(
-          Result r, ExecLockHeld(absl::StrCat("SELECT ", internal::kEpochColumns,
-                                              " FROM epoch WHERE epoch = $1 AND cluster_id = $2"),
-                                 {IntParam(row.epoch), cluster}));
-      if (r.rows() == 0) {
-        return absl::InternalError("postgres audit store: epoch insert ignored, row absent");
-      }
-      HF_ASSIGN_OR_RETURN(EpochRow stored, EpochFromRow(r, 0));
-      if (internal::SameEpochRow(stored, row)) return absl::OkStatus();
-      return internal::EpochConflict(stored);
-    });
+  return RunBoundedLockHeld([&]() -> absl::Status {
+    HF_ASSIGN_OR_RETURN(
+        Result insert,
+        ExecLockHeld(absl::StrCat("INSERT INTO epoch (", internal::kEpochColumns,
+                                  ") VALUES ($1, $2, $3, $4, $5) ON CONFLICT DO NOTHING"),
+                     {IntParam(row.epoch), cluster, IntParam(row.advanced_at_unix_ms), row.reason,
+                      row.actor}));
+    if (insert.Affected() == 1) return absl::OkStatus();
+    // The key is taken: the same row again is a harmless retry, another is refused.
+    HF_ASSIGN_OR_RETURN(
+        Result r, ExecLockHeld(absl::StrCat("SELECT ", internal::kEpochColumns,
+                                            " FROM epoch WHERE epoch = $1 AND cluster_id = $2"),
+                               {IntParam(row.epoch), cluster}));
+    if (r.rows() == 0) {
+      return absl::InternalError("postgres audit store: epoch insert ignored, row absent");
+    }
+    HF_ASSIGN_OR_RETURN(EpochRow stored, EpochFromRow(r, 0));
+    if (internal::SameEpochRow(stored, row)) return absl::OkStatus();
+    return internal::EpochConflict(stored);
   });
 }
 
 absl::StatusOr<int32_t> PostgresStore::MaxEpoch() {
   absl::MutexLock l(&mu_);
   int32_t out = 0;
-  HF_RETURN_IF_ERROR(RunLockHeld([&]() -> absl::Status {
+  HF_RETURN_IF_ERROR(RunBoundedLockHeld([&]() -> absl::Status {
     HF_ASSIGN_OR_RETURN(Result r, ExecLockHeld("SELECT COALESCE(MAX(epoch), 0) FROM epoch"));
     HF_ASSIGN_OR_RETURN(int64_t max, r.Int(0, 0));
     out = static_cast<int32_t>(max);
@@ -530,7 +532,7 @@ absl::StatusOr<int32_t> PostgresStore::MaxEpoch() {
 absl::StatusOr<std::vector<EpochRow>> PostgresStore::Epochs() {
   absl::MutexLock l(&mu_);
   std::vector<EpochRow> out;
-  HF_RETURN_IF_ERROR(RunLockHeld([&]() -> absl::Status {
+  HF_RETURN_IF_ERROR(RunBoundedLockHeld([&]() -> absl::Status {
     HF_ASSIGN_OR_RETURN(Result r,
                         ExecLockHeld(absl::StrCat("SELECT ", internal::kEpochColumns,
                                                   " FROM epoch ORDER BY epoch, cluster_id")));
@@ -547,7 +549,7 @@ absl::StatusOr<std::vector<EpochRow>> PostgresStore::Epochs() {
 absl::StatusOr<int> PostgresStore::SchemaVersion() {
   absl::MutexLock l(&mu_);
   int out = 0;
-  HF_RETURN_IF_ERROR(RunLockHeld([&]() -> absl::Status {
+  HF_RETURN_IF_ERROR(RunBoundedLockHeld([&]() -> absl::Status {
     HF_ASSIGN_OR_RETURN(Result r,
                         ExecLockHeld("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"));
     HF_ASSIGN_OR_RETURN(int64_t v, r.Int(0, 0));

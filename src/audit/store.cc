@@ -56,6 +56,16 @@ absl::StatusOr<std::unique_ptr<AuditStore>> OpenStore(const std::string& url,
       return absl::InvalidArgumentError(
           absl::StrCat("audit store URL \"", url, "\" names no file; ", kExpected));
     }
+    if (rest == ":memory:") {
+      // SQLite's in-memory database: gone when holdfastd stops (the audit trail
+      // must outlive it), and private to one connection, while holdfastd opens
+      // several (one per cluster's auditor, one for queries and epochs).
+      return absl::InvalidArgumentError(absl::StrCat(
+          "audit store URL \"", url,
+          "\": an in-memory SQLite database would lose the audit trail when holdfastd "
+          "stops, and each of holdfastd's connections would see a database of its own; "
+          "name a file (sqlite:///absolute/path.db or sqlite:relative/path.db)"));
+    }
     return OpenSqliteStore(std::string(rest), options);
   }
   if (absl::StartsWith(url, "postgresql://") || absl::StartsWith(url, "postgres://")) {

@@ -184,7 +184,8 @@ absl::StatusOr<std::unique_ptr<AuditStore>> OpenSqliteStore(const std::string& p
 // them: connect_timeout 10 s; TCP keepalives after 5 s idle, every 2 s, 3 missed
 // end the connection, and tcp_user_timeout 10 s (a server that vanished without
 // closing is noticed in about 10 s, not after the kernel's two hours). Every
-// transaction but the migrations sets its lock_timeout to `options.lock_wait`.
+// call but the migrations, reads included, runs as one transaction whose
+// lock_timeout is `options.lock_wait`.
 absl::StatusOr<std::unique_ptr<AuditStore>> OpenPostgresStore(const std::string& conninfo,
                                                               const StoreOptions& options = {});
 
