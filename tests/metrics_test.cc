@@ -4,11 +4,13 @@
 // only polls (bounded) are for things no call returns: a waiter parking, the
 // auditor's election.
 #include <arpa/inet.h>
+#include <libpq-fe.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cmath>
 #include <fstream>
 #include <future>
@@ -150,6 +152,23 @@ class MetricsTest : public ::testing::Test {
     auto s = client_->OpenSession("default", o);
     EXPECT_TRUE(s.ok()) << s.status();
     return s.ok() ? std::move(*s) : nullptr;
+  }
+
+  // How many terms this replica's auditor began ("leads the audit" in its log);
+  // the log's text too, for a failure's message.
+  size_t AuditTerms(std::string* log_text = nullptr) {
+    std::ifstream log(cluster_->dir() + "/holdfastd-0.log");
+    std::stringstream text;
+    text << log.rdbuf();
+    size_t terms = 0;
+    for (std::string line; std::getline(text, line);) {
+      if (line.find("leads the audit") != std::string::npos &&
+          line.find("no longer") == std::string::npos) {
+        ++terms;
+      }
+    }
+    if (log_text != nullptr) *log_text = text.str();
+    return terms;
   }
 
   std::string extra_config_;  // more of holdfastd's config, set before SetUp
@@ -922,17 +941,82 @@ TEST_F(LockedAuditFileTest, TheAuditorKeepsItsTermWhileTheFileIsLockedPastItsLea
       "the cycles are recorded once the file is free");
   EXPECT_EQ(Sample(t, "holdfast_audit_recorded_events"), recorded + 2 * kCycles);
   // One term: the auditor never lost its lease (a new term would say so again).
-  std::ifstream log(cluster_->dir() + "/holdfastd-0.log");
-  std::stringstream text;
-  text << log.rdbuf();
-  size_t terms = 0;
-  for (std::string line; std::getline(text, line);) {
-    if (line.find("leads the audit") != std::string::npos &&
-        line.find("no longer") == std::string::npos) {
-      ++terms;
-    }
+  std::string log;
+  EXPECT_EQ(AuditTerms(&log), 1u) << log;
+}
+
+// Each cluster's auditor records on a connection of its own: calls that wait on
+// the server's connection (here operators' epoch reads, each held up by a table
+// lock for the lock wait, 1.25 s, one after another) do not hold up its records,
+// so it records as it goes and keeps its lease in one term. On one shared
+// connection each record would queue behind them, and the lease would lapse.
+class OwnAuditConnectionTest : public PostgresStoreTest {
+ protected:
+  void SetUp() override {
+    extra_config_ = "audit: {leader_ttl: 5s}\n";
+    PostgresStoreTest::SetUp();
   }
-  EXPECT_EQ(terms, 1u) << text.str();
+};
+
+TEST_F(OwnAuditConnectionTest, CallsQueuedOnTheServersConnectionDoNotHoldUpTheAuditor) {
+  auto s = Open();
+  ASSERT_TRUE(s);
+  std::string t = RecordOneCycle(*s, "metrics/own/first");
+  const double recorded = Sample(t, "holdfast_audit_recorded_events");
+
+  // The epoch table locked, as an operator's LOCK TABLE or VACUUM FULL would.
+  PGconn* conn = PQconnectdb(pg_->url(pg_->options().database).c_str());
+  std::unique_ptr<PGconn, void (*)(PGconn*)> closer(conn, PQfinish);
+  ASSERT_EQ(PQstatus(conn), CONNECTION_OK) << PQerrorMessage(conn);
+  PQclear(PQexec(conn, "BEGIN"));
+  PGresult* locked = PQexec(conn, "LOCK TABLE epoch IN ACCESS EXCLUSIVE MODE");
+  ASSERT_EQ(PQresultStatus(locked), PGRES_COMMAND_OK) << PQerrorMessage(conn);
+  PQclear(locked);
+
+  // Four operators read the epoch over and over; each read of its history waits
+  // for the lock, then GetEpoch answers without the history.
+  std::atomic<bool> stop{false};
+  std::atomic<int> held_up{0}, whole{0};
+  std::vector<std::thread> operators;
+  for (int i = 0; i < 4; ++i) {
+    auto c = cluster_->NewClient();
+    ASSERT_TRUE(c.ok()) << c.status();
+    operators.emplace_back([&stop, &held_up, &whole, c = std::move(*c)] {
+      while (!stop.load()) {
+        auto e = c->GetEpoch();
+        EXPECT_TRUE(e.ok()) << e.status();
+        if (e.ok()) (e->history_size() == 0 ? held_up : whole).fetch_add(1);
+      }
+    });
+  }
+  // Cycles over twice the lease's TTL, each recorded before the next.
+  constexpr int kCycles = 10;
+  for (int i = 0; i < kCycles; ++i) {
+    auto h = s->Acquire(absl::StrCat("metrics/own/", i));
+    ASSERT_TRUE(h.ok()) << h.status();
+    ASSERT_TRUE(h->Release().ok());
+    t = ScrapeUntil(
+        [&](const std::string& t) {
+          return Sample(t, "holdfast_audit_recorded_events") >= recorded + 2 * (i + 1);
+        },
+        "each cycle is recorded while the operators' reads wait");
+    std::this_thread::sleep_for(seconds(1));
+  }
+  stop = true;
+  for (auto& o : operators) o.join();
+  PQclear(PQexec(conn, "ROLLBACK"));
+
+  // The reads really were held up: none got through the lock.
+  EXPECT_GE(held_up.load(), 4) << "the operators' reads should have waited for the lock";
+  EXPECT_EQ(whole.load(), 0);
+  EXPECT_EQ(Sample(t, "holdfast_audit_recorded_events"), recorded + 2 * kCycles);
+  EXPECT_EQ(Sample(t, "holdfast_audit_leader"), 1);
+  std::string log;
+  EXPECT_EQ(AuditTerms(&log), 1u) << log;
+  // And the server's connection serves them again.
+  auto epoch = client_->GetEpoch();
+  ASSERT_TRUE(epoch.ok()) << epoch.status();
+  EXPECT_GE(epoch->history_size(), 1);
 }
 
 TEST(MetricsFlagTest, MetricsListenFlagServesTextFormat) {

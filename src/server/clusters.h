@@ -50,6 +50,11 @@ struct Cluster {
   std::unique_ptr<lock::Registry> registry;
   std::unique_ptr<lock::ForceReleases> force;
   std::unique_ptr<audit::Epochs> epochs;
+  // The auditor's own connection to the audit store (null without one): its
+  // records never queue behind another cluster's records, an operator's query or
+  // the epoch guard on the server's connection (Server::Start). Declared before
+  // the auditor, which uses it, so that it goes after it.
+  std::unique_ptr<audit::AuditStore> audit_connection;
   std::unique_ptr<audit::Auditor> auditor;  // null without an audit store
   std::unique_ptr<OpQuota> op_quota;
   std::atomic<bool> healthy{true};

@@ -19,6 +19,23 @@
 
 namespace holdfast::server {
 
+namespace {
+
+// How holdfastd's connections to the audit store behave. A record waiting on
+// another connection's lock (the other clusters' auditors, the server's own
+// connection, another replica's) gives up within a quarter of the auditor
+// lease's TTL and is retried, so the lease is renewed in time: the auditor
+// renews it every third of the TTL, between store calls, on the same thread.
+audit::StoreOptions AuditStoreOptions(const Config& config) {
+  audit::StoreOptions so;
+  so.lock_wait = std::clamp<std::chrono::milliseconds>(
+      std::chrono::duration_cast<std::chrono::milliseconds>(config.audit_leader_ttl) / 4,
+      std::chrono::milliseconds(250), std::chrono::milliseconds(10'000));
+  return so;
+}
+
+}  // namespace
+
 Server::Server(Config config) : config_(std::move(config)) {}
 
 Server::~Server() { Shutdown(std::chrono::milliseconds(0)); }
@@ -103,14 +120,7 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   }
   timers_ = std::make_shared<TimerQueue>();
   if (config_.audit_store != "none") {
-    // A record waiting on another connection's lock gives up within a quarter
-    // of the auditor lease's TTL (and is retried), so the lease is renewed in
-    // time (the auditor renews it every third, on the same thread).
-    audit::StoreOptions so;
-    so.lock_wait = std::clamp<std::chrono::milliseconds>(
-        std::chrono::duration_cast<std::chrono::milliseconds>(config_.audit_leader_ttl) / 4,
-        std::chrono::milliseconds(250), std::chrono::milliseconds(10'000));
-    auto store = audit::OpenStore(config_.audit_store, so);
+    auto store = audit::OpenStore(config_.audit_store, AuditStoreOptions(config_));
     if (!store.ok()) {
       return absl::Status(store.status().code(),
                           absl::StrCat("audit store: ", store.status().message()));
@@ -208,8 +218,19 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   bound_address_ = absl::StrCat(config_.listen.substr(0, colon), ":", port);
   if (audit_store_) {
     // One auditor per cluster (each elected on its own cluster), all writing to
-    // the one audit store: its rows carry the cluster id.
+    // the one audit store: its rows carry the cluster id. Each records on a
+    // connection of its own. On one shared connection a record would wait, on the
+    // connection's mutex, for whatever runs on it: the other clusters' records
+    // (each up to the lock wait), an operator's audit query (unbounded), the epoch
+    // guard; enough of those and the auditor's lease lapses between renewals.
     for (const auto& c : clusters_->all()) {
+      auto own = audit::OpenStore(config_.audit_store, AuditStoreOptions(config_));
+      if (!own.ok()) {
+        return absl::Status(own.status().code(),
+                            absl::StrCat("audit store (the auditor's connection for cluster \"",
+                                         c->name(), "\"): ", own.status().message()));
+      }
+      c->audit_connection = std::move(*own);
       audit::AuditorOptions ao;
       char host[256] = {0};
       gethostname(host, sizeof(host) - 1);
@@ -224,7 +245,7 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
       // would delete the same rows, and a SQLite store serialises them all).
       if (c.get() == &control) ao.retention = config_.audit_retention;
       ao.etcd_timeout = c->config.timeout;
-      c->auditor = std::make_unique<audit::Auditor>(c->etcd.get(), audit_store_.get(), ao);
+      c->auditor = std::make_unique<audit::Auditor>(c->etcd.get(), c->audit_connection.get(), ao);
       c->auditor->Start();
     }
     // Shutdown stops the metrics endpoint before the auditors go.
@@ -406,6 +427,7 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
     for (const auto& c : clusters_->all()) {
       if (c->auditor) c->auditor->Stop();
       c->auditor.reset();
+      c->audit_connection.reset();
       c->health->Stop();
     }
   }
