@@ -10,6 +10,7 @@
 #include "common/duration.h"
 #include "common/names.h"
 #include "dev/dev_pki.h"
+#include "holdfast/client.h"
 
 namespace holdfast::cli {
 
@@ -34,7 +35,9 @@ int ReportError(const absl::Status& status, absl::string_view context) {
   std::string text = absl::StrCat(context, context.empty() ? "" : ": ",
                                   absl::StatusCodeToString(status.code()), ": ",
                                   status.message());
-  if (status.code() == absl::StatusCode::kUnavailable) {
+  // Only when no holdfastd answered: holdfastd's own UNAVAILABLE (etcd out of
+  // reach, a store lock timeout) says what went wrong by itself.
+  if (Unreachable(status)) {
     absl::StrAppend(&text,
                     "\n  (is holdfastd running at the endpoint? set it with --endpoint or ",
                     kEndpointEnv, "; `holdfast dev` starts one locally. With mTLS, give "

@@ -444,6 +444,43 @@ pid_t CommandPid(const std::string& pid_file) {
   return pid;
 }
 
+// No holdfastd at the endpoint: after waiting the call's timeout for one to come
+// up (a restart is ridden out), the error names the endpoint and says what to check.
+TEST(CliReachTest, NoHoldfastdAtTheEndpointNamesItAndHints) {
+  char tmpl[] = "/tmp/hf-cli-reach-XXXXXX";
+  ASSERT_NE(mkdtemp(tmpl), nullptr);
+  const std::string dir = tmpl;
+  auto port = dev::PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  const std::string endpoint = absl::StrCat("127.0.0.1:", *port);
+  auto p = CliProcess::Start(dir, endpoint, {"ns", "list"});
+  ASSERT_NE(p, nullptr);
+  CliResult r = p->Finish(seconds(60));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("ns list: DEADLINE_EXCEEDED: no connection to holdfastd at " + endpoint),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("is holdfastd running at the endpoint?"), std::string::npos) << r.err;
+  std::filesystem::remove_all(dir);
+}
+
+// holdfastd's own UNAVAILABLE (here: its etcd is gone) is shown as it is: holdfastd
+// is running, so the hint would mislead.
+TEST(CliReachTest, HoldfastdsOwnUnavailableComesWithoutTheHint) {
+  auto cluster = TestCluster::Start();
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->CreateNamespace("default").ok());
+  (*cluster)->etcd().Stop();
+  auto p = CliProcess::Start((*cluster)->dir(), (*cluster)->endpoint(),
+                             {"lock", "--wait", "0", "default/cli/no-etcd", "--", "true"});
+  ASSERT_NE(p, nullptr);
+  CliResult r = p->Finish(seconds(60));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("UNAVAILABLE"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("no connection to holdfastd"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("is holdfastd running"), std::string::npos) << r.err;
+}
+
 TEST(CliLostHoldTest, LostHoldStopsTheCommandAndExits74) {
   auto cluster = TestCluster::Start();
   ASSERT_TRUE(cluster.ok()) << cluster.status();

@@ -165,6 +165,16 @@ class Session {
 // such calls itself: the caller decides whether to wait or to give up.
 std::optional<std::chrono::milliseconds> RetryAfter(const absl::Status& s);
 
+// Whether a call failed for want of a connection to holdfastd: it ended
+// (UNAVAILABLE, or DEADLINE_EXCEEDED after waiting for a connection up to
+// ClientOptions::rpc_timeout) while the client had no connection to any endpoint,
+// because none answered, its TLS handshake failed, or the connection was lost
+// during the call. The status's message then begins "no connection to holdfastd at
+// ...". False for everything holdfastd itself answered, UNAVAILABLE included (etcd
+// unreachable from holdfastd, say). The outcome of a write that was under way when
+// the connection was lost is unknown, as with any failed write.
+bool Unreachable(const absl::Status& s);
+
 class Client {
  public:
   // Creates the channel; does not wait for a connection.

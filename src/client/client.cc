@@ -20,11 +20,25 @@ namespace holdfast {
 
 namespace {
 constexpr char kRetryAfterPayload[] = "type.holdfast.dev/retry-after-ms";
+constexpr char kUnreachablePayload[] = "type.holdfast.dev/unreachable";
 
 // FromGrpcStatus, keeping the server's retry-after-ms trailer (op_rate_quota) as a
-// payload that RetryAfter() reads.
-absl::Status FromCall(const grpc::ClientContext& ctx, const grpc::Status& g) {
+// payload that RetryAfter() reads, and naming a call that found no connection to
+// holdfastd (Unreachable()). gRPC tells that apart only by the channel: a call
+// that waits for a connection ends at its deadline with "Deadline Exceeded", and
+// holdfastd's own UNAVAILABLE comes over a connection that is still READY.
+absl::Status FromCall(internal::ClientCore& core, const grpc::ClientContext& ctx,
+                      const grpc::Status& g) {
   absl::Status s = FromGrpcStatus(g);
+  if ((s.code() == absl::StatusCode::kUnavailable ||
+       s.code() == absl::StatusCode::kDeadlineExceeded) &&
+      core.channel().GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
+    absl::Status unreachable(
+        s.code(), absl::StrCat("no connection to holdfastd at ",
+                               absl::StrJoin(core.options().endpoints, ","), ": ", s.message()));
+    unreachable.SetPayload(kUnreachablePayload, absl::Cord());
+    return unreachable;
+  }
   if (s.code() != absl::StatusCode::kResourceExhausted) return s;
   const auto& trailers = ctx.GetServerTrailingMetadata();
   if (auto it = trailers.find("retry-after-ms"); it != trailers.end()) {
@@ -34,6 +48,10 @@ absl::Status FromCall(const grpc::ClientContext& ctx, const grpc::Status& g) {
   return s;
 }
 }  // namespace
+
+bool Unreachable(const absl::Status& s) {
+  return !s.ok() && s.GetPayload(kUnreachablePayload).has_value();
+}
 
 std::optional<std::chrono::milliseconds> RetryAfter(const absl::Status& s) {
   if (s.code() != absl::StatusCode::kResourceExhausted) return std::nullopt;
@@ -327,7 +345,7 @@ absl::Status Hold::Release() {
     v1::ReleaseResponse resp;
     grpc::ClientContext ctx;
     session_->core().SetDeadline(&ctx);
-    s = FromCall(ctx, session_->core().lock_stub().Release(&ctx, req, &resp));
+    s = FromCall(session_->core(), ctx, session_->core().lock_stub().Release(&ctx, req, &resp));
     if (unknown && s.code() == absl::StatusCode::kFailedPrecondition) s = absl::OkStatus();
     if (s.code() != absl::StatusCode::kAborted && s.code() != absl::StatusCode::kUnavailable &&
         s.code() != absl::StatusCode::kDeadlineExceeded) {
@@ -382,7 +400,7 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   for (int attempt = 0; attempt < 10; ++attempt) {
     grpc::ClientContext ctx;
     state_->core().SetDeadline(&ctx, options.wait);
-    s = FromCall(ctx, state_->core().lock_stub().Acquire(&ctx, req, &resp));
+    s = FromCall(state_->core(), ctx, state_->core().lock_stub().Acquire(&ctx, req, &resp));
     if (s.code() != absl::StatusCode::kUnavailable || state_->lost()) break;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         wait_until - std::chrono::steady_clock::now());
@@ -408,7 +426,7 @@ absl::Status Session::Close() {
   v1::CloseSessionResponse resp;
   grpc::ClientContext ctx;
   state_->core().SetDeadline(&ctx);
-  return FromCall(ctx, state_->core().session_stub().Close(&ctx, req, &resp));
+  return FromCall(state_->core(), ctx, state_->core().session_stub().Close(&ctx, req, &resp));
 }
 
 // --- Client -----------------------------------------------------------------
@@ -431,7 +449,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const std::string& 
   grpc::ClientContext ctx;
   core_->SetDeadline(&ctx);
   auto sent_at = std::chrono::steady_clock::now();
-  auto s = FromCall(ctx, core_->session_stub().Open(&ctx, req, &resp));
+  auto s = FromCall(*core_, ctx, core_->session_stub().Open(&ctx, req, &resp));
   if (!s.ok()) return s;
   auto state = std::make_shared<internal::SessionState>(
       core_, ns, resp.session_id(), std::chrono::milliseconds(resp.ttl_ms()), options, sent_at);
@@ -447,7 +465,7 @@ absl::StatusOr<Resp> Call(internal::ClientCore& core, Stub& stub,
   Resp resp;
   grpc::ClientContext ctx;
   core.SetDeadline(&ctx);
-  auto s = FromCall(ctx, (stub.*method)(&ctx, req, &resp));
+  auto s = FromCall(core, ctx, (stub.*method)(&ctx, req, &resp));
   if (!s.ok()) return s;
   return resp;
 }
@@ -539,7 +557,7 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Client::RehomeNamespace(
   core_->SetDeadline(&ctx, std::chrono::milliseconds(req.deadline_ms() > 0 ? req.deadline_ms()
                                                                           : 60'000) +
                                std::chrono::seconds(30));
-  auto s = FromGrpcStatus(core_->admin_stub().RehomeNamespace(&ctx, req, &resp));
+  auto s = FromCall(*core_, ctx, core_->admin_stub().RehomeNamespace(&ctx, req, &resp));
   if (!s.ok()) return s;
   return resp;
 }
