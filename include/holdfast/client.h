@@ -172,7 +172,9 @@ std::optional<std::chrono::milliseconds> RetryAfter(const absl::Status& s);
 // during the call. The status's message then begins "no connection to holdfastd at
 // ...". False for everything holdfastd itself answered, UNAVAILABLE included (etcd
 // unreachable from holdfastd, say). The outcome of a write that was under way when
-// the connection was lost is unknown, as with any failed write.
+// the connection was lost is unknown, as with any failed write. The label comes
+// from the channel's state when the call ended: a holdfastd that answered and then
+// went away, or a connection another call made in between, can tip it either way.
 bool Unreachable(const absl::Status& s);
 
 class Client {
