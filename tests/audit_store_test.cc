@@ -300,6 +300,16 @@ class AuditStoreContract : public testing::TestWithParam<Backend> {
     return SharedPostgres::FreshDatabase();
   }
 
+  // A second store on location_ whose calls wait 300 ms for another connection's
+  // lock. On PostgreSQL its session also cancels any statement after 5 s, so that
+  // a store that lost its bound fails these tests instead of hanging them.
+  absl::StatusOr<std::unique_ptr<AuditStore>> OpenQuick() {
+    StoreOptions quick;
+    quick.lock_wait = std::chrono::milliseconds(300);
+    if (GetParam() == Backend::kSqlite) return OpenSqliteStore(location_, quick);
+    return OpenPostgresStore(location_ + " options='-c statement_timeout=5000'", quick);
+  }
+
   // A second store on the same location, as another replica would open it.
   static std::unique_ptr<AuditStore> Open(const std::string& location, Backend backend) {
     auto s = backend == Backend::kSqlite ? OpenSqliteStore(location) : OpenPostgresStore(location);
@@ -492,10 +502,7 @@ TEST_P(AuditStoreContract, ARecordBehindAnotherConnectionsLockGivesUpAndWritesNo
   ASSERT_TRUE(store_->Record(kClusterA, 10, {Event(kClusterA, 5, "ns", "a", 1, EventType::kGrant)},
                              {})
                   .ok());
-  StoreOptions quick;
-  quick.lock_wait = std::chrono::milliseconds(300);
-  auto waiting = GetParam() == Backend::kSqlite ? OpenSqliteStore(location_, quick)
-                                                : OpenPostgresStore(location_, quick);
+  auto waiting = OpenQuick();
   ASSERT_TRUE(waiting.ok()) << waiting.status();
 
   std::function<void()> release = HoldLocks(GetParam(), location_, {"audit_cursor"});
@@ -526,10 +533,7 @@ TEST_P(AuditStoreContract, EveryCallBehindAnotherConnectionsLockAnswersWithinThe
   ASSERT_TRUE(store_->Record(kClusterA, 10, {grant}, {Force(kClusterA, 8, "req-1")}).ok());
   const EpochRow init{1, kClusterA, 1'700'000'000'000, "init", "holdfastd"};
   ASSERT_TRUE(store_->AppendEpoch(init).ok());
-  StoreOptions quick;
-  quick.lock_wait = std::chrono::milliseconds(300);
-  auto waiting = GetParam() == Backend::kSqlite ? OpenSqliteStore(location_, quick)
-                                                : OpenPostgresStore(location_, quick);
+  auto waiting = OpenQuick();
   ASSERT_TRUE(waiting.ok()) << waiting.status();
   AuditStore& w = **waiting;
 
@@ -572,6 +576,35 @@ TEST_P(AuditStoreContract, EveryCallBehindAnotherConnectionsLockAnswersWithinThe
   auto epochs = store_->Epochs();
   ASSERT_TRUE(epochs.ok()) << epochs.status();
   EXPECT_EQ(*epochs, std::vector<EpochRow>{init});
+}
+
+// A lock wait of zero is no bound to PostgreSQL and no wait to SQLite: refused
+// before anything is opened or created.
+TEST_P(AuditStoreContract, ALockWaitOutsideItsRangeIsRefusedBeforeOpening) {
+  for (auto wait : {std::chrono::milliseconds(0), std::chrono::milliseconds(-5),
+                    std::chrono::milliseconds(3'600'001)}) {
+    StoreOptions bad;
+    bad.lock_wait = wait;
+    std::optional<std::string> location = FreshLocation();
+    ASSERT_TRUE(location.has_value());
+    auto store = GetParam() == Backend::kSqlite ? OpenSqliteStore(*location, bad)
+                                                : OpenPostgresStore(*location, bad);
+    ASSERT_FALSE(store.ok()) << wait.count();
+    EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_THAT(std::string(store.status().message()),
+                testing::HasSubstr(absl::StrCat("audit store: lock_wait must be between 1ms and "
+                                                "3600000ms, not ",
+                                                wait.count(), "ms")));
+    if (GetParam() == Backend::kSqlite) {
+      EXPECT_FALSE(std::filesystem::exists(*location)) << "nothing is created";
+    } else {
+      // The database was not migrated: no schema_migrations table.
+      auto tables = PostgresScalar(*location,
+                             "SELECT count(*) FROM pg_tables WHERE tablename = 'schema_migrations'");
+      ASSERT_TRUE(tables.ok()) << tables.status();
+      EXPECT_EQ(*tables, 0);
+    }
+  }
 }
 
 TEST_P(AuditStoreContract, RewindMovesOnlyThatClusterBackAndKeepsRows) {
@@ -1075,6 +1108,27 @@ TEST_F(AuditStoreUrl, RefusesAnInMemorySqliteDatabase) {
             std::string::npos)
       << store.status();
   EXPECT_NE(store.status().message().find("name a file"), std::string::npos) << store.status();
+  EXPECT_FALSE(std::filesystem::exists(before / ":memory:")) << "nothing is created";
+}
+
+// However an in-memory database is asked for (SQLite takes "file:" URIs here),
+// it has no file name, and is refused.
+TEST_F(AuditStoreUrl, RefusesAnInMemorySqliteDatabaseHoweverNamed) {
+  const auto before = std::filesystem::current_path();
+  for (const std::string url : {"sqlite:file::memory:", "sqlite:file:audit.db?mode=memory",
+                                "sqlite:file:x?mode=memory&cache=shared"}) {
+    auto store = OpenStore(url);
+    ASSERT_FALSE(store.ok()) << url;
+    EXPECT_EQ(store.status().code(), absl::StatusCode::kInvalidArgument) << url;
+    EXPECT_THAT(std::string(store.status().message()),
+                testing::HasSubstr("opens an in-memory database, which would lose the audit "
+                                   "trail when holdfastd stops; name a file"))
+        << url;
+  }
+  auto direct = OpenSqliteStore(":memory:");
+  ASSERT_FALSE(direct.ok());
+  EXPECT_EQ(direct.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_FALSE(std::filesystem::exists(before / "audit.db")) << "nothing is created";
   EXPECT_FALSE(std::filesystem::exists(before / ":memory:")) << "nothing is created";
 }
 

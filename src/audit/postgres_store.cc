@@ -141,6 +141,7 @@ std::string BoolParam(bool v) { return v ? "true" : "false"; }
 
 absl::StatusOr<std::unique_ptr<AuditStore>> PostgresStore::Open(const std::string& conninfo,
                                                                const StoreOptions& options) {
+  HF_RETURN_IF_ERROR(internal::ValidateStoreOptions(options));
   // A malformed connection string is the caller's mistake, not worth a retry.
   char* parse_error = nullptr;
   PQconninfoOption* parsed = PQconninfoParse(conninfo.c_str(), &parse_error);
@@ -225,12 +226,11 @@ absl::Status PostgresStore::ExecScriptLockHeld(const char* sql, absl::string_vie
 
 absl::Status PostgresStore::InTransactionLockHeld(absl::FunctionRef<absl::Status()> body,
                                                   bool bounded) {
-  if (bounded) {
-    HF_RETURN_IF_ERROR(ExecScriptLockHeld(begin_bounded_.c_str(), "BEGIN"));
-  } else {
-    HF_RETURN_IF_ERROR(ExecLockHeld("BEGIN").status());
-  }
-  absl::Status s = body();
+  // A BEGIN whose SET LOCAL failed leaves an aborted transaction open: the
+  // ROLLBACK below ends it, or the connection's next call would fail too.
+  absl::Status s = bounded ? ExecScriptLockHeld(begin_bounded_.c_str(), "BEGIN")
+                           : ExecLockHeld("BEGIN").status();
+  if (s.ok()) s = body();
   if (s.ok()) s = ExecLockHeld("COMMIT").status();
   if (!s.ok() && PQstatus(conn_) == CONNECTION_OK && PQtransactionStatus(conn_) != PQTRANS_IDLE) {
     PQclear(PQexec(conn_, "ROLLBACK"));

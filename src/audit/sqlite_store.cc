@@ -153,6 +153,7 @@ class SqliteStore final : public AuditStore {
 absl::StatusOr<std::unique_ptr<AuditStore>> SqliteStore::Open(const std::string& path,
                                                              const StoreOptions& options) {
   if (path.empty()) return absl::InvalidArgumentError("sqlite audit store: empty path");
+  HF_RETURN_IF_ERROR(internal::ValidateStoreOptions(options));
   sqlite3* db = nullptr;
   int rc = sqlite3_open_v2(
       path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
@@ -160,6 +161,16 @@ absl::StatusOr<std::unique_ptr<AuditStore>> SqliteStore::Open(const std::string&
     absl::Status s = SqliteError(db, rc, absl::StrCat("open ", path));
     sqlite3_close(db);
     return s;
+  }
+  // In-memory and temporary databases have no file name, whichever way they were
+  // asked for (":memory:", "", a "file:" URI with mode=memory when SQLite takes
+  // URIs): each connection would see a database of its own, gone at exit.
+  if (const char* file = sqlite3_db_filename(db, "main"); file == nullptr || *file == '\0') {
+    sqlite3_close(db);
+    return absl::InvalidArgumentError(absl::StrCat(
+        "sqlite audit store: \"", path,
+        "\" opens an in-memory database, which would lose the audit trail when holdfastd "
+        "stops; name a file"));
   }
   std::unique_ptr<SqliteStore> store(new SqliteStore(db));
   {

@@ -135,6 +135,15 @@ std::string PruneStatement(bool with_grants, const char* row_id, const char* cut
                       " ORDER BY x.time_unix_ms LIMIT ", limit, ")");
 }
 
+absl::Status ValidateStoreOptions(const StoreOptions& options) {
+  if (options.lock_wait < std::chrono::milliseconds(1) || options.lock_wait > kMaxLockWait) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("audit store: lock_wait must be between 1ms and ", kMaxLockWait.count(),
+                     "ms, not ", options.lock_wait.count(), "ms"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidatePrune(int64_t before_unix_ms, int max_events) {
   if (before_unix_ms <= 0) {
     return absl::InvalidArgumentError(

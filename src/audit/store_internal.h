@@ -4,6 +4,7 @@
 // src/audit/*_store.cc.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -48,6 +49,12 @@ absl::Status ValidateBatch(uint64_t cluster_id, const std::vector<AuditEvent>& e
 // audit_event_by_key.
 std::string PruneStatement(bool with_grants, const char* row_id, const char* cutoff,
                            const char* limit);
+
+// INVALID_ARGUMENT unless 1 ms <= options.lock_wait <= kMaxLockWait. Zero is no
+// bound at all to PostgreSQL (lock_timeout 0) and no wait to SQLite, and more
+// than an hour would hold a caller past any deadline holdfastd sets.
+inline constexpr std::chrono::milliseconds kMaxLockWait{3'600'000};
+absl::Status ValidateStoreOptions(const StoreOptions& options);
 
 // INVALID_ARGUMENT unless before_unix_ms > 0 and 1 <= max_events <= kMaxPruneEvents.
 absl::Status ValidatePrune(int64_t before_unix_ms, int max_events);
