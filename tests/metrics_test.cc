@@ -21,6 +21,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "dev/postgres_process.h"
@@ -978,6 +979,14 @@ TEST_F(OwnAuditConnectionTest, CallsQueuedOnTheServersConnectionDoNotHoldUpTheAu
   std::atomic<bool> stop{false};
   std::atomic<int> held_up{0}, whole{0};
   std::vector<std::thread> operators;
+  // Joined however the test ends: a failed ASSERT below must not leave a joinable
+  // thread behind (std::terminate) or the operators calling on.
+  absl::Cleanup join_operators = [&] {
+    stop = true;
+    for (auto& o : operators) {
+      if (o.joinable()) o.join();
+    }
+  };
   for (int i = 0; i < 4; ++i) {
     auto c = cluster_->NewClient();
     ASSERT_TRUE(c.ok()) << c.status();
@@ -1002,8 +1011,7 @@ TEST_F(OwnAuditConnectionTest, CallsQueuedOnTheServersConnectionDoNotHoldUpTheAu
         "each cycle is recorded while the operators' reads wait");
     std::this_thread::sleep_for(seconds(1));
   }
-  stop = true;
-  for (auto& o : operators) o.join();
+  std::move(join_operators).Invoke();
   PQclear(PQexec(conn, "ROLLBACK"));
 
   // The reads really were held up: none got through the lock.

@@ -191,6 +191,24 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   // started on a restored cluster refuses grants from its first call on.
   GuardEpochsOnce();
 
+  if (audit_store_) {
+    // Each cluster's auditor records on a connection of its own. On one shared
+    // connection a record would wait, on the connection's mutex, for whatever runs
+    // on it: the other clusters' records (each up to the lock wait), an operator's
+    // audit query, the epoch guard; enough of those and the auditor's lease lapses
+    // between renewals. Opened before the first call is served, so a store that
+    // refuses the connection fails the start-up instead of a serving holdfastd.
+    for (const auto& c : clusters_->all()) {
+      auto own = audit::OpenStore(config_.audit_store, AuditStoreOptions(config_));
+      if (!own.ok()) {
+        return absl::Status(own.status().code(),
+                            absl::StrCat("audit store (the auditor's connection for cluster \"",
+                                         c->name(), "\"): ", own.status().message()));
+      }
+      c->audit_connection = std::move(*own);
+    }
+  }
+
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
@@ -218,19 +236,8 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   bound_address_ = absl::StrCat(config_.listen.substr(0, colon), ":", port);
   if (audit_store_) {
     // One auditor per cluster (each elected on its own cluster), all writing to
-    // the one audit store: its rows carry the cluster id. Each records on a
-    // connection of its own. On one shared connection a record would wait, on the
-    // connection's mutex, for whatever runs on it: the other clusters' records
-    // (each up to the lock wait), an operator's audit query (unbounded), the epoch
-    // guard; enough of those and the auditor's lease lapses between renewals.
+    // the one audit store: its rows carry the cluster id.
     for (const auto& c : clusters_->all()) {
-      auto own = audit::OpenStore(config_.audit_store, AuditStoreOptions(config_));
-      if (!own.ok()) {
-        return absl::Status(own.status().code(),
-                            absl::StrCat("audit store (the auditor's connection for cluster \"",
-                                         c->name(), "\"): ", own.status().message()));
-      }
-      c->audit_connection = std::move(*own);
       audit::AuditorOptions ao;
       char host[256] = {0};
       gethostname(host, sizeof(host) - 1);
@@ -247,6 +254,7 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
       ao.etcd_timeout = c->config.timeout;
       c->auditor = std::make_unique<audit::Auditor>(c->etcd.get(), c->audit_connection.get(), ao);
       c->auditor->Start();
+      if (c.get() == &control) control_auditor_.store(c->auditor.get());
     }
     // Shutdown stops the metrics endpoint before the auditors go.
     if (metrics_) {
@@ -391,8 +399,8 @@ v1::AuditStatus Server::AuditStatus() const {
     out.set_retention_ms(config_.audit_retention.count());
   }
   const Cluster& control = clusters_->control();
-  if (control.auditor) {
-    auto st = control.auditor->status();
+  if (const audit::Auditor* auditor = control_auditor_.load()) {
+    auto st = auditor->status();
     out.set_this_replica_leads(st.leader);
     out.set_cluster_id(absl::StrCat(st.cluster_id));
     out.set_cursor(st.cursor);
@@ -424,10 +432,10 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
   if (epoch_guard_.joinable()) epoch_guard_.join();
   if (clusters_) {
     // The auditors first: each resigns, so another replica takes over at once.
+    // Stopped, not destroyed: the AuditStatus RPC still reads them until the
+    // gRPC server below has finished its last call.
     for (const auto& c : clusters_->all()) {
       if (c->auditor) c->auditor->Stop();
-      c->auditor.reset();
-      c->audit_connection.reset();
       c->health->Stop();
     }
   }
@@ -438,6 +446,11 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
     grpc_server_.reset();
   }
   if (clusters_) {
+    control_auditor_.store(nullptr);
+    for (const auto& c : clusters_->all()) {
+      c->auditor.reset();
+      c->audit_connection.reset();
+    }
     // Leave the replica set now, so the others take this replica's share at once.
     for (const auto& c : clusters_->all()) {
       if (c->op_quota) c->op_quota->Stop();

@@ -81,6 +81,10 @@ class Server {
   std::shared_ptr<TimerQueue> timers_;
   std::atomic<grpc::HealthCheckServiceInterface*> health_service_{nullptr};
   std::unique_ptr<audit::AuditStore> audit_store_;  // null: audit off ("none")
+  // The control cluster's auditor once it runs (null before, and with audit off).
+  // AuditStatus reads it here: GetAuditStatus is served from before Start
+  // creates the auditors, and Cluster::auditor is not synchronised.
+  std::atomic<const audit::Auditor*> control_auditor_{nullptr};
   // Every etcd cluster, each with its engine, registry, epochs, auditor, quota.
   std::unique_ptr<ClusterSet> clusters_;
   std::unique_ptr<Rehomer> rehomer_;
