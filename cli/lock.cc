@@ -157,7 +157,9 @@ int ReportAcquireError(const absl::Status& status, const LockRequest& request) {
                               status.ToString(), ")"));
     return kExitNotAcquired;
   }
-  if (status.code() == absl::StatusCode::kDeadlineExceeded) {
+  // A wait that ended with no connection to holdfastd is an error, not a busy
+  // lock: nothing says the lock was held, so the exit status must not say it.
+  if (status.code() == absl::StatusCode::kDeadlineExceeded && !Unreachable(status)) {
     PrintMessage(absl::StrCat(lock, " was not granted within --wait; not acquired (",
                               status.ToString(), ")"));
     return kExitNotAcquired;

@@ -481,6 +481,36 @@ TEST(CliReachTest, HoldfastdsOwnUnavailableComesWithoutTheHint) {
   EXPECT_EQ(r.err.find("is holdfastd running"), std::string::npos) << r.err;
 }
 
+// A --wait that ends because holdfastd went away is an error (1), not "held
+// elsewhere" (75): nothing answered that the lock was busy. The call gives up
+// after --wait plus the call timeout for a reconnect, here long before the
+// session's local deadline (a 60 s TTL); a session lost first ends the wait with
+// "session lost while waiting", also 1.
+TEST(CliReachTest, AWaitThatLostHoldfastdIsAnErrorNotABusyLock) {
+  auto cluster = TestCluster::Start();
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->CreateNamespace("default").ok());
+  const std::string pid_file = (*cluster)->dir() + "/holder-pid";
+  auto holder = CliProcess::Start((*cluster)->dir(), (*cluster)->endpoint(),
+                                  {"lock", "default/cli/gone", "--", "sh", "-c",
+                                   "echo $$ > '" + pid_file + "'; exec sleep 60"});
+  ASSERT_NE(holder, nullptr);
+  ASSERT_GT(CommandPid(pid_file), 0) << "the holder's command never ran";
+  const std::string ran = (*cluster)->dir() + "/waiter-ran";
+  auto waiter = CliProcess::Start((*cluster)->dir(), (*cluster)->endpoint(),
+                                  {"lock", "--ttl", "60s", "--wait", "1s", "default/cli/gone", "--",
+                                   "touch", ran});
+  ASSERT_NE(waiter, nullptr);
+  std::this_thread::sleep_for(seconds(1));  // the waiter is queued behind the holder
+  (*cluster)->holdfastd().Kill();
+  CliResult r = waiter->Finish(seconds(60));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("no connection to holdfastd"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("not granted within --wait"), std::string::npos) << r.err;
+  EXPECT_FALSE(std::filesystem::exists(ran));
+  holder->Finish(seconds(60));
+}
+
 TEST(CliLostHoldTest, LostHoldStopsTheCommandAndExits74) {
   auto cluster = TestCluster::Start();
   ASSERT_TRUE(cluster.ok()) << cluster.status();
