@@ -156,15 +156,18 @@ absl::StatusOr<std::unique_ptr<AuditStore>> SqliteStore::Open(const std::string&
   HF_RETURN_IF_ERROR(internal::ValidateStoreOptions(options));
   sqlite3* db = nullptr;
   int rc = sqlite3_open_v2(
-      path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX, nullptr);
+      path.c_str(), &db, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE | SQLITE_OPEN_NOMUTEX | SQLITE_OPEN_URI,
+      nullptr);
   if (rc != SQLITE_OK) {
     absl::Status s = SqliteError(db, rc, absl::StrCat("open ", path));
     sqlite3_close(db);
     return s;
   }
-  // In-memory and temporary databases have no file name, whichever way they were
-  // asked for (":memory:", "", a "file:" URI with mode=memory when SQLite takes
-  // URIs): each connection would see a database of its own, gone at exit.
+  // A path may be a SQLite "file:" URI (SQLITE_OPEN_URI, whatever the build's
+  // default), e.g. file:/var/lib/holdfast/audit.db?mode=rwc. In-memory and
+  // temporary databases have no file name, whichever way they were asked for
+  // (":memory:", "", mode=memory, vfs=memdb): each connection would see a
+  // database of its own, gone at exit.
   if (const char* file = sqlite3_db_filename(db, "main"); file == nullptr || *file == '\0') {
     sqlite3_close(db);
     return absl::InvalidArgumentError(absl::StrCat(
