@@ -498,10 +498,20 @@ TEST(CliReachTest, AWaitThatLostHoldfastdIsAnErrorNotABusyLock) {
   ASSERT_GT(CommandPid(pid_file), 0) << "the holder's command never ran";
   const std::string ran = (*cluster)->dir() + "/waiter-ran";
   auto waiter = CliProcess::Start((*cluster)->dir(), (*cluster)->endpoint(),
-                                  {"lock", "--ttl", "60s", "--wait", "1s", "default/cli/gone", "--",
+                                  {"lock", "--ttl", "60s", "--wait", "8s", "default/cli/gone", "--",
                                    "touch", ran});
   ASSERT_NE(waiter, nullptr);
-  std::this_thread::sleep_for(seconds(1));  // the waiter is queued behind the holder
+  // Killed only once the waiter is queued behind the holder: before, the CLI
+  // would fail opening its session (1 with the old code too).
+  auto client = (*cluster)->NewClient();
+  ASSERT_TRUE(client.ok()) << client.status();
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto d = (*client)->Describe("default", "cli/gone");
+        return d.ok() && d->waiters_size() == 1;
+      },
+      seconds(7)))
+      << "the waiter never queued";
   (*cluster)->holdfastd().Kill();
   CliResult r = waiter->Finish(seconds(60));
   EXPECT_EQ(r.exit_code, 1) << r.err;
