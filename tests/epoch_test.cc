@@ -7,10 +7,12 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "dev/subprocess.h"
 #include "harness/cluster.h"
+#include "holdfast/v1/lock.grpc.pb.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
 #include "lock/token.h"
@@ -241,6 +243,74 @@ TEST_F(EpochTest, RestoreThatKeepsTheClusterIdIsCaughtByTheAuditCursor) {
   // The auditor resumed on the restored cluster: the new grant is recorded.
   auto after = AuditedTokens(14);
   EXPECT_NE(std::find(after.begin(), after.end(), *t), after.end());
+}
+
+// An advance leaves the holds it finds in place, each with its token. They are
+// still released by that token, and a waiter queued behind one is handed the key
+// at the new epoch, above the token it waited behind.
+TEST_F(EpochTest, HoldsGrantedBeforeAnAdvanceAreReleasedAndHandedOverAtTheNewEpoch) {
+  Start();
+  auto holder = client_->OpenSession("default");
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  auto plain = (*holder)->Acquire("adv/plain");
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  auto queued = (*holder)->Acquire("adv/queued");
+  ASSERT_TRUE(queued.ok()) << queued.status();
+  ASSERT_EQ(token::EpochOf(queued->token()), 1);
+
+  auto other = cluster_->NewClient();
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto waiter = (*other)->OpenSession("default");
+  ASSERT_TRUE(waiter.ok()) << waiter.status();
+  absl::StatusOr<Hold> handed = absl::UnknownError("not yet");
+  std::thread waiting([&] { handed = (*waiter)->Acquire("adv/queued", {.wait = seconds(60)}); });
+  absl::Cleanup join = [&] { waiting.join(); };  // also when an assertion returns early
+  bool queued_behind = false;
+  for (int i = 0; i < 300 && !queued_behind; ++i) {
+    auto d = client_->Describe("default", "adv/queued");
+    queued_behind = d.ok() && d->waiters_size() == 1;
+    if (!queued_behind) std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_TRUE(queued_behind) << "the waiter never queued";
+
+  v1::AdvanceEpochRequest req;
+  req.set_reason("restore");
+  auto advanced = client_->AdvanceEpoch(req);
+  ASSERT_TRUE(advanced.ok()) << advanced.status();
+  ASSERT_EQ(advanced->epoch(), 2);
+
+  // A token that names the right revision but another epoch is not the hold's.
+  // (Hold::Release sends the hold's own token; this one goes by hand.)
+  auto stub = v1::Lock::NewStub(
+      grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
+  v1::ReleaseRequest forged;
+  forged.set_namespace_("default");
+  forged.set_lock_key("adv/plain");
+  forged.set_session_id((*holder)->id());
+  forged.set_token(*token::Make(2, token::RevisionOf(plain->token())));
+  grpc::ClientContext ctx;
+  v1::ReleaseResponse resp;
+  grpc::Status refused = stub->Release(&ctx, forged, &resp);
+  ASSERT_EQ(refused.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << refused.error_message();
+  EXPECT_NE(refused.error_message().find(absl::StrCat("stale token ", forged.token())),
+            std::string::npos)
+      << refused.error_message();
+  auto still = client_->Describe("default", "adv/plain");
+  ASSERT_TRUE(still.ok()) << still.status();
+  ASSERT_EQ(still->holders_size(), 1) << "a refused release changes nothing";
+  EXPECT_EQ(still->holders(0).token(), plain->token());
+
+  ASSERT_TRUE(plain->Release().ok());
+  auto gone = client_->Describe("default", "adv/plain");
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_EQ(gone->holders_size(), 0);
+
+  ASSERT_TRUE(queued->Release().ok());
+  std::move(join).Invoke();
+  ASSERT_TRUE(handed.ok()) << handed.status();
+  EXPECT_EQ(token::EpochOf(handed->token()), 2);
+  EXPECT_GT(handed->token(), queued->token());
+  EXPECT_TRUE(handed->Release().ok());
 }
 
 TEST_F(EpochTest, AutoAdvanceOnRestoreAdvancesOnce) {

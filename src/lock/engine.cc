@@ -539,12 +539,31 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
   pb::TxnRequest txn;
   AddCompare(&txn, hold_key, pb::Compare::CREATE, pb::Compare::EQUAL)
       ->set_create_revision(token::RevisionOf(tok));
-  // The epoch record is the one whose epoch the token carries (a restore can
-  // reuse revisions; an advance changes the record).
+  // The hold is the token's: its create revision, and its epoch. A restore can
+  // reuse revisions, but every grant of the current epoch came after the epoch
+  // record was written, so for a token of the current epoch naming a later
+  // revision, the create revision is proof enough while the record is unchanged.
+  // Any other token (a hold granted before an advance keeps its epoch and can be
+  // released, ARCHITECTURE §6; or a token never issued) is proven by the very
+  // version of the hold that a fresh read showed to carry the token's epoch.
+  // Without such a read the compare fails, and the failure branch's read decides.
+  // The epoch record is compared either way: a hand-over grants at the current one.
   std::optional<EpochEntry> epoch = snap ? snap->epoch : epochs_.Get();
-  const bool epoch_matches = epoch && epoch->record.epoch() == token::EpochOf(tok);
   AddCompare(&txn, keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
-      ->set_mod_revision(epoch_matches ? epoch->mod_revision : -1);
+      ->set_mod_revision(epoch ? epoch->mod_revision : -1);
+  if (!epoch || epoch->record.epoch() != token::EpochOf(tok) ||
+      token::RevisionOf(tok) <= epoch->mod_revision) {
+    int64_t proven = -1;
+    if (snap != nullptr) {
+      for (const HoldEntry& h : snap->holds) {
+        if (h.lease == session && h.create_revision == token::RevisionOf(tok) &&
+            h.record.epoch() == token::EpochOf(tok) && h.mod_revision > 0) {
+          proven = h.mod_revision;
+        }
+      }
+    }
+    AddCompare(&txn, hold_key, pb::Compare::MOD, pb::Compare::EQUAL)->set_mod_revision(proven);
+  }
   txn.add_success()->mutable_request_delete_range()->set_key(hold_key);
   txn.add_success()->mutable_request_delete_range()->set_key(keyspace::ClaimKey(ns, key, session));
   AddAuditMark(&txn);  // a release, not an expiry

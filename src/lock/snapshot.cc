@@ -103,6 +103,7 @@ absl::Status ParseKeyReads(const pb::ResponseHeader& header,
     }
     h.lease = parsed->lease;
     h.create_revision = kv.create_revision();
+    h.mod_revision = kv.mod_revision();
     s->holds.push_back(std::move(h));
   }
   for (const auto& kv : range(1).kvs()) {

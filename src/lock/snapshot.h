@@ -19,6 +19,9 @@ struct HoldEntry {
   int64_t lease = 0;
   int64_t create_revision = 0;
   records::HoldRecord record;
+  // Of `record`, when read from etcd (ParseSnapshot); 0 where it was not (views, a
+  // grant's own commit). Releasing a hold granted before an epoch advance needs it.
+  int64_t mod_revision = 0;
 };
 
 struct WaiterEntry {
