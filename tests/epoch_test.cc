@@ -3,6 +3,7 @@
 // refuses grants until the epoch is advanced, and every token minted after the
 // advance is above every token the audit store recorded before the restore.
 #include <algorithm>
+#include <atomic>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -11,6 +12,8 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "dev/subprocess.h"
+#include "audit/epochs.h"
+#include "audit/store.h"
 #include "harness/cluster.h"
 #include "holdfast/v1/lock.grpc.pb.h"
 #include "lock/keyspace.h"
@@ -311,6 +314,79 @@ TEST_F(EpochTest, HoldsGrantedBeforeAnAdvanceAreReleasedAndHandedOverAtTheNewEpo
   EXPECT_EQ(token::EpochOf(handed->token()), 2);
   EXPECT_GT(handed->token(), queued->token());
   EXPECT_TRUE(handed->Release().ok());
+}
+
+// An advance cut short between its history row and the record (holdfastd died)
+// leaves the history above the record: grants are refused with a reason that
+// names that case too, and the next advance goes past the row.
+TEST_F(EpochTest, AnAdvanceCutShortIsNamedAndTheNextAdvanceGoesPastIt) {
+  Start("epochs:\n  check_interval: 200ms\n");
+  auto shown = client_->GetEpoch();
+  ASSERT_TRUE(shown.ok()) << shown.status();
+  uint64_t cluster_id = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(shown->observed_cluster_id(), &cluster_id));
+  auto store = audit::OpenSqliteStore(cluster_->dir() + "/audit.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->AppendEpoch({2, cluster_id, 1'700'000'000'000, "restore", "crashed"}).ok());
+
+  // holdfastd sees the history at its next check.
+  auto refused = TryAcquire("cut-short");
+  for (int i = 0; i < 300 && refused.ok(); ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+    refused = TryAcquire("cut-short");
+  }
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("or an advance to it was cut short"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(EtcdRecord().epoch(), 1) << "a refusal changes nothing";
+
+  v1::AdvanceEpochRequest req;
+  req.set_reason("restore");
+  auto advanced = client_->AdvanceEpoch(req);
+  ASSERT_TRUE(advanced.ok()) << advanced.status();
+  EXPECT_EQ(advanced->epoch(), 3);
+  auto t = AcquireOnceAllowed("after");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(token::EpochOf(*t), 3);
+}
+
+// Advances racing each other (two replicas, or two operators) leave the record at
+// the highest epoch the history holds for the cluster, whichever swaps first:
+// never a history row above the record, which would refuse every grant.
+TEST_F(EpochTest, RacingAdvancesLeaveTheRecordAtTheHistorysHighest) {
+  Start();
+  auto store_a = audit::OpenSqliteStore(cluster_->dir() + "/audit.db");
+  auto store_b = audit::OpenSqliteStore(cluster_->dir() + "/audit.db");
+  ASSERT_TRUE(store_a.ok() && store_b.ok());
+  audit::Epochs a(&cluster_->etcd_client(), store_a->get());
+  audit::Epochs b(&cluster_->etcd_client(), store_b->get());
+  for (int round = 0; round < 20; ++round) {
+    absl::StatusOr<records::EpochRecord> got_a = absl::UnknownError("not run");
+    absl::StatusOr<records::EpochRecord> got_b = absl::UnknownError("not run");
+    std::atomic<int> ready{0};
+    auto advance = [&](audit::Epochs& e, absl::StatusOr<records::EpochRecord>& out) {
+      ready.fetch_add(1);
+      while (ready.load() < 2) std::this_thread::yield();
+      out = e.Advance("restore", "racer", etcd::DeadlineIn(seconds(10)));
+    };
+    std::thread ta([&] { advance(a, got_a); });
+    std::thread tb([&] { advance(b, got_b); });
+    ta.join();
+    tb.join();
+    for (const auto* got : {&got_a, &got_b}) {
+      EXPECT_TRUE(got->ok() || got->status().code() == absl::StatusCode::kAborted)
+          << got->status();
+    }
+    EXPECT_TRUE(got_a.ok() || got_b.ok()) << "one advance of two always lands";
+    auto state = a.Read(etcd::DeadlineIn(seconds(5)));
+    ASSERT_TRUE(state.ok()) << state.status();
+    EXPECT_EQ(audit::Epochs::RestoreReason(*state), "") << "round " << round;
+    EXPECT_EQ(state->record.epoch(), state->history_max) << "round " << round;
+  }
+  auto t = AcquireOnceAllowed("after-races");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(token::EpochOf(*t), EtcdRecord().epoch());
 }
 
 TEST_F(EpochTest, AutoAdvanceOnRestoreAdvancesOnce) {

@@ -252,6 +252,66 @@ TEST_F(RehomeTest, RehomeWhileClientsHoldAndWaitKeepsTokensIncreasingAndOneHolde
   auto t = (*last)->Acquire("db/primary");
   ASSERT_TRUE(t.ok()) << t.status();
   for (int64_t x : before) EXPECT_GT(t->token(), x);
+  EXPECT_GT(t->token(), h->token()) << "above the tokens granted on b too";
+}
+
+int64_t RevisionOf(etcd::Client& etcd) {
+  pb::RangeRequest r;
+  r.set_key(keyspace::EpochKey());
+  auto got = etcd.RangeSync(r, etcd::DeadlineIn(seconds(5)));
+  EXPECT_TRUE(got.ok()) << got.status();
+  return got.ok() ? got->header().revision() : 0;
+}
+
+// Without an audit store there is no epoch history, so only the rehome knows which
+// epochs the namespace's tokens carry. Back on a cluster whose revisions are below
+// the ones it had on the other, it must still get an epoch above them all.
+TEST(RehomeWithoutAuditStoreTest, MovingBackGetsAnEpochAboveTheTokensOfTheOtherCluster) {
+  testing::TestCluster::Options o;
+  o.extra_etcd_clusters = 1;
+  o.holdfastd_args = {"--audit-store", "none"};
+  auto c = testing::TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto client = (*c)->NewClient();
+  ASSERT_TRUE(client.ok()) << client.status();
+  v1::CreateNamespaceRequest create;
+  create.mutable_namespace_()->set_name("pay");
+  create.mutable_default_class()->set_mode(v1::LOCK_MODE_SHARED);
+  ASSERT_TRUE((*client)->CreateNamespace(create).ok());
+  v1::RehomeNamespaceRequest to_b;
+  to_b.set_name("pay");
+  to_b.set_to("b");
+  to_b.set_deadline_ms(20000);
+  auto moved = (*client)->RehomeNamespace(to_b);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+
+  // Lock cycles on b until b's revisions are well past a's.
+  int64_t highest_on_b = 0;
+  {
+    auto s = (*client)->OpenSession("pay");
+    ASSERT_TRUE(s.ok()) << s.status();
+    for (int i = 0; i < 2000 && RevisionOf((*c)->extra_etcd_client(0)) <=
+                                    RevisionOf((*c)->etcd_client()) + 50;
+         ++i) {
+      auto h = (*s)->Acquire("db/primary");
+      ASSERT_TRUE(h.ok()) << h.status();
+      highest_on_b = std::max(highest_on_b, h->token());
+      ASSERT_TRUE(h->Release().ok());
+    }
+    ASSERT_TRUE((*s)->Close().ok());
+  }
+  ASSERT_GT(RevisionOf((*c)->extra_etcd_client(0)), RevisionOf((*c)->etcd_client()) + 50);
+
+  v1::RehomeNamespaceRequest to_a = to_b;
+  to_a.set_to("a");
+  auto back = (*client)->RehomeNamespace(to_a);
+  ASSERT_TRUE(back.ok()) << back.status();
+  EXPECT_GT(back->epoch(), token::EpochOf(highest_on_b));
+  auto s = (*client)->OpenSession("pay");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto h = (*s)->Acquire("db/primary");
+  ASSERT_TRUE(h.ok()) << h.status();
+  EXPECT_GT(h->token(), highest_on_b);
 }
 
 // Clients take turns on one key through a rehome, reopening their sessions when

@@ -60,7 +60,8 @@ std::string Epochs::RestoreReason(const EpochState& s) {
     if (row.cluster_id == s.observed_cluster_id && row.epoch > s.record.epoch()) {
       return absl::StrCat("the epoch record says epoch ", s.record.epoch(),
                           " but epoch ", row.epoch, " was used on this cluster before: the "
-                          "record came back from a snapshot, so grants are refused", fix);
+                          "record came back from a snapshot (or an advance to it was cut "
+                          "short), so grants are refused", fix);
     }
   }
   if (s.cursor && s.revision < *s.cursor) {
@@ -103,14 +104,15 @@ absl::Status Epochs::RecordCurrent(etcd::Deadline d) {
 }
 
 absl::StatusOr<records::EpochRecord> Epochs::Advance(const std::string& reason,
-                                                    const std::string& actor, etcd::Deadline d) {
+                                                    const std::string& actor, etcd::Deadline d,
+                                                    int32_t floor) {
   if (reason != "restore" && reason != "rehome") {
     return absl::InvalidArgumentError(
         absl::StrCat("--reason \"", reason, "\": use restore or rehome"));
   }
   HF_ASSIGN_OR_RETURN(EpochState s, Read(d));
   const int32_t current = s.exists ? s.record.epoch() : 0;
-  const int32_t next = 1 + std::max(current, s.history_max);
+  const int32_t next = 1 + std::max({current, s.history_max, floor});
   if (next > token::kMaxEpoch) {
     return absl::FailedPreconditionError(absl::StrCat(
         "cannot advance past epoch ", next - 1, ": epochs stop at 32767 (2^15 - 1, the "
@@ -139,24 +141,33 @@ absl::StatusOr<records::EpochRecord> Epochs::Advance(const std::string& reason,
       HF_RETURN_IF_ERROR(store_->RewindCursor(s.observed_cluster_id, s.revision));
     }
   }
-  pb::TxnRequest txn;
-  auto* c = lock::AddCompare(&txn, keyspace::EpochKey(),
-                             s.exists ? pb::Compare::MOD : pb::Compare::CREATE,
-                             pb::Compare::EQUAL);
-  if (s.exists) {
-    c->set_mod_revision(s.mod_revision);
-  } else {
-    c->set_create_revision(0);
+  // Another advance may swap its record in between. One below `next` (it read
+  // before this one's history row) is swapped over: its history row and this one
+  // are both there, and the record ends at the higher. Left below, this row would
+  // read as "the record came back from a snapshot" and refuse every grant.
+  for (int attempt = 0;; ++attempt) {
+    pb::TxnRequest txn;
+    auto* c = lock::AddCompare(&txn, keyspace::EpochKey(),
+                               s.exists ? pb::Compare::MOD : pb::Compare::CREATE,
+                               pb::Compare::EQUAL);
+    if (s.exists) {
+      c->set_mod_revision(s.mod_revision);
+    } else {
+      c->set_create_revision(0);
+    }
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(keyspace::EpochKey());
+    put->set_value(rec.SerializeAsString());
+    HF_ASSIGN_OR_RETURN(auto t, etcd_->TxnSync(std::move(txn), d));
+    if (t.succeeded()) return rec;
+    HF_ASSIGN_OR_RETURN(s, Read(d));
+    if (attempt == 4 || s.observed_cluster_id != rec.etcd_cluster_id() ||
+        (s.exists && s.record.epoch() >= next)) {
+      return absl::AbortedError(absl::StrCat(
+          "the epoch record changed while advancing to ", next, " (another advance?); the record "
+          "is now epoch ", s.exists ? s.record.epoch() : 0, ": run `holdfast epoch show`"));
+    }
   }
-  auto* put = txn.add_success()->mutable_request_put();
-  put->set_key(keyspace::EpochKey());
-  put->set_value(rec.SerializeAsString());
-  HF_ASSIGN_OR_RETURN(auto t, etcd_->TxnSync(std::move(txn), d));
-  if (!t.succeeded()) {
-    return absl::AbortedError(
-        "the epoch record changed while advancing (another advance?); run `holdfast epoch show`");
-  }
-  return rec;
 }
 
 }  // namespace holdfast::audit

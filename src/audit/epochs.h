@@ -62,10 +62,17 @@ class Epochs {
   // the record holdfastd bootstrapped, or one written by hand.
   absl::Status RecordCurrent(etcd::Deadline d);
 
-  // reason: "restore" | "rehome". Errors: INVALID_ARGUMENT (reason),
-  // FAILED_PRECONDITION (past 2^15 − 1), ABORTED (the record changed meanwhile).
+  // reason: "restore" | "rehome". The new epoch is 1 + max(the record, the
+  // history's highest, `floor`): a rehome passes the highest epoch the moving
+  // namespace's tokens carry, which the history may not know (audit.store: none).
+  // The history row goes first, then the record by compare-and-swap; an advance
+  // that loses the swap to another one below its epoch swaps again, so a history
+  // row never stays above the record it was written for.
+  // Errors: INVALID_ARGUMENT (reason), FAILED_PRECONDITION (past 2^15 − 1),
+  // ABORTED (another advance took this epoch or went past it).
   absl::StatusOr<records::EpochRecord> Advance(const std::string& reason,
-                                               const std::string& actor, etcd::Deadline d);
+                                               const std::string& actor, etcd::Deadline d,
+                                               int32_t floor = 0);
 
  private:
   etcd::Client* const etcd_;

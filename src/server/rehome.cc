@@ -262,7 +262,7 @@ absl::StatusOr<std::pair<int32_t, bool>> Rehomer::EnsureEpoch(Cluster& from, Clu
       t.record.epoch() > bound && audit::Epochs::RestoreReason(t).empty()) {
     return std::make_pair(t.record.epoch(), false);
   }
-  HF_ASSIGN_OR_RETURN(auto advanced, to.epochs->Advance("rehome", actor, d));
+  HF_ASSIGN_OR_RETURN(auto advanced, to.epochs->Advance("rehome", actor, d, bound));
   return std::make_pair(advanced.epoch(), true);
 }
 
