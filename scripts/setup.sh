@@ -12,7 +12,7 @@ packages=(
   # etcd: the server, its CLI, and its API .proto files (stubs generated at build time)
   etcd-server etcd-client golang-etcd-server-dev
   # libraries
-  libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libspdlog-dev libfmt-dev libssl-dev
+  libyaml-cpp-dev libcli11-dev nlohmann-json3-dev libssl-dev
   libsqlite3-dev libpq-dev
   # holdfastd's allocator (src/server/allocator.h)
   libjemalloc-dev
@@ -21,10 +21,8 @@ packages=(
   # the audit store's tests run a real PostgreSQL 15 (as the postgres user, via
   # setpriv from util-linux, when run as root)
   postgresql-15 postgresql-client-15 util-linux
-  # tests and benchmarks; clang and libFuzzer for the fuzz target
-  libgtest-dev libgmock-dev libbenchmark-dev clang-14 libclang-rt-14-dev
-  # process tools used by the test harness (pkill, ps)
-  procps
+  # tests; clang and libFuzzer for the fuzz target (holdfast-bench needs nothing more)
+  libgtest-dev libgmock-dev clang-14 libclang-rt-14-dev
   iproute2  # ip netns: the chaos suite cuts an etcd member off in its own namespace
 )
 
