@@ -549,8 +549,10 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
   // Without such a read the compare fails, and the failure branch's read decides.
   // The epoch record is compared either way: a hand-over grants at the current one.
   std::optional<EpochEntry> epoch = snap ? snap->epoch : epochs_.Get();
+  // (A record that is missing compares as mod revision 0: the release needs none,
+  // and a hand-over grants nothing without one.)
   AddCompare(&txn, keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
-      ->set_mod_revision(epoch ? epoch->mod_revision : -1);
+      ->set_mod_revision(epoch ? epoch->mod_revision : 0);
   if (!epoch || epoch->record.epoch() != token::EpochOf(tok) ||
       token::RevisionOf(tok) <= epoch->mod_revision) {
     int64_t proven = -1;
