@@ -4,6 +4,8 @@
 // advance is above every token the audit store recorded before the restore.
 #include <algorithm>
 #include <atomic>
+#include <functional>
+#include <utility>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -281,6 +283,8 @@ TEST_F(EpochTest, HoldsGrantedBeforeAnAdvanceAreReleasedAndHandedOverAtTheNewEpo
   auto advanced = client_->AdvanceEpoch(req);
   ASSERT_TRUE(advanced.ok()) << advanced.status();
   ASSERT_EQ(advanced->epoch(), 2);
+  auto allowed = AcquireOnceAllowed("adv/other");  // holdfastd has seen the new epoch
+  ASSERT_TRUE(allowed.ok()) << allowed.status();
 
   // A token that names the right revision but another epoch is not the hold's.
   // (Hold::Release sends the hold's own token; this one goes by hand.)
@@ -346,6 +350,75 @@ TEST_F(EpochTest, AnAdvanceCutShortIsNamedAndTheNextAdvanceGoesPastIt) {
   auto advanced = client_->AdvanceEpoch(req);
   ASSERT_TRUE(advanced.ok()) << advanced.status();
   EXPECT_EQ(advanced->epoch(), 3);
+  auto t = AcquireOnceAllowed("after");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(token::EpochOf(*t), 3);
+}
+
+// A store that, right after an advance wrote its history row, lets another
+// advance land its record (one that read the history before that row).
+class RecordLandsAfterTheRow final : public audit::AuditStore {
+ public:
+  RecordLandsAfterTheRow(audit::AuditStore* inner, std::function<void()> land)
+      : inner_(inner), land_(std::move(land)) {}
+  absl::Status AppendEpoch(const audit::EpochRow& row) override {
+    absl::Status s = inner_->AppendEpoch(row);
+    if (s.ok() && land_) std::exchange(land_, nullptr)();
+    return s;
+  }
+  absl::Status Record(uint64_t c, int64_t r, const std::vector<audit::AuditEvent>& e,
+                      const std::vector<audit::ForceReleaseRow>& f) override {
+    return inner_->Record(c, r, e, f);
+  }
+  absl::StatusOr<std::optional<int64_t>> Cursor(uint64_t c) override { return inner_->Cursor(c); }
+  absl::Status RewindCursor(uint64_t c, int64_t r) override { return inner_->RewindCursor(c, r); }
+  absl::StatusOr<Pruned> Prune(int64_t before, int max) override { return inner_->Prune(before, max); }
+  absl::StatusOr<std::vector<audit::AuditEvent>> Query(const audit::AuditQuery& q) override {
+    return inner_->Query(q);
+  }
+  absl::StatusOr<std::vector<audit::ForceReleaseRow>> ForceReleases(int limit) override {
+    return inner_->ForceReleases(limit);
+  }
+  absl::StatusOr<int32_t> MaxEpoch() override { return inner_->MaxEpoch(); }
+  absl::StatusOr<std::vector<audit::EpochRow>> Epochs() override { return inner_->Epochs(); }
+  absl::StatusOr<int> SchemaVersion() override { return inner_->SchemaVersion(); }
+
+ private:
+  audit::AuditStore* const inner_;
+  std::function<void()> land_;
+};
+
+// Advance A read epoch 1 and wrote history row 2; advance B read after that row,
+// so it wrote row 3; A's record (2) lands before B's compare-and-swap. B swaps
+// again, over A's: the record ends at 3, the history's highest, and grants go on.
+// (Aborting instead would leave row 3 above record 2: every grant refused.)
+TEST_F(EpochTest, AnAdvanceThatLosesItsSwapToALowerOneSwapsAgain) {
+  Start("epochs:\n  check_interval: 200ms\n");
+  auto shown = client_->GetEpoch();
+  ASSERT_TRUE(shown.ok()) << shown.status();
+  uint64_t cluster_id = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(shown->observed_cluster_id(), &cluster_id));
+  auto store = audit::OpenSqliteStore(cluster_->dir() + "/audit.db");
+  ASSERT_TRUE(store.ok()) << store.status();
+  ASSERT_TRUE((*store)->AppendEpoch({2, cluster_id, 1'700'000'000'000, "restore", "A"}).ok());
+  RecordLandsAfterTheRow racing(store->get(), [&] {
+    records::EpochRecord a;
+    a.set_epoch(2);
+    a.set_etcd_cluster_id(cluster_id);
+    a.set_reason("restore");
+    pb::PutRequest put;
+    put.set_key(keyspace::EpochKey());
+    put.set_value(a.SerializeAsString());
+    EXPECT_TRUE(cluster_->etcd_client().PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+  });
+  audit::Epochs b(&cluster_->etcd_client(), &racing);
+  auto advanced = b.Advance("restore", "B", etcd::DeadlineIn(seconds(10)));
+  ASSERT_TRUE(advanced.ok()) << advanced.status();
+  EXPECT_EQ(advanced->epoch(), 3);
+  EXPECT_EQ(EtcdRecord().epoch(), 3);
+  auto state = b.Read(etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(state.ok()) << state.status();
+  EXPECT_EQ(audit::Epochs::RestoreReason(*state), "");
   auto t = AcquireOnceAllowed("after");
   ASSERT_TRUE(t.ok()) << t.status();
   EXPECT_EQ(token::EpochOf(*t), 3);

@@ -34,6 +34,12 @@ audit::StoreOptions AuditStoreOptions(const Config& config) {
   return so;
 }
 
+// How long the restore guard waits before it reads again to confirm a refusal
+// that would be new (GuardClusterOnce): longer than an epoch advance takes from
+// its history row to its record on a healthy etcd, short enough to add little to
+// the time a restore that kept the cluster id goes unseen.
+constexpr std::chrono::milliseconds kConfirmRefusalAfter{250};
+
 }  // namespace
 
 Server::Server(Config config) : config_(std::move(config)) {}
@@ -305,6 +311,22 @@ void Server::GuardClusterOnce(Cluster& c) {
   auto state = c.epochs->Read(etcd::DeadlineIn(timeout));
   if (!state.ok()) return;  // etcd unreachable: the engine refuses on its own
   std::string reason = audit::Epochs::RestoreReason(*state);
+  // A history row above the record is also what an epoch advance shows between
+  // its two writes (the row, then the record). A refusal that would be new is
+  // confirmed by a second read a moment later, so an advance in flight neither
+  // blocks grants (failing the waiters it would reach) nor, with
+  // auto_advance_on_restore, gets advanced past again. A cluster id that changed
+  // needs no confirming: every grant checks it anyway.
+  if (!reason.empty() && c.restore_reason().empty() &&
+      state->record.etcd_cluster_id() == state->observed_cluster_id) {
+    {
+      std::unique_lock l(guard_stop_mu_);
+      if (guard_stop_cv_.wait_for(l, kConfirmRefusalAfter, [this] { return guard_stop_; })) return;
+    }
+    state = c.epochs->Read(etcd::DeadlineIn(timeout));
+    if (!state.ok()) return;
+    reason = audit::Epochs::RestoreReason(*state);
+  }
   if (!reason.empty() && config_.auto_advance_on_restore) {
     // Once: the history row and the compare-and-swap make racing replicas agree.
     auto advanced = c.epochs->Advance("restore", "holdfastd (auto_advance_on_restore)",
