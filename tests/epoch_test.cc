@@ -462,6 +462,27 @@ TEST_F(EpochTest, RacingAdvancesLeaveTheRecordAtTheHistorysHighest) {
   EXPECT_EQ(token::EpochOf(*t), EtcdRecord().epoch());
 }
 
+// A hold is released even when the epoch record is gone (deleted by hand): the
+// release needs none; grants do, and stay refused.
+TEST_F(EpochTest, AHoldIsReleasedWithoutAnEpochRecord) {
+  Start();
+  auto session = client_->OpenSession("default");
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto h = (*session)->Acquire("no-record");
+  ASSERT_TRUE(h.ok()) << h.status();
+  pb::DeleteRangeRequest del;
+  del.set_key(keyspace::EpochKey());
+  auto deleted = cluster_->etcd_client().DeleteRangeSync(del, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  ASSERT_EQ(deleted->deleted(), 1);
+  ASSERT_TRUE(h->Release().ok());
+  auto d = client_->Describe("default", "no-record");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0);
+  auto refused = (*session)->Acquire("no-record");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+}
+
 TEST_F(EpochTest, AutoAdvanceOnRestoreAdvancesOnce) {
   Start("epochs:\n  auto_advance_on_restore: true\n  check_interval: 200ms\n");
   auto before = Cycles("before/", 3);
