@@ -483,6 +483,64 @@ TEST_F(EpochTest, AHoldIsReleasedWithoutAnEpochRecord) {
   EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
 }
 
+// Two admins advance at once through two replicas: each advance lands or is
+// refused with ABORTED, the record ends at the history's highest, and both
+// replicas grant at it.
+TEST(EpochReplicasTest, AdvancesThroughTwoReplicasAtOnceLeaveOneEpochBothGrantAt) {
+  testing::TestCluster::Options o;
+  o.replicas = 2;
+  o.extra_config = "epochs:\n  check_interval: 200ms\n";
+  auto cluster = testing::TestCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->CreateNamespace("default").ok());
+  auto first = (*cluster)->NewClient(0);
+  auto second = (*cluster)->NewClient(1);
+  ASSERT_TRUE(first.ok() && second.ok());
+  for (int round = 0; round < 5; ++round) {
+    absl::StatusOr<v1::Epoch> got[2] = {absl::UnknownError("not run"),
+                                         absl::UnknownError("not run")};
+    std::atomic<int> ready{0};
+    auto advance = [&](Client& c, int i) {
+      ready.fetch_add(1);
+      while (ready.load() < 2) std::this_thread::yield();
+      v1::AdvanceEpochRequest req;
+      req.set_reason("restore");
+      got[i] = c.AdvanceEpoch(req);
+    };
+    std::thread a([&] { advance(**first, 0); });
+    std::thread b([&] { advance(**second, 1); });
+    a.join();
+    b.join();
+    for (const auto& g : got) {
+      EXPECT_TRUE(g.ok() || g.status().code() == absl::StatusCode::kAborted) << g.status();
+    }
+    EXPECT_TRUE(got[0].ok() || got[1].ok()) << "round " << round;
+  }
+  auto shown = (*first)->GetEpoch();
+  ASSERT_TRUE(shown.ok()) << shown.status();
+  int32_t highest = 0;
+  for (const auto& row : shown->history()) highest = std::max(highest, row.epoch());
+  EXPECT_EQ(shown->epoch(), highest);
+  EXPECT_GE(highest, 2 + 4) << "one advance of two lands in each of the five rounds";
+  for (auto* c : {first->get(), second->get()}) {
+    absl::StatusOr<int64_t> token = absl::UnknownError("not granted");
+    for (int i = 0; i < 100; ++i) {
+      auto session = c->OpenSession("default");
+      if (session.ok()) {
+        auto h = (*session)->Acquire("after-races");
+        if (h.ok()) {
+          token = h->token();
+          break;
+        }
+        token = h.status();
+      }
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    ASSERT_TRUE(token.ok()) << token.status();
+    EXPECT_EQ(token::EpochOf(*token), highest);
+  }
+}
+
 TEST_F(EpochTest, AutoAdvanceOnRestoreAdvancesOnce) {
   Start("epochs:\n  auto_advance_on_restore: true\n  check_interval: 200ms\n");
   auto before = Cycles("before/", 3);
