@@ -44,6 +44,20 @@ absl::Status Etcdctl(const std::string& dir, std::vector<std::string> args) {
   return absl::OkStatus();
 }
 
+// Runs `a` and `b` on two threads released together, and waits for both.
+void RunTogether(const std::function<void()>& a, const std::function<void()>& b) {
+  std::atomic<int> ready{0};
+  auto released = [&](const std::function<void()>& f) {
+    ready.fetch_add(1);
+    while (ready.load() < 2) std::this_thread::yield();
+    f();
+  };
+  std::thread ta([&] { released(a); });
+  std::thread tb([&] { released(b); });
+  ta.join();
+  tb.join();
+}
+
 class EpochTest : public ::testing::Test {
  protected:
   void Start(const std::string& extra_config = "") {
@@ -147,6 +161,24 @@ class EpochTest : public ::testing::Test {
       std::this_thread::sleep_for(milliseconds(100));
     }
     return t;
+  }
+
+  // etcd's cluster id as holdfastd reports it.
+  uint64_t ObservedClusterId() {
+    uint64_t id = 0;
+    auto shown = client_->GetEpoch();
+    EXPECT_TRUE(shown.ok()) << shown.status();
+    if (shown.ok()) {
+      EXPECT_TRUE(absl::SimpleAtoi(shown->observed_cluster_id(), &id));
+    }
+    return id;
+  }
+
+  // A connection of its own to the audit store holdfastd uses; null on failure.
+  std::unique_ptr<audit::AuditStore> OpenAuditStore() {
+    auto store = audit::OpenSqliteStore(cluster_->dir() + "/audit.db");
+    EXPECT_TRUE(store.ok()) << store.status();
+    return store.ok() ? std::move(*store) : nullptr;
   }
 
   records::EpochRecord EtcdRecord() {
@@ -268,7 +300,7 @@ TEST_F(EpochTest, HoldsGrantedBeforeAnAdvanceAreReleasedAndHandedOverAtTheNewEpo
   auto waiter = (*other)->OpenSession("default");
   ASSERT_TRUE(waiter.ok()) << waiter.status();
   absl::StatusOr<Hold> handed = absl::UnknownError("not yet");
-  std::thread waiting([&] { handed = (*waiter)->Acquire("adv/queued", {.wait = seconds(60)}); });
+  std::thread waiting([&] { handed = (*waiter)->Acquire("adv/queued", testing::Waiting(seconds(60))); });
   absl::Cleanup join = [&] { waiting.join(); };  // also when an assertion returns early
   bool queued_behind = false;
   for (int i = 0; i < 300 && !queued_behind; ++i) {
@@ -325,13 +357,10 @@ TEST_F(EpochTest, HoldsGrantedBeforeAnAdvanceAreReleasedAndHandedOverAtTheNewEpo
 // names that case too, and the next advance goes past the row.
 TEST_F(EpochTest, AnAdvanceCutShortIsNamedAndTheNextAdvanceGoesPastIt) {
   Start("epochs:\n  check_interval: 200ms\n");
-  auto shown = client_->GetEpoch();
-  ASSERT_TRUE(shown.ok()) << shown.status();
-  uint64_t cluster_id = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(shown->observed_cluster_id(), &cluster_id));
-  auto store = audit::OpenSqliteStore(cluster_->dir() + "/audit.db");
-  ASSERT_TRUE(store.ok()) << store.status();
-  ASSERT_TRUE((*store)->AppendEpoch({2, cluster_id, 1'700'000'000'000, "restore", "crashed"}).ok());
+  const uint64_t cluster_id = ObservedClusterId();
+  auto store = OpenAuditStore();
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->AppendEpoch({2, cluster_id, 1'700'000'000'000, "restore", "crashed"}).ok());
 
   // holdfastd sees the history at its next check.
   auto refused = TryAcquire("cut-short");
@@ -394,14 +423,11 @@ class RecordLandsAfterTheRow final : public audit::AuditStore {
 // (Aborting instead would leave row 3 above record 2: every grant refused.)
 TEST_F(EpochTest, AnAdvanceThatLosesItsSwapToALowerOneSwapsAgain) {
   Start("epochs:\n  check_interval: 200ms\n");
-  auto shown = client_->GetEpoch();
-  ASSERT_TRUE(shown.ok()) << shown.status();
-  uint64_t cluster_id = 0;
-  ASSERT_TRUE(absl::SimpleAtoi(shown->observed_cluster_id(), &cluster_id));
-  auto store = audit::OpenSqliteStore(cluster_->dir() + "/audit.db");
-  ASSERT_TRUE(store.ok()) << store.status();
-  ASSERT_TRUE((*store)->AppendEpoch({2, cluster_id, 1'700'000'000'000, "restore", "A"}).ok());
-  RecordLandsAfterTheRow racing(store->get(), [&] {
+  const uint64_t cluster_id = ObservedClusterId();
+  auto store = OpenAuditStore();
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->AppendEpoch({2, cluster_id, 1'700'000'000'000, "restore", "A"}).ok());
+  RecordLandsAfterTheRow racing(store.get(), [&] {
     records::EpochRecord a;
     a.set_epoch(2);
     a.set_etcd_cluster_id(cluster_id);
@@ -429,24 +455,16 @@ TEST_F(EpochTest, AnAdvanceThatLosesItsSwapToALowerOneSwapsAgain) {
 // never a history row above the record, which would refuse every grant.
 TEST_F(EpochTest, RacingAdvancesLeaveTheRecordAtTheHistorysHighest) {
   Start();
-  auto store_a = audit::OpenSqliteStore(cluster_->dir() + "/audit.db");
-  auto store_b = audit::OpenSqliteStore(cluster_->dir() + "/audit.db");
-  ASSERT_TRUE(store_a.ok() && store_b.ok());
-  audit::Epochs a(&cluster_->etcd_client(), store_a->get());
-  audit::Epochs b(&cluster_->etcd_client(), store_b->get());
+  auto store_a = OpenAuditStore();
+  auto store_b = OpenAuditStore();
+  ASSERT_TRUE(store_a != nullptr && store_b != nullptr);
+  audit::Epochs a(&cluster_->etcd_client(), store_a.get());
+  audit::Epochs b(&cluster_->etcd_client(), store_b.get());
   for (int round = 0; round < 20; ++round) {
     absl::StatusOr<records::EpochRecord> got_a = absl::UnknownError("not run");
     absl::StatusOr<records::EpochRecord> got_b = absl::UnknownError("not run");
-    std::atomic<int> ready{0};
-    auto advance = [&](audit::Epochs& e, absl::StatusOr<records::EpochRecord>& out) {
-      ready.fetch_add(1);
-      while (ready.load() < 2) std::this_thread::yield();
-      out = e.Advance("restore", "racer", etcd::DeadlineIn(seconds(10)));
-    };
-    std::thread ta([&] { advance(a, got_a); });
-    std::thread tb([&] { advance(b, got_b); });
-    ta.join();
-    tb.join();
+    RunTogether([&] { got_a = a.Advance("restore", "racer", etcd::DeadlineIn(seconds(10))); },
+                [&] { got_b = b.Advance("restore", "racer", etcd::DeadlineIn(seconds(10))); });
     for (const auto* got : {&got_a, &got_b}) {
       EXPECT_TRUE(got->ok() || got->status().code() == absl::StatusCode::kAborted)
           << got->status();
@@ -499,18 +517,10 @@ TEST(EpochReplicasTest, AdvancesThroughTwoReplicasAtOnceLeaveOneEpochBothGrantAt
   for (int round = 0; round < 5; ++round) {
     absl::StatusOr<v1::Epoch> got[2] = {absl::UnknownError("not run"),
                                          absl::UnknownError("not run")};
-    std::atomic<int> ready{0};
-    auto advance = [&](Client& c, int i) {
-      ready.fetch_add(1);
-      while (ready.load() < 2) std::this_thread::yield();
-      v1::AdvanceEpochRequest req;
-      req.set_reason("restore");
-      got[i] = c.AdvanceEpoch(req);
-    };
-    std::thread a([&] { advance(**first, 0); });
-    std::thread b([&] { advance(**second, 1); });
-    a.join();
-    b.join();
+    v1::AdvanceEpochRequest req;
+    req.set_reason("restore");
+    RunTogether([&] { got[0] = (*first)->AdvanceEpoch(req); },
+                [&] { got[1] = (*second)->AdvanceEpoch(req); });
     for (const auto& g : got) {
       EXPECT_TRUE(g.ok() || g.status().code() == absl::StatusCode::kAborted) << g.status();
     }
