@@ -345,6 +345,72 @@ TEST_F(QueueTest, ClassPolicyIsShownAndAClassWithHoldsCannotBeDeleted) {
   EXPECT_TRUE(client_->DeleteClass("default", "adv").ok());
 }
 
+// A waiter that wakes to a refusal (here a class created meanwhile whose TTL
+// bounds exclude its session) leaves the queue before it answers. Left there, it
+// would stand at the head of a free key: the next caller would queue behind it
+// until its wait ran out, and a release would hand the lock to a call that had
+// already answered.
+TEST_F(QueueTest, AWaiterRefusedWhenItWakesLeavesTheQueue) {
+  auto a = Open(seconds(10));
+  auto b = Open(seconds(10));
+  auto h = a->Acquire("pol/job");
+  ASSERT_TRUE(h.ok()) << h.status();
+  auto w = std::async(std::launch::async,
+                      [&] { return b->Acquire("pol/job", testing::Waiting(seconds(30))); });
+  DescribeUntil("pol/job", [](auto& d) { return d.waiters_size() == 1; });
+  v1::LockClass cls;
+  cls.set_namespace_("default");
+  cls.set_class_id("long");
+  cls.set_key_prefix("pol/");
+  cls.set_ttl_min_ms(20'000);
+  cls.set_ttl_max_ms(60'000);
+  cls.set_mode(v1::LOCK_MODE_EXCLUSIVE);
+  ASSERT_TRUE(client_->CreateClass(cls).ok());
+  // The hold ends without a hand-over (its lease revoked straight on etcd), so the
+  // waiter wakes, reads, and meets the new class.
+  pb::LeaseRevokeRequest revoke;
+  revoke.set_id(a->id());
+  ASSERT_TRUE(etcd::Await<pb::LeaseRevokeResponse>([&](auto cb) {
+                cluster_->etcd_client().LeaseRevoke(revoke, etcd::DeadlineIn(seconds(5)), cb);
+              }).ok());
+  auto r = w.get();
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("outside the bounds of class \"long\""),
+            std::string::npos)
+      << r.status();
+  auto d = client_->Describe("default", "pol/job");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->waiters_size(), 0) << d->DebugString();
+  EXPECT_EQ(d->holders_size(), 0) << d->DebugString();
+  // The key is free for a session the class admits, at once.
+  auto c = Open(seconds(30));
+  auto got = c->Acquire("pol/job");
+  EXPECT_TRUE(got.ok()) << got.status();
+}
+
+// A hold the session has is returned by a second Acquire of the key even when the
+// policy would refuse a new grant now: the caller can still see and release it.
+// A new grant to that session is refused.
+TEST_F(QueueTest, AHeldKeyIsReturnedWhateverThePolicySaysNow) {
+  auto a = Open(seconds(10));
+  auto h = a->Acquire("pol/held");
+  ASSERT_TRUE(h.ok()) << h.status();
+  v1::LockClass cls;
+  cls.set_namespace_("default");
+  cls.set_class_id("long");
+  cls.set_key_prefix("pol/");
+  cls.set_ttl_min_ms(20'000);
+  cls.set_ttl_max_ms(60'000);
+  cls.set_mode(v1::LOCK_MODE_EXCLUSIVE);
+  ASSERT_TRUE(client_->CreateClass(cls).ok());
+  auto again = a->Acquire("pol/held");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->token(), h->token());
+  auto fresh = a->Acquire("pol/other");
+  EXPECT_EQ(fresh.status().code(), absl::StatusCode::kInvalidArgument) << fresh.status();
+  EXPECT_TRUE(h->Release().ok());
+}
+
 // Two replicas, 50 sessions, 5 keys, random exclusive and shared acquires and
 // releases for a while: from etcd's own history, no exclusive hold ever overlaps
 // another hold of its key, and each key's grants come in increasing token order.

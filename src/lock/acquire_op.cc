@@ -233,11 +233,53 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     auto self = shared_from_this();
     engine_->etcd().Txn(std::move(txn), EtcdDeadline(), [self](absl::StatusOr<pb::TxnResponse> t) {
       if (auto end = self->StepDone()) return self->EndNow(*end);
-      if (!t.ok()) return self->Finish(t.status());
+      if (!t.ok()) return self->Fail(t.status());
       auto snap = ParseSnapshot(t->header(), t->responses());
-      if (!snap.ok()) return self->Finish(snap.status());
+      if (!snap.ok()) return self->Fail(snap.status());
       self->Decide(std::move(*snap));
     });
+  }
+
+  // The session's hold of the key in `snap`, when the session is the caller's.
+  const HoldEntry* OwnHold(const KeySnapshot& snap) const {
+    if (!snap.session ||
+        !Engine::CheckOwner(caller_, req_.session_id(), snap.session->identity()).ok()) {
+      return nullptr;
+    }
+    for (const auto& h : snap.holds) {
+      if (h.lease == req_.session_id()) return &h;
+    }
+    return nullptr;
+  }
+
+  // Answers with the session's hold; a waiter of the session left beside it
+  // leaves the queue (it would be handed the key by the session's own release).
+  void ReturnOwnHold(const KeySnapshot& snap, const HoldEntry& hold) {
+    for (const auto& w : snap.waiters) {
+      if (w.lease == req_.session_id()) LeaveQueue(w.create_revision);
+    }
+    Granted(MakeHoldInfo(req_.lock_key(), hold, snap.classes));
+  }
+
+  // Ends the call with a refusal or an error found between steps. A call whose
+  // session has a waiter of the key leaves the queue first (EndNow: a guarded
+  // delete, and the hold if a hand-over came before it). A waiter left behind
+  // would stand in the queue after its call had answered: whoever came next would
+  // wait behind it until its deadline, and a release would hand it a hold no call
+  // waits for, kept as long as the session lives.
+  void Fail(absl::Status why) {
+    int64_t own;
+    {
+      absl::MutexLock l(&mu_);
+      if (finished_ || end_reason_) return;  // End is ending the call already
+      own = own_waiter_rev_;
+      if (own != 0) {
+        end_reason_ = why;
+        busy_ = true;
+      }
+    }
+    if (own != 0) return EndNow(std::move(why));
+    Finish(std::move(why));
   }
 
   // Called between steps (not busy); starts the next step, waits, or finishes.
@@ -247,53 +289,66 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     engine_->views_.Observe(req_.namespace_(), req_.session_id(), snap);
     engine_->views_.ObserveKey(req_.namespace_(), req_.lock_key(), snap);
     const std::string& ns = req_.namespace_();
+    {
+      // The session's waiter as read: the one a refusal below takes out of the
+      // queue (Fail). A call that does not wait never queues: a waiter of the
+      // session is then another call's, and keeps its place.
+      absl::MutexLock l(&mu_);
+      own_waiter_rev_ = 0;
+      for (const auto& w : snap.waiters) {
+        if (w.lease == req_.session_id() && req_.wait_ms() > 0) {
+          own_waiter_rev_ = w.create_revision;
+        }
+      }
+    }
     if (!snap.namespace_exists) {
-      return Finish(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
+      return Fail(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
     }
     NoteLabels(ns, "");
-    if (auto s = CheckMember(caller_, ns, snap.ns_record.members()); !s.ok()) return Finish(s);
+    if (auto s = CheckMember(caller_, ns, snap.ns_record.members()); !s.ok()) {
+      if (const HoldEntry* h = OwnHold(snap)) return ReturnOwnHold(snap, *h);
+      return Fail(s);
+    }
     if (!snap.session) {
-      return Finish(absl::NotFoundError(absl::StrCat(
+      return Fail(absl::NotFoundError(absl::StrCat(
           "session ", req_.session_id(), " not found in namespace \"", ns,
           "\" (it expired or was closed)")));
     }
     engine_->owners_.Remember(req_.session_id(), ns, snap.session->identity());
     if (auto s = Engine::CheckOwner(caller_, req_.session_id(), snap.session->identity());
         !s.ok()) {
-      return Finish(s);
+      return Fail(s);
     }
+    // The session holds the key already: handed over while this call waited, or
+    // granted to an earlier call. That hold is returned whatever the policy says
+    // now (members, classes, epochs, grant blocks): the policy decides new grants
+    // and queueing, and a hold that exists stays the session's until released. A
+    // caller answered with an error instead would not know to release it, and it
+    // would last as long as the session.
+    if (const HoldEntry* h = OwnHold(snap)) return ReturnOwnHold(snap, *h);
     const ClassEntry* cls = ResolveClass(snap.classes, req_.lock_key());
     if (cls == nullptr) {
-      return Finish(absl::FailedPreconditionError(absl::StrCat(
+      return Fail(absl::FailedPreconditionError(absl::StrCat(
           "no lock class of namespace \"", ns, "\" matches \"", req_.lock_key(), "\"")));
     }
     NoteLabels(ns, cls->class_id);
     const auto& c = cls->record;
     const int64_t ttl = snap.session->ttl_ms();
     if (ttl < c.ttl_min_ms() || ttl > c.ttl_max_ms()) {
-      return Finish(absl::InvalidArgumentError(absl::StrCat(
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
           "session ttl ", ttl, "ms is outside the bounds of class \"", cls->class_id, "\": [",
           c.ttl_min_ms(), "ms, ", c.ttl_max_ms(), "ms]")));
     }
     if (req_.shared() && c.mode() != v1::LOCK_MODE_SHARED) {
-      return Finish(absl::InvalidArgumentError(absl::StrCat(
+      return Fail(absl::InvalidArgumentError(absl::StrCat(
           "class \"", cls->class_id, "\" is exclusive (mode X): a shared hold cannot be asked")));
     }
     auto d = queue::DecideAcquire(snap, req_.session_id(), req_.shared(), NowUnixMs());
-    if (d.kind == queue::AcquireDecision::Kind::kHeld) {
-      for (const auto& w : snap.waiters) {
-        if (w.lease == req_.session_id()) LeaveQueue(w.create_revision);
-      }
-      return Granted(MakeHoldInfo(req_.lock_key(), *d.own_hold, snap.classes));
-    }
+    if (d.kind == queue::AcquireDecision::Kind::kHeld) return ReturnOwnHold(snap, *d.own_hold);
     if (!snap.ns_record.draining_to().empty()) {
       // A rehome drains the namespace: no grant and no queueing here; a waiter
       // leaves the queue.
-      {
-        absl::MutexLock l(&mu_);
-        own_waiter_rev_ = d.own_waiter ? d.own_waiter->create_revision : 0;
-      }
-      return EndNow(Engine::Rehoming(ns, snap.ns_record.draining_to(), snap.ns_record.moved()));
+      return Fail(Engine::Rehoming(ns, snap.ns_record.draining_to(), snap.ns_record.moved()));
     }
     // A new claim (neither held nor queued yet) counts against the session's limit;
     // the grant or enqueue that adds it is guarded by "no claim of this session
@@ -301,33 +356,28 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     const size_t max_holds = engine_->options().max_holds_per_session;
     if (d.own_waiter == nullptr && max_holds > 0 &&
         snap.session_claims >= static_cast<int64_t>(max_holds)) {
-      return Finish(absl::ResourceExhaustedError(absl::StrCat(
+      return Fail(absl::ResourceExhaustedError(absl::StrCat(
           "session ", req_.session_id(), " already holds or waits for ", snap.session_claims,
           " locks, the most one session may (limits.max_holds_per_session); release one "
           "first; \"", req_.lock_key(), "\" not acquired")));
     }
-    if (auto s = CheckEpoch(snap.epoch, snap.cluster_id); !s.ok()) return Finish(s);
-    if (auto s = engine_->GrantBlock(); !s.ok()) return Finish(s);
+    if (auto s = CheckEpoch(snap.epoch, snap.cluster_id); !s.ok()) return Fail(s);
+    if (auto s = engine_->GrantBlock(); !s.ok()) return Fail(s);
     if (auto s = engine_->EtcdStatus(); !s.ok()) {
-      return Finish(absl::UnavailableError(absl::StrCat(s.message(), ": no new grants; retry")));
+      return Fail(absl::UnavailableError(absl::StrCat(s.message(), ": no new grants; retry")));
     }
     {
       absl::MutexLock l(&mu_);
-      if (d.own_waiter) {
-        own_waiter_rev_ = d.own_waiter->create_revision;
-      } else if (own_waiter_rev_ != 0) {
-        own_waiter_rev_ = 0;  // removed meanwhile (found dead by another server)
-      }
       blocked_by_ = d.blocked_by;
     }
     if (d.kind == queue::AcquireDecision::Kind::kGrant) return Grant(snap, *cls, d);
     if (req_.wait_ms() == 0) {
-      return Finish(absl::AbortedError(
+      return Fail(absl::AbortedError(
           absl::StrCat("\"", req_.lock_key(), "\" is held by ", d.blocked_by)));
     }
     const size_t max_waiters = engine_->options().max_waiters_per_key;
     if (d.own_waiter == nullptr && max_waiters > 0 && snap.waiters.size() >= max_waiters) {
-      return Finish(absl::ResourceExhaustedError(absl::StrCat(
+      return Fail(absl::ResourceExhaustedError(absl::StrCat(
           "\"", req_.lock_key(), "\" already has ", snap.waiters.size(),
           " waiters, the most one key may have (limits.max_waiters_per_key); not queued")));
     }
