@@ -345,6 +345,32 @@ TEST_F(LockTest, UnknownNamespaceIsNotFound) {
   EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound);
 }
 
+// Namespace names may hold '-' and '.', which sort before the '/' of a
+// namespace's own keys: "a-b" and "a.b" come between "a" and "a/...". Every one
+// is listed, each once, with sessions and holds under each.
+TEST_F(LockTest, ListNamespacesShowsNamesThatSortInsideAnother) {
+  const std::vector<std::string> names = {"a", "a-b", "a.b", "a0", "a-b-c"};
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<Hold> holds;
+  for (const auto& ns : names) {
+    ASSERT_TRUE(cluster_->CreateNamespace(ns).ok()) << ns;
+    auto s = client_->OpenSession(ns);
+    ASSERT_TRUE(s.ok()) << ns << ": " << s.status();
+    auto h = (*s)->Acquire("job");
+    ASSERT_TRUE(h.ok()) << ns << ": " << h.status();
+    holds.push_back(std::move(*h));
+    sessions.push_back(std::move(*s));
+  }
+  auto list = client_->ListNamespaces();
+  ASSERT_TRUE(list.ok()) << list.status();
+  std::vector<std::string> listed;
+  for (const auto& ns : *list) listed.push_back(ns.name());
+  std::vector<std::string> want = names;
+  want.push_back("default");
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(listed, want);
+}
+
 TEST_F(LockTest, SharedInAnExclusiveClassIsRefused) {
   v1::LockClass cls;
   cls.set_namespace_("default");

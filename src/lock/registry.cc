@@ -156,8 +156,9 @@ absl::StatusOr<v1::Namespace> Registry::GetNamespace(const std::string& name, et
 }
 
 absl::StatusOr<std::vector<v1::Namespace>> Registry::ListNamespaces(etcd::Deadline d) {
-  // Skip-scan: one range of one key per namespace, jumping over each subtree, so
-  // the cost does not grow with the number of sessions and holds.
+  // Skip-scan: ranges of one key, two per namespace (its record, then the next
+  // key, from whose subtree it jumps), so the cost does not grow with the number
+  // of sessions and holds.
   std::vector<v1::Namespace> out;
   std::string from = keyspace::NamespacesBegin();
   const std::string end = keyspace::NamespacesEnd();
@@ -178,8 +179,12 @@ absl::StatusOr<std::vector<v1::Namespace>> Registry::ListNamespaces(etcd::Deadli
     if (kv.key() == keyspace::NamespaceKey(*ns)) {
       records::NamespaceRecord rec;
       if (rec.ParseFromString(kv.value())) out.push_back(NamespaceFromRecord(*ns, kv, rec));
+      // The next key: names with '-' or '.' after this one ("a-b" after "a") sort
+      // before its own keys ("a/..."), so the subtree is not skipped from here.
+      from = kv.key() + '\0';
+    } else {
+      from = keyspace::PrefixEnd(keyspace::NamespacePrefix(*ns));  // past "<ns>/..."
     }
-    from = keyspace::PrefixEnd(keyspace::NamespacePrefix(*ns));  // past "<ns>/..."
   }
   return out;
 }
