@@ -1,7 +1,8 @@
 // `holdfast ns create|get|set|list|delete|rehome`: namespaces (Admin API).
-// `holdfast ns rehome NS --to CLUSTER [--deadline D] [--force] [--reason R]
-//   [--abort]`: moves a namespace to another etcd cluster (server/rehome.h;
-//   runbook: docs/operations.md "Rehome").
+// `holdfast ns rehome NS --to CLUSTER [--deadline D] [--abort]`: moves a
+//   namespace to another etcd cluster (server/rehome.h; runbook:
+//   docs/operations.md "Rehome"). It never forces a hold open: that is `holdfast
+//   force`, two admins.
 #include <iostream>
 #include <optional>
 #include <vector>
@@ -217,9 +218,7 @@ struct RehomeFlags {
   std::string name;
   std::string to;
   std::string deadline = "60s";
-  bool force = false;
   bool abort = false;
-  std::string reason;
   OutputFormat output = OutputFormat::kTable;
 };
 
@@ -230,9 +229,6 @@ int RunRehome(const GlobalOptions& global, const RehomeFlags& flags) {
   }
   auto deadline = ParseDurationFlag("--deadline", flags.deadline);
   if (!deadline.ok()) return ReportUsageError(deadline.status());
-  if (flags.force && flags.abort) {
-    return ReportUsageError(absl::InvalidArgumentError("--force and --abort conflict"));
-  }
   int exit_code = kExitOk;
   std::unique_ptr<Client> client = ConnectOrReport(global, &exit_code);
   if (!client) return exit_code;
@@ -240,9 +236,7 @@ int RunRehome(const GlobalOptions& global, const RehomeFlags& flags) {
   req.set_name(flags.name);
   req.set_to(flags.to);
   req.set_deadline_ms(deadline->count());
-  req.set_force(flags.force);
   req.set_abort(flags.abort);
-  req.set_reason(flags.reason);
   auto r = client->RehomeNamespace(req);
   if (!r.ok()) return ReportError(r.status(), "ns rehome " + flags.name);
   if (flags.output == OutputFormat::kJson) {
@@ -258,7 +252,6 @@ int RunRehome(const GlobalOptions& global, const RehomeFlags& flags) {
   std::cout << (r->resumed() ? "resumed and finished: " : "") << "namespace " << flags.name
             << " moved from " << r->from() << " to " << r->to() << " (epoch " << r->epoch()
             << (r->epoch_advanced() ? ", advanced" : "") << ")";
-  if (r->forced() > 0) std::cout << "; " << r->forced() << " hold(s) force-released";
   std::cout << "\n";
   return kExitOk;
 }
@@ -271,10 +264,7 @@ void AddRehome(CLI::App* ns, CommandContext& ctx) {
   cmd->add_option("--to", flags->to, "target cluster name (holdfastd's config)")->required();
   cmd->add_option("--deadline", flags->deadline,
                   "how long to wait for holds to end (default 60s); then fail and change "
-                  "nothing, unless --force");
-  cmd->add_flag("--force", flags->force,
-                "at the deadline, release the remaining holds (audited as force)");
-  cmd->add_option("--reason", flags->reason, "recorded with holds released by --force");
+                  "nothing (a hold that will not end: `holdfast force request`)");
   cmd->add_flag("--abort", flags->abort, "roll back an unfinished rehome instead");
   AddOutputOption(cmd, &flags->output);
   SetAction(cmd, ctx, flags, RunRehome);

@@ -3,8 +3,9 @@
 // namespace's keys in its home cluster only; a rehome between the clusters while
 // clients hold and wait keeps every token after the flip above every token
 // before and never has two holders; a rehome past its deadline fails and leaves
-// both key spaces as they were; --force releases what is left (audited); a
-// rehome interrupted after a step is finished by running it again.
+// both key spaces as they were; a rehome never forces a hold open (two admins
+// force-release it, then the rehome goes on); a rehome interrupted after a step
+// is finished by running it again.
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -425,35 +426,79 @@ TEST_F(RehomeTest, HoldsPastTheDeadlineFailTheRehomeAndChangeNothing) {
   EXPECT_EQ(client_->GetNamespace("pay")->home_cluster(), "a");
 }
 
-TEST_F(RehomeTest, ForceReleasesTheRemainingHoldsAndAuditsThem) {
+// Force needs two admins: a rehome, asked by one, refuses to force holds open
+// and changes nothing. Two admins force-release the hold that will not end, and
+// the rehome then goes on; the trail names both.
+TEST_F(RehomeTest, ARehomeRefusesToForceHoldsOpen) {
   CreateNamespace("pay", "");
   auto s = client_->OpenSession("pay");
   ASSERT_TRUE(s.ok());
   auto h = (*s)->Acquire("db/primary");
   ASSERT_TRUE(h.ok());
-  const int64_t token = h->token();
+  auto in_a = KeySpace(a()), in_b = KeySpace(b());
   auto r = Rehome("pay", "b", milliseconds(500), /*force=*/true);
-  ASSERT_TRUE(r.ok()) << r.status();
-  EXPECT_EQ(r->forced(), 1);
-  EXPECT_FALSE(HasKeysOf(KeySpace(a()), "pay"));
-  // The auditor of cluster a records the forced release.
-  bool found = false;
-  for (int i = 0; i < 100 && !found; ++i) {
-    v1::QueryAuditRequest q;
-    q.set_namespace_("pay");
-    q.set_type("force");
-    auto events = client_->QueryAudit(q);
-    if (events.ok()) {
-      for (const auto& e : events->events()) found = found || e.token() == token;
-    }
-    if (!found) std::this_thread::sleep_for(milliseconds(100));
-  }
-  EXPECT_TRUE(found);
-  auto again = client_->OpenSession("pay");
-  ASSERT_TRUE(again.ok()) << again.status();
-  auto next = (*again)->Acquire("db/primary");
-  ASSERT_TRUE(next.ok()) << next.status();
-  EXPECT_GT(next->token(), token);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_NE(r.status().message().find("a rehome does not force holds open: force-release "
+                                      "needs two admins"),
+            std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("holdfast force request pay/KEY"), std::string::npos)
+      << r.status();
+  EXPECT_EQ(KeySpace(a()), in_a);
+  EXPECT_EQ(KeySpace(b()), in_b);
+  auto check = client_->CheckToken("pay", "db/primary", h->token());
+  ASSERT_TRUE(check.ok());
+  EXPECT_TRUE(check->current());
+}
+
+TEST(RehomeTwoAdminsTest, AHoldThatWillNotEndIsForceReleasedByTwoAdminsThenTheRehomeGoesOn) {
+  testing::TestCluster::Options o;
+  o.tls = true;
+  o.extra_etcd_clusters = 1;
+  auto c = testing::TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto& cluster = **c;
+  ASSERT_TRUE(cluster.MakeIdentity("admin2", "spiffe://test.holdfast/ops/bob").ok());
+  auto admin = cluster.NewClientAs("admin");
+  auto admin2 = cluster.NewClientAs("admin2");
+  ASSERT_TRUE(admin.ok() && admin2.ok());
+  v1::CreateNamespaceRequest create;
+  create.mutable_namespace_()->set_name("pay");
+  create.mutable_namespace_()->add_members("spiffe://test.holdfast/ops/*");
+  ASSERT_TRUE((*admin)->CreateNamespace(create).ok());
+  auto s = (*admin)->OpenSession("pay");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto h = (*s)->Acquire("db/primary");
+  ASSERT_TRUE(h.ok()) << h.status();
+
+  v1::RehomeNamespaceRequest rehome;
+  rehome.set_name("pay");
+  rehome.set_to("b");
+  rehome.set_deadline_ms(300);
+  auto left = (*admin)->RehomeNamespace(rehome);
+  EXPECT_EQ(left.status().code(), absl::StatusCode::kFailedPrecondition) << left.status();
+  EXPECT_NE(left.status().message().find("1 hold(s) of namespace \"pay\" remain"),
+            std::string::npos)
+      << left.status();
+  EXPECT_NE(left.status().message().find("holdfast force request"), std::string::npos)
+      << left.status();
+
+  v1::RequestForceReleaseRequest ask;
+  ask.set_namespace_("pay");
+  ask.set_lock_key("db/primary");
+  ask.set_reason("move to b, OPS-456");
+  auto req = (*admin)->RequestForceRelease(ask);
+  ASSERT_TRUE(req.ok()) << req.status();
+  v1::ApproveForceReleaseRequest approve;
+  approve.set_request_id(req->request_id());
+  auto self = (*admin)->ApproveForceRelease(approve);
+  EXPECT_EQ(self.status().code(), absl::StatusCode::kPermissionDenied) << self.status();
+  auto ok = (*admin2)->ApproveForceRelease(approve);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+
+  auto moved = (*admin)->RehomeNamespace(rehome);
+  ASSERT_TRUE(moved.ok()) << moved.status();
+  EXPECT_EQ((*admin)->GetNamespace("pay")->home_cluster(), "b");
 }
 
 // holdfastd exits right after each step in turn (HOLDFAST_TEST_REHOME_EXIT_AFTER,
@@ -595,8 +640,7 @@ TEST_F(RehomeTest, TheRunbookCommandsWork) {
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE(r.err.find("no rehome of namespace \"payments\" is in progress"), std::string::npos)
       << r.err;
-  r = RunCli(dir, ep, {"ns", "rehome", "payments", "--to", "a", "--deadline", "2m", "--force",
-                       "--reason", "back to a, OPS-456"});
+  r = RunCli(dir, ep, {"ns", "rehome", "payments", "--to", "a", "--deadline", "2m"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(client_->GetNamespace("payments")->home_cluster(), "a");
 }

@@ -6,9 +6,7 @@
 #include <future>
 #include <thread>
 
-#include "absl/random/random.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_format.h"
 #include "common/status.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
@@ -182,32 +180,6 @@ absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> Rehomer::Holds(
   return out;
 }
 
-absl::StatusOr<int64_t> Rehomer::ForceRest(Cluster& from, const std::string& ns,
-                                           const std::string& actor, const std::string& reason,
-                                           etcd::Deadline d) {
-  HF_ASSIGN_OR_RETURN(auto holds, Holds(from, ns, d));
-  int64_t forced = 0;
-  for (const auto& [key, grant_rev] : holds) {
-    // As an approved force-release: exactly this hold, guarded by its grant
-    // revision, with a force mark (the auditor writes the force_release row).
-    pb::TxnRequest txn;
-    AddCompare(&txn, key, pb::Compare::CREATE, pb::Compare::EQUAL)->set_create_revision(grant_rev);
-    txn.add_success()->mutable_request_delete_range()->set_key(key);
-    records::AuditMark mark;
-    mark.set_kind("force");
-    mark.set_request_id(absl::StrFormat("%016x", absl::Uniform<uint64_t>(absl::BitGen())));
-    mark.set_requester(actor);
-    mark.set_approver("holdfast ns rehome --force");
-    mark.set_reason(reason);
-    mark.set_class_was_fenced(true);
-    mark.set_requested_at_unix_ms(lock::NowUnixMs());
-    lock::AddAuditMark(&txn, std::move(mark));
-    HF_ASSIGN_OR_RETURN(auto t, from.etcd->TxnSync(std::move(txn), d));
-    if (t.succeeded()) ++forced;  // else released meanwhile
-  }
-  return forced;
-}
-
 absl::Status Rehomer::Seal(Cluster& from, const std::string& ns, etcd::Deadline d) {
   for (int attempt = 0; attempt < 5; ++attempt) {
     HF_ASSIGN_OR_RETURN(NsState s, ReadNs(from, ns, d));
@@ -355,6 +327,14 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
     return absl::InvalidArgumentError(
         absl::StrCat("deadline ", req.deadline_ms(), "ms is out of range (0 to 24h)"));
   }
+  if (req.force()) {
+    // Force needs two people (ARCHITECTURE §8), and a rehome is asked by one.
+    return absl::InvalidArgumentError(absl::StrCat(
+        "a rehome does not force holds open: force-release needs two admins. Release a hold "
+        "that will not end with `holdfast force request ", ns,
+        "/KEY --reason ...` and a second admin's `holdfast force approve ID`, then run the "
+        "rehome again; nothing changed"));
+  }
   v1::RehomeNamespaceResponse out;
   out.set_name(ns);
   if (clusters_->placements() == nullptr) {
@@ -466,7 +446,6 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
     const auto wait = req.deadline_ms() > 0 ? std::chrono::milliseconds(req.deadline_ms())
                                             : options_.default_deadline;
     const auto until = std::chrono::steady_clock::now() + wait;
-    int64_t forced = 0;
     while (true) {
       HF_ASSIGN_OR_RETURN(auto holds, Holds(*from, ns, Step()));
       if (holds.empty()) {
@@ -476,24 +455,16 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
         continue;  // a hold committed meanwhile: wait for it too
       }
       if (std::chrono::steady_clock::now() >= until) {
-        if (!req.force()) {
-          HF_RETURN_IF_ERROR(RollBack(ns, placed, Step()));
-          return absl::FailedPreconditionError(absl::StrCat(
-              holds.size(), " hold(s) of namespace \"", ns, "\" remain on cluster \"",
-              st.from(), "\" after the deadline of ", wait.count(),
-              "ms; the rehome is rolled back and nothing changed. Wait for them to end, or "
-              "run it again with --force to release them (audited as force)"));
-        }
-        const std::string reason =
-            req.reason().empty() ? absl::StrCat("rehome of ", ns, " to ", st.to()) : req.reason();
-        HF_ASSIGN_OR_RETURN(int64_t n, ForceRest(*from, ns, caller.identity, reason, Step()));
-        forced += n;
-        continue;
+        HF_RETURN_IF_ERROR(RollBack(ns, placed, Step()));
+        return absl::FailedPreconditionError(absl::StrCat(
+            holds.size(), " hold(s) of namespace \"", ns, "\" remain on cluster \"", st.from(),
+            "\" after the deadline of ", wait.count(),
+            "ms; the rehome is rolled back and nothing changed. Wait for them to end (`holdfast "
+            "holders ", ns, "/KEY` shows who holds), or have them force-released (`holdfast "
+            "force request`, approved by a second admin), then run it again"));
       }
       std::this_thread::sleep_for(options_.poll);
     }
-    out.set_forced(forced);
-    placed.rec->mutable_rehome()->set_forced(forced);
     HF_RETURN_IF_ERROR(advance(kRehomeSealed));
   }
   if (st.phase() == kRehomeSealed) {
@@ -517,7 +488,6 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
       done->set_home(st.to());
     }
     out.set_epoch(st.target_epoch());
-    if (out.forced() == 0) out.set_forced(st.forced());
     HF_RETURN_IF_ERROR(WritePlacement(ns, placed, done, Step()));
   }
   return out;

@@ -13,11 +13,11 @@
 //               on their class's mod_revision). From here `from` refuses new
 //               sessions, grants and queueing with UNAVAILABLE and a retry hint,
 //               and a release hands nothing over. Then: wait until the namespace
-//               has no hold on `from`. At the deadline, with holds left: without
-//               force, roll back (nothing changed) and fail FAILED_PRECONDITION;
-//               with force, release each one as force-release does (guarded by
-//               its grant revision, an AuditMark of kind "force", so the auditor
-//               records `force` events and force_release rows naming the rehome).
+//               has no hold on `from`. At the deadline, with holds left: roll back
+//               (nothing changed) and fail FAILED_PRECONDITION. A rehome never
+//               forces a hold open: force needs two admins (ARCHITECTURE §8), and
+//               a hold that will not end is force-released by the two-person
+//               request and approval, before the rehome is asked again.
 //   kSealed     one transaction on `from`: no hold of the namespace exists (the
 //               compare), the record is marked moved, the class records are
 //               rewritten again and every waiter key is deleted (the waiters wake,
@@ -89,9 +89,6 @@ class Rehomer {
   absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> Holds(Cluster& c,
                                                                       const std::string& ns,
                                                                       etcd::Deadline d);
-  absl::StatusOr<int64_t> ForceRest(Cluster& from, const std::string& ns,
-                                    const std::string& actor, const std::string& reason,
-                                    etcd::Deadline d);
   // OK when sealed; FAILED_PRECONDITION while holds remain.
   absl::Status Seal(Cluster& from, const std::string& ns, etcd::Deadline d);
   absl::StatusOr<std::pair<int32_t, bool>> EnsureEpoch(Cluster& from, Cluster& to,
