@@ -371,6 +371,35 @@ TEST_F(LockTest, ListNamespacesShowsNamesThatSortInsideAnother) {
   EXPECT_EQ(listed, want);
 }
 
+// A Hold in the caller's hands says when it has ended: closing its session ends
+// it (the lease is revoked and the next caller gets the key), and so does
+// destroying the Client that renewed its session (nothing renews it any more).
+TEST_F(LockTest, AHoldSaysItEndedWhenItsSessionIsClosedOrItsClientIsGone) {
+  auto s = Open();
+  auto h = s->Acquire("ends/closed");
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(s->Close().ok());
+  EXPECT_TRUE(h->lost());
+  EXPECT_TRUE(h->lost_token().stop_requested());
+  EXPECT_NE(h->lost_reason().message().find("was closed"), std::string::npos)
+      << h->lost_reason();
+  auto next = Open();
+  EXPECT_TRUE(next->Acquire("ends/closed").ok());
+  EXPECT_TRUE(h->Release().ok());  // nothing left to release
+
+  auto other = cluster_->NewClient();
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto kept = Open(seconds(10), other->get());
+  auto k = kept->Acquire("ends/client");
+  ASSERT_TRUE(k.ok()) << k.status();
+  EXPECT_FALSE(k->lost());
+  other->reset();
+  EXPECT_TRUE(kept->lost());
+  EXPECT_TRUE(k->lost());
+  EXPECT_NE(k->lost_reason().message().find("its Client was destroyed"), std::string::npos)
+      << k->lost_reason();
+}
+
 TEST_F(LockTest, SharedInAnExclusiveClassIsRefused) {
   v1::LockClass cls;
   cls.set_namespace_("default");

@@ -277,8 +277,21 @@ bool SessionState::WantsRenewal() const {
 }
 
 void SessionState::MarkClosed() {
-  absl::MutexLock l(&mu_);
-  closed_ = true;
+  std::vector<std::shared_ptr<HoldState>> holds;
+  {
+    absl::MutexLock l(&mu_);
+    if (closed_) return;
+    closed_ = true;
+    for (auto& w : holds_) {
+      if (auto h = w.lock()) holds.push_back(std::move(h));
+    }
+  }
+  // Closing ends every hold of the session: a Hold still in the caller's hands
+  // must say so (and stop its lost_token) like any other end. No on_lost: the
+  // caller closed it.
+  const absl::Status why = absl::FailedPreconditionError(
+      absl::StrCat("session ", id_, " was closed: its holds ended with it"));
+  for (auto& h : holds) h->MarkLost(why);
 }
 
 bool SessionState::closed() const {
@@ -437,7 +450,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
       new Client(std::make_shared<internal::ClientCore>(std::move(options))));
 }
 
-Client::~Client() { core_->pump().Stop(); }
+Client::~Client() { core_->pump().Stop(); }  // sessions it renewed count as lost
 
 absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const std::string& ns,
                                                              const SessionOptions& options) {

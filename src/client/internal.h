@@ -119,7 +119,8 @@ class SessionState {
   void MarkLost(absl::Status why);
   // True while the pump should keep renewing.
   bool WantsRenewal() const;
-  // Marks the session closed by its owner: no more renewals, no lost callback.
+  // Marks the session closed by its owner: no more renewals, every hold on it
+  // lost ("was closed"), no lost callback.
   void MarkClosed();
   bool closed() const;
 

@@ -20,6 +20,21 @@ void KeepAlivePump::Stop() {
     cv_.Signal();
   }
   if (thread_.joinable()) thread_.join();
+  // Nothing renews the sessions left here any more (the Client went first): they
+  // count as lost now, so a Session or Hold that outlives its Client does not go
+  // on saying it holds while its lease runs out.
+  std::vector<std::shared_ptr<SessionState>> left;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& [id, e] : sessions_) {
+      if (auto s = e.state.lock()) left.push_back(std::move(s));
+    }
+    sessions_.clear();
+  }
+  for (auto& s : left) {
+    s->MarkLost(absl::UnavailableError(
+        absl::StrCat("session ", s->id(), " is no longer renewed: its Client was destroyed")));
+  }
 }
 
 void KeepAlivePump::Add(std::shared_ptr<SessionState> s) {
