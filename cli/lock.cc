@@ -184,8 +184,11 @@ struct CommandOutcome {
 };
 
 // Waits for CMD to exit, forwarding signals to its group, and stops it when the
-// hold is lost: SIGTERM, then SIGKILL once `request.grace` has passed. (A hold of
-// an open class that is only unprotected keeps CMD running.)
+// hold is lost: SIGTERM, then SIGKILL once `request.grace` has passed, to every
+// process of CMD's group, also those left after CMD itself exited (they ran under
+// the hold too). (A hold of an open class that is only unprotected keeps CMD
+// running.) When CMD exits with the hold kept, what it left running in its group
+// is not touched: that is CMD's to manage, and it runs without the lock.
 CommandOutcome Supervise(dev::Subprocess& child, const Hold& hold,
                          const LockRequest& request, SignalWaiter& waiter) {
   using Clock = std::chrono::steady_clock;
@@ -213,6 +216,14 @@ CommandOutcome Supervise(dev::Subprocess& child, const Hold& hold,
       child.Signal(SIGKILL);
       killed = true;
     }
+  }
+  if (kill_at && !killed) {
+    // CMD is gone but others of its group may not be (one that ignores SIGTERM,
+    // say): the rest of the grace, then SIGKILL.
+    while (child.GroupAlive() && Clock::now() < *kill_at) {
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    if (child.GroupAlive()) child.SignalGroup(SIGKILL);
   }
   CommandOutcome outcome;
   outcome.exit_code = *child.Wait();

@@ -543,6 +543,39 @@ TEST(CliLostHoldTest, LostHoldStopsTheCommandAndExits74) {
   EXPECT_EQ(errno, ESRCH);
 }
 
+// Whether `pid` has ended: gone, or a zombie waiting for whoever adopted it.
+bool Ended(pid_t pid) {
+  if (::kill(pid, 0) == -1 && errno == ESRCH) return true;
+  std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
+  size_t paren = stat.rfind(')');
+  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+}
+
+// A lost hold stops every process of the command's group, also one that ignores
+// SIGTERM after the command itself has exited: it ran under the hold too.
+TEST(CliLostHoldTest, LostHoldStopsEveryProcessOfTheCommand) {
+  auto cluster = TestCluster::Start();
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->CreateNamespace("default").ok());
+  std::string pid_file = (*cluster)->dir() + "/stubborn-pid";
+  // The command (sh) dies of SIGTERM; the process it started ignores it.
+  const std::string inner = "trap '' TERM; echo $$ > '" + pid_file + "'; exec sleep 60";
+  auto p = CliProcess::Start((*cluster)->dir(), (*cluster)->endpoint(),
+                             {"lock", "--ttl", "2s", "--grace", "1s", "default/cli/group", "--",
+                              "sh", "-c", "sh -c \"$0\" & wait", inner});
+  ASSERT_NE(p, nullptr);
+  const pid_t stubborn = CommandPid(pid_file);
+  ASSERT_GT(stubborn, 0) << "the inner process never wrote its pid to " << pid_file;
+
+  (*cluster)->holdfastd().Kill();
+  CliResult r = p->Finish(seconds(30));
+  EXPECT_EQ(r.exit_code, 74) << r.err;
+  EXPECT_NE(r.err.find("lost the hold on default/cli/group"), std::string::npos) << r.err;
+  EXPECT_TRUE(WaitFor([&] { return Ended(stubborn); }, seconds(5)))
+      << "pid " << stubborn << " outlived the lost hold";
+  if (!Ended(stubborn)) ::kill(stubborn, SIGKILL);
+}
+
 TEST(CliLostHoldTest, AForceReleasedHoldStopsTheCommandAndExits74) {
   TestCluster::Options o;
   o.tls = true;

@@ -131,6 +131,14 @@ void Subprocess::Signal(int sig) {
   }
 }
 
+bool Subprocess::GroupAlive() const {
+  return options_.new_process_group && ::kill(-pid_, 0) == 0;
+}
+
+void Subprocess::SignalGroup(int sig) {
+  if (options_.new_process_group) ::kill(-pid_, sig);
+}
+
 int Subprocess::Stop(std::chrono::milliseconds grace) {
   if (!Running()) return *exit_status_;
   Signal(SIGTERM);

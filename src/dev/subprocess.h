@@ -47,6 +47,11 @@ class Subprocess {
   std::optional<int> Wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   // Sends `sig` to the child's process group (or the child alone).
   void Signal(int sig);
+  // With a process group of its own: whether a process of it is left (the child
+  // itself may have exited: a group's id is not reused while it has members), and
+  // sending `sig` to them. False and no-ops without a group.
+  bool GroupAlive() const;
+  void SignalGroup(int sig);
   // SIGTERM, then SIGKILL after `grace`; returns the exit status as Wait().
   int Stop(std::chrono::milliseconds grace = std::chrono::seconds(5));
 
