@@ -6,6 +6,7 @@
 #include <atomic>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <map>
 #include <random>
 #include <set>
@@ -306,6 +307,37 @@ TEST_F(QueueTest, ACancelledWaiterLeavesNoWaiterBehind) {
   EXPECT_EQ(f.get().error_code(), grpc::StatusCode::CANCELLED);
   DescribeUntil("c", [](auto& d) { return d.waiters_size() == 0; });
   EXPECT_EQ(client_->Describe("default", "c")->holders(0).session_id(), a->id());
+}
+
+// A wait out of range is refused, whatever its size, and nothing is written.
+TEST_F(QueueTest, AWaitOutOfRangeIsRefusedAndChangesNothing) {
+  auto a = Open();
+  const int64_t rev = Revision();
+  for (auto wait : {std::chrono::milliseconds::max(), milliseconds(-1),
+                    milliseconds(3600 * 1000 + 1)}) {
+    auto h = a->Acquire("w", testing::Waiting(wait));
+    EXPECT_EQ(h.status().code(), absl::StatusCode::kInvalidArgument) << wait.count() << ": "
+                                                                      << h.status();
+    EXPECT_NE(h.status().message().find("ms is outside [0, 3600000ms]"), std::string::npos)
+        << h.status();
+  }
+  // Straight through gRPC too (libholdfast passes the wait on as asked).
+  auto channel = grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Lock::NewStub(channel);
+  for (int64_t wait : {std::numeric_limits<int64_t>::max(), std::numeric_limits<int64_t>::min()}) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+    v1::AcquireRequest req;
+    req.set_namespace_("default");
+    req.set_session_id(a->id());
+    req.set_lock_key("w");
+    req.set_wait_ms(wait);
+    v1::AcquireResponse resp;
+    auto s = stub->Acquire(&ctx, req, &resp);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << wait << ": "
+                                                                  << s.error_message();
+  }
+  EXPECT_EQ(Revision(), rev);
 }
 
 TEST_F(QueueTest, SessionCloseLeavesNoWaiter) {

@@ -408,11 +408,15 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   // breaks mid-call (UNAVAILABLE), ask again, on whichever replica the channel
   // reaches now, with what is left of the wait; a queued waiter keeps its place.
   v1::AcquireResponse resp;
-  const auto wait_until = std::chrono::steady_clock::now() + options.wait;
+  // holdfastd refuses a wait out of range (INVALID_ARGUMENT); clamped here only so
+  // that the deadlines cannot overflow before it says so.
+  const auto wait = std::clamp<std::chrono::milliseconds>(options.wait, std::chrono::milliseconds(0),
+                                                          std::chrono::hours(24));
+  const auto wait_until = std::chrono::steady_clock::now() + wait;
   absl::Status s;
   for (int attempt = 0; attempt < 10; ++attempt) {
     grpc::ClientContext ctx;
-    state_->core().SetDeadline(&ctx, options.wait);
+    state_->core().SetDeadline(&ctx, wait);
     s = FromCall(state_->core(), ctx, state_->core().lock_stub().Acquire(&ctx, req, &resp));
     if (s.code() != absl::StatusCode::kUnavailable || state_->lost()) break;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(

@@ -78,7 +78,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         caller_(std::move(caller)),
         req_(std::move(req)),
         rpc_deadline_(rpc_deadline),
-        deadline_unix_ms_(NowUnixMs() + req_.wait_ms()),
+        // Clamped: Validate refuses a wait out of range, but runs later.
+        deadline_unix_ms_(NowUnixMs() +
+                          std::clamp<int64_t>(req_.wait_ms(), 0, engine->options().max_wait.count())),
         started_(std::chrono::steady_clock::now()),
         done_(std::move(done)) {}
 

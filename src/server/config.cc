@@ -155,6 +155,10 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
   if (auto acquire = root["acquire"]) {
     if (auto s = Unknown(acquire, "acquire.", {"max_wait", "ride_with_release"}); !s.ok()) return s;
     if (auto s = ReadDuration(acquire["max_wait"], "acquire.max_wait", &c.max_wait); !s.ok()) return s;
+    if (c.max_wait < std::chrono::milliseconds(0) || c.max_wait > std::chrono::hours(24)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: acquire.max_wait must be between 0s and 24h, not ", c.max_wait.count(), "ms"));
+    }
     if (auto s = ReadDuration(acquire["ride_with_release"], "acquire.ride_with_release",
                               &c.ride_with_release);
         !s.ok()) {

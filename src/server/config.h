@@ -22,7 +22,7 @@
 //     ttl_min: 1s                   # bounds on session TTLs (classes narrow them)
 //     ttl_max: 24h
 //   acquire:
-//     max_wait: 1h
+//     max_wait: 1h                  # at most 24h
 //     ride_with_release: 5ms        # an enqueue behind other waiters waits this long for
 //                                   #   the key's next release here, to share its etcd
 //                                   #   transaction (0s: never; at most 1s)

@@ -90,6 +90,7 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\naudit: {max_buffered_events: 999}",
        "audit.max_buffered_events must be between 1000 and 10000000"},
       {"insecure: true\naudit: {max_buffered_events: many}", "audit.max_buffered_events"},
+      {"insecure: true\nacquire: {max_wait: 25h}", "acquire.max_wait must be between 0s and 24h"},
       {"insecure: true\nacquire: {ride_with_release: 2s}",
        "acquire.ride_with_release must be between 0s and 1s"},
       {"insecure: true\naudit: {flush_interval: -5ms}", "audit.flush_interval: invalid duration"},

@@ -1,5 +1,6 @@
 #include "server/lock_service.h"
 
+#include <algorithm>
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
@@ -9,6 +10,9 @@
 namespace holdfast::server {
 
 namespace {
+
+// The longest wait acquire.max_wait may allow (config.cc checks it).
+constexpr int64_t kMaxWaitMs = 24 * 3600 * 1000;
 
 // The cancellable part of one Acquire call. Shared between the reactor and the
 // code that starts the engine operation, so neither outlives what it touches.
@@ -61,9 +65,11 @@ grpc::ServerUnaryReactor* LockService::Acquire(grpc::CallbackServerContext* ctx,
   }
   const Route route = router_->RouteFor(req->namespace_());
   AdmitThen(route.quota, ctx, reactor, *caller, req->namespace_(), [=, caller = *caller] {
-    // Work may go on for the wait plus a margin for the grant itself.
+    // Work may go on for the wait plus a margin for the grant itself. A wait out
+    // of range is refused by the engine; clamped here so the sum cannot overflow.
     auto deadline = RpcDeadline(
-        *ctx, std::chrono::milliseconds(std::max<int64_t>(req->wait_ms(), 0)) + kUnaryCap);
+        *ctx, std::chrono::milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, kMaxWaitMs)) +
+                  kUnaryCap);
     // The reactor may be gone once the engine finishes it; `call` (held by this
     // closure) stays alive here.
     call->SetOp(route.engine->Acquire(caller, *req, deadline, FinishInto(reactor, resp)));
