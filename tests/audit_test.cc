@@ -16,6 +16,7 @@
 #include "audit/store.h"
 #include "harness/cluster.h"
 #include "lock/keyspace.h"
+#include "lock/records.pb.h"
 
 namespace holdfast {
 namespace {
@@ -578,6 +579,43 @@ TEST_F(ForceReleaseTest, AHoldGrantedSinceTheRequestIsNotTouched) {
   EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(r.status().message().find("nothing released"), std::string::npos) << r.status();
   EXPECT_EQ(Holders("queue"), std::vector<int64_t>{second->token()});
+}
+
+// A request past the expiry it announced cannot be approved, even while its key
+// lives on (etcd gives a lease its whole TTL again after a leader change): it is
+// not listed, and the approval releases nothing.
+TEST_F(ForceReleaseTest, ARequestPastItsExpiryIsNotApproved) {
+  auto s = std::move(*alice_->OpenSession("default"));
+  auto h = s->Acquire("late");
+  ASSERT_TRUE(h.ok());
+  v1::ForceRequest req = Request("late");
+  ASSERT_FALSE(req.request_id().empty());
+  // The record as a request made 16 minutes ago would be, on its live lease.
+  const std::string key = keyspace::ForceRequestKey(req.request_id());
+  pb::RangeRequest r;
+  r.set_key(key);
+  auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(got.ok() && got->kvs_size() == 1);
+  records::ForceRequestRecord rec;
+  ASSERT_TRUE(rec.ParseFromString(got->kvs(0).value()));
+  rec.set_requested_at_unix_ms(rec.requested_at_unix_ms() - 16 * 60 * 1000);
+  rec.set_expires_at_unix_ms(rec.requested_at_unix_ms() + 15 * 60 * 1000);
+  pb::PutRequest put;
+  put.set_key(key);
+  put.set_value(rec.SerializeAsString());
+  put.set_lease(got->kvs(0).lease());
+  ASSERT_TRUE(cluster_->etcd_client().PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+
+  auto listed = admin2_->ListForceRequests();
+  ASSERT_TRUE(listed.ok()) << listed.status();
+  EXPECT_EQ(listed->requests_size(), 0) << listed->DebugString();
+  auto late = Approve(*admin2_, req.request_id());
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kNotFound) << late.status();
+  EXPECT_NE(late.status().message().find("expired"), std::string::npos) << late.status();
+  EXPECT_NE(late.status().message().find("nothing released"), std::string::npos)
+      << late.status();
+  EXPECT_EQ(Holders("late"), std::vector<int64_t>{h->token()});
+  EXPECT_FALSE(h->lost());
 }
 
 TEST_F(ForceReleaseTest, BadRequestsAreRefusedAndChangeNothing) {

@@ -112,8 +112,17 @@ absl::StatusOr<v1::ForceRequest> ForceReleases::Request(const std::string& reque
   put->set_key(keyspace::ForceRequestKey(id));
   put->set_value(rec.SerializeAsString());
   put->set_lease(lease.id());
-  HF_ASSIGN_OR_RETURN(auto done, etcd_->TxnSync(std::move(txn), d));
-  if (!done.succeeded()) {
+  auto done = etcd_->TxnSync(std::move(txn), d);
+  if (!done.ok() || !done->succeeded()) {
+    // No request was written (or none is known to be): its lease goes now rather
+    // than at the end of its TTL. Best effort; an unknown outcome keeps the
+    // lease, so a request that did land still expires as announced.
+    if (done.ok()) {
+      pb::LeaseRevokeRequest revoke;
+      revoke.set_id(lease.id());
+      etcd_->LeaseRevoke(revoke, etcd::DeadlineIn(std::chrono::seconds(5)), [](auto) {});
+    }
+    if (!done.ok()) return done.status();
     return absl::AbortedError(
         absl::StrCat("the hold of \"", key, "\" changed while the request was made; try again"));
   }
@@ -137,6 +146,17 @@ absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
   records::ForceRequestRecord rec;
   if (!rec.ParseFromString(got.kvs(0).value())) {
     return absl::DataLossError("corrupt force-release request in etcd");
+  }
+  // etcd resets a lease to its whole TTL when its leader changes, so the request
+  // key may outlive the expiry it announced; the announced expiry is the one that
+  // counts (this server's clock against the requester's: they may differ by
+  // their skew).
+  if (rec.expires_at_unix_ms() > 0 && NowUnixMs() >= rec.expires_at_unix_ms()) {
+    return absl::NotFoundError(absl::StrCat(
+        "force-release request ", req.request_id(), " expired ",
+        NowUnixMs() - rec.expires_at_unix_ms(),
+        "ms ago (audit.force_request_ttl); ask again with `holdfast force request`; nothing "
+        "released"));
   }
   if (approver == rec.requester()) {
     return absl::PermissionDeniedError(absl::StrCat(
@@ -174,7 +194,8 @@ absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
     pb::RangeRequest again;
     again.set_key(got.kvs(0).key());
     auto still = etcd_->RangeSync(again, d);
-    if (still.ok() && still->kvs_size() == 0) {
+    if (!still.ok()) return still.status();  // which one failed is not known
+    if (still->kvs_size() == 0) {
       return absl::NotFoundError(absl::StrCat("force-release request ", req.request_id(),
                                               " expired or was approved meanwhile"));
     }
@@ -198,6 +219,8 @@ absl::StatusOr<std::vector<v1::ForceRequest>> ForceReleases::List(etcd::Deadline
   for (const auto& kv : got.kvs()) {
     records::ForceRequestRecord rec;
     if (!rec.ParseFromString(kv.value())) continue;
+    // Past its announced expiry it can no longer be approved (Approve).
+    if (rec.expires_at_unix_ms() > 0 && NowUnixMs() >= rec.expires_at_unix_ms()) continue;
     out.push_back(ToApi(kv.key().substr(keyspace::ForceRequestPrefix().size()), rec));
   }
   return out;
