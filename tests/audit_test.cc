@@ -610,7 +610,7 @@ TEST_F(ForceReleaseTest, ARequestPastItsExpiryIsNotApproved) {
   ASSERT_TRUE(listed.ok()) << listed.status();
   EXPECT_EQ(listed->requests_size(), 0) << listed->DebugString();
   auto late = Approve(*admin2_, req.request_id());
-  EXPECT_EQ(late.status().code(), absl::StatusCode::kNotFound) << late.status();
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition) << late.status();
   EXPECT_NE(late.status().message().find("expired"), std::string::npos) << late.status();
   EXPECT_NE(late.status().message().find("nothing released"), std::string::npos)
       << late.status();

@@ -501,6 +501,56 @@ TEST(RehomeTwoAdminsTest, AHoldThatWillNotEndIsForceReleasedByTwoAdminsThenTheRe
   EXPECT_EQ((*admin)->GetNamespace("pay")->home_cluster(), "b");
 }
 
+// A force-release request lives on the cluster of its hold. With the control
+// cluster's etcd down, an approval is still served by the cluster that has it.
+TEST(TwoClustersTwoAdminsTest, AnApprovalIsServedWhileAnotherClusterIsDown) {
+  testing::TestCluster::Options o;
+  o.tls = true;
+  o.extra_etcd_clusters = 1;
+  auto c = testing::TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto& cluster = **c;
+  ASSERT_TRUE(cluster.MakeIdentity("admin2", "spiffe://test.holdfast/ops/bob").ok());
+  auto admin = cluster.NewClientAs("admin");
+  auto admin2 = cluster.NewClientAs("admin2");
+  ASSERT_TRUE(admin.ok() && admin2.ok());
+  v1::CreateNamespaceRequest create;
+  create.mutable_namespace_()->set_name("far");
+  create.mutable_namespace_()->set_cluster_tier("b");
+  ASSERT_TRUE((*admin)->CreateNamespace(create).ok());
+  auto s = (*admin)->OpenSession("far");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto h = (*s)->Acquire("job");
+  ASSERT_TRUE(h.ok()) << h.status();
+  v1::RequestForceReleaseRequest ask;
+  ask.set_namespace_("far");
+  ask.set_lock_key("job");
+  ask.set_reason("wedged, OPS-9");
+  auto req = (*admin)->RequestForceRelease(ask);
+  ASSERT_TRUE(req.ok()) << req.status();
+
+  cluster.etcd().Stop();  // cluster "a", asked first
+  v1::ApproveForceReleaseRequest approve;
+  approve.set_request_id(req->request_id());
+  auto ok = (*admin2)->ApproveForceRelease(approve);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  pb::RangeRequest r;
+  r.set_key(keyspace::HoldRangeBegin("far", "job"));
+  r.set_range_end(keyspace::HoldRangeEnd("far", "job"));
+  auto left = cluster.extra_etcd_client(0).RangeSync(r, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(left.ok()) << left.status();
+  EXPECT_EQ(left->kvs_size(), 0);
+
+  // A request no cluster that answered has: the one that could not be asked is
+  // named, since the request may be there.
+  approve.set_request_id("0123456789abcdef");
+  auto unknown = (*admin2)->ApproveForceRelease(approve);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kUnavailable) << unknown.status();
+  EXPECT_NE(unknown.status().message().find("etcd cluster \"a\" could not be asked"),
+            std::string::npos)
+      << unknown.status();
+}
+
 // holdfastd exits right after each step in turn (HOLDFAST_TEST_REHOME_EXIT_AFTER,
 // a crash); running the command again finishes the move.
 TEST_F(RehomeTest, ARehomeInterruptedAfterAnyStepIsFinishedByRunningItAgain) {

@@ -152,7 +152,7 @@ absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
   // counts (this server's clock against the requester's: they may differ by
   // their skew).
   if (rec.expires_at_unix_ms() > 0 && NowUnixMs() >= rec.expires_at_unix_ms()) {
-    return absl::NotFoundError(absl::StrCat(
+    return absl::FailedPreconditionError(absl::StrCat(
         "force-release request ", req.request_id(), " expired ",
         NowUnixMs() - rec.expires_at_unix_ms(),
         "ms ago (audit.force_request_ttl); ask again with `holdfast force request`; nothing "

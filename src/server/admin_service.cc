@@ -363,12 +363,26 @@ grpc::Status AdminService::ApproveForceRelease(grpc::ServerContext* ctx,
   auto caller = auth_->CallerOf(*ctx);
   if (!caller.ok()) return ToGrpcStatus(caller.status());
   if (auto s = Authenticator::RequireAdmin(*caller); !s.ok()) return ToGrpcStatus(s);
-  // The request lives on the cluster of its hold: ask each until one has it.
+  // The request lives on the cluster of its hold: ask each until one has it. A
+  // cluster that cannot answer does not stop the others; if none has it, the
+  // answer says which could not be asked (the request may be there).
   absl::StatusOr<v1::ApproveForceReleaseResponse> r;
+  absl::Status unasked;
   for (const auto& c : clusters_->all()) {
     r = c->force->Approve(caller->identity, *req, RpcDeadline(*ctx, kUnaryCap));
-    if (r.status().code() != absl::StatusCode::kNotFound) break;
+    const auto code = r.status().code();
+    if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
+      if (unasked.ok()) {
+        unasked = absl::Status(code, absl::StrCat("etcd cluster \"", c->name(),
+                                                  "\" could not be asked for request ",
+                                                  req->request_id(), " (", r.status().message(),
+                                                  "); nothing released there; try again"));
+      }
+      continue;
+    }
+    if (code != absl::StatusCode::kNotFound) return Reply(std::move(r), resp);
   }
+  if (!unasked.ok()) return ToGrpcStatus(unasked);
   return Reply(std::move(r), resp);
 }
 
