@@ -430,6 +430,35 @@ TEST_F(LockTest, SharedHoldsCoexistButNotWithExclusive) {
   EXPECT_EQ(HoldsInEtcd("cfg").size(), 2u);
 }
 
+// Sessions opened while a namespace had no quota count against one set later:
+// with three live and a quota of two, a fourth is refused and nothing is written.
+TEST_F(LockTest, SessionsOpenedBeforeAQuotaCountAgainstIt) {
+  v1::CreateNamespaceRequest req;
+  req.mutable_namespace_()->set_name("late-quota");
+  ASSERT_TRUE(client_->CreateNamespace(req).ok());
+  std::vector<std::unique_ptr<Session>> open;
+  for (int i = 0; i < 3; ++i) {
+    auto s = client_->OpenSession("late-quota");
+    ASSERT_TRUE(s.ok()) << s.status();
+    open.push_back(std::move(*s));
+  }
+  v1::UpdateNamespaceRequest set;
+  set.set_name("late-quota");
+  set.set_held_lease_quota(2);
+  ASSERT_TRUE(client_->UpdateNamespace(set).ok());
+  const int64_t rev = Revision();
+  auto fourth = client_->OpenSession("late-quota");
+  EXPECT_EQ(fourth.status().code(), absl::StatusCode::kResourceExhausted) << fourth.status();
+  EXPECT_NE(fourth.status().message().find("held_lease_quota"), std::string::npos)
+      << fourth.status();
+  EXPECT_EQ(Revision(), rev);
+  EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("late-quota")), 3);
+  // Down to one below the quota, one opens again.
+  ASSERT_TRUE(open[0]->Close().ok());
+  ASSERT_TRUE(open[1]->Close().ok());
+  EXPECT_TRUE(client_->OpenSession("late-quota").ok());
+}
+
 TEST_F(LockTest, HeldLeaseQuotaIsExactUnderConcurrency) {
   v1::CreateNamespaceRequest req;
   req.mutable_namespace_()->set_name("q");

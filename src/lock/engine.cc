@@ -159,6 +159,12 @@ void Engine::OpenSession(const Caller& caller, const v1::OpenSessionRequest& req
   slots->set_key(keyspace::SlotPrefix(req.namespace_()));
   slots->set_range_end(keyspace::PrefixEnd(keyspace::SlotPrefix(req.namespace_())));
   slots->set_count_only(true);
+  // The live sessions too: those opened while the namespace had no quota hold no
+  // slot, nor do they need one, but they count against a quota set since.
+  auto* sessions = read.add_success()->mutable_request_range();
+  sessions->set_key(keyspace::SessionPrefix(req.namespace_()));
+  sessions->set_range_end(keyspace::PrefixEnd(keyspace::SessionPrefix(req.namespace_())));
+  sessions->set_count_only(true);
   etcd_->Txn(std::move(read), EtcdDeadline(d), [this, caller, ns = req.namespace_(), ttl_s, d,
                                                done](absl::StatusOr<pb::TxnResponse> r) {
     if (!r.ok()) return done(r.status());
@@ -173,9 +179,9 @@ void Engine::OpenSession(const Caller& caller, const v1::OpenSessionRequest& req
     if (auto s = CheckMember(caller, ns, rec.members()); !s.ok()) return done(s);
     if (!rec.draining_to().empty()) return done(Rehoming(ns, rec.draining_to(), rec.moved()));
     const int64_t quota = rec.held_lease_quota();
-    if (quota > 0 && r->responses(1).response_range().count() >= quota) {
-      return done(QuotaExhausted(ns, quota));
-    }
+    const int64_t live = std::max(r->responses(1).response_range().count(),
+                                  r->responses(2).response_range().count());
+    if (quota > 0 && live >= quota) return done(QuotaExhausted(ns, quota));
     GrantSession(caller, ns, ttl_s, quota, d, done);
   });
 }
