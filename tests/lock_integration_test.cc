@@ -400,6 +400,36 @@ TEST_F(LockTest, AHoldSaysItEndedWhenItsSessionIsClosedOrItsClientIsGone) {
       << k->lost_reason();
 }
 
+// on_lost may capture what its owner frees right after closing the session:
+// once ~Session (Close) returns, no on_lost call is still running.
+TEST_F(LockTest, NoLostCallbackRunsAfterTheSessionIsGone) {
+  struct Seen {
+    std::atomic<bool> started{false}, finished{false};
+  };
+  auto seen = std::make_shared<Seen>();
+  SessionOptions o;
+  o.ttl = seconds(2);
+  o.on_lost = [seen](const absl::Status&) {
+    seen->started = true;
+    std::this_thread::sleep_for(seconds(3));
+    seen->finished = true;
+  };
+  auto s = client_->OpenSession("default", o);
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto h = (*s)->Acquire("cb");
+  ASSERT_TRUE(h.ok()) << h.status();
+  cluster_->holdfastd().Kill();  // no renewal is confirmed: lost at the local deadline
+  auto until = std::chrono::steady_clock::now() + seconds(20);
+  while (!seen->started && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(5));
+  }
+  ASSERT_TRUE(seen->started) << "the session was never lost";
+  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());  // so that Close is answered at once
+  h->Release().IgnoreError();
+  s->reset();  // ~Session: Close
+  EXPECT_TRUE(seen->finished) << "on_lost still ran after ~Session returned";
+}
+
 TEST_F(LockTest, SharedInAnExclusiveClassIsRefused) {
   v1::LockClass cls;
   cls.set_namespace_("default");

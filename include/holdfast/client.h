@@ -25,8 +25,12 @@
 //     after the approval (within ttl/3 or so). Best effort: the fencing token is
 //     what stops a write; this tells the holder to stop working.
 // Lost is final: the hold's stop token is stopped and on_lost runs (on the
-// keepalive thread, never under a lock). Sessions are renewed only while their
-// Client exists: destroy Sessions and Holds before their Client.
+// keepalive thread, never under a lock). Session::Close (and ~Session) returns
+// only once no on_lost call of the session is running, and none starts after,
+// so on_lost may use what its owner frees after closing; on_lost itself may
+// call Close. Closing a session ends its holds: each Hold then says lost ("was
+// closed"). Sessions are renewed only while their Client exists: destroy
+// Sessions and Holds before their Client; those left count as lost when it goes.
 #pragma once
 
 #include <chrono>

@@ -227,16 +227,14 @@ void SessionState::Suspect(const absl::Status& why, bool deadline_passed) {
   // Past its deadline with nothing that may run unprotected, the session itself
   // counts as lost: its lease may expire at any moment.
   if (deadline_passed && !open_alive) return MarkLost(why);
-  if (any_lost && on_lost_) on_lost_(why);
+  if (any_lost) RunOnLost(why);
 }
 
 void SessionState::HoldsEnded(const google::protobuf::RepeatedPtrField<v1::EndedHold>& ended) {
   std::vector<std::pair<std::shared_ptr<HoldState>, absl::Status>> lost;
-  std::function<void(const absl::Status&)> cb;
   {
     absl::MutexLock l(&mu_);
     if (lost_ || closed_) return;
-    cb = on_lost_;
     for (const auto& e : ended) {
       for (auto& w : holds_) {
         auto h = w.lock();
@@ -249,26 +247,45 @@ void SessionState::HoldsEnded(const google::protobuf::RepeatedPtrField<v1::Ended
     }
   }
   for (auto& [h, why] : lost) {
-    if (h->MarkLost(why) && cb) cb(why);
+    if (h->MarkLost(why)) RunOnLost(why);
   }
 }
 
 void SessionState::MarkLost(absl::Status why) {
-  std::function<void(const absl::Status&)> cb;
   std::vector<std::shared_ptr<HoldState>> holds;
   {
     absl::MutexLock l(&mu_);
     if (lost_ || closed_) return;
     lost_ = true;
     lost_reason_ = why;
-    cb = on_lost_;
     for (auto& w : holds_) {
       if (auto h = w.lock()) holds.push_back(std::move(h));
     }
   }
   for (auto& h : holds) h->MarkLost(why);
   stop_.request_stop();
-  if (cb) cb(why);
+  RunOnLost(why);
+}
+
+namespace {
+// The session whose on_lost this thread is running, if any: a Close from inside
+// the callback must not wait for the callback itself.
+thread_local const SessionState* running_on_lost = nullptr;
+}  // namespace
+
+void SessionState::RunOnLost(const absl::Status& why) {
+  if (!on_lost_) return;
+  {
+    absl::MutexLock l(&mu_);
+    if (closed_) return;
+    ++on_lost_running_;
+  }
+  const SessionState* outer = running_on_lost;
+  running_on_lost = this;
+  on_lost_(why);
+  running_on_lost = outer;
+  absl::MutexLock l(&mu_);
+  --on_lost_running_;
 }
 
 bool SessionState::WantsRenewal() const {
@@ -285,6 +302,11 @@ void SessionState::MarkClosed() {
     for (auto& w : holds_) {
       if (auto h = w.lock()) holds.push_back(std::move(h));
     }
+    // A callback already running finishes before Close returns (what it
+    // captured may go right after); one that called Close is not waited for.
+    std::pair<const int*, int> idle{&on_lost_running_, running_on_lost == this ? 1 : 0};
+    mu_.Await(absl::Condition(
+        +[](std::pair<const int*, int>* p) { return *p->first <= p->second; }, &idle));
   }
   // Closing ends every hold of the session: a Hold still in the caller's hands
   // must say so (and stop its lost_token) like any other end. No on_lost: the

@@ -120,7 +120,8 @@ class SessionState {
   // True while the pump should keep renewing.
   bool WantsRenewal() const;
   // Marks the session closed by its owner: no more renewals, every hold on it
-  // lost ("was closed"), no lost callback.
+  // lost ("was closed"), no lost callback. Returns once no on_lost call is
+  // running (other than one that called it).
   void MarkClosed();
   bool closed() const;
 
@@ -130,9 +131,14 @@ class SessionState {
   const int64_t id_;
   const std::chrono::milliseconds ttl_;
   const std::chrono::milliseconds margin_;
-  std::function<void(const absl::Status&)> on_lost_;
+  // Runs on_lost_ unless the session is closed; MarkClosed waits for a run in
+  // progress, so no callback runs once Close (or ~Session) has returned.
+  void RunOnLost(const absl::Status& why);
+
+  const std::function<void(const absl::Status&)> on_lost_;
   std::stop_source stop_;
   mutable absl::Mutex mu_;
+  int on_lost_running_ ABSL_GUARDED_BY(mu_) = 0;
   SteadyClock::time_point deadline_ ABSL_GUARDED_BY(mu_);
   absl::Status lost_reason_ ABSL_GUARDED_BY(mu_);
   bool lost_ ABSL_GUARDED_BY(mu_) = false;
