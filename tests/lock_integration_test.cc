@@ -430,6 +430,31 @@ TEST_F(LockTest, NoLostCallbackRunsAfterTheSessionIsGone) {
   EXPECT_TRUE(seen->finished) << "on_lost still ran after ~Session returned";
 }
 
+// Acquire of a held key returns the same hold: its handles share what they say.
+// Released through one, the others say it ended, as the next holder has it.
+TEST_F(LockTest, HandlesOfOneHoldSayItEndedWhenOneReleasesIt) {
+  auto s = Open();
+  auto h1 = s->Acquire("two-handles");
+  auto h2 = s->Acquire("two-handles");
+  ASSERT_TRUE(h1.ok() && h2.ok());
+  EXPECT_EQ(h1->token(), h2->token());
+  ASSERT_TRUE(h1->Release().ok());
+  EXPECT_TRUE(h2->lost());
+  EXPECT_TRUE(h2->lost_token().stop_requested());
+  EXPECT_NE(h2->lost_reason().message().find("was released"), std::string::npos)
+      << h2->lost_reason();
+  auto other = Open();
+  EXPECT_TRUE(other->Acquire("two-handles").ok());
+  // A new hold of the key on the first session is a hold of its own.
+  auto again = Open();
+  auto h3 = again->Acquire("three", {});
+  ASSERT_TRUE(h3.ok());
+  ASSERT_TRUE(h3->Release().ok());
+  auto h4 = again->Acquire("three", {});
+  ASSERT_TRUE(h4.ok());
+  EXPECT_FALSE(h4->lost());
+}
+
 TEST_F(LockTest, SharedInAnExclusiveClassIsRefused) {
   v1::LockClass cls;
   cls.set_namespace_("default");

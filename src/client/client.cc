@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 
 #include <thread>
+#include <vector>
 
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
@@ -185,9 +186,18 @@ int64_t SessionState::renewals() const {
   return renewals_;
 }
 
-void SessionState::AddHold(std::shared_ptr<HoldState> hold) {
+std::shared_ptr<HoldState> SessionState::HoldFor(bool open_class, int64_t token) {
   absl::MutexLock l(&mu_);
-  holds_.push_back(hold);
+  std::shared_ptr<HoldState> found;
+  std::erase_if(holds_, [&](const std::weak_ptr<HoldState>& w) {
+    auto h = w.lock();
+    if (h && !found && h->token() == token && !h->lost()) found = std::move(h);
+    return w.expired();
+  });
+  if (found) return found;
+  auto made = std::make_shared<HoldState>(open_class, token);
+  holds_.push_back(made);
+  return made;
 }
 
 void SessionState::Confirm(SteadyClock::time_point sent_at, std::chrono::milliseconds ttl) {
@@ -390,10 +400,13 @@ absl::Status Hold::Release() {
     std::this_thread::sleep_for(std::chrono::milliseconds(10 * (attempt + 1)));
   }
   // Keep the session on a transient failure, so the caller (or the destructor)
-  // can try again; let go once the release is done or cannot be.
+  // can try again; let go once the release is done or cannot be. The hold's
+  // other handles (an Acquire of the held key returned it again) then say so.
   if (s.code() != absl::StatusCode::kAborted && s.code() != absl::StatusCode::kUnavailable &&
       s.code() != absl::StatusCode::kDeadlineExceeded) {
     session_.reset();
+    state_->MarkLost(absl::FailedPreconditionError(absl::StrCat(
+        "hold on \"", info_.lock_key(), "\" (token ", info_.token(), ") was released")));
   }
   return s;
 }
@@ -447,10 +460,8 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
     std::this_thread::sleep_for(std::chrono::milliseconds(50 * (attempt + 1)));  // back off
   }
   if (!s.ok()) return s;
-  auto hold_state =
-      std::make_shared<internal::HoldState>(resp.hold().on_quorum_loss() == v1::ON_QUORUM_LOSS_OPEN,
-                                            resp.hold().token());
-  state_->AddHold(hold_state);
+  auto hold_state = state_->HoldFor(resp.hold().on_quorum_loss() == v1::ON_QUORUM_LOSS_OPEN,
+                                    resp.hold().token());
   if (state_->lost()) hold_state->MarkLost(state_->lost_reason());
   return Hold(state_, std::move(hold_state), resp.hold());
 }

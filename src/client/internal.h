@@ -102,7 +102,10 @@ class SessionState {
   SteadyClock::time_point deadline() const;
   int64_t renewals() const;
 
-  void AddHold(std::shared_ptr<HoldState> hold);
+  // The state of the session's hold with `token`: the one its other handles
+  // share (Acquire of a held key returns the same hold), or a new one. Drops
+  // the entries of holds no handle keeps any more.
+  std::shared_ptr<HoldState> HoldFor(bool open_class, int64_t token);
 
   // The pump's view --------------------------------------------------------
   // A renewal confirmed by etcd: sent at `sent_at`, TTL `ttl` remaining. Open
