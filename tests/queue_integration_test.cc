@@ -71,6 +71,19 @@ class QueueTest : public ::testing::Test {
     return last;
   }
 
+  // Class "long" on "pol/": sessions of 20 s to 60 s only (those of Open()'s
+  // default 10 s are refused).
+  void CreateLongSessionsClass() {
+    v1::LockClass cls;
+    cls.set_namespace_("default");
+    cls.set_class_id("long");
+    cls.set_key_prefix("pol/");
+    cls.set_ttl_min_ms(20'000);
+    cls.set_ttl_max_ms(60'000);
+    cls.set_mode(v1::LOCK_MODE_EXCLUSIVE);
+    ASSERT_TRUE(client_->CreateClass(cls).ok());
+  }
+
   int64_t Revision() {
     pb::RangeRequest r;
     r.set_key("/holdfast/epoch");
@@ -390,14 +403,7 @@ TEST_F(QueueTest, AWaiterRefusedWhenItWakesLeavesTheQueue) {
   auto w = std::async(std::launch::async,
                       [&] { return b->Acquire("pol/job", testing::Waiting(seconds(30))); });
   DescribeUntil("pol/job", [](auto& d) { return d.waiters_size() == 1; });
-  v1::LockClass cls;
-  cls.set_namespace_("default");
-  cls.set_class_id("long");
-  cls.set_key_prefix("pol/");
-  cls.set_ttl_min_ms(20'000);
-  cls.set_ttl_max_ms(60'000);
-  cls.set_mode(v1::LOCK_MODE_EXCLUSIVE);
-  ASSERT_TRUE(client_->CreateClass(cls).ok());
+  CreateLongSessionsClass();
   // The hold ends without a hand-over (its lease revoked straight on etcd), so the
   // waiter wakes, reads, and meets the new class.
   pb::LeaseRevokeRequest revoke;
@@ -427,14 +433,7 @@ TEST_F(QueueTest, AHeldKeyIsReturnedWhateverThePolicySaysNow) {
   auto a = Open(seconds(10));
   auto h = a->Acquire("pol/held");
   ASSERT_TRUE(h.ok()) << h.status();
-  v1::LockClass cls;
-  cls.set_namespace_("default");
-  cls.set_class_id("long");
-  cls.set_key_prefix("pol/");
-  cls.set_ttl_min_ms(20'000);
-  cls.set_ttl_max_ms(60'000);
-  cls.set_mode(v1::LOCK_MODE_EXCLUSIVE);
-  ASSERT_TRUE(client_->CreateClass(cls).ok());
+  CreateLongSessionsClass();
   auto again = a->Acquire("pol/held");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_EQ(again->token(), h->token());

@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -451,31 +452,62 @@ TEST_F(RehomeTest, ARehomeRefusesToForceHoldsOpen) {
   EXPECT_TRUE(check->current());
 }
 
-TEST(RehomeTwoAdminsTest, AHoldThatWillNotEndIsForceReleasedByTwoAdminsThenTheRehomeGoesOn) {
-  testing::TestCluster::Options o;
-  o.tls = true;
-  o.extra_etcd_clusters = 1;
-  auto c = testing::TestCluster::Start(o);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto& cluster = **c;
-  ASSERT_TRUE(cluster.MakeIdentity("admin2", "spiffe://test.holdfast/ops/bob").ok());
-  auto admin = cluster.NewClientAs("admin");
-  auto admin2 = cluster.NewClientAs("admin2");
-  ASSERT_TRUE(admin.ok() && admin2.ok());
-  v1::CreateNamespaceRequest create;
-  create.mutable_namespace_()->set_name("pay");
-  create.mutable_namespace_()->add_members("spiffe://test.holdfast/ops/*");
-  ASSERT_TRUE((*admin)->CreateNamespace(create).ok());
-  auto s = (*admin)->OpenSession("pay");
-  ASSERT_TRUE(s.ok()) << s.status();
-  auto h = (*s)->Acquire("db/primary");
-  ASSERT_TRUE(h.ok()) << h.status();
+// Clusters "a" and "b" over mTLS, with two admins: force-release needs both.
+class TwoAdminsTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::TestCluster::Options o;
+    o.tls = true;
+    o.extra_etcd_clusters = 1;
+    auto c = testing::TestCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = std::move(*c);
+    ASSERT_TRUE(cluster_->MakeIdentity("admin2", "spiffe://test.holdfast/ops/bob").ok());
+    auto admin = cluster_->NewClientAs("admin");
+    auto admin2 = cluster_->NewClientAs("admin2");
+    ASSERT_TRUE(admin.ok() && admin2.ok());
+    admin_ = std::move(*admin);
+    admin2_ = std::move(*admin2);
+  }
 
+  // Creates `ns` on the cluster of `tier`, opens a session and takes `key`.
+  void HoldIn(const std::string& ns, const std::string& tier, const std::string& key) {
+    v1::CreateNamespaceRequest create;
+    create.mutable_namespace_()->set_name(ns);
+    create.mutable_namespace_()->set_cluster_tier(tier);
+    ASSERT_TRUE(admin_->CreateNamespace(create).ok());
+    auto s = admin_->OpenSession(ns);
+    ASSERT_TRUE(s.ok()) << s.status();
+    session_ = std::move(*s);
+    auto h = session_->Acquire(key);
+    ASSERT_TRUE(h.ok()) << h.status();
+    hold_.emplace(std::move(*h));
+  }
+
+  // The first admin asks for the hold of `key` to be forced open.
+  std::string RequestForce(const std::string& ns, const std::string& key) {
+    v1::RequestForceReleaseRequest ask;
+    ask.set_namespace_(ns);
+    ask.set_lock_key(key);
+    ask.set_reason("wedged, OPS-456");
+    auto req = admin_->RequestForceRelease(ask);
+    EXPECT_TRUE(req.ok()) << req.status();
+    return req.ok() ? req->request_id() : "";
+  }
+
+  std::unique_ptr<testing::TestCluster> cluster_;
+  std::unique_ptr<Client> admin_, admin2_;
+  std::unique_ptr<Session> session_;
+  std::optional<Hold> hold_;
+};
+
+TEST_F(TwoAdminsTest, AHoldThatWillNotEndIsForceReleasedByTwoAdminsThenTheRehomeGoesOn) {
+  HoldIn("pay", "", "db/primary");
   v1::RehomeNamespaceRequest rehome;
   rehome.set_name("pay");
   rehome.set_to("b");
   rehome.set_deadline_ms(300);
-  auto left = (*admin)->RehomeNamespace(rehome);
+  auto left = admin_->RehomeNamespace(rehome);
   EXPECT_EQ(left.status().code(), absl::StatusCode::kFailedPrecondition) << left.status();
   EXPECT_NE(left.status().message().find("1 hold(s) of namespace \"pay\" remain"),
             std::string::npos)
@@ -483,68 +515,38 @@ TEST(RehomeTwoAdminsTest, AHoldThatWillNotEndIsForceReleasedByTwoAdminsThenTheRe
   EXPECT_NE(left.status().message().find("holdfast force request"), std::string::npos)
       << left.status();
 
-  v1::RequestForceReleaseRequest ask;
-  ask.set_namespace_("pay");
-  ask.set_lock_key("db/primary");
-  ask.set_reason("move to b, OPS-456");
-  auto req = (*admin)->RequestForceRelease(ask);
-  ASSERT_TRUE(req.ok()) << req.status();
   v1::ApproveForceReleaseRequest approve;
-  approve.set_request_id(req->request_id());
-  auto self = (*admin)->ApproveForceRelease(approve);
+  approve.set_request_id(RequestForce("pay", "db/primary"));
+  auto self = admin_->ApproveForceRelease(approve);
   EXPECT_EQ(self.status().code(), absl::StatusCode::kPermissionDenied) << self.status();
-  auto ok = (*admin2)->ApproveForceRelease(approve);
+  auto ok = admin2_->ApproveForceRelease(approve);
   ASSERT_TRUE(ok.ok()) << ok.status();
 
-  auto moved = (*admin)->RehomeNamespace(rehome);
+  auto moved = admin_->RehomeNamespace(rehome);
   ASSERT_TRUE(moved.ok()) << moved.status();
-  EXPECT_EQ((*admin)->GetNamespace("pay")->home_cluster(), "b");
+  EXPECT_EQ(admin_->GetNamespace("pay")->home_cluster(), "b");
 }
 
 // A force-release request lives on the cluster of its hold. With the control
 // cluster's etcd down, an approval is still served by the cluster that has it.
-TEST(TwoClustersTwoAdminsTest, AnApprovalIsServedWhileAnotherClusterIsDown) {
-  testing::TestCluster::Options o;
-  o.tls = true;
-  o.extra_etcd_clusters = 1;
-  auto c = testing::TestCluster::Start(o);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto& cluster = **c;
-  ASSERT_TRUE(cluster.MakeIdentity("admin2", "spiffe://test.holdfast/ops/bob").ok());
-  auto admin = cluster.NewClientAs("admin");
-  auto admin2 = cluster.NewClientAs("admin2");
-  ASSERT_TRUE(admin.ok() && admin2.ok());
-  v1::CreateNamespaceRequest create;
-  create.mutable_namespace_()->set_name("far");
-  create.mutable_namespace_()->set_cluster_tier("b");
-  ASSERT_TRUE((*admin)->CreateNamespace(create).ok());
-  auto s = (*admin)->OpenSession("far");
-  ASSERT_TRUE(s.ok()) << s.status();
-  auto h = (*s)->Acquire("job");
-  ASSERT_TRUE(h.ok()) << h.status();
-  v1::RequestForceReleaseRequest ask;
-  ask.set_namespace_("far");
-  ask.set_lock_key("job");
-  ask.set_reason("wedged, OPS-9");
-  auto req = (*admin)->RequestForceRelease(ask);
-  ASSERT_TRUE(req.ok()) << req.status();
-
-  cluster.etcd().Stop();  // cluster "a", asked first
+TEST_F(TwoAdminsTest, AnApprovalIsServedWhileAnotherClusterIsDown) {
+  HoldIn("far", "b", "job");
   v1::ApproveForceReleaseRequest approve;
-  approve.set_request_id(req->request_id());
-  auto ok = (*admin2)->ApproveForceRelease(approve);
+  approve.set_request_id(RequestForce("far", "job"));
+  cluster_->etcd().Stop();  // cluster "a", asked first
+  auto ok = admin2_->ApproveForceRelease(approve);
   ASSERT_TRUE(ok.ok()) << ok.status();
   pb::RangeRequest r;
   r.set_key(keyspace::HoldRangeBegin("far", "job"));
   r.set_range_end(keyspace::HoldRangeEnd("far", "job"));
-  auto left = cluster.extra_etcd_client(0).RangeSync(r, etcd::DeadlineIn(seconds(5)));
+  auto left = cluster_->extra_etcd_client(0).RangeSync(r, etcd::DeadlineIn(seconds(5)));
   ASSERT_TRUE(left.ok()) << left.status();
   EXPECT_EQ(left->kvs_size(), 0);
 
   // A request no cluster that answered has: the one that could not be asked is
   // named, since the request may be there.
   approve.set_request_id("0123456789abcdef");
-  auto unknown = (*admin2)->ApproveForceRelease(approve);
+  auto unknown = admin2_->ApproveForceRelease(approve);
   EXPECT_EQ(unknown.status().code(), absl::StatusCode::kUnavailable) << unknown.status();
   EXPECT_NE(unknown.status().message().find("etcd cluster \"a\" could not be asked"),
             std::string::npos)
