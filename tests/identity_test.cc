@@ -2,6 +2,8 @@
 // CA carry SPIFFE IDs; holdfastd refuses what the SVID rules and the namespace
 // policy refuse, and a session serves only the identity that opened it.
 #include <fstream>
+#include <future>
+#include <thread>
 
 #include <gtest/gtest.h>
 
@@ -19,6 +21,7 @@
 namespace holdfast {
 namespace {
 
+using std::chrono::milliseconds;
 using std::chrono::seconds;
 namespace pb = ::etcdserverpb;
 
@@ -27,6 +30,7 @@ class IdentityTest : public ::testing::Test {
   void SetUp() override {
     testing::TestCluster::Options o;
     o.tls = true;
+    o.replicas = replicas_;
     auto c = testing::TestCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status();
     cluster_ = std::move(*c);
@@ -39,7 +43,7 @@ class IdentityTest : public ::testing::Test {
 
   // A TLS channel to holdfastd with `who`'s certificate, made like the client
   // library makes it, for the raw API.
-  std::shared_ptr<grpc::Channel> RawChannel(const std::string& who) {
+  std::shared_ptr<grpc::Channel> RawChannel(const std::string& who, int replica = 0) {
     grpc::experimental::TlsChannelCredentialsOptions topts;
     auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
         cluster_->certs_dir() + "/" + who + "_key.pem", cluster_->certs_dir() + "/" + who + ".pem",
@@ -47,7 +51,8 @@ class IdentityTest : public ::testing::Test {
     topts.set_certificate_provider(provider);
     topts.watch_root_certs();
     topts.watch_identity_key_cert_pairs();
-    return grpc::CreateChannel(cluster_->endpoint(), grpc::experimental::TlsCredentials(topts));
+    return grpc::CreateChannel(cluster_->endpoint(replica),
+                               grpc::experimental::TlsCredentials(topts));
   }
 
   // One KeepAlive request on a new stream, and its answer.
@@ -74,6 +79,7 @@ class IdentityTest : public ::testing::Test {
     return resp.ok() ? resp->header().revision() : -1;
   }
 
+  int replicas_ = 1;
   std::unique_ptr<testing::TestCluster> cluster_;
 };
 
@@ -157,6 +163,50 @@ TEST_F(IdentityTest, ASessionServesOnlyTheIdentityThatOpenedIt) {
   EXPECT_EQ(Revision(), rev);  // nothing changed
   EXPECT_FALSE(hold->lost());
   EXPECT_TRUE(hold->Release().ok());  // alice can
+}
+
+// Through a replica that has not seen the session, a caller naming another
+// identity's session is refused after reading it, and that session's place in the
+// queue is not touched.
+class IdentityReplicasTest : public IdentityTest {
+ protected:
+  IdentityReplicasTest() { replicas_ = 2; }
+};
+
+TEST_F(IdentityReplicasTest, ACallerNamingAnothersSessionLeavesItsWaiterInPlace) {
+  auto alice = As("alice");
+  auto held = std::move(*alice->OpenSession("default"));
+  auto waiting = std::move(*alice->OpenSession("default"));
+  auto h = held->Acquire("q");
+  ASSERT_TRUE(h.ok()) << h.status();
+  auto w = std::async(std::launch::async,
+                      [&] { return waiting->Acquire("q", testing::Waiting(seconds(30))); });
+  auto queued = [&] {
+    auto d = alice->Describe("default", "q");
+    return d.ok() && d->waiters_size() == 1 ? d->waiters(0).create_revision() : int64_t{0};
+  };
+  int64_t at = 0;
+  for (int i = 0; i < 500 && at == 0; ++i) {
+    at = queued();
+    if (at == 0) std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_GT(at, 0) << "the waiter never queued";
+
+  auto lock_stub = v1::Lock::NewStub(RawChannel("bob", /*replica=*/1));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(10));
+  v1::AcquireRequest acq;
+  acq.set_namespace_("default");
+  acq.set_session_id(waiting->id());
+  acq.set_lock_key("q");
+  acq.set_wait_ms(5000);
+  v1::AcquireResponse resp;
+  auto s = lock_stub->Acquire(&ctx, acq, &resp);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  EXPECT_EQ(queued(), at);  // the same waiter, still queued
+  ASSERT_TRUE(h->Release().ok());  // alice's waiter gets the key
+  auto got = w.get();
+  EXPECT_TRUE(got.ok()) << got.status();
 }
 
 // holdfastd knows the sessions it opened (lock/session_owners.h) and renews them

@@ -268,13 +268,18 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // delete, and the hold if a hand-over came before it). A waiter left behind
   // would stand in the queue after its call had answered: whoever came next would
   // wait behind it until its deadline, and a release would hand it a hold no call
-  // waits for, kept as long as the session lives.
+  // waits for, kept as long as the session lives. Except after an error the
+  // caller retries (UNAVAILABLE, DEADLINE_EXCEEDED: libholdfast asks again with
+  // what is left of the wait), where the waiter keeps its place for the retry
+  // and, if none comes, goes at its own deadline.
   void Fail(absl::Status why) {
+    const bool retried = why.code() == absl::StatusCode::kUnavailable ||
+                         why.code() == absl::StatusCode::kDeadlineExceeded;
     int64_t own;
     {
       absl::MutexLock l(&mu_);
       if (finished_ || end_reason_) return;  // End is ending the call already
-      own = own_waiter_rev_;
+      own = retried ? 0 : own_waiter_rev_;
       if (own != 0) {
         end_reason_ = why;
         busy_ = true;
@@ -293,12 +298,17 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     const std::string& ns = req_.namespace_();
     {
       // The session's waiter as read: the one a refusal below takes out of the
-      // queue (Fail). A call that does not wait never queues: a waiter of the
-      // session is then another call's, and keeps its place.
+      // queue (Fail). Only the caller's own session's: a caller naming another's
+      // session is refused without touching its queue. A call that does not wait
+      // never queues: a waiter of the session is then another call's, and keeps
+      // its place.
       absl::MutexLock l(&mu_);
       own_waiter_rev_ = 0;
+      const bool own_session =
+          snap.session &&
+          Engine::CheckOwner(caller_, req_.session_id(), snap.session->identity()).ok();
       for (const auto& w : snap.waiters) {
-        if (w.lease == req_.session_id() && req_.wait_ms() > 0) {
+        if (w.lease == req_.session_id() && req_.wait_ms() > 0 && own_session) {
           own_waiter_rev_ = w.create_revision;
         }
       }
