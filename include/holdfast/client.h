@@ -25,11 +25,13 @@
 //     after the approval (within ttl/3 or so). Best effort: the fencing token is
 //     what stops a write; this tells the holder to stop working.
 // Lost is final: the hold's stop token is stopped and on_lost runs (on the
-// keepalive thread, never under a lock). Session::Close (and ~Session) returns
-// only once no on_lost call of the session is running, and none starts after,
-// so on_lost may use what its owner frees after closing; on_lost itself may
-// call Close. Closing a session ends its holds: each Hold then says lost ("was
-// closed"). Sessions are renewed only while their Client exists: destroy
+// keepalive thread, never under a lock of libholdfast; for sessions left when
+// their Client is destroyed, on the thread destroying it). Session::Close (and
+// ~Session) returns only once no on_lost call of the session is running, and
+// none starts after, so on_lost may use what its owner frees after closing;
+// on_lost itself may call Close. So do not close a session while holding a lock
+// its on_lost takes. Closing a session ends its holds: each Hold then says lost
+// ("was closed"). Sessions are renewed only while their Client exists: destroy
 // Sessions and Holds before their Client; those left count as lost when it goes.
 #pragma once
 
@@ -117,8 +119,10 @@ class Hold {
 
   // Releases the hold. FAILED_PRECONDITION if it is no longer current. Races
   // with the queue and lost connections are retried a few times; if it still
-  // fails transiently (ABORTED, UNAVAILABLE, DEADLINE_EXCEEDED), Release() may
-  // be called again.
+  // fails transiently (ABORTED, UNAVAILABLE, DEADLINE_EXCEEDED, or
+  // RESOURCE_EXHAUSTED over the op_rate_quota: see RetryAfter), Release() may be
+  // called again. Once released (or not current), every handle of the hold says
+  // lost() ("was released").
   absl::Status Release();
 
  private:

@@ -5,6 +5,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -186,16 +187,19 @@ int64_t SessionState::renewals() const {
   return renewals_;
 }
 
-std::shared_ptr<HoldState> SessionState::HoldFor(bool open_class, int64_t token) {
+std::shared_ptr<HoldState> SessionState::HoldFor(const std::string& lock_key, bool open_class,
+                                                 int64_t token) {
   absl::MutexLock l(&mu_);
   std::shared_ptr<HoldState> found;
   std::erase_if(holds_, [&](const std::weak_ptr<HoldState>& w) {
     auto h = w.lock();
-    if (h && !found && h->token() == token && !h->lost()) found = std::move(h);
+    if (h && !found && h->token() == token && h->lock_key() == lock_key && !h->lost()) {
+      found = std::move(h);
+    }
     return w.expired();
   });
   if (found) return found;
-  auto made = std::make_shared<HoldState>(open_class, token);
+  auto made = std::make_shared<HoldState>(lock_key, open_class, token);
   holds_.push_back(made);
   return made;
 }
@@ -248,7 +252,7 @@ void SessionState::HoldsEnded(const google::protobuf::RepeatedPtrField<v1::Ended
     for (const auto& e : ended) {
       for (auto& w : holds_) {
         auto h = w.lock();
-        if (h && h->token() == e.token()) {
+        if (h && h->token() == e.token() && h->lock_key() == e.lock_key()) {
           lost.emplace_back(std::move(h), absl::FailedPreconditionError(absl::StrCat(
                                               "hold on \"", e.lock_key(), "\" (token ", e.token(),
                                               ") was ", e.reason())));
@@ -292,10 +296,12 @@ void SessionState::RunOnLost(const absl::Status& why) {
   }
   const SessionState* outer = running_on_lost;
   running_on_lost = this;
+  absl::Cleanup done = [this, outer] {  // also if on_lost throws
+    running_on_lost = outer;
+    absl::MutexLock l(&mu_);
+    --on_lost_running_;
+  };
   on_lost_(why);
-  running_on_lost = outer;
-  absl::MutexLock l(&mu_);
-  --on_lost_running_;
 }
 
 bool SessionState::WantsRenewal() const {
@@ -303,20 +309,21 @@ bool SessionState::WantsRenewal() const {
   return !lost_ && !closed_;
 }
 
-void SessionState::MarkClosed() {
+bool SessionState::MarkClosed() {
   std::vector<std::shared_ptr<HoldState>> holds;
   {
     absl::MutexLock l(&mu_);
-    if (closed_) return;
+    // A callback already running finishes before Close returns (what it
+    // captured may go right after), also when it is the callback that closed
+    // the session; one that called this is not waited for.
+    std::pair<const int*, int> idle{&on_lost_running_, running_on_lost == this ? 1 : 0};
+    mu_.Await(absl::Condition(
+        +[](std::pair<const int*, int>* p) { return *p->first <= p->second; }, &idle));
+    if (closed_) return false;
     closed_ = true;
     for (auto& w : holds_) {
       if (auto h = w.lock()) holds.push_back(std::move(h));
     }
-    // A callback already running finishes before Close returns (what it
-    // captured may go right after); one that called Close is not waited for.
-    std::pair<const int*, int> idle{&on_lost_running_, running_on_lost == this ? 1 : 0};
-    mu_.Await(absl::Condition(
-        +[](std::pair<const int*, int>* p) { return *p->first <= p->second; }, &idle));
   }
   // Closing ends every hold of the session: a Hold still in the caller's hands
   // must say so (and stop its lost_token) like any other end. No on_lost: the
@@ -324,6 +331,7 @@ void SessionState::MarkClosed() {
   const absl::Status why = absl::FailedPreconditionError(
       absl::StrCat("session ", id_, " was closed: its holds ended with it"));
   for (auto& h : holds) h->MarkLost(why);
+  return true;
 }
 
 bool SessionState::closed() const {
@@ -402,9 +410,15 @@ absl::Status Hold::Release() {
   // Keep the session on a transient failure, so the caller (or the destructor)
   // can try again; let go once the release is done or cannot be. The hold's
   // other handles (an Acquire of the held key returned it again) then say so.
+  // (Over the namespace's op_rate_quota, too: RetryAfter says when.)
   if (s.code() != absl::StatusCode::kAborted && s.code() != absl::StatusCode::kUnavailable &&
-      s.code() != absl::StatusCode::kDeadlineExceeded) {
+      s.code() != absl::StatusCode::kDeadlineExceeded &&
+      s.code() != absl::StatusCode::kResourceExhausted) {
     session_.reset();
+  }
+  // Released, or not current any more: the hold's other handles say it ended.
+  if (s.ok() || s.code() == absl::StatusCode::kFailedPrecondition ||
+      s.code() == absl::StatusCode::kNotFound) {
     state_->MarkLost(absl::FailedPreconditionError(absl::StrCat(
         "hold on \"", info_.lock_key(), "\" (token ", info_.token(), ") was released")));
   }
@@ -460,15 +474,15 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
     std::this_thread::sleep_for(std::chrono::milliseconds(50 * (attempt + 1)));  // back off
   }
   if (!s.ok()) return s;
-  auto hold_state = state_->HoldFor(resp.hold().on_quorum_loss() == v1::ON_QUORUM_LOSS_OPEN,
+  auto hold_state = state_->HoldFor(resp.hold().lock_key(),
+                                    resp.hold().on_quorum_loss() == v1::ON_QUORUM_LOSS_OPEN,
                                     resp.hold().token());
   if (state_->lost()) hold_state->MarkLost(state_->lost_reason());
   return Hold(state_, std::move(hold_state), resp.hold());
 }
 
 absl::Status Session::Close() {
-  if (state_->closed()) return absl::OkStatus();
-  state_->MarkClosed();
+  if (!state_->MarkClosed()) return absl::OkStatus();  // closed already
   state_->core().pump().Remove(state_->id());
   v1::CloseSessionRequest req;
   req.set_namespace_(state_->ns());

@@ -61,7 +61,11 @@ class ClientCore {
 //                protected again when a renewal is confirmed.
 class HoldState {
  public:
-  HoldState(bool open_class, int64_t token) : open_class_(open_class), token_(token) {}
+  HoldState(std::string lock_key, bool open_class, int64_t token)
+      : lock_key_(std::move(lock_key)), open_class_(open_class), token_(token) {}
+  // A hold is its key and its token: one commit can grant a session two keys,
+  // which then carry the same token.
+  const std::string& lock_key() const { return lock_key_; }
   bool open_class() const { return open_class_; }
   int64_t token() const { return token_; }
   bool lost() const;
@@ -73,6 +77,7 @@ class HoldState {
   void SetUnprotected(bool unprotected);
 
  private:
+  const std::string lock_key_;
   const bool open_class_;
   const int64_t token_;
   std::stop_source stop_;
@@ -102,10 +107,10 @@ class SessionState {
   SteadyClock::time_point deadline() const;
   int64_t renewals() const;
 
-  // The state of the session's hold with `token`: the one its other handles
-  // share (Acquire of a held key returns the same hold), or a new one. Drops
-  // the entries of holds no handle keeps any more.
-  std::shared_ptr<HoldState> HoldFor(bool open_class, int64_t token);
+  // The state of the session's hold of `lock_key` with `token`: the one its
+  // other handles share (Acquire of a held key returns the same hold), or a new
+  // one. Drops the entries of holds no handle keeps any more.
+  std::shared_ptr<HoldState> HoldFor(const std::string& lock_key, bool open_class, int64_t token);
 
   // The pump's view --------------------------------------------------------
   // A renewal confirmed by etcd: sent at `sent_at`, TTL `ttl` remaining. Open
@@ -124,8 +129,8 @@ class SessionState {
   bool WantsRenewal() const;
   // Marks the session closed by its owner: no more renewals, every hold on it
   // lost ("was closed"), no lost callback. Returns once no on_lost call is
-  // running (other than one that called it).
-  void MarkClosed();
+  // running (other than one that called it); false when it was closed already.
+  bool MarkClosed();
   bool closed() const;
 
  private:
