@@ -188,7 +188,19 @@ absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
   mark.set_class_was_fenced(rec.class_was_fenced());
   mark.set_requested_at_unix_ms(rec.requested_at_unix_ms());
   AddAuditMark(&txn, std::move(mark));
-  HF_ASSIGN_OR_RETURN(auto t, etcd_->TxnSync(std::move(txn), d));
+  auto sent = etcd_->TxnSync(std::move(txn), d);
+  if (!sent.ok()) {
+    const auto code = sent.status().code();
+    if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded) {
+      return sent.status();
+    }
+    // The release may have committed: not a "try again elsewhere".
+    return absl::UnknownError(absl::StrCat(
+        "etcd did not answer the approval of request ", req.request_id(), " (",
+        sent.status().message(), "): whether the hold was released is not known. `holdfast "
+        "holders` shows it; approving again answers NOT_FOUND if it was"));
+  }
+  const auto& t = *sent;
   if (!t.succeeded()) {
     // Tell which compare failed.
     pb::RangeRequest again;
