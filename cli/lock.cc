@@ -221,7 +221,10 @@ CommandOutcome Supervise(dev::Subprocess& child, const Hold& hold,
     // CMD is gone but others of its group may not be (one that ignores SIGTERM,
     // say): the rest of the grace, then SIGKILL.
     while (child.GroupAlive() && Clock::now() < *kill_at) {
-      std::this_thread::sleep_for(milliseconds(20));
+      auto event = waiter.Wait(milliseconds(20));
+      if (event.kind == SignalWaiter::Event::Kind::kSignal && IsForwarded(event.signal)) {
+        child.SignalGroup(event.signal);
+      }
     }
     if (child.GroupAlive()) child.SignalGroup(SIGKILL);
   }
