@@ -159,12 +159,6 @@ void Engine::OpenSession(const Caller& caller, const v1::OpenSessionRequest& req
   slots->set_key(keyspace::SlotPrefix(req.namespace_()));
   slots->set_range_end(keyspace::PrefixEnd(keyspace::SlotPrefix(req.namespace_())));
   slots->set_count_only(true);
-  // The live sessions too: those opened while the namespace had no quota hold no
-  // slot, nor do they need one, but they count against a quota set since.
-  auto* sessions = read.add_success()->mutable_request_range();
-  sessions->set_key(keyspace::SessionPrefix(req.namespace_()));
-  sessions->set_range_end(keyspace::PrefixEnd(keyspace::SessionPrefix(req.namespace_())));
-  sessions->set_count_only(true);
   etcd_->Txn(std::move(read), EtcdDeadline(d), [this, caller, ns = req.namespace_(), ttl_s, d,
                                                done](absl::StatusOr<pb::TxnResponse> r) {
     if (!r.ok()) return done(r.status());
@@ -179,9 +173,9 @@ void Engine::OpenSession(const Caller& caller, const v1::OpenSessionRequest& req
     if (auto s = CheckMember(caller, ns, rec.members()); !s.ok()) return done(s);
     if (!rec.draining_to().empty()) return done(Rehoming(ns, rec.draining_to(), rec.moved()));
     const int64_t quota = rec.held_lease_quota();
-    const int64_t live = std::max(r->responses(1).response_range().count(),
-                                  r->responses(2).response_range().count());
-    if (quota > 0 && live >= quota) return done(QuotaExhausted(ns, quota));
+    if (quota > 0 && r->responses(1).response_range().count() >= quota) {
+      return done(QuotaExhausted(ns, quota));
+    }
     GrantSession(caller, ns, ttl_s, quota, d, done);
   });
 }
@@ -279,23 +273,34 @@ void Engine::CommitSession(const Caller& caller, const std::string& ns, int64_t 
     });
   };
   if (quota <= 0) return commit(std::nullopt);
-  pb::RangeRequest r;
-  r.set_key(keyspace::SlotPrefix(ns));
-  r.set_range_end(keyspace::PrefixEnd(keyspace::SlotPrefix(ns)));
-  r.set_keys_only(true);
-  etcd_->Range(r, EtcdDeadline(d), [this, ns, lease, quota, commit,
-                                     done](absl::StatusOr<pb::RangeResponse> used) {
-    if (!used.ok()) {
+  // The slots taken, and the live sessions: those opened while the namespace had
+  // no quota hold no slot, but count against a quota set since. (Counted here,
+  // with a quota, only: an unlimited namespace's opens do not pay for it.)
+  pb::TxnRequest read;
+  auto* slots = read.add_success()->mutable_request_range();
+  slots->set_key(keyspace::SlotPrefix(ns));
+  slots->set_range_end(keyspace::PrefixEnd(keyspace::SlotPrefix(ns)));
+  slots->set_keys_only(true);
+  auto* sessions = read.add_success()->mutable_request_range();
+  sessions->set_key(keyspace::SessionPrefix(ns));
+  sessions->set_range_end(keyspace::PrefixEnd(keyspace::SessionPrefix(ns)));
+  sessions->set_count_only(true);
+  etcd_->Txn(std::move(read), EtcdDeadline(d), [this, ns, lease, quota, commit,
+                                                done](absl::StatusOr<pb::TxnResponse> t) {
+    if (!t.ok()) {
       RevokeQuietly(lease);
-      return done(used.status());
+      return done(t.status());
     }
+    const auto& used = t->responses(0).response_range();
+    // This open's own lease holds no session key yet.
+    const int64_t live = t->responses(1).response_range().count();
     std::vector<bool> taken(quota, false);
-    for (const auto& kv : used->kvs()) {
+    for (const auto& kv : used.kvs()) {
       auto index = keyspace::ParseSlotKey(kv.key(), ns);
       if (index && *index < quota) taken[*index] = true;
     }
     std::vector<int64_t> free;
-    for (int64_t i = 0; i < quota; ++i) {
+    for (int64_t i = 0; i < quota && live < quota; ++i) {
       if (!taken[i]) free.push_back(i);
     }
     if (free.empty()) {
