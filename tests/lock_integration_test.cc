@@ -27,6 +27,13 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 namespace pb = ::etcdserverpb;
 
+// `hold` says it has ended: lost, its token stopped, `why` in the reason.
+void ExpectEnded(const Hold& hold, const std::string& why) {
+  EXPECT_TRUE(hold.lost());
+  EXPECT_TRUE(hold.lost_token().stop_requested());
+  EXPECT_NE(hold.lost_reason().message().find(why), std::string::npos) << hold.lost_reason();
+}
+
 class LockTest : public ::testing::Test {
  protected:
   void StartCluster(int replicas = 1) {
@@ -379,10 +386,7 @@ TEST_F(LockTest, AHoldSaysItEndedWhenItsSessionIsClosedOrItsClientIsGone) {
   auto h = s->Acquire("ends/closed");
   ASSERT_TRUE(h.ok()) << h.status();
   ASSERT_TRUE(s->Close().ok());
-  EXPECT_TRUE(h->lost());
-  EXPECT_TRUE(h->lost_token().stop_requested());
-  EXPECT_NE(h->lost_reason().message().find("was closed"), std::string::npos)
-      << h->lost_reason();
+  ExpectEnded(*h, "was closed");
   auto next = Open();
   EXPECT_TRUE(next->Acquire("ends/closed").ok());
   EXPECT_TRUE(h->Release().ok());  // nothing left to release
@@ -395,9 +399,7 @@ TEST_F(LockTest, AHoldSaysItEndedWhenItsSessionIsClosedOrItsClientIsGone) {
   EXPECT_FALSE(k->lost());
   other->reset();
   EXPECT_TRUE(kept->lost());
-  EXPECT_TRUE(k->lost());
-  EXPECT_NE(k->lost_reason().message().find("its Client was destroyed"), std::string::npos)
-      << k->lost_reason();
+  ExpectEnded(*k, "its Client was destroyed");
 }
 
 // on_lost may capture what its owner frees right after closing the session:
@@ -439,10 +441,7 @@ TEST_F(LockTest, HandlesOfOneHoldSayItEndedWhenOneReleasesIt) {
   ASSERT_TRUE(h1.ok() && h2.ok());
   EXPECT_EQ(h1->token(), h2->token());
   ASSERT_TRUE(h1->Release().ok());
-  EXPECT_TRUE(h2->lost());
-  EXPECT_TRUE(h2->lost_token().stop_requested());
-  EXPECT_NE(h2->lost_reason().message().find("was released"), std::string::npos)
-      << h2->lost_reason();
+  ExpectEnded(*h2, "was released");
   auto other = Open();
   EXPECT_TRUE(other->Acquire("two-handles").ok());
   // A new hold of the key on the first session is a hold of its own.

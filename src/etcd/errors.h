@@ -12,6 +12,13 @@ namespace holdfast::etcd {
 // UNAVAILABLE, a compacted revision as OUT_OF_RANGE, an unknown lease as NOT_FOUND.
 absl::Status FromEtcd(const grpc::Status& s);
 
+// True for the answers after which a write may or may not have committed (the
+// call timed out or lost its connection), and a read may be asked again.
+inline bool OutcomeUnknown(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable ||
+         s.code() == absl::StatusCode::kDeadlineExceeded;
+}
+
 // True for answers that mean "this endpoint cannot serve now".
 inline bool EndpointUnavailable(const absl::Status& s) {
   return s.code() == absl::StatusCode::kUnavailable;

@@ -45,6 +45,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "etcd/errors.h"
 #include "etcd/watch_hub.h"
 #include "lock/engine.h"
 #include "lock/keyspace.h"
@@ -242,18 +243,6 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     });
   }
 
-  // The session's hold of the key in `snap`, when the session is the caller's.
-  const HoldEntry* OwnHold(const KeySnapshot& snap) const {
-    if (!snap.session ||
-        !Engine::CheckOwner(caller_, req_.session_id(), snap.session->identity()).ok()) {
-      return nullptr;
-    }
-    for (const auto& h : snap.holds) {
-      if (h.lease == req_.session_id()) return &h;
-    }
-    return nullptr;
-  }
-
   // Answers with the session's hold; a waiter of the session left beside it
   // leaves the queue (it would be handed the key by the session's own release).
   void ReturnOwnHold(const KeySnapshot& snap, const HoldEntry& hold) {
@@ -273,8 +262,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // what is left of the wait), where the waiter keeps its place for the retry
   // and, if none comes, goes at its own deadline.
   void Fail(absl::Status why) {
-    const bool retried = why.code() == absl::StatusCode::kUnavailable ||
-                         why.code() == absl::StatusCode::kDeadlineExceeded;
+    const bool retried = etcd::OutcomeUnknown(why);
     int64_t own;
     {
       absl::MutexLock l(&mu_);
@@ -296,29 +284,34 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     engine_->views_.Observe(req_.namespace_(), req_.session_id(), snap);
     engine_->views_.ObserveKey(req_.namespace_(), req_.lock_key(), snap);
     const std::string& ns = req_.namespace_();
+    // What the caller's own session has of the key: only its own, so that a
+    // caller naming another's session is refused without touching its holds or
+    // its place in the queue.
+    const bool own_session =
+        snap.session &&
+        Engine::CheckOwner(caller_, req_.session_id(), snap.session->identity()).ok();
+    const HoldEntry* own_hold = nullptr;
     {
-      // The session's waiter as read: the one a refusal below takes out of the
-      // queue (Fail). Only the caller's own session's: a caller naming another's
-      // session is refused without touching its queue. A call that does not wait
-      // never queues: a waiter of the session is then another call's, and keeps
-      // its place.
+      // The waiter a refusal below takes out of the queue (Fail). A call that
+      // does not wait never queues: a waiter of the session is then another
+      // call's, and keeps its place.
       absl::MutexLock l(&mu_);
       own_waiter_rev_ = 0;
-      const bool own_session =
-          snap.session &&
-          Engine::CheckOwner(caller_, req_.session_id(), snap.session->identity()).ok();
       for (const auto& w : snap.waiters) {
         if (w.lease == req_.session_id() && req_.wait_ms() > 0 && own_session) {
           own_waiter_rev_ = w.create_revision;
         }
       }
     }
+    for (const auto& h : snap.holds) {
+      if (h.lease == req_.session_id() && own_session) own_hold = &h;
+    }
     if (!snap.namespace_exists) {
       return Fail(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
     }
     NoteLabels(ns, "");
     if (auto s = CheckMember(caller_, ns, snap.ns_record.members()); !s.ok()) {
-      if (const HoldEntry* h = OwnHold(snap)) return ReturnOwnHold(snap, *h);
+      if (own_hold) return ReturnOwnHold(snap, *own_hold);
       return Fail(s);
     }
     if (!snap.session) {
@@ -337,7 +330,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     // and queueing, and a hold that exists stays the session's until released. A
     // caller answered with an error instead would not know to release it, and it
     // would last as long as the session.
-    if (const HoldEntry* h = OwnHold(snap)) return ReturnOwnHold(snap, *h);
+    if (own_hold) return ReturnOwnHold(snap, *own_hold);
     const ClassEntry* cls = ResolveClass(snap.classes, req_.lock_key());
     if (cls == nullptr) {
       return Fail(absl::FailedPreconditionError(absl::StrCat(
@@ -355,8 +348,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       return Fail(absl::InvalidArgumentError(absl::StrCat(
           "class \"", cls->class_id, "\" is exclusive (mode X): a shared hold cannot be asked")));
     }
+    // (Not kHeld: a hold of the session was answered above.)
     auto d = queue::DecideAcquire(snap, req_.session_id(), req_.shared(), NowUnixMs());
-    if (d.kind == queue::AcquireDecision::Kind::kHeld) return ReturnOwnHold(snap, *d.own_hold);
     if (!snap.ns_record.draining_to().empty()) {
       // A rehome drains the namespace: no grant and no queueing here; a waiter
       // leaves the queue.
@@ -826,10 +819,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // An UNAVAILABLE or DEADLINE_EXCEEDED write has an unknown outcome: read once
   // more (within the RPC's deadline) instead of failing.
   bool RetryUnknown(const absl::Status& s) {
-    if (s.code() != absl::StatusCode::kUnavailable &&
-        s.code() != absl::StatusCode::kDeadlineExceeded) {
-      return false;
-    }
+    if (!etcd::OutcomeUnknown(s)) return false;
     if (retries_left_ <= 0 || std::chrono::system_clock::now() >= rpc_deadline_) return false;
     --retries_left_;
     return true;

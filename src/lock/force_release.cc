@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "common/status.h"
+#include "etcd/errors.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
 #include "lock/snapshot.h"
@@ -38,6 +39,14 @@ bool ValidRequestId(const std::string& id) {
     if (!absl::ascii_isdigit(c) && (c < 'a' || c > 'f')) return false;
   }
   return true;
+}
+
+// Past the expiry the request announced. etcd gives a lease its whole TTL again
+// when its leader changes, so the request key may outlive it; the announced
+// expiry is the one that counts (this server's clock against the requester's:
+// they may differ by their skew).
+bool PastExpiry(const records::ForceRequestRecord& r) {
+  return r.expires_at_unix_ms() > 0 && NowUnixMs() >= r.expires_at_unix_ms();
 }
 
 }  // namespace
@@ -112,17 +121,15 @@ absl::StatusOr<v1::ForceRequest> ForceReleases::Request(const std::string& reque
   put->set_key(keyspace::ForceRequestKey(id));
   put->set_value(rec.SerializeAsString());
   put->set_lease(lease.id());
-  auto done = etcd_->TxnSync(std::move(txn), d);
-  if (!done.ok() || !done->succeeded()) {
-    // No request was written (or none is known to be): its lease goes now rather
-    // than at the end of its TTL. Best effort; an unknown outcome keeps the
-    // lease, so a request that did land still expires as announced.
-    if (done.ok()) {
-      pb::LeaseRevokeRequest revoke;
-      revoke.set_id(lease.id());
-      etcd_->LeaseRevoke(revoke, etcd::DeadlineIn(std::chrono::seconds(5)), [](auto) {});
-    }
-    if (!done.ok()) return done.status();
+  // An unknown outcome keeps the lease: a request that did land still expires
+  // as announced.
+  HF_ASSIGN_OR_RETURN(auto done, etcd_->TxnSync(std::move(txn), d));
+  if (!done.succeeded()) {
+    // No request was written: its lease goes now rather than at the end of its
+    // TTL (best effort).
+    pb::LeaseRevokeRequest revoke;
+    revoke.set_id(lease.id());
+    etcd_->LeaseRevoke(revoke, etcd::DeadlineIn(std::chrono::seconds(5)), [](auto) {});
     return absl::AbortedError(
         absl::StrCat("the hold of \"", key, "\" changed while the request was made; try again"));
   }
@@ -147,11 +154,7 @@ absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
   if (!rec.ParseFromString(got.kvs(0).value())) {
     return absl::DataLossError("corrupt force-release request in etcd");
   }
-  // etcd resets a lease to its whole TTL when its leader changes, so the request
-  // key may outlive the expiry it announced; the announced expiry is the one that
-  // counts (this server's clock against the requester's: they may differ by
-  // their skew).
-  if (rec.expires_at_unix_ms() > 0 && NowUnixMs() >= rec.expires_at_unix_ms()) {
+  if (PastExpiry(rec)) {
     return absl::FailedPreconditionError(absl::StrCat(
         "force-release request ", req.request_id(), " expired ",
         NowUnixMs() - rec.expires_at_unix_ms(),
@@ -190,10 +193,7 @@ absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
   AddAuditMark(&txn, std::move(mark));
   auto sent = etcd_->TxnSync(std::move(txn), d);
   if (!sent.ok()) {
-    const auto code = sent.status().code();
-    if (code != absl::StatusCode::kUnavailable && code != absl::StatusCode::kDeadlineExceeded) {
-      return sent.status();
-    }
+    if (!etcd::OutcomeUnknown(sent.status())) return sent.status();
     // The release may have committed: not a "try again elsewhere".
     return absl::UnknownError(absl::StrCat(
         "etcd did not answer the approval of request ", req.request_id(), " (",
@@ -231,8 +231,7 @@ absl::StatusOr<std::vector<v1::ForceRequest>> ForceReleases::List(etcd::Deadline
   for (const auto& kv : got.kvs()) {
     records::ForceRequestRecord rec;
     if (!rec.ParseFromString(kv.value())) continue;
-    // Past its announced expiry it can no longer be approved (Approve).
-    if (rec.expires_at_unix_ms() > 0 && NowUnixMs() >= rec.expires_at_unix_ms()) continue;
+    if (PastExpiry(rec)) continue;  // it can no longer be approved
     out.push_back(ToApi(kv.key().substr(keyspace::ForceRequestPrefix().size()), rec));
   }
   return out;

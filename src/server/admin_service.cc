@@ -3,6 +3,7 @@
 #include <map>
 
 #include "absl/strings/str_cat.h"
+#include "etcd/errors.h"
 #include "lock/keyspace.h"
 #include "lock/txn_util.h"
 #include "server/rpc_util.h"
@@ -370,17 +371,16 @@ grpc::Status AdminService::ApproveForceRelease(grpc::ServerContext* ctx,
   absl::Status unasked;
   for (const auto& c : clusters_->all()) {
     r = c->force->Approve(caller->identity, *req, RpcDeadline(*ctx, kUnaryCap));
-    const auto code = r.status().code();
-    if (code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kDeadlineExceeded) {
+    if (etcd::OutcomeUnknown(r.status())) {
       if (unasked.ok()) {
-        unasked = absl::Status(code, absl::StrCat("etcd cluster \"", c->name(),
+        unasked = absl::Status(r.status().code(), absl::StrCat("etcd cluster \"", c->name(),
                                                   "\" could not be asked for request ",
                                                   req->request_id(), " (", r.status().message(),
                                                   "); nothing released there; try again"));
       }
       continue;
     }
-    if (code != absl::StatusCode::kNotFound) return Reply(std::move(r), resp);
+    if (r.status().code() != absl::StatusCode::kNotFound) return Reply(std::move(r), resp);
   }
   if (!unasked.ok()) return ToGrpcStatus(unasked);
   return Reply(std::move(r), resp);
