@@ -9,6 +9,7 @@
 #include <stdlib.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <functional>
 #include <filesystem>
@@ -23,6 +24,8 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "audit/migrations.h"
 #include "audit/store.h"
 #include "dev/postgres_process.h"
@@ -1194,6 +1197,40 @@ TEST_F(AuditStoreUrl, UnopenableSqliteFileIsAnError) {
   auto store = OpenSqliteStore(dir_ + "/no/such/dir/audit.db");
   ASSERT_FALSE(store.ok());
   EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+}
+
+// SQLite answers BUSY to PRAGMA journal_mode = WAL at once, without its busy
+// handler, while another connection holds a fresh file's write lock (as another
+// replica does half way through its migrations). The open waits for the lock
+// instead of failing.
+using AuditStoreSqlite = AuditStoreUrl;
+
+TEST_F(AuditStoreSqlite, OpeningAFreshFileWaitsForAnotherConnectionsWriteLock) {
+  const std::string path = dir_ + "/fresh.db";
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open_v2(path.c_str(), &other, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE,
+                            nullptr),
+            SQLITE_OK);
+  std::unique_ptr<sqlite3, int (*)(sqlite3*)> closer(other, sqlite3_close);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  std::atomic<bool> committing{false};
+  std::thread release([&] {
+    absl::SleepFor(absl::Milliseconds(300));
+    committing = true;
+    EXPECT_EQ(sqlite3_exec(other, "COMMIT", nullptr, nullptr, nullptr), SQLITE_OK)
+        << sqlite3_errmsg(other);
+  });
+  auto store = OpenSqliteStore(path);
+  const bool waited = committing.load();
+  release.join();
+  ASSERT_TRUE(store.ok()) << store.status();
+  EXPECT_TRUE(waited) << "the open returned before the other connection let go of its lock";
+  auto version = (*store)->SchemaVersion();
+  ASSERT_TRUE(version.ok()) << version.status();
+  EXPECT_EQ(*version, 1);
+  auto mode = SqliteScalar(path, "SELECT journal_mode = 'wal' FROM pragma_journal_mode");
+  ASSERT_TRUE(mode.ok()) << mode.status();
+  EXPECT_EQ(*mode, 1) << "the file is in WAL mode";
 }
 
 TEST(AuditStoreEventType, NamesRoundTrip) {

@@ -15,6 +15,8 @@
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "audit/migrations.h"
 #include "audit/store.h"
 #include "audit/store_internal.h"
@@ -132,6 +134,9 @@ class SqliteStore final : public AuditStore {
 
   absl::Status ConfigureLockHeld() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status MigrateLockHeld() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // PRAGMA journal_mode = WAL, retried while another connection holds the write
+  // lock (up to kOpenBusyTimeoutMs); the journal mode it answers.
+  absl::StatusOr<std::string> JournalModeWalLockHeld() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs statements without parameters (sqlite3_exec: ';'-separated).
   absl::Status ExecLockHeld(const char* sql, absl::string_view what)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -198,14 +203,30 @@ absl::Status SqliteStore::ConfigureLockHeld() {
   sqlite3_extended_result_codes(db_, 1);
   // WAL: readers never block the writer. synchronous=FULL: a committed cursor
   // survives power loss (holdfast compacts etcd up to it, so it must not roll back).
-  HF_ASSIGN_OR_RETURN(Statement wal, PrepareLockHeld("PRAGMA journal_mode = WAL"));
-  HF_ASSIGN_OR_RETURN(bool has_row, wal.Step());
-  std::string mode = has_row ? wal.ColumnText(0) : "";
+  HF_ASSIGN_OR_RETURN(std::string mode, JournalModeWalLockHeld());
   if (mode != "wal" && mode != "memory") {
     return absl::FailedPreconditionError(
         absl::StrCat("sqlite audit store: cannot use WAL journal mode (got \"", mode, "\")"));
   }
   return ExecLockHeld("PRAGMA foreign_keys = ON; PRAGMA synchronous = FULL", "configure");
+}
+
+absl::StatusOr<std::string> SqliteStore::JournalModeWalLockHeld() {
+  // Turning a fresh file to WAL writes its header from inside a read transaction,
+  // and SQLite answers SQLITE_BUSY at once, without its busy handler (which could
+  // deadlock there), when another connection holds the write lock: another
+  // replica opening the same fresh file, half way through its migrations. So
+  // this one statement waits here, as every other does in the busy handler.
+  const absl::Time deadline = absl::Now() + absl::Milliseconds(kOpenBusyTimeoutMs);
+  for (;;) {
+    HF_ASSIGN_OR_RETURN(Statement wal, PrepareLockHeld("PRAGMA journal_mode = WAL"));
+    absl::StatusOr<bool> has_row = wal.Step();
+    if (has_row.ok()) return *has_row ? wal.ColumnText(0) : std::string();
+    if (!absl::IsUnavailable(has_row.status()) || absl::Now() >= deadline) {
+      return has_row.status();
+    }
+    absl::SleepFor(absl::Milliseconds(5));
+  }
 }
 
 absl::Status SqliteStore::MigrateLockHeld() {
