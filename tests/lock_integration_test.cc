@@ -7,6 +7,7 @@
 #include <fstream>
 #include <future>
 #include <map>
+#include <mutex>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -511,6 +512,67 @@ TEST_F(LockTest, SessionsOpenedBeforeAQuotaCountAgainstIt) {
   ASSERT_TRUE(open[0]->Close().ok());
   ASSERT_TRUE(open[1]->Close().ok());
   EXPECT_TRUE(client_->OpenSession("late-quota").ok());
+}
+
+// Opens racing right after a quota was set, while sessions opened before it
+// live (they hold no slot), each count the same sessions: only one may pass.
+// And one lowered under the sessions holding slots above it: none may.
+TEST_F(LockTest, HeldLeaseQuotaIsExactForOpensRacingAQuotaChange) {
+  auto race = [&](const std::string& ns, int n) {
+    std::mutex mu;
+    std::vector<std::unique_ptr<Session>> opened;
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([&] {
+        auto s = client_->OpenSession(ns);
+        std::lock_guard<std::mutex> l(mu);
+        if (s.ok()) {
+          opened.push_back(std::move(*s));
+        } else {
+          EXPECT_TRUE(s.status().code() == absl::StatusCode::kResourceExhausted ||
+                      s.status().code() == absl::StatusCode::kAborted)
+              << s.status();
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return opened;
+  };
+  auto set_quota = [&](const std::string& ns, int64_t quota) {
+    v1::UpdateNamespaceRequest set;
+    set.set_name(ns);
+    set.set_held_lease_quota(quota);
+    ASSERT_TRUE(client_->UpdateNamespace(set).ok());
+  };
+  for (int round = 0; round < 5; ++round) {
+    const std::string ns = absl::StrCat("late-race-", round);
+    v1::CreateNamespaceRequest req;
+    req.mutable_namespace_()->set_name(ns);
+    ASSERT_TRUE(client_->CreateNamespace(req).ok());
+    std::vector<std::unique_ptr<Session>> before;
+    for (int i = 0; i < 2; ++i) {
+      auto s = client_->OpenSession(ns);
+      ASSERT_TRUE(s.ok()) << s.status();
+      before.push_back(std::move(*s));
+    }
+    set_quota(ns, 3);
+    auto opened = race(ns, 12);
+    EXPECT_EQ(opened.size(), 1u) << "round " << round;
+    EXPECT_EQ(KeysUnder(keyspace::SessionPrefix(ns)), 3) << "round " << round;
+  }
+  // Quota 5, five sessions; lowered to 3 and two of the low slots' sessions
+  // closed: two live, and one more may open, not two.
+  v1::CreateNamespaceRequest req;
+  req.mutable_namespace_()->set_name("lowered");
+  req.mutable_namespace_()->set_held_lease_quota(5);
+  ASSERT_TRUE(client_->CreateNamespace(req).ok());
+  std::vector<std::unique_ptr<Session>> five = race("lowered", 5);
+  ASSERT_EQ(five.size(), 5u);
+  set_quota("lowered", 3);
+  for (int i = 0; i < 3; ++i) ASSERT_TRUE(five[i]->Close().ok());
+  auto opened = race("lowered", 12);
+  EXPECT_EQ(opened.size(), 1u);
+  EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("lowered")), 3);
 }
 
 TEST_F(LockTest, HeldLeaseQuotaIsExactUnderConcurrency) {

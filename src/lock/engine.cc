@@ -144,6 +144,11 @@ absl::Status Engine::Bootstrap(Deadline d, int32_t epoch) {
 
 void Engine::OpenSession(const Caller& caller, const v1::OpenSessionRequest& req, Deadline d,
                          Done<v1::OpenSessionResponse> done) {
+  OpenSessionAttempt(caller, req, /*reads_left=*/4, d, std::move(done));
+}
+
+void Engine::OpenSessionAttempt(const Caller& caller, const v1::OpenSessionRequest& req,
+                                int reads_left, Deadline d, Done<v1::OpenSessionResponse> done) {
   if (auto s = keyspace::ValidateNamespaceName(req.namespace_()); !s.ok()) return done(s);
   const int64_t min_ms = options_.session_ttl_min.count(), max_ms = options_.session_ttl_max.count();
   if (req.ttl_ms() < min_ms || req.ttl_ms() > max_ms) {
@@ -159,7 +164,8 @@ void Engine::OpenSession(const Caller& caller, const v1::OpenSessionRequest& req
   slots->set_key(keyspace::SlotPrefix(req.namespace_()));
   slots->set_range_end(keyspace::PrefixEnd(keyspace::SlotPrefix(req.namespace_())));
   slots->set_count_only(true);
-  etcd_->Txn(std::move(read), EtcdDeadline(d), [this, caller, ns = req.namespace_(), ttl_s, d,
+  etcd_->Txn(std::move(read), EtcdDeadline(d), [this, caller, req, ns = req.namespace_(), ttl_s,
+                                               reads_left, d,
                                                done](absl::StatusOr<pb::TxnResponse> r) {
     if (!r.ok()) return done(r.status());
     const auto& ns_range = r->responses(0).response_range();
@@ -176,7 +182,8 @@ void Engine::OpenSession(const Caller& caller, const v1::OpenSessionRequest& req
     if (quota > 0 && r->responses(1).response_range().count() >= quota) {
       return done(QuotaExhausted(ns, quota));
     }
-    GrantSession(caller, ns, ttl_s, quota, d, done);
+    GrantSession(SessionOpen{caller, req, ttl_s, quota, ns_range.kvs(0).mod_revision(), reads_left},
+                 d, done);
   });
 }
 
@@ -197,15 +204,14 @@ absl::Status Engine::Rehoming(const std::string& ns, const std::string& to, bool
       "\" (holdfast ns rehome): no new sessions or grants until it is; retry after 1000 ms"));
 }
 
-void Engine::GrantSession(const Caller& caller, const std::string& ns, int64_t ttl_s,
-                          int64_t quota, Deadline d, Done<v1::OpenSessionResponse> done) {
+void Engine::GrantSession(SessionOpen open, Deadline d, Done<v1::OpenSessionResponse> done) {
   pb::LeaseGrantRequest grant;
-  grant.set_ttl(ttl_s);
-  etcd_->LeaseGrant(grant, EtcdDeadline(d), [this, caller, ns, ttl_s, quota, d,
+  grant.set_ttl(open.ttl_s);
+  etcd_->LeaseGrant(grant, EtcdDeadline(d), [this, open = std::move(open), d,
                                             done](absl::StatusOr<pb::LeaseGrantResponse> g) {
     if (!g.ok()) return done(g.status());
     if (!g->error().empty()) return done(absl::UnavailableError("etcd: " + g->error()));
-    CommitSession(caller, ns, g->id(), ttl_s, quota, /*attempts_left=*/8, d, done);
+    CommitSession(open, g->id(), /*attempts_left=*/8, d, done);
   });
 }
 
@@ -217,19 +223,27 @@ void Engine::RevokeQuietly(int64_t lease) {
 
 // Writes the session record on its lease; with a quota, also one free slot key,
 // guarded by "this slot is free", so concurrent opens can never exceed the quota.
-void Engine::CommitSession(const Caller& caller, const std::string& ns, int64_t lease,
-                           int64_t ttl_s, int64_t quota, int attempts_left, Deadline d,
+// Every commit is also guarded by "the namespace record is the one read", so a
+// quota or policy changed since is never applied by an open that read the old
+// one (the open reads it again). Live sessions without a slot below the quota
+// (opened before the quota was set, or holding one above a quota lowered since)
+// count against it too; while there are any, the commit is also guarded by "no
+// session was opened since the count", so racing opens cannot each count the
+// same number (the losers count again).
+void Engine::CommitSession(const SessionOpen& open, int64_t lease, int attempts_left, Deadline d,
                            Done<v1::OpenSessionResponse> done) {
-  auto commit = [this, caller, ns, lease, ttl_s, quota, attempts_left, d,
-                 done](std::optional<int64_t> slot) {
+  const std::string& ns = open.req.namespace_();
+  auto commit = [this, open, lease, attempts_left, d, done](std::optional<int64_t> slot,
+                                                            int64_t no_session_since) {
+    const std::string& ns = open.req.namespace_();
     records::SessionRecord rec;
-    rec.set_identity(caller.identity);
-    rec.set_ttl_ms(ttl_s * 1000);
+    rec.set_identity(open.caller.identity);
+    rec.set_ttl_ms(open.ttl_s * 1000);
     rec.set_opened_at_unix_ms(NowUnixMs());
     pb::TxnRequest txn;
-    // The session record exists only inside an existing namespace.
-    AddCompare(&txn, keyspace::NamespaceKey(ns), pb::Compare::CREATE, pb::Compare::GREATER)
-        ->set_create_revision(0);
+    // The session record exists only inside the namespace as it was read.
+    AddCompare(&txn, keyspace::NamespaceKey(ns), pb::Compare::MOD, pb::Compare::EQUAL)
+        ->set_mod_revision(open.ns_mod_revision);
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(keyspace::SessionKey(ns, lease));
     put->set_value(rec.SerializeAsString());
@@ -242,40 +256,56 @@ void Engine::CommitSession(const Caller& caller, const std::string& ns, int64_t 
       take->set_value(absl::StrCat(lease));
       take->set_lease(lease);
     }
+    if (no_session_since > 0) {
+      auto* c = AddCompare(&txn, keyspace::SessionPrefix(ns), pb::Compare::CREATE,
+                           pb::Compare::LESS);
+      c->set_range_end(keyspace::PrefixEnd(keyspace::SessionPrefix(ns)));
+      c->set_create_revision(no_session_since + 1);
+    }
     auto* probe = txn.add_failure()->mutable_request_range();
     probe->set_key(keyspace::NamespaceKey(ns));
-    probe->set_count_only(true);
-    etcd_->Txn(std::move(txn), EtcdDeadline(d), [this, caller, ns, lease, ttl_s, quota,
-                                                 attempts_left, d, slot,
+    probe->set_keys_only(true);
+    etcd_->Txn(std::move(txn), EtcdDeadline(d), [this, open, lease, attempts_left, d, slot,
                                                  done](absl::StatusOr<pb::TxnResponse> t) {
+      const std::string& ns = open.req.namespace_();
       if (!t.ok()) {
         RevokeQuietly(lease);  // best effort; the lease expires by itself otherwise
         return done(t.status());
       }
       if (!t->succeeded()) {
-        if (t->responses(0).response_range().count() == 0) {
+        const auto& now = t->responses(0).response_range();
+        if (now.kvs_size() == 0) {
           RevokeQuietly(lease);
           return done(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
         }
-        if (slot && attempts_left > 1) {  // another open took that slot: pick again
-          return CommitSession(caller, ns, lease, ttl_s, quota, attempts_left - 1, d, done);
+        if (now.kvs(0).mod_revision() != open.ns_mod_revision) {
+          // Its quota, policy or home changed: start again from the new record.
+          RevokeQuietly(lease);
+          if (open.reads_left > 1) {
+            return OpenSessionAttempt(open.caller, open.req, open.reads_left - 1, d, done);
+          }
+          return done(absl::AbortedError(absl::StrCat(
+              "namespace \"", ns, "\" kept changing while the session was opened; try again")));
+        }
+        if (attempts_left > 1) {  // another open took that slot, or counted first: again
+          return CommitSession(open, lease, attempts_left - 1, d, done);
         }
         RevokeQuietly(lease);
         return done(absl::AbortedError("too many concurrent session opens; try again"));
       }
-      owners_.Remember(lease, ns, caller.identity);
+      owners_.Remember(lease, ns, open.caller.identity);
       v1::OpenSessionResponse out;
       out.set_session_id(lease);
-      out.set_ttl_ms(ttl_s * 1000);
+      out.set_ttl_ms(open.ttl_s * 1000);
       out.set_opened_revision(t->header().revision());
-      observer().OnSessionOpened(ns, lease, milliseconds(ttl_s * 1000));
+      observer().OnSessionOpened(ns, lease, milliseconds(open.ttl_s * 1000));
       done(std::move(out));
     });
   };
-  if (quota <= 0) return commit(std::nullopt);
-  // The slots taken, and the live sessions: those opened while the namespace had
-  // no quota hold no slot, but count against a quota set since. (Counted here,
-  // with a quota, only: an unlimited namespace's opens do not pay for it.)
+  const int64_t quota = open.quota;
+  if (quota <= 0) return commit(std::nullopt, 0);
+  // The slots taken, and the live sessions. (Counted here, with a quota, only:
+  // an unlimited namespace's opens do not pay for it.)
   pb::TxnRequest read;
   auto* slots = read.add_success()->mutable_request_range();
   slots->set_key(keyspace::SlotPrefix(ns));
@@ -295,9 +325,13 @@ void Engine::CommitSession(const Caller& caller, const std::string& ns, int64_t 
     // This open's own lease holds no session key yet.
     const int64_t live = t->responses(1).response_range().count();
     std::vector<bool> taken(quota, false);
+    int64_t slotted = 0;  // live sessions the slot compares account for
     for (const auto& kv : used.kvs()) {
       auto index = keyspace::ParseSlotKey(kv.key(), ns);
-      if (index && *index < quota) taken[*index] = true;
+      if (index && *index < quota && !taken[*index]) {
+        taken[*index] = true;
+        ++slotted;
+      }
     }
     std::vector<int64_t> free;
     for (int64_t i = 0; i < quota && live < quota; ++i) {
@@ -308,7 +342,8 @@ void Engine::CommitSession(const Caller& caller, const std::string& ns, int64_t 
       return done(QuotaExhausted(ns, quota));
     }
     // A random free slot, so concurrent opens rarely race for the same one.
-    commit(free[absl::Uniform<size_t>(absl::BitGen(), 0, free.size())]);
+    commit(free[absl::Uniform<size_t>(absl::BitGen(), 0, free.size())],
+           live > slotted ? t->header().revision() : 0);
   });
 }
 

@@ -136,10 +136,19 @@ class Engine {
 
  private:
   friend class AcquireOp;
-  void GrantSession(const Caller& caller, const std::string& ns, int64_t ttl_s, int64_t quota,
-                    Deadline d, Done<v1::OpenSessionResponse> done);
-  void CommitSession(const Caller& caller, const std::string& ns, int64_t lease, int64_t ttl_s,
-                     int64_t quota, int attempts_left, Deadline d,
+  // What an open carries from its namespace read to its commit.
+  struct SessionOpen {
+    Caller caller;
+    v1::OpenSessionRequest req;  // to start again when the namespace changes under it
+    int64_t ttl_s;
+    int64_t quota;             // held_lease_quota as read; 0: none
+    int64_t ns_mod_revision;   // of the namespace record read; the commit compares it
+    int reads_left;            // times the open may read the namespace again
+  };
+  void OpenSessionAttempt(const Caller& caller, const v1::OpenSessionRequest& req, int reads_left,
+                          Deadline d, Done<v1::OpenSessionResponse> done);
+  void GrantSession(SessionOpen open, Deadline d, Done<v1::OpenSessionResponse> done);
+  void CommitSession(const SessionOpen& open, int64_t lease, int attempts_left, Deadline d,
                      Done<v1::OpenSessionResponse> done);
   void RevokeQuietly(int64_t lease);
   void RenewAttempt(const v1::KeepAliveRequest& req, Deadline d, bool again,
