@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "dev/subprocess.h"
 #include "harness/cluster.h"
+#include "holdfast/v1/lock.grpc.pb.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
 #include "lock/token.h"
@@ -425,6 +426,77 @@ TEST_F(RehomeTest, HoldsPastTheDeadlineFailTheRehomeAndChangeNothing) {
   EXPECT_TRUE(check->current());
   EXPECT_TRUE(client_->OpenSession("pay").ok());
   EXPECT_EQ(client_->GetNamespace("pay")->home_cluster(), "a");
+}
+
+// A waiter woken while its namespace drains for a rehome is refused and leaves
+// the queue: when the rehome is then rolled back, no waiter whose call has
+// answered stands at the head of the queue (it would be handed the key, or keep
+// everyone behind it waiting until its deadline).
+TEST_F(RehomeTest, AWaiterRefusedDuringADrainLeavesTheQueue) {
+  CreateNamespace("pay", "");
+  auto holder = client_->OpenSession("pay");
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  auto stays = (*holder)->Acquire("db/stays");  // keeps the rehome from finishing
+  ASSERT_TRUE(stays.ok()) << stays.status();
+  std::optional<Hold> k;
+  {
+    auto got = (*holder)->Acquire("db/k");
+    ASSERT_TRUE(got.ok()) << got.status();
+    k.emplace(std::move(*got));
+  }
+  auto waiter = client_->OpenSession("pay");
+  ASSERT_TRUE(waiter.ok()) << waiter.status();
+  // One call by hand: libholdfast would ask again after UNAVAILABLE.
+  auto stub = v1::Lock::NewStub(
+      grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
+  v1::AcquireRequest ask;
+  ask.set_namespace_("pay");
+  ask.set_session_id((*waiter)->id());
+  ask.set_lock_key("db/k");
+  ask.set_wait_ms(20000);
+  grpc::Status answered;
+  std::thread call([&] {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(30));
+    v1::AcquireResponse resp;
+    answered = stub->Acquire(&ctx, ask, &resp);
+  });
+  auto waiters = [&] {
+    auto d = client_->Describe("pay", "db/k");
+    return d.ok() ? d->waiters_size() : -1;
+  };
+  for (int i = 0; i < 500 && waiters() != 1; ++i) std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_EQ(waiters(), 1) << "the waiter never queued";
+
+  absl::StatusOr<v1::RehomeNamespaceResponse> rehomed;
+  std::thread rehome([&] { rehomed = Rehome("pay", "b", milliseconds(1500)); });
+  auto draining = [&] {
+    pb::RangeRequest r;
+    r.set_key(keyspace::NamespaceKey("pay"));
+    auto got = a().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    records::NamespaceRecord rec;
+    return got.ok() && got->kvs_size() == 1 && rec.ParseFromString(got->kvs(0).value()) &&
+           !rec.draining_to().empty();
+  };
+  for (int i = 0; i < 500 && !draining(); ++i) std::this_thread::sleep_for(milliseconds(5));
+  ASSERT_TRUE(draining()) << "the rehome never started draining";
+  ASSERT_TRUE(k->Release().ok());  // wakes the waiter; no hand-over while draining
+  call.join();
+  EXPECT_EQ(answered.error_code(), grpc::StatusCode::UNAVAILABLE) << answered.error_message();
+  EXPECT_NE(answered.error_message().find("is being moved to etcd cluster \"b\""),
+            std::string::npos)
+      << answered.error_message();
+  rehome.join();
+  ASSERT_EQ(rehomed.status().code(), absl::StatusCode::kFailedPrecondition) << rehomed.status();
+
+  // Rolled back, served on a again: the key is free and nobody waits for it.
+  auto after = client_->Describe("pay", "db/k");
+  ASSERT_TRUE(after.ok()) << after.status();
+  EXPECT_EQ(after->holders_size(), 0);
+  EXPECT_EQ(after->waiters_size(), 0) << "the refused waiter stayed in the queue";
+  auto other = client_->OpenSession("pay");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE((*other)->Acquire("db/k").ok()) << "the key is taken at once";
 }
 
 // Force needs two admins: a rehome, asked by one, refuses to force holds open

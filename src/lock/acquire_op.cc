@@ -260,9 +260,12 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // waits for, kept as long as the session lives. Except after an error the
   // caller retries (UNAVAILABLE, DEADLINE_EXCEEDED: libholdfast asks again with
   // what is left of the wait), where the waiter keeps its place for the retry
-  // and, if none comes, goes at its own deadline.
-  void Fail(absl::Status why) {
-    const bool retried = etcd::OutcomeUnknown(why);
+  // and, if none comes, goes at its own deadline. `leave` takes the waiter out
+  // whatever the error (a rehome's drain: UNAVAILABLE, but the queue is not this
+  // cluster's any more, and a rehome rolled back would hand the key to a waiter
+  // whose caller may have stopped asking).
+  void Fail(absl::Status why, bool leave = false) {
+    const bool retried = !leave && etcd::OutcomeUnknown(why);
     int64_t own;
     {
       absl::MutexLock l(&mu_);
@@ -353,7 +356,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (!snap.ns_record.draining_to().empty()) {
       // A rehome drains the namespace: no grant and no queueing here; a waiter
       // leaves the queue.
-      return Fail(Engine::Rehoming(ns, snap.ns_record.draining_to(), snap.ns_record.moved()));
+      return Fail(Engine::Rehoming(ns, snap.ns_record.draining_to(), snap.ns_record.moved()),
+                  /*leave=*/true);
     }
     // A new claim (neither held nor queued yet) counts against the session's limit;
     // the grant or enqueue that adds it is guarded by "no claim of this session
