@@ -29,9 +29,11 @@
 // their Client is destroyed, on the thread destroying it). Session::Close (and
 // ~Session) returns only once no on_lost call of the session is running, and
 // none starts after, so on_lost may use what its owner frees after closing;
-// on_lost itself may call Close. So do not close a session while holding a lock
-// its on_lost takes. Closing a session ends its holds: each Hold then says lost
-// ("was closed"). Sessions are renewed only while their Client exists: destroy
+// on_lost itself may call Close (it does not wait for the on_lost calls it is
+// made from, so two callbacks that each close the session both return). So do
+// not close a session while holding a lock its on_lost takes. Closing a session
+// ends its holds: each Hold then says lost ("was closed"), also one whose
+// Acquire answered after the Close. Sessions are renewed only while their Client exists: destroy
 // Sessions and Holds before their Client; those left count as lost when it goes.
 #pragma once
 
@@ -122,7 +124,8 @@ class Hold {
   // fails transiently (ABORTED, UNAVAILABLE, DEADLINE_EXCEEDED, or
   // RESOURCE_EXHAUSTED over the op_rate_quota: see RetryAfter), Release() may be
   // called again. Once released (or not current), every handle of the hold says
-  // lost() ("was released").
+  // lost() ("was released"), also one an Acquire returned after this handle was
+  // lost locally.
   absl::Status Release();
 
  private:

@@ -204,6 +204,18 @@ std::shared_ptr<HoldState> SessionState::HoldFor(const std::string& lock_key, bo
   return made;
 }
 
+void SessionState::EndHold(const std::string& lock_key, int64_t token, const absl::Status& why) {
+  std::vector<std::shared_ptr<HoldState>> ended;
+  {
+    absl::MutexLock l(&mu_);
+    for (auto& w : holds_) {
+      auto h = w.lock();
+      if (h && h->token() == token && h->lock_key() == lock_key) ended.push_back(std::move(h));
+    }
+  }
+  for (auto& h : ended) h->MarkLost(why);
+}
+
 void SessionState::Confirm(SteadyClock::time_point sent_at, std::chrono::milliseconds ttl) {
   std::vector<std::shared_ptr<HoldState>> holds;
   {
@@ -282,9 +294,14 @@ void SessionState::MarkLost(absl::Status why) {
 }
 
 namespace {
-// The session whose on_lost this thread is running, if any: a Close from inside
-// the callback must not wait for the callback itself.
-thread_local const SessionState* running_on_lost = nullptr;
+// The on_lost calls this thread is running, innermost first: a Close from inside
+// a callback must not wait for the callbacks it is called from.
+struct OnLostFrame {
+  const SessionState* session;
+  bool counted;  // still in the session's on_lost_running_
+  OnLostFrame* outer;
+};
+thread_local OnLostFrame* running_on_lost = nullptr;
 }  // namespace
 
 void SessionState::RunOnLost(const absl::Status& why) {
@@ -294,12 +311,12 @@ void SessionState::RunOnLost(const absl::Status& why) {
     if (closed_) return;
     ++on_lost_running_;
   }
-  const SessionState* outer = running_on_lost;
-  running_on_lost = this;
-  absl::Cleanup done = [this, outer] {  // also if on_lost throws
-    running_on_lost = outer;
+  OnLostFrame frame{this, true, running_on_lost};
+  running_on_lost = &frame;
+  absl::Cleanup done = [this, &frame] {  // also if on_lost throws
+    running_on_lost = frame.outer;
     absl::MutexLock l(&mu_);
-    --on_lost_running_;
+    if (frame.counted) --on_lost_running_;
   };
   on_lost_(why);
 }
@@ -315,10 +332,17 @@ bool SessionState::MarkClosed() {
     absl::MutexLock l(&mu_);
     // A callback already running finishes before Close returns (what it
     // captured may go right after), also when it is the callback that closed
-    // the session; one that called this is not waited for.
-    std::pair<const int*, int> idle{&on_lost_running_, running_on_lost == this ? 1 : 0};
+    // the session; the ones this call is made from are not waited for. They
+    // leave the count now, so that two callbacks on two threads that each
+    // close the session do not wait for each other.
+    for (OnLostFrame* f = running_on_lost; f != nullptr; f = f->outer) {
+      if (f->session == this && f->counted) {
+        f->counted = false;
+        --on_lost_running_;
+      }
+    }
     mu_.Await(absl::Condition(
-        +[](std::pair<const int*, int>* p) { return *p->first <= p->second; }, &idle));
+        +[](int* running) { return *running == 0; }, &on_lost_running_));
     if (closed_) return false;
     closed_ = true;
     for (auto& w : holds_) {
@@ -328,10 +352,14 @@ bool SessionState::MarkClosed() {
   // Closing ends every hold of the session: a Hold still in the caller's hands
   // must say so (and stop its lost_token) like any other end. No on_lost: the
   // caller closed it.
-  const absl::Status why = absl::FailedPreconditionError(
-      absl::StrCat("session ", id_, " was closed: its holds ended with it"));
+  const absl::Status why = ClosedReason();
   for (auto& h : holds) h->MarkLost(why);
   return true;
+}
+
+absl::Status SessionState::ClosedReason() const {
+  return absl::FailedPreconditionError(
+      absl::StrCat("session ", id_, " was closed: its holds ended with it"));
 }
 
 bool SessionState::closed() const {
@@ -385,6 +413,7 @@ absl::Status Hold::Release() {
     session_.reset();
     return absl::OkStatus();
   }
+  const std::shared_ptr<internal::SessionState> session = session_;
   v1::ReleaseRequest req;
   req.set_namespace_(session_->ns());
   req.set_session_id(session_->id());
@@ -416,11 +445,15 @@ absl::Status Hold::Release() {
       s.code() != absl::StatusCode::kResourceExhausted) {
     session_.reset();
   }
-  // Released, or not current any more: the hold's other handles say it ended.
+  // Released, or not current any more: every handle of the hold says it ended,
+  // also one whose Acquire came after this handle's hold was lost here (a state
+  // of its own: a lost state is never shared again).
   if (s.ok() || s.code() == absl::StatusCode::kFailedPrecondition ||
       s.code() == absl::StatusCode::kNotFound) {
-    state_->MarkLost(absl::FailedPreconditionError(absl::StrCat(
-        "hold on \"", info_.lock_key(), "\" (token ", info_.token(), ") was released")));
+    const absl::Status why = absl::FailedPreconditionError(absl::StrCat(
+        "hold on \"", info_.lock_key(), "\" (token ", info_.token(), ") was released"));
+    state_->MarkLost(why);
+    session->EndHold(info_.lock_key(), info_.token(), why);
   }
   return s;
 }
@@ -477,7 +510,13 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   auto hold_state = state_->HoldFor(resp.hold().lock_key(),
                                     resp.hold().on_quorum_loss() == v1::ON_QUORUM_LOSS_OPEN,
                                     resp.hold().token());
-  if (state_->lost()) hold_state->MarkLost(state_->lost_reason());
+  // A session lost or closed while the call was out: the hold ended with it (a
+  // Close that came first did not see this state).
+  if (state_->lost()) {
+    hold_state->MarkLost(state_->lost_reason());
+  } else if (state_->closed()) {
+    hold_state->MarkLost(state_->ClosedReason());
+  }
   return Hold(state_, std::move(hold_state), resp.hold());
 }
 

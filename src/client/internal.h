@@ -111,6 +111,9 @@ class SessionState {
   // other handles share (Acquire of a held key returns the same hold), or a new
   // one. Drops the entries of holds no handle keeps any more.
   std::shared_ptr<HoldState> HoldFor(const std::string& lock_key, bool open_class, int64_t token);
+  // The hold of `lock_key` with `token` ended (released): every state of it
+  // says so, `why`; runs no on_lost.
+  void EndHold(const std::string& lock_key, int64_t token, const absl::Status& why);
 
   // The pump's view --------------------------------------------------------
   // A renewal confirmed by etcd: sent at `sent_at`, TTL `ttl` remaining. Open
@@ -132,6 +135,8 @@ class SessionState {
   // running (other than one that called it); false when it was closed already.
   bool MarkClosed();
   bool closed() const;
+  // What a hold of a closed session says it ended with.
+  absl::Status ClosedReason() const;
 
  private:
   const std::shared_ptr<ClientCore> core_;
