@@ -433,6 +433,47 @@ TEST_F(LockTest, NoLostCallbackRunsAfterTheSessionIsGone) {
   EXPECT_TRUE(seen->finished) << "on_lost still ran after ~Session returned";
 }
 
+// An on_lost that closes its session while no holdfastd answers does not hold
+// up the keepalive thread for the Client's other sessions: the next session's
+// loss is told at its own deadline, not after the close's RPC timeout (10 s).
+TEST_F(LockTest, ACloseFromOnLostDoesNotDelayTheNextSessionsLoss) {
+  std::unique_ptr<Session> first;
+  std::atomic<bool> first_closed{false};
+  SessionOptions o1;
+  o1.ttl = seconds(2);
+  o1.on_lost = [&](const absl::Status&) {
+    first->Close().IgnoreError();
+    first_closed = true;
+  };
+  auto s1 = client_->OpenSession("default", o1);
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  first = std::move(*s1);
+  std::atomic<int64_t> second_lost_at_ms{0};
+  const auto t0 = std::chrono::steady_clock::now();
+  SessionOptions o2;
+  o2.ttl = seconds(4);
+  o2.on_lost = [&](const absl::Status&) {
+    second_lost_at_ms = std::chrono::duration_cast<milliseconds>(
+                            std::chrono::steady_clock::now() - t0).count();
+  };
+  auto s2 = client_->OpenSession("default", o2);
+  ASSERT_TRUE(s2.ok()) << s2.status();
+  cluster_->holdfastd().Kill();  // no renewal is confirmed: each is lost at its deadline
+  auto until = std::chrono::steady_clock::now() + seconds(30);
+  while (second_lost_at_ms == 0 && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_NE(second_lost_at_ms.load(), 0) << "the second session was never lost";
+  EXPECT_TRUE(first_closed) << "the first session's loss comes first";
+  const auto second_deadline_ms =
+      std::chrono::duration_cast<milliseconds>((*s2)->deadline() - t0).count();
+  // Told within a few seconds of its deadline, where the old close held the
+  // thread for its whole 10 s RPC timeout.
+  EXPECT_LT(second_lost_at_ms.load(), second_deadline_ms + 5000)
+      << "lost at " << second_lost_at_ms << " ms, its deadline at " << second_deadline_ms << " ms";
+  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());  // so that the second Close is answered
+}
+
 // Acquire of a held key returns the same hold: its handles share what they say.
 // Released through one, the others say it ended, as the next holder has it.
 TEST_F(LockTest, HandlesOfOneHoldSayItEndedWhenOneReleasesIt) {

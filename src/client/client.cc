@@ -304,6 +304,8 @@ struct OnLostFrame {
 thread_local OnLostFrame* running_on_lost = nullptr;
 }  // namespace
 
+bool RunningOnLost() { return running_on_lost != nullptr; }
+
 void SessionState::RunOnLost(const absl::Status& why) {
   if (!on_lost_) return;
   {
@@ -528,7 +530,18 @@ absl::Status Session::Close() {
   req.set_session_id(state_->id());
   v1::CloseSessionResponse resp;
   grpc::ClientContext ctx;
-  state_->core().SetDeadline(&ctx);
+  if (internal::RunningOnLost()) {
+    constexpr std::chrono::milliseconds kCloseFromOnLostTimeout{1000};
+    // From inside on_lost, on a keepalive thread: the session is lost (its lease
+    // gone or going), and the thread must get back to checking the deadlines of
+    // the Client's other sessions. One try of at most a second, no waiting for a
+    // connection that is not there.
+    ctx.set_deadline(std::chrono::system_clock::now() +
+                     std::min<std::chrono::milliseconds>(state_->core().options().rpc_timeout,
+                                                         kCloseFromOnLostTimeout));
+  } else {
+    state_->core().SetDeadline(&ctx);
+  }
   return FromCall(state_->core(), ctx, state_->core().session_stub().Close(&ctx, req, &resp));
 }
 

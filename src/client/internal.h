@@ -54,6 +54,9 @@ class ClientCore {
   std::unique_ptr<KeepAlivePump> pump_;
 };
 
+// True on a thread that is running an on_lost callback (of any session).
+bool RunningOnLost();
+
 // One hold's liveness. Thread-safe.
 //   lost:        stop using the resource; final.
 //   unprotected: (open classes only) etcd cannot confirm the session now; the
