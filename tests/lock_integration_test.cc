@@ -62,6 +62,32 @@ class LockTest : public ::testing::Test {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
+  // `n` sessions of `ns` opened at once, each on a thread of its own: those that
+  // opened, and the messages of those refused (over the quota, or ABORTED).
+  std::pair<std::vector<std::unique_ptr<Session>>, std::vector<std::string>> OpenConcurrently(
+      const std::string& ns, int n) {
+    std::mutex mu;
+    std::vector<std::unique_ptr<Session>> opened;
+    std::vector<std::string> refusals;
+    std::vector<std::thread> threads;
+    for (int i = 0; i < n; ++i) {
+      threads.emplace_back([&] {
+        auto s = client_->OpenSession(ns);
+        std::lock_guard<std::mutex> l(mu);
+        if (s.ok()) {
+          opened.push_back(std::move(*s));
+        } else {
+          EXPECT_TRUE(s.status().code() == absl::StatusCode::kResourceExhausted ||
+                      s.status().code() == absl::StatusCode::kAborted)
+              << s.status();
+          refusals.push_back(std::string(s.status().message()));
+        }
+      });
+    }
+    for (auto& t : threads) t.join();
+    return {std::move(opened), std::move(refusals)};
+  }
+
   // Every hold key of `key` in etcd, read directly.
   std::vector<mvccpb::KeyValue> HoldsInEtcd(const std::string& key, const std::string& ns = "default") {
     pb::RangeRequest r;
@@ -559,26 +585,7 @@ TEST_F(LockTest, SessionsOpenedBeforeAQuotaCountAgainstIt) {
 // live (they hold no slot), each count the same sessions: only one may pass.
 // And one lowered under the sessions holding slots above it: none may.
 TEST_F(LockTest, HeldLeaseQuotaIsExactForOpensRacingAQuotaChange) {
-  auto race = [&](const std::string& ns, int n) {
-    std::mutex mu;
-    std::vector<std::unique_ptr<Session>> opened;
-    std::vector<std::thread> threads;
-    for (int i = 0; i < n; ++i) {
-      threads.emplace_back([&] {
-        auto s = client_->OpenSession(ns);
-        std::lock_guard<std::mutex> l(mu);
-        if (s.ok()) {
-          opened.push_back(std::move(*s));
-        } else {
-          EXPECT_TRUE(s.status().code() == absl::StatusCode::kResourceExhausted ||
-                      s.status().code() == absl::StatusCode::kAborted)
-              << s.status();
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    return opened;
-  };
+  auto race = [&](const std::string& ns, int n) { return OpenConcurrently(ns, n).first; };
   auto set_quota = [&](const std::string& ns, int64_t quota) {
     v1::UpdateNamespaceRequest set;
     set.set_name(ns);
@@ -621,28 +628,7 @@ TEST_F(LockTest, HeldLeaseQuotaIsExactUnderConcurrency) {
   req.mutable_namespace_()->set_name("q");
   req.mutable_namespace_()->set_held_lease_quota(10);
   ASSERT_TRUE(client_->CreateNamespace(req).ok());
-  auto open_many = [&](int n) {
-    std::mutex mu;
-    std::vector<std::unique_ptr<Session>> opened;
-    std::vector<std::string> refusals;
-    std::vector<std::thread> threads;
-    for (int i = 0; i < n; ++i) {
-      threads.emplace_back([&] {
-        auto s = client_->OpenSession("q");
-        std::lock_guard<std::mutex> l(mu);
-        if (s.ok()) {
-          opened.push_back(std::move(*s));
-        } else {
-          EXPECT_TRUE(s.status().code() == absl::StatusCode::kResourceExhausted ||
-                      s.status().code() == absl::StatusCode::kAborted)
-              << s.status();
-          refusals.push_back(std::string(s.status().message()));
-        }
-      });
-    }
-    for (auto& t : threads) t.join();
-    return std::make_pair(std::move(opened), std::move(refusals));
-  };
+  auto open_many = [&](int n) { return OpenConcurrently("q", n); };
   auto [first, refused] = open_many(50);
   EXPECT_EQ(first.size(), 10u);
   EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("q")), 10);
