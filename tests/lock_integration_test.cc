@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "etcd/watch_hub.h"
 #include "harness/cluster.h"
@@ -608,8 +609,8 @@ TEST_F(LockTest, HeldLeaseQuotaIsExactForOpensRacingAQuotaChange) {
     EXPECT_EQ(opened.size(), 1u) << "round " << round;
     EXPECT_EQ(KeysUnder(keyspace::SessionPrefix(ns)), 3) << "round " << round;
   }
-  // Quota 5, five sessions; lowered to 3 and two of the low slots' sessions
-  // closed: two live, and one more may open, not two.
+  // Quota 5, five sessions; lowered to 3, and the sessions on slots 0 – 2
+  // closed: two live, on slots above the quota, and one more may open, not three.
   v1::CreateNamespaceRequest req;
   req.mutable_namespace_()->set_name("lowered");
   req.mutable_namespace_()->set_held_lease_quota(5);
@@ -617,7 +618,24 @@ TEST_F(LockTest, HeldLeaseQuotaIsExactForOpensRacingAQuotaChange) {
   std::vector<std::unique_ptr<Session>> five = race("lowered", 5);
   ASSERT_EQ(five.size(), 5u);
   set_quota("lowered", 3);
-  for (int i = 0; i < 3; ++i) ASSERT_TRUE(five[i]->Close().ok());
+  std::map<int64_t, int64_t> slot_of;  // session id -> slot
+  {
+    pb::RangeRequest r;
+    r.set_key(keyspace::SlotPrefix("lowered"));
+    r.set_range_end(keyspace::PrefixEnd(keyspace::SlotPrefix("lowered")));
+    auto slots = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    ASSERT_TRUE(slots.ok()) << slots.status();
+    for (const auto& kv : slots->kvs()) {
+      int64_t session = 0;
+      ASSERT_TRUE(absl::SimpleAtoi(kv.value(), &session));
+      slot_of[session] = keyspace::ParseSlotKey(kv.key(), "lowered").value_or(-1);
+    }
+  }
+  ASSERT_EQ(slot_of.size(), 5u);
+  for (auto& s : five) {
+    if (slot_of[s->id()] < 3) ASSERT_TRUE(s->Close().ok());
+  }
+  ASSERT_EQ(KeysUnder(keyspace::SessionPrefix("lowered")), 2);
   auto opened = race("lowered", 12);
   EXPECT_EQ(opened.size(), 1u);
   EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("lowered")), 3);

@@ -469,7 +469,7 @@ TEST_F(RehomeTest, AWaiterRefusedDuringADrainLeavesTheQueue) {
   ASSERT_EQ(waiters(), 1) << "the waiter never queued";
 
   absl::StatusOr<v1::RehomeNamespaceResponse> rehomed;
-  std::thread rehome([&] { rehomed = Rehome("pay", "b", milliseconds(1500)); });
+  std::thread rehome([&] { rehomed = Rehome("pay", "b", seconds(5)); });
   auto draining = [&] {
     pb::RangeRequest r;
     r.set_key(keyspace::NamespaceKey("pay"));

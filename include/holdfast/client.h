@@ -30,8 +30,9 @@
 // ~Session) returns only once no on_lost call of the session is running, and
 // none starts after, so on_lost may use what its owner frees after closing;
 // on_lost itself may call Close (it does not wait for the on_lost calls it is
-// made from, so two callbacks that each close the session both return; its
-// CloseSession call is one try of at most 1 s, so that the keepalive thread
+// made from, so two callbacks that each close the session both return, and a
+// Close on another thread still waits for them; from the session's own on_lost,
+// its CloseSession call is one try of at most 1 s, so that the keepalive thread
 // goes back to the Client's other sessions; an unanswered close leaves the
 // lease to expire). So do
 // not close a session while holding a lock its on_lost takes. Closing a session

@@ -304,7 +304,12 @@ struct OnLostFrame {
 thread_local OnLostFrame* running_on_lost = nullptr;
 }  // namespace
 
-bool RunningOnLost() { return running_on_lost != nullptr; }
+bool SessionState::RunningOwnOnLost() const {
+  for (const OnLostFrame* f = running_on_lost; f != nullptr; f = f->outer) {
+    if (f->session == this) return true;
+  }
+  return false;
+}
 
 void SessionState::RunOnLost(const absl::Status& why) {
   if (!on_lost_) return;
@@ -337,14 +342,22 @@ bool SessionState::MarkClosed() {
     // the session; the ones this call is made from are not waited for. They
     // leave the count now, so that two callbacks on two threads that each
     // close the session do not wait for each other.
+    // (They count again once the wait is over: a Close or ~Session on another
+    // thread still waits for them to end.)
+    std::vector<OnLostFrame*> own;
     for (OnLostFrame* f = running_on_lost; f != nullptr; f = f->outer) {
       if (f->session == this && f->counted) {
         f->counted = false;
         --on_lost_running_;
+        own.push_back(f);
       }
     }
     mu_.Await(absl::Condition(
         +[](int* running) { return *running == 0; }, &on_lost_running_));
+    for (OnLostFrame* f : own) {
+      f->counted = true;
+      ++on_lost_running_;
+    }
     if (closed_) return false;
     closed_ = true;
     for (auto& w : holds_) {
@@ -530,12 +543,13 @@ absl::Status Session::Close() {
   req.set_session_id(state_->id());
   v1::CloseSessionResponse resp;
   grpc::ClientContext ctx;
-  if (internal::RunningOnLost()) {
+  if (state_->RunningOwnOnLost()) {
     constexpr std::chrono::milliseconds kCloseFromOnLostTimeout{1000};
-    // From inside on_lost, on a keepalive thread: the session is lost (its lease
-    // gone or going), and the thread must get back to checking the deadlines of
+    // From inside its own on_lost, on a keepalive thread: the session, or a hold
+    // of it, is lost, and the thread must get back to checking the deadlines of
     // the Client's other sessions. One try of at most a second, no waiting for a
-    // connection that is not there.
+    // connection that is not there; a close not answered leaves the lease to
+    // expire.
     ctx.set_deadline(std::chrono::system_clock::now() +
                      std::min<std::chrono::milliseconds>(state_->core().options().rpc_timeout,
                                                          kCloseFromOnLostTimeout));

@@ -54,9 +54,6 @@ class ClientCore {
   std::unique_ptr<KeepAlivePump> pump_;
 };
 
-// True on a thread that is running an on_lost callback (of any session).
-bool RunningOnLost();
-
 // One hold's liveness. Thread-safe.
 //   lost:        stop using the resource; final.
 //   unprotected: (open classes only) etcd cannot confirm the session now; the
@@ -140,6 +137,8 @@ class SessionState {
   bool closed() const;
   // What a hold of a closed session says it ended with.
   absl::Status ClosedReason() const;
+  // True on a thread that is running this session's on_lost.
+  bool RunningOwnOnLost() const;
 
  private:
   const std::shared_ptr<ClientCore> core_;

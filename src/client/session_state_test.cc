@@ -90,6 +90,33 @@ TEST_F(SessionStateTest, CloseWaitsForARunningOnLost) {
   lose.get();
 }
 
+// An on_lost that closed the session itself is still waited for by a Close (or
+// ~Session) on another thread: what the callback uses after its own Close may
+// go once the other returns.
+TEST_F(SessionStateTest, ACloseElsewhereWaitsForAnOnLostThatClosedTheSessionItself) {
+  std::atomic<bool> closed_inside{false}, finished{false};
+  std::promise<void> go;
+  std::shared_future<void> go_f = go.get_future().share();
+  std::shared_ptr<SessionState> session;
+  SessionOptions o;
+  o.on_lost = [&](const absl::Status&) {
+    closed_inside = session->MarkClosed();
+    go_f.wait();
+    finished = true;
+  };
+  session = NewSession(o);
+  auto lose = std::async(std::launch::async,
+                         [&] { session->MarkLost(absl::UnavailableError("deadline passed")); });
+  while (!closed_inside) std::this_thread::sleep_for(milliseconds(1));
+  auto close = std::async(std::launch::async, [&] { return session->MarkClosed(); });
+  EXPECT_EQ(close.wait_for(milliseconds(100)), std::future_status::timeout)
+      << "Close returned while on_lost was still running";
+  go.set_value();
+  EXPECT_FALSE(close.get()) << "closed already, by the callback";
+  EXPECT_TRUE(finished);
+  lose.get();
+}
+
 // A hold lost here only (etcd was unreachable) is not shared with a later
 // Acquire of the same key and token: the two handles have states of their own.
 // The release of either ends both.
