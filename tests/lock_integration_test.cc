@@ -396,6 +396,14 @@ TEST_F(LockTest, ListNamespacesShowsNamesThatSortInsideAnother) {
     holds.push_back(std::move(*h));
     sessions.push_back(std::move(*s));
   }
+  // Keys under /holdfast/ns/ that are no namespace's (written by hand), sorting
+  // before the others: the list steps over them.
+  for (const std::string junk : {"BAD NAME/x", "BAD NAME/y", " stray"}) {
+    pb::PutRequest put;
+    put.set_key(keyspace::NamespacesBegin() + junk);
+    put.set_value("?");
+    ASSERT_TRUE(cluster_->etcd_client().PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+  }
   auto list = client_->ListNamespaces();
   ASSERT_TRUE(list.ok()) << list.status();
   std::vector<std::string> listed;

@@ -175,7 +175,16 @@ absl::StatusOr<std::vector<v1::Namespace>> Registry::ListNamespaces(etcd::Deadli
     if (resp->kvs_size() == 0) break;
     const auto& kv = resp->kvs(0);
     auto ns = keyspace::NamespaceOfKey(kv.key());
-    if (!ns) break;
+    if (!ns) {
+      // Not a namespace's key (holdfast writes none; someone else did): stepped
+      // over with all that shares its first segment, never the end of the list.
+      const std::string rest = kv.key().substr(keyspace::NamespacesBegin().size());
+      const size_t slash = rest.find('/');
+      from = slash == std::string::npos
+                 ? kv.key() + '\0'
+                 : keyspace::PrefixEnd(keyspace::NamespacesBegin() + rest.substr(0, slash + 1));
+      continue;
+    }
     if (kv.key() == keyspace::NamespaceKey(*ns)) {
       records::NamespaceRecord rec;
       if (rec.ParseFromString(kv.value())) out.push_back(NamespaceFromRecord(*ns, kv, rec));
