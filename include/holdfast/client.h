@@ -85,7 +85,8 @@ struct SessionOptions {
   // Fraction of the TTL kept as a margin for clock drift (local deadline).
   double safety_margin = 0.1;
   // Called when the session, or any hold on it, is lost, with the reason (check
-  // Hold::lost() to see which).
+  // Hold::lost() to see which). Must not throw: it runs on libholdfast's threads
+  // and in ~Client, where an exception ends the process.
   std::function<void(const absl::Status&)> on_lost;
 };
 
