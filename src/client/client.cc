@@ -467,8 +467,7 @@ absl::Status Hold::Release() {
       s.code() == absl::StatusCode::kNotFound) {
     const absl::Status why = absl::FailedPreconditionError(absl::StrCat(
         "hold on \"", info_.lock_key(), "\" (token ", info_.token(), ") was released"));
-    state_->MarkLost(why);
-    session->EndHold(info_.lock_key(), info_.token(), why);
+    session->EndHold(info_.lock_key(), info_.token(), why);  // this handle's state too
   }
   return s;
 }
