@@ -33,6 +33,11 @@ using std::chrono::milliseconds;
 
 constexpr milliseconds kMaxWait = std::chrono::hours(1);  // Lock.Acquire's bound
 constexpr size_t kMaxMetaBytes = 1024;
+// How long closing the session may take on the way out after the lock was not
+// held (the acquire failed, or a signal ended the wait): holdfast must not sit
+// for the call timeout on a holdfastd that went away. A close not answered in
+// time leaves the session to its TTL.
+constexpr milliseconds kCloseOnExit{2000};
 
 // Signals holdfast passes on to CMD's process group.
 constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP};
@@ -105,7 +110,7 @@ absl::StatusOr<LockRequest> Validate(const LockFlags& flags) {
 // session first removes anything the call has made in etcd.
 [[noreturn]] void AbandonAcquire(Session& session, absl::string_view why, int exit_code) {
   PrintMessage(why);
-  (void)session.Close();
+  (void)session.Close(kCloseOnExit);
   std::fflush(nullptr);
   std::_Exit(exit_code);
 }
@@ -272,7 +277,10 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
   }
   int signal_received = 0;
   auto hold = AcquireInterruptibly(**session, *request, **waiter, &signal_received);
-  if (!hold.ok()) return ReportAcquireError(hold.status(), *request);
+  if (!hold.ok()) {
+    (void)(*session)->Close(kCloseOnExit);
+    return ReportAcquireError(hold.status(), *request);
+  }
   if (signal_received != 0) {
     PrintMessage(absl::StrCat(SignalName(signal_received), " as ", request->ref.ToString(),
                               " was granted; released without running the command"));
@@ -289,7 +297,11 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
   auto child = StartCommand(*request, *hold);
   if (!child.ok()) return ReportError(child.status(), "run the command");
   CommandOutcome outcome = Supervise(**child, *hold, *request, **waiter);
-  if (outcome.hold_lost) return kExitHoldLost;
+  if (outcome.hold_lost) {
+    // Lost mostly because holdfastd stopped answering: do not wait for it.
+    (void)(*session)->Close(kCloseOnExit);
+    return kExitHoldLost;
+  }
   ReleaseAndClose(*hold, **session, *request);
   return outcome.exit_code;
 }

@@ -509,6 +509,56 @@ TEST_F(LockTest, ACloseFromOnLostDoesNotDelayTheNextSessionsLoss) {
   ASSERT_TRUE(cluster_->holdfastd().Restart().ok());  // so that the second Close is answered
 }
 
+// A waiting Acquire whose holdfastd goes away asks again on a new connection,
+// but within the bound it started with (the wait plus the rpc timeout, from the
+// call): it does not wait anew from the retry. Close(timeout) then returns
+// within its own bound, not the rpc timeout.
+TEST_F(LockTest, AWaitWhoseHoldfastdWentAwayEndsByTheCallsFirstBound) {
+  auto holder = Open();
+  auto held = holder->Acquire("gone-wait");
+  ASSERT_TRUE(held.ok()) << held.status();
+  ClientOptions o;
+  o.endpoints = {cluster_->endpoint()};
+  o.rpc_timeout = seconds(2);
+  auto waiter_client = Client::Connect(o);
+  ASSERT_TRUE(waiter_client.ok()) << waiter_client.status();
+  auto waiter = Open(seconds(60), waiter_client->get());
+  ASSERT_NE(waiter, nullptr);
+  const auto t0 = std::chrono::steady_clock::now();
+  auto acquired = std::async(std::launch::async, [&] {
+    AcquireOptions a;
+    a.wait = seconds(6);
+    return waiter->Acquire("gone-wait", a);
+  });
+  bool queued = false;
+  while (!queued && std::chrono::steady_clock::now() < t0 + seconds(3)) {
+    auto d = client_->Describe("default", "gone-wait");
+    queued = d.ok() && d->waiters_size() == 1;
+    if (!queued) std::this_thread::sleep_for(milliseconds(20));
+  }
+  if (!queued && acquired.wait_for(seconds(0)) == std::future_status::ready) {
+    FAIL() << "the waiter's Acquire ended: " << acquired.get().status();
+  }
+  ASSERT_TRUE(queued) << "the waiter never queued";
+  // Gone 4 s into the wait: the call's bound is 8 s from its start; asked again
+  // with a fresh bound, it would end at 4 + 2 + 6 = 12 s.
+  std::this_thread::sleep_until(t0 + seconds(4));
+  cluster_->holdfastd().Kill();
+  auto r = acquired.get();
+  const auto took_ms =
+      std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  ASSERT_FALSE(r.ok());
+  EXPECT_TRUE(Unreachable(r.status())) << r.status();
+  EXPECT_LT(took_ms, 10'000) << r.status();
+  const auto close_from = std::chrono::steady_clock::now();
+  EXPECT_FALSE(waiter->Close(milliseconds(500)).ok());  // nobody answers
+  const auto close_ms = std::chrono::duration_cast<milliseconds>(
+                            std::chrono::steady_clock::now() - close_from).count();
+  EXPECT_LT(close_ms, 1'900) << "Close(500ms) waited for the rpc timeout (2 s)";
+  EXPECT_TRUE(waiter->Close().ok()) << "closed once, a second Close is a no-op";
+  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());  // so that the holder's Close is answered
+}
+
 // Acquire of a held key returns the same hold: its handles share what they say.
 // Released through one, the others say it ended, as the next holder has it.
 TEST_F(LockTest, HandlesOfOneHoldSayItEndedWhenOneReleasesIt) {

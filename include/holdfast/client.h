@@ -151,14 +151,22 @@ class Session {
   int64_t id() const;
   const std::string& ns() const;
 
-  // Acquires `lock_key`. Blocks up to options.wait (plus the rpc timeout).
+  // Acquires `lock_key`. Blocks up to options.wait plus the rpc timeout, counted
+  // from the call: a retry after a lost connection to holdfastd (UNAVAILABLE; the
+  // call is idempotent per session and key) asks again within that same bound.
   // Errors as the Lock.Acquire RPC: ABORTED (held, try), DEADLINE_EXCEEDED (not
   // granted in time), INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
   // UNAVAILABLE; FAILED_PRECONDITION too when this session is already lost.
   absl::StatusOr<Hold> Acquire(const std::string& lock_key, const AcquireOptions& options = {});
 
-  // Ends the session: every hold on it is released by etcd.
+  // Ends the session: every hold on it is released by etcd. Waits up to the rpc
+  // timeout for an answer (and for a connection to holdfastd).
   absl::Status Close();
+  // The same, waiting at most `timeout` (capped at the rpc timeout): for a caller
+  // on its way out that must not wait for a holdfastd gone away. The session is
+  // closed here whatever the answer; one that holdfastd did not hear of ends when
+  // its TTL runs out, and its holds with it.
+  absl::Status Close(std::chrono::milliseconds timeout);
 
   bool lost() const;
   // OK while not lost.
@@ -172,6 +180,7 @@ class Session {
  private:
   friend class Client;
   explicit Session(std::shared_ptr<internal::SessionState> state) : state_(std::move(state)) {}
+  absl::Status CloseWithin(std::optional<std::chrono::milliseconds> timeout);
   std::shared_ptr<internal::SessionState> state_;
 };
 

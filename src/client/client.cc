@@ -509,16 +509,25 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   const auto wait = std::clamp<std::chrono::milliseconds>(options.wait, std::chrono::milliseconds(0),
                                                           std::chrono::hours(24));
   const auto wait_until = std::chrono::steady_clock::now() + wait;
+  // One deadline for the whole call, retries included: the wait plus the rpc
+  // timeout, counted from here. A retry after a lost connection waits for a new
+  // one (wait_for_ready) only within it, so a holdfastd that went away ends the
+  // call when the first attempt would have ended, not a wait later.
+  const auto call_deadline =
+      std::chrono::system_clock::now() + state_->core().options().rpc_timeout + wait;
   absl::Status s;
   for (int attempt = 0; attempt < 10; ++attempt) {
     grpc::ClientContext ctx;
-    state_->core().SetDeadline(&ctx, wait);
+    state_->core().SetDeadline(&ctx);
+    ctx.set_deadline(call_deadline);
     s = FromCall(state_->core(), ctx, state_->core().lock_stub().Acquire(&ctx, req, &resp));
     if (s.code() != absl::StatusCode::kUnavailable || state_->lost()) break;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         wait_until - std::chrono::steady_clock::now());
     req.set_wait_ms(std::max<int64_t>(left.count(), 0));
-    std::this_thread::sleep_for(std::chrono::milliseconds(50 * (attempt + 1)));  // back off
+    const auto backoff = std::chrono::milliseconds(50 * (attempt + 1));
+    if (std::chrono::system_clock::now() + backoff >= call_deadline) break;
+    std::this_thread::sleep_for(backoff);
   }
   if (!s.ok()) return s;
   auto hold_state = state_->HoldFor(resp.hold().lock_key(),
@@ -534,7 +543,11 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   return Hold(state_, std::move(hold_state), resp.hold());
 }
 
-absl::Status Session::Close() {
+absl::Status Session::Close() { return CloseWithin(std::nullopt); }
+
+absl::Status Session::Close(std::chrono::milliseconds timeout) { return CloseWithin(timeout); }
+
+absl::Status Session::CloseWithin(std::optional<std::chrono::milliseconds> timeout) {
   if (!state_->MarkClosed()) return absl::OkStatus();  // closed already
   state_->core().pump().Remove(state_->id());
   v1::CloseSessionRequest req;
@@ -554,6 +567,11 @@ absl::Status Session::Close() {
                                                          kCloseFromOnLostTimeout));
   } else {
     state_->core().SetDeadline(&ctx);
+    if (timeout) {
+      ctx.set_deadline(std::chrono::system_clock::now() +
+                       std::min(state_->core().options().rpc_timeout,
+                                std::max(*timeout, std::chrono::milliseconds(0))));
+    }
   }
   return FromCall(state_->core(), ctx, state_->core().session_stub().Close(&ctx, req, &resp));
 }
