@@ -199,7 +199,9 @@ CommandOutcome Supervise(dev::Subprocess& child, const Hold& hold,
   using Clock = std::chrono::steady_clock;
   std::optional<Clock::time_point> kill_at;  // set once the loss is handled
   bool killed = false;
-  while (child.Running()) {
+  // Exited(), not Running(): CMD is reaped only at the end, so that its pid, the
+  // group's id, stays taken while the rest of its group is signalled.
+  while (!child.Exited()) {
     if (!kill_at && hold.lost()) {
       PrintMessage(absl::StrCat("lost the hold on ", request.ref.ToString(), " (",
                                 hold.lost_reason().ToString(),
@@ -217,7 +219,7 @@ CommandOutcome Supervise(dev::Subprocess& child, const Hold& hold,
     if (event.kind == SignalWaiter::Event::Kind::kSignal && IsForwarded(event.signal)) {
       child.Signal(event.signal);
     } else if (event.kind == SignalWaiter::Event::Kind::kTimeout && kill_at && !killed &&
-               Clock::now() >= *kill_at && child.Running()) {
+               Clock::now() >= *kill_at && !child.Exited()) {
       child.Signal(SIGKILL);
       killed = true;
     }

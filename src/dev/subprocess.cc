@@ -11,10 +11,14 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <set>
+#include <sstream>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 
 namespace holdfast::dev {
@@ -131,8 +135,35 @@ void Subprocess::Signal(int sig) {
   }
 }
 
+bool Subprocess::Exited() {
+  if (exit_status_) return true;
+  siginfo_t info{};
+  if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WEXITED | WNOHANG | WNOWAIT) != 0) {
+    return errno == ECHILD;  // reaped elsewhere: gone
+  }
+  return info.si_pid == pid_;
+}
+
 bool Subprocess::GroupAlive() const {
-  return options_.new_process_group && ::kill(-pid_, 0) == 0;
+  if (!options_.new_process_group) return false;
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+    const std::string name = entry.path().filename().string();
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(name, &pid) || pid == pid_) continue;
+    // /proc/PID/stat: "PID (COMM) STATE PPID PGRP ..."; COMM may hold anything,
+    // so the fields are read after its last ')'.
+    std::ifstream in(entry.path() / "stat");
+    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const size_t paren = stat.rfind(')');
+    if (paren == std::string::npos) continue;  // gone meanwhile
+    std::istringstream fields(stat.substr(paren + 1));
+    char state = 0;
+    pid_t ppid = 0, pgrp = 0;
+    if (!(fields >> state >> ppid >> pgrp)) continue;
+    if (pgrp == pid_ && state != 'Z' && state != 'X') return true;
+  }
+  return false;
 }
 
 void Subprocess::SignalGroup(int sig) {

@@ -42,14 +42,21 @@ class Subprocess {
   pid_t pid() const { return pid_; }
   // True while the child has not exited (reaps it when it has).
   bool Running();
+  // True once the child has exited, without reaping it: until Running() or
+  // Wait() reaps it, its pid, and so its process group's id, cannot be given to
+  // another process.
+  bool Exited();
   // Waits for exit; returns the exit code, or 128 + signal when killed.
   // nullopt when `timeout` passed first.
   std::optional<int> Wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
   // Sends `sig` to the child's process group (or the child alone).
   void Signal(int sig);
-  // With a process group of its own: whether a process of it is left (the child
-  // itself may have exited: a group's id is not reused while it has members), and
-  // sending `sig` to them. False and no-ops without a group.
+  // With a process group of its own: whether a live process of the group other
+  // than the child is left (zombies do not count), and sending `sig` to the group.
+  // Meant for after Exited() and before the child is reaped: the unreaped child
+  // keeps the group's id taken, so `sig` cannot reach a group that took the id
+  // after the last of this one had gone. (Linux: reads /proc.) False and no-ops
+  // without a group.
   bool GroupAlive() const;
   void SignalGroup(int sig);
   // SIGTERM, then SIGKILL after `grace`; returns the exit status as Wait().
