@@ -19,6 +19,16 @@ inline bool OutcomeUnknown(const absl::Status& s) {
          s.code() == absl::StatusCode::kDeadlineExceeded;
 }
 
+// True for the answers after which a write may or may not have committed, for a
+// caller that can read to find out: OutcomeUnknown's, and the transport's own
+// failures in the middle of a call (INTERNAL, such as a stream reset; CANCELLED;
+// UNKNOWN, which etcd also answers for errors it has no code for). None of these
+// says the request was refused, so none may be reported as "nothing changed".
+inline bool WriteOutcomeUnknown(const absl::Status& s) {
+  return OutcomeUnknown(s) || s.code() == absl::StatusCode::kInternal ||
+         s.code() == absl::StatusCode::kCancelled || s.code() == absl::StatusCode::kUnknown;
+}
+
 // True for answers that mean "this endpoint cannot serve now".
 inline bool EndpointUnavailable(const absl::Status& s) {
   return s.code() == absl::StatusCode::kUnavailable;

@@ -820,10 +820,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     Granted(MakeHoldInfo(req_.lock_key(), entry, classes));
   }
 
-  // An UNAVAILABLE or DEADLINE_EXCEEDED write has an unknown outcome: read once
-  // more (within the RPC's deadline) instead of failing.
+  // A write answered UNAVAILABLE, DEADLINE_EXCEEDED or a transport failure
+  // (etcd::WriteOutcomeUnknown) may have committed: read once more (within the
+  // RPC's deadline) instead of failing. A grant that committed is then found and
+  // answered; failing would leave the session holding a key its caller was told
+  // it did not get.
   bool RetryUnknown(const absl::Status& s) {
-    if (!etcd::OutcomeUnknown(s)) return false;
+    if (!etcd::WriteOutcomeUnknown(s)) return false;
     if (retries_left_ <= 0 || std::chrono::system_clock::now() >= rpc_deadline_) return false;
     --retries_left_;
     return true;

@@ -193,7 +193,7 @@ absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
   AddAuditMark(&txn, std::move(mark));
   auto sent = etcd_->TxnSync(std::move(txn), d);
   if (!sent.ok()) {
-    if (!etcd::OutcomeUnknown(sent.status())) return sent.status();
+    if (!etcd::WriteOutcomeUnknown(sent.status())) return sent.status();
     // The release may have committed: not a "try again elsewhere".
     return absl::UnknownError(absl::StrCat(
         "etcd did not answer the approval of request ", req.request_id(), " (",
