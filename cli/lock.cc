@@ -249,11 +249,16 @@ CommandOutcome Supervise(dev::Subprocess& child, const Hold& hold,
 }
 
 void ReleaseAndClose(Hold& hold, Session& session, const LockRequest& request) {
+  absl::Status closed;
   if (auto s = hold.Release(); !s.ok()) {
     PrintMessage(absl::StrCat("warning: release of ", request.ref.ToString(),
                               " failed (", s.ToString(), "); closing the session ends it"));
+    // Most often no holdfastd answered the release's whole call timeout.
+    closed = session.Close(kCloseOnExit);
+  } else {
+    closed = session.Close();
   }
-  if (auto s = session.Close(); !s.ok()) {
+  if (auto s = closed; !s.ok()) {
     PrintMessage(absl::StrCat("warning: closing the session failed (", s.ToString(),
                               "); its holds end when its TTL runs out"));
   }

@@ -559,6 +559,39 @@ TEST_F(LockTest, AWaitWhoseHoldfastdWentAwayEndsByTheCallsFirstBound) {
   ASSERT_TRUE(cluster_->holdfastd().Restart().ok());  // so that the holder's Close is answered
 }
 
+// A Release with no holdfastd to answer ends within one rpc timeout, its
+// retries included (it waited five), keeps the hold's handle, and released again
+// once holdfastd is back, it goes.
+TEST_F(LockTest, AReleaseNobodyAnswersEndsWithinTheCallTimeoutAndCanBeAskedAgain) {
+  ClientOptions o;
+  o.endpoints = {cluster_->endpoint()};
+  o.rpc_timeout = seconds(1);
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto s = Open(seconds(60), c->get());
+  ASSERT_NE(s, nullptr);
+  auto h = s->Acquire("release-gone");
+  ASSERT_TRUE(h.ok()) << h.status();
+  cluster_->holdfastd().Kill();
+  const auto t0 = std::chrono::steady_clock::now();
+  absl::Status r = h->Release();
+  const auto took_ms =
+      std::chrono::duration_cast<milliseconds>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_TRUE(Unreachable(r)) << r;
+  EXPECT_LT(took_ms, 3'000) << "five attempts of 1 s each would take 5 s";
+  EXPECT_FALSE(h->lost()) << "not released: the handle still says it holds";
+  EXPECT_EQ(HoldsInEtcd("release-gone").size(), 1u);
+  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+  absl::Status again;
+  for (int i = 0; i < 20; ++i) {  // the channel reconnects to the new holdfastd
+    again = h->Release();
+    if (again.ok()) break;
+  }
+  EXPECT_TRUE(again.ok()) << again;
+  EXPECT_TRUE(HoldsInEtcd("release-gone").empty());
+  EXPECT_TRUE(h->lost());
+}
+
 // Acquire of a held key returns the same hold: its handles share what they say.
 // Released through one, the others say it ended, as the next holder has it.
 TEST_F(LockTest, HandlesOfOneHoldSayItEndedWhenOneReleasesIt) {

@@ -125,7 +125,8 @@ class Hold {
   bool unprotected() const;
 
   // Releases the hold. FAILED_PRECONDITION if it is no longer current. Races
-  // with the queue and lost connections are retried a few times; if it still
+  // with the queue and lost connections are retried a few times, all within one
+  // rpc timeout from the call (also when no holdfastd answers); if it still
   // fails transiently (ABORTED, UNAVAILABLE, DEADLINE_EXCEEDED, or
   // RESOURCE_EXHAUSTED over the op_rate_quota: see RetryAfter), Release() may be
   // called again. Once released (or not current), every handle of the hold says

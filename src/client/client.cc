@@ -435,13 +435,17 @@ absl::Status Hold::Release() {
   req.set_lock_key(info_.lock_key());
   req.set_token(info_.token());
   // ABORTED (the release raced with the queue) and UNAVAILABLE (outcome unknown)
-  // are retried; after an unknown outcome, "no such hold" means it went.
+  // are retried; after an unknown outcome, "no such hold" means it went. All
+  // attempts share one bound, the rpc timeout from here: with no holdfastd to
+  // answer, each would otherwise wait that long for a connection.
+  const auto bound = std::chrono::system_clock::now() + session_->core().options().rpc_timeout;
   absl::Status s;
   bool unknown = false;
   for (int attempt = 0; attempt < 5; ++attempt) {
     v1::ReleaseResponse resp;
     grpc::ClientContext ctx;
     session_->core().SetDeadline(&ctx);
+    ctx.set_deadline(bound);
     s = FromCall(session_->core(), ctx, session_->core().lock_stub().Release(&ctx, req, &resp));
     if (unknown && s.code() == absl::StatusCode::kFailedPrecondition) s = absl::OkStatus();
     if (s.code() != absl::StatusCode::kAborted && s.code() != absl::StatusCode::kUnavailable &&
@@ -449,7 +453,9 @@ absl::Status Hold::Release() {
       break;
     }
     unknown = unknown || s.code() != absl::StatusCode::kAborted;
-    std::this_thread::sleep_for(std::chrono::milliseconds(10 * (attempt + 1)));
+    const auto backoff = std::chrono::milliseconds(10 * (attempt + 1));
+    if (std::chrono::system_clock::now() + backoff >= bound) break;
+    std::this_thread::sleep_for(backoff);
   }
   // Keep the session on a transient failure, so the caller (or the destructor)
   // can try again; let go once the release is done or cannot be. The hold's
