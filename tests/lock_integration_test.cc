@@ -55,6 +55,16 @@ class LockTest : public ::testing::Test {
     cluster_.reset();
   }
 
+  // A client of replica 0 whose calls wait at most `rpc_timeout`.
+  std::unique_ptr<Client> ClientWithRpcTimeout(milliseconds rpc_timeout) {
+    ClientOptions o;
+    o.endpoints = {cluster_->endpoint()};
+    o.rpc_timeout = rpc_timeout;
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
   std::unique_ptr<Session> Open(milliseconds ttl = seconds(10), Client* c = nullptr) {
     SessionOptions o;
     o.ttl = ttl;
@@ -517,12 +527,9 @@ TEST_F(LockTest, AWaitWhoseHoldfastdWentAwayEndsByTheCallsFirstBound) {
   auto holder = Open();
   auto held = holder->Acquire("gone-wait");
   ASSERT_TRUE(held.ok()) << held.status();
-  ClientOptions o;
-  o.endpoints = {cluster_->endpoint()};
-  o.rpc_timeout = seconds(2);
-  auto waiter_client = Client::Connect(o);
-  ASSERT_TRUE(waiter_client.ok()) << waiter_client.status();
-  auto waiter = Open(seconds(60), waiter_client->get());
+  auto waiter_client = ClientWithRpcTimeout(seconds(2));
+  ASSERT_NE(waiter_client, nullptr);
+  auto waiter = Open(seconds(60), waiter_client.get());
   ASSERT_NE(waiter, nullptr);
   const auto t0 = std::chrono::steady_clock::now();
   auto acquired = std::async(std::launch::async, [&] {
@@ -563,12 +570,9 @@ TEST_F(LockTest, AWaitWhoseHoldfastdWentAwayEndsByTheCallsFirstBound) {
 // retries included (it waited five), keeps the hold's handle, and released again
 // once holdfastd is back, it goes.
 TEST_F(LockTest, AReleaseNobodyAnswersEndsWithinTheCallTimeoutAndCanBeAskedAgain) {
-  ClientOptions o;
-  o.endpoints = {cluster_->endpoint()};
-  o.rpc_timeout = seconds(1);
-  auto c = Client::Connect(o);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto s = Open(seconds(60), c->get());
+  auto c = ClientWithRpcTimeout(seconds(1));
+  ASSERT_NE(c, nullptr);
+  auto s = Open(seconds(60), c.get());
   ASSERT_NE(s, nullptr);
   auto h = s->Acquire("release-gone");
   ASSERT_TRUE(h.ok()) << h.status();
