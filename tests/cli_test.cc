@@ -551,9 +551,8 @@ TEST(CliLostHoldTest, LostHoldStopsTheCommandAndExits74) {
 // Whether `pid` has ended: gone, or a zombie waiting for whoever adopted it.
 bool Ended(pid_t pid) {
   if (::kill(pid, 0) == -1 && errno == ESRCH) return true;
-  std::string stat = ReadFile(absl::StrCat("/proc/", pid, "/stat"));
-  size_t paren = stat.rfind(')');
-  return paren != std::string::npos && paren + 2 < stat.size() && stat[paren + 2] == 'Z';
+  auto p = dev::ReadProcState(pid);
+  return p && p->state == 'Z';
 }
 
 // A lost hold stops every process of the command's group, also one that ignores

@@ -144,24 +144,28 @@ bool Subprocess::Exited() {
   return info.si_pid == pid_;
 }
 
+std::optional<ProcState> ReadProcState(pid_t pid) {
+  // "PID (COMM) STATE PPID PGRP ...": COMM may hold anything, so the fields are
+  // read after its last ')'.
+  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const size_t paren = stat.rfind(')');
+  if (paren == std::string::npos) return std::nullopt;
+  std::istringstream fields(stat.substr(paren + 1));
+  ProcState out;
+  pid_t ppid = 0;
+  if (!(fields >> out.state >> ppid >> out.pgrp)) return std::nullopt;
+  return out;
+}
+
 bool Subprocess::GroupAlive() const {
   if (!options_.new_process_group) return false;
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
-    const std::string name = entry.path().filename().string();
     pid_t pid = 0;
-    if (!absl::SimpleAtoi(name, &pid) || pid == pid_) continue;
-    // /proc/PID/stat: "PID (COMM) STATE PPID PGRP ..."; COMM may hold anything,
-    // so the fields are read after its last ')'.
-    std::ifstream in(entry.path() / "stat");
-    std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-    const size_t paren = stat.rfind(')');
-    if (paren == std::string::npos) continue;  // gone meanwhile
-    std::istringstream fields(stat.substr(paren + 1));
-    char state = 0;
-    pid_t ppid = 0, pgrp = 0;
-    if (!(fields >> state >> ppid >> pgrp)) continue;
-    if (pgrp == pid_ && state != 'Z' && state != 'X') return true;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid) || pid == pid_) continue;
+    auto p = ReadProcState(pid);  // nullopt: gone meanwhile
+    if (p && p->pgrp == pid_ && p->state != 'Z' && p->state != 'X') return true;
   }
   return false;
 }

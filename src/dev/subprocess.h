@@ -70,6 +70,14 @@ class Subprocess {
   std::optional<int> exit_status_;
 };
 
+// What /proc/PID/stat says of a process: its state letter ('R', 'S', 'Z'...) and
+// process group. nullopt when there is no such process (Linux only).
+struct ProcState {
+  char state = 0;
+  pid_t pgrp = 0;
+};
+std::optional<ProcState> ReadProcState(pid_t pid);
+
 // A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then
 // closed). Errors: INTERNAL.
 absl::StatusOr<int> PickFreePort();

@@ -5,14 +5,11 @@
 #include <unistd.h>
 
 #include <chrono>
-#include <fstream>
 #include <functional>
 #include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
-
-#include "absl/strings/str_cat.h"
 
 namespace holdfast::dev {
 namespace {
@@ -29,10 +26,8 @@ bool WaitUntil(const std::function<bool()>& condition, milliseconds timeout) {
 }
 
 char StateOf(pid_t pid) {
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
-  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  const size_t paren = stat.rfind(')');
-  return paren == std::string::npos || paren + 2 >= stat.size() ? 0 : stat[paren + 2];
+  auto p = ReadProcState(pid);
+  return p ? p->state : 0;
 }
 
 // `holdfast lock` stops what CMD left in its group after CMD exited. Exited()
