@@ -19,6 +19,11 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Create(ClientOptions options,
 
 Client::Client(ClientOptions options, std::shared_ptr<TimerQueue> timers)
     : options_(std::move(options)), timers_(std::move(timers)) {
+  loop_ = options_.loop;
+  if (loop_ == nullptr) {
+    own_loop_ = std::make_unique<EventLoop>("etcd-client");
+    loop_ = own_loop_.get();
+  }
   auto creds = options_.credentials ? options_.credentials : grpc::InsecureChannelCredentials();
   for (const auto& address : options_.endpoints) {
     grpc::ChannelArguments args;
@@ -49,8 +54,11 @@ Client::~Client() {
   // so no callback runs after the channels are gone.
   watch_hub_.reset();
   keepalive_mux_.reset();
-  absl::MutexLock l(&idle_mu_);
-  while (calls_in_flight_.load() > 0) idle_cv_.Wait(&idle_mu_);
+  {
+    absl::MutexLock l(&idle_mu_);
+    while (calls_in_flight_.load() > 0) idle_cv_.Wait(&idle_mu_);
+  }
+  own_loop_.reset();  // nothing is left on it
 }
 
 std::pair<Client::Endpoint*, size_t> Client::PickEndpoint() {
@@ -70,23 +78,48 @@ void Client::ReportUnavailable(size_t index) {
   moving_.fetch_sub(1);
 }
 
+namespace {
+
+// One unary call on the async API: the call's state is its own completion tag.
+// `finished` runs once, on the loop thread, when the call has ended.
+template <class Req, class Resp>
+struct UnaryCall final : EventLoop::Tag {
+  grpc::ClientContext ctx;
+  Req req;
+  Resp resp;
+  grpc::Status status;
+  std::unique_ptr<grpc::ClientAsyncResponseReader<Resp>> rpc;  // alive until the call ends
+  std::function<void()> finished;
+
+  // `finished` may hold the last reference to this call; it is moved out first.
+  void Proceed(bool) override {
+    auto f = std::move(finished);
+    f();
+  }
+  // Starts the call made by `rpc` and asks for its end on the loop.
+  void Go() {
+    rpc->StartCall();
+    rpc->Finish(&resp, &status, this);
+  }
+};
+
+}  // namespace
+
 void Client::CheckSilent(size_t index, std::function<void()> then) {
-  struct Call {
-    grpc::ClientContext ctx;
-    pb::StatusRequest req;
-    pb::StatusResponse resp;
-  };
+  using Call = UnaryCall<pb::StatusRequest, pb::StatusResponse>;
   auto call = std::make_shared<Call>();
   call->ctx.set_deadline(DeadlineIn(kSilenceCheck));
   calls_in_flight_.fetch_add(1);
-  endpoints_[index]->maintenance->async()->Status(
-      &call->ctx, &call->req, &call->resp,
-      [this, call, index, then = std::move(then)](grpc::Status s) mutable {
-        call.reset();  // on this thread, before ~Client may drop the channels
-        if (!s.ok()) ReportUnavailable(index);
-        then();
-        CallDone();
-      });
+  call->rpc = endpoints_[index]->maintenance->PrepareAsyncStatus(&call->ctx, call->req,
+                                                                  loop_->cq());
+  call->finished = [this, call, index, then = std::move(then)]() mutable {
+    const bool ok = call->status.ok();
+    call.reset();  // on this thread, before ~Client may drop the channels
+    if (!ok) ReportUnavailable(index);
+    then();
+    CallDone();
+  };
+  call->Go();
 }
 
 void Client::ObserveHeader(const pb::ResponseHeader& h) {
@@ -96,14 +129,10 @@ void Client::ObserveHeader(const pb::ResponseHeader& h) {
   }
 }
 
-template <class Req, class Resp, class StartFn>
-void Client::Unary(const char* method, StartFn start, Req req, Deadline d, Callback<Resp> cb,
+template <class Req, class Resp, class PrepareFn>
+void Client::Unary(const char* method, PrepareFn prepare, Req req, Deadline d, Callback<Resp> cb,
                    bool retry_unavailable) {
-  struct Call {
-    grpc::ClientContext ctx;
-    Req req;
-    Resp resp;
-  };
+  using Call = UnaryCall<Req, Resp>;
   auto [endpoint, index] = PickEndpoint();
   auto call = std::make_shared<Call>();
   call->req = std::move(req);
@@ -112,35 +141,35 @@ void Client::Unary(const char* method, StartFn start, Req req, Deadline d, Callb
   const auto started = std::chrono::steady_clock::now();
   // A read silent for this long names a cut-off endpoint, not a tight deadline.
   const bool silence_counts = d - std::chrono::system_clock::now() >= kSilentEndpoint;
-  start(endpoint, &call->ctx, &call->req, &call->resp,
-        [this, method, started, call, index, d, cb = std::move(cb), start, retry_unavailable,
-         silence_counts](grpc::Status s) mutable {
-          absl::Status st = FromEtcd(s);
-          if (options_.observer != nullptr) {
-            options_.observer->OnEtcdCall(method, st, std::chrono::steady_clock::now() - started);
-          }
-          Req req = std::move(call->req);
-          Resp resp = std::move(call->resp);
-          // The context (and its channel reference) goes here, on this thread,
-          // before ~Client may release the channels: gRPC 1.51 must not see a
-          // channel's last reference dropped on that channel's callback thread.
-          call.reset();
-          if (st.ok()) {
-            ObserveHeader(resp.header());
-            cb(std::move(resp));
-          } else if (retry_unavailable && silence_counts && endpoints_.size() > 1 &&
-                     st.code() == absl::StatusCode::kDeadlineExceeded) {
-            // A read that got no answer: is the member there at all? (header)
-            CheckSilent(index, [cb = std::move(cb), st]() mutable { cb(st); });
-          } else if (EndpointUnavailable(st) && (ReportUnavailable(index), true) &&
-                     retry_unavailable && endpoints_.size() > 1 &&
-                     std::chrono::system_clock::now() < d) {
-            Unary<Req, Resp>(method, start, std::move(req), d, std::move(cb), false);
-          } else {
-            cb(st);
-          }
-          CallDone();
-        });
+  call->rpc = prepare(endpoint, &call->ctx, call->req, loop_->cq());
+  call->finished = [this, method, started, call, index, d, cb = std::move(cb), prepare,
+                    retry_unavailable, silence_counts]() mutable {
+    absl::Status st = FromEtcd(call->status);
+    if (options_.observer != nullptr) {
+      options_.observer->OnEtcdCall(method, st, std::chrono::steady_clock::now() - started);
+    }
+    Req req = std::move(call->req);
+    Resp resp = std::move(call->resp);
+    // The context (and its channel reference) goes here, before the callback,
+    // which may be what lets ~Client release the channels.
+    call.reset();
+    if (st.ok()) {
+      ObserveHeader(resp.header());
+      cb(std::move(resp));
+    } else if (retry_unavailable && silence_counts && endpoints_.size() > 1 &&
+               st.code() == absl::StatusCode::kDeadlineExceeded) {
+      // A read that got no answer: is the member there at all? (header)
+      CheckSilent(index, [cb = std::move(cb), st]() mutable { cb(st); });
+    } else if (EndpointUnavailable(st) && (ReportUnavailable(index), true) &&
+               retry_unavailable && endpoints_.size() > 1 &&
+               std::chrono::system_clock::now() < d) {
+      Unary<Req, Resp>(method, prepare, std::move(req), d, std::move(cb), false);
+    } else {
+      cb(st);
+    }
+    CallDone();
+  };
+  call->Go();
 }
 
 void Client::CallDone() {
@@ -154,10 +183,8 @@ void Client::CallDone() {
 #define HF_ETCD_UNARY(STUB, METHOD, RESP, RETRY)                                \
   Unary<decltype(req), pb::RESP>(                                              \
       #METHOD,                                                                  \
-      [](Endpoint* e, grpc::ClientContext* ctx, const decltype(req)* rq,        \
-         pb::RESP* rs, std::function<void(grpc::Status)> done) {                \
-        e->STUB->async()->METHOD(ctx, rq, rs, std::move(done));                 \
-      },                                                                        \
+      [](Endpoint* e, grpc::ClientContext* ctx, const decltype(req)& rq,        \
+         grpc::CompletionQueue* cq) { return e->STUB->PrepareAsync##METHOD(ctx, rq, cq); }, \
       std::move(req), d, std::move(cb), RETRY)
 
 void Client::Range(pb::RangeRequest req, Deadline d, Callback<pb::RangeResponse> cb) {

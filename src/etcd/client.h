@@ -1,11 +1,18 @@
 // Asynchronous etcd v3 client: KV, Lease, Watch and Maintenance over gRPC's
-// callback API, with per-call deadlines and fail-over across several endpoints.
+// asynchronous API on an event loop (common/event_loop.h), with per-call deadlines
+// and fail-over across several endpoints.
 //
 // Thread-safe. Every asynchronous method returns at once and invokes its callback
-// exactly once, on a gRPC thread (or, for calls refused before sending, on the
-// caller's thread), never while holding a lock of this client. Callbacks must not
-// block. The *Sync helpers block the calling thread and must never be called from
-// a gRPC callback thread; they exist for start-up, admin tools and tests.
+// exactly once, on the client's event loop thread (or, for calls refused before
+// sending, on the caller's thread), never while holding a lock of this client.
+// Callbacks must not block: they hold up every call on the loop. The *Sync helpers
+// block the calling thread; on an event loop's thread they refuse to run
+// (FAILED_PRECONDITION) rather than deadlock it. They exist for start-up, admin
+// work off the loop, tools and tests.
+//
+// The loop is the one given in ClientOptions (holdfastd runs its server and all
+// its etcd clients on one), or one the client starts for itself. Never destroy a
+// Client from one of its own callbacks.
 //
 // Fail-over: calls go to the current endpoint; an UNAVAILABLE answer moves the
 // client to the next endpoint for later calls. Reads (Range, Status, TimeToLive)
@@ -40,6 +47,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
+#include "common/event_loop.h"
 #include "common/timer_queue.h"
 #include "etcd/etcdserver/etcdserverpb/rpc.grpc.pb.h"
 
@@ -55,7 +63,7 @@ inline Deadline DeadlineIn(std::chrono::milliseconds d) {
 }
 
 // Told about every unary etcd call, for metrics. Thread-safe implementations
-// only: called on the gRPC thread that finished the call, just before the call's
+// only: called on the loop thread that finished the call, just before the call's
 // own callback, never under a lock of the client. Must not block.
 class CallObserver {
  public:
@@ -75,6 +83,9 @@ struct ClientOptions {
   std::chrono::milliseconds internal_timeout{5000};
   // Not owned; null: nothing is reported. Must outlive the client.
   CallObserver* observer = nullptr;
+  // The event loop every call and stream of the client runs on (not owned; must
+  // outlive the client). Null: the client starts a loop of its own.
+  EventLoop* loop = nullptr;
 };
 
 class KeepAliveMux;
@@ -130,6 +141,7 @@ class Client {
   void ObserveHeader(const pb::ResponseHeader& h);
 
   TimerQueue& timers() { return *timers_; }
+  EventLoop& loop() { return *loop_; }
 
   // One endpoint's channel and stubs. Internal; public for the stream classes.
   struct Endpoint {
@@ -153,17 +165,18 @@ class Client {
   // ... with a Status call of this deadline; no answer moves the client.
   static constexpr std::chrono::milliseconds kSilenceCheck{300};
   // Asks endpoint `index` for its Status; moves the client off it when that gets no
-  // answer (or fails). Then runs `then`, on a gRPC thread.
+  // answer (or fails). Then runs `then`, on the loop thread.
   void CheckSilent(size_t index, std::function<void()> then);
 
  private:
   Client(ClientOptions options, std::shared_ptr<TimerQueue> timers);
 
-  // Runs one unary call; `start` issues it on the given endpoint. Retries once on
-  // the next endpoint when `retry_unavailable` and the answer is UNAVAILABLE.
-  // `method` names the RPC for the observer.
-  template <class Req, class Resp, class StartFn>
-  void Unary(const char* method, StartFn start, Req req, Deadline d, Callback<Resp> cb,
+  // Runs one unary call; `prepare` makes it on the given endpoint and queue
+  // (the stub's PrepareAsync method). Retries once on the next endpoint when
+  // `retry_unavailable` and the answer is UNAVAILABLE. `method` names the RPC
+  // for the observer.
+  template <class Req, class Resp, class PrepareFn>
+  void Unary(const char* method, PrepareFn prepare, Req req, Deadline d, Callback<Resp> cb,
              bool retry_unavailable);
 
   // A unary call finished (its callback has returned).
@@ -171,6 +184,10 @@ class Client {
 
   ClientOptions options_;
   std::shared_ptr<TimerQueue> timers_;
+  // The loop of options_.loop, or own_loop_ when none was given. own_loop_ goes
+  // last in ~Client, after every call and stream on it has ended.
+  std::unique_ptr<EventLoop> own_loop_;
+  EventLoop* loop_ = nullptr;
   std::atomic<int64_t> calls_in_flight_{0};
   absl::Mutex idle_mu_;
   absl::CondVar idle_cv_;  // signalled when calls_in_flight_ drops to 0
@@ -186,7 +203,9 @@ class Client {
   std::atomic<int> moving_{0};
 };
 
-// Turns a callback-style call into a blocking one. Never call from a gRPC thread.
+// Turns a callback-style call into a blocking one. On an event loop's thread it
+// returns FAILED_PRECONDITION without starting the call: waiting there for a
+// callback that the same thread must run would never end.
 template <class T>
 absl::StatusOr<T> Await(const std::function<void(Callback<T>)>& start);
 

@@ -1,6 +1,7 @@
 // The etcd client layer against a real etcd-server process.
 #include "etcd/client.h"
 
+#include <atomic>
 #include <condition_variable>
 #include <future>
 #include <mutex>
@@ -73,6 +74,67 @@ TEST_F(EtcdClientTest, HeadersCarryClusterIdAndRevision) {
   EXPECT_GT(put.header().revision(), 0);
   EXPECT_EQ(client_->last_cluster_id(), status->header().cluster_id());
   EXPECT_GE(client_->last_revision(), put.header().revision());
+}
+
+TEST_F(EtcdClientTest, CallbacksRunOnTheClientsLoopWhereABlockingCallIsRefused) {
+  Put("/t/loop", "1");
+  std::promise<std::pair<EventLoop*, absl::Status>> seen;
+  pb::RangeRequest r;
+  r.set_key("/t/loop");
+  client_->Range(r, DeadlineIn(seconds(5)), [&](absl::StatusOr<pb::RangeResponse> got) {
+    // A blocking call here would wait for this very thread: refused, not hung.
+    pb::RangeRequest again;
+    again.set_key("/t/loop");
+    auto nested = client_->RangeSync(again, DeadlineIn(seconds(5)));
+    seen.set_value({EventLoop::Current(), nested.status()});
+  });
+  auto f = seen.get_future();
+  ASSERT_EQ(f.wait_for(seconds(10)), std::future_status::ready);
+  auto [loop, nested] = f.get();
+  EXPECT_EQ(loop, &client_->loop());
+  EXPECT_EQ(nested.code(), absl::StatusCode::kFailedPrecondition) << nested;
+  EXPECT_NE(nested.message().find("blocking call on event loop thread"), std::string::npos)
+      << nested;
+  // The refused call changed nothing and the client goes on serving.
+  auto after = client_->RangeSync(r, DeadlineIn(seconds(5)));
+  ASSERT_TRUE(after.ok()) << after.status();
+  ASSERT_EQ(after->kvs_size(), 1);
+  EXPECT_EQ(after->kvs(0).value(), "1");
+}
+
+TEST_F(EtcdClientTest, ClientsMayShareOneLoop) {
+  EventLoop loop("shared-loop");
+  ClientOptions co;
+  co.endpoints = {etcd_->endpoint()};
+  co.loop = &loop;
+  auto a = Client::Create(co, timers_);
+  auto b = Client::Create(co, timers_);
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_EQ(&(*a)->loop(), &loop);
+  EXPECT_EQ(&(*b)->loop(), &loop);
+  pb::PutRequest p;
+  p.set_key("/t/shared");
+  p.set_value("x");
+  ASSERT_TRUE((*a)->PutSync(p, DeadlineIn(seconds(5))).ok());
+  pb::RangeRequest r;
+  r.set_key("/t/shared");
+  auto got = (*b)->RangeSync(r, DeadlineIn(seconds(5)));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->kvs_size(), 1);
+  // Watches and renewals on the shared loop too.
+  std::promise<void> event;
+  std::atomic<bool> told{false};
+  WatchSpec spec;
+  spec.key = "/t/shared";
+  spec.start_revision = got->header().revision() + 1;
+  auto id = (*b)->watches().Watch(spec, [&](absl::StatusOr<WatchBatch> batch) {
+    if (batch.ok() && !batch->events.empty() && !told.exchange(true)) event.set_value();
+  });
+  ASSERT_TRUE((*a)->PutSync(p, DeadlineIn(seconds(5))).ok());
+  EXPECT_EQ(event.get_future().wait_for(seconds(10)), std::future_status::ready);
+  (*b)->watches().Cancel(id);
+  a->reset();
+  b->reset();  // the clients go first; the loop they used outlives them
 }
 
 TEST_F(EtcdClientTest, TxnCompareOverARange) {

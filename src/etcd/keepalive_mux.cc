@@ -61,9 +61,10 @@ void KeepAliveMux::KeepAlive(int64_t lease_id, Deadline d,
           --live_streams_;
         });
         fresh = true;
-        current_->Prepare([endpoint](grpc::ClientContext* ctx, Stream::Reactor* r) {
-          endpoint->lease->async()->LeaseKeepAlive(ctx, r);
-        });
+        current_->Prepare(&client_->loop(),
+                          [endpoint](grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
+                            return endpoint->lease->PrepareAsyncLeaseKeepAlive(ctx, cq);
+                          });
       }
       stream = current_;
       id = next_id_++;

@@ -10,7 +10,7 @@
 // the next request opens a new stream on the client's current endpoint. When the client moves for any reason
 // (MoveFrom), the requests still unanswered on the stream left behind are sent
 // again on the new one, each under its own deadline, so renewals carry on.
-// Callbacks run on a gRPC or timer thread, never under mu_.
+// Callbacks run on the loop or timer thread, never under mu_.
 #pragma once
 
 #include <cstdint>

@@ -105,8 +105,8 @@ std::pair<std::shared_ptr<WatchHub::Stream>, bool> WatchHub::EnsureStreamLocked(
     absl::MutexLock l(&mu_);
     --live_streams_;
   });
-  current_->Prepare([endpoint](grpc::ClientContext* ctx, Stream::Reactor* r) {
-    endpoint->watch->async()->Watch(ctx, r);
+  current_->Prepare(&client_->loop(), [endpoint](grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
+    return endpoint->watch->PrepareAsyncWatch(ctx, cq);
   });
   return {current_, true};
 }

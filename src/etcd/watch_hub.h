@@ -5,7 +5,7 @@
 // current endpoint, after a short back-off) and re-creates every watcher from the
 // revision after the last one it delivered, so no event is lost or repeated.
 //
-// Callback contract: a watcher's callback runs on a gRPC thread, one call at a
+// Callback contract: a watcher's callback runs on the loop thread, one call at a
 // time and in revision order. It gets batches of events, and at most one error,
 // after which it is never called again: OUT_OF_RANGE when the start revision was
 // compacted (the error names the compact revision), or the cancel reason etcd
