@@ -36,3 +36,7 @@ endfunction()
 hf_proto_library(NAME holdfast_api ROOT ${PROJECT_SOURCE_DIR}/proto GRPC
   FILES holdfast/v1/types.proto holdfast/v1/session.proto
         holdfast/v1/lock.proto holdfast/v1/admin.proto)
+
+# The standard gRPC health protocol, served by holdfastd (src/server/health_service.h).
+hf_proto_library(NAME grpc_health_api ROOT ${PROJECT_SOURCE_DIR}/proto GRPC
+  FILES grpc/health/v1/health.proto)

@@ -18,6 +18,44 @@ grpc::Status Reply(absl::StatusOr<T> r, R* resp) {
 }
 }  // namespace
 
+void AdminService::Serve(RpcServer* rpc) {
+  using S = v1::Admin::AsyncService;
+  rpc->ServeBlocking<S, v1::CreateNamespaceRequest, v1::Namespace>(
+      &service_, &S::RequestCreateNamespace, [this](auto* ctx, auto* req, auto* resp) { return CreateNamespace(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::GetNamespaceRequest, v1::Namespace>(
+      &service_, &S::RequestGetNamespace, [this](auto* ctx, auto* req, auto* resp) { return GetNamespace(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::ListNamespacesRequest, v1::ListNamespacesResponse>(
+      &service_, &S::RequestListNamespaces, [this](auto* ctx, auto* req, auto* resp) { return ListNamespaces(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::UpdateNamespaceRequest, v1::Namespace>(
+      &service_, &S::RequestUpdateNamespace, [this](auto* ctx, auto* req, auto* resp) { return UpdateNamespace(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::DeleteNamespaceRequest, v1::DeleteNamespaceResponse>(
+      &service_, &S::RequestDeleteNamespace, [this](auto* ctx, auto* req, auto* resp) { return DeleteNamespace(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::CreateClassRequest, v1::LockClass>(
+      &service_, &S::RequestCreateClass, [this](auto* ctx, auto* req, auto* resp) { return CreateClass(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::GetClassRequest, v1::LockClass>(
+      &service_, &S::RequestGetClass, [this](auto* ctx, auto* req, auto* resp) { return GetClass(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::ListClassesRequest, v1::ListClassesResponse>(
+      &service_, &S::RequestListClasses, [this](auto* ctx, auto* req, auto* resp) { return ListClasses(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::DeleteClassRequest, v1::DeleteClassResponse>(
+      &service_, &S::RequestDeleteClass, [this](auto* ctx, auto* req, auto* resp) { return DeleteClass(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::GetEpochRequest, v1::Epoch>(
+      &service_, &S::RequestGetEpoch, [this](auto* ctx, auto* req, auto* resp) { return GetEpoch(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::RehomeNamespaceRequest, v1::RehomeNamespaceResponse>(
+      &service_, &S::RequestRehomeNamespace, [this](auto* ctx, auto* req, auto* resp) { return RehomeNamespace(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::AdvanceEpochRequest, v1::Epoch>(
+      &service_, &S::RequestAdvanceEpoch, [this](auto* ctx, auto* req, auto* resp) { return AdvanceEpoch(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::QueryAuditRequest, v1::QueryAuditResponse>(
+      &service_, &S::RequestQueryAudit, [this](auto* ctx, auto* req, auto* resp) { return QueryAudit(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::GetAuditStatusRequest, v1::AuditStatus>(
+      &service_, &S::RequestGetAuditStatus, [this](auto* ctx, auto* req, auto* resp) { return GetAuditStatus(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::RequestForceReleaseRequest, v1::ForceRequest>(
+      &service_, &S::RequestRequestForceRelease, [this](auto* ctx, auto* req, auto* resp) { return RequestForceRelease(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::ApproveForceReleaseRequest, v1::ApproveForceReleaseResponse>(
+      &service_, &S::RequestApproveForceRelease, [this](auto* ctx, auto* req, auto* resp) { return ApproveForceRelease(ctx, req, resp); });
+  rpc->ServeBlocking<S, v1::ListForceRequestsRequest, v1::ListForceRequestsResponse>(
+      &service_, &S::RequestListForceRequests, [this](auto* ctx, auto* req, auto* resp) { return ListForceRequests(ctx, req, resp); });
+}
+
 absl::Status AdminService::Admit(const grpc::ServerContext& ctx) const {
   auto caller = auth_->CallerOf(ctx);
   if (!caller.ok()) return caller.status();

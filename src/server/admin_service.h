@@ -1,8 +1,9 @@
 // The Admin service: namespaces, classes, epochs, audit, force-release and
 // rehome. Admin IDs only (any authenticated caller may read the epoch). Calls
-// about one namespace go to its home cluster (server/clusters.h). Runs on gRPC's
-// synchronous thread pool (admin calls are rare and each is a few etcd round
-// trips), so its handlers may block.
+// about one namespace go to its home cluster (server/clusters.h). Its handlers
+// block (admin calls are rare, and each is a few etcd round trips or an audit
+// store query): they run on the RpcServer's worker pool, off the event loop
+// (server/async_rpc.h, ServeBlocking).
 //
 // Thread-safe.
 #pragma once
@@ -14,37 +15,43 @@
 #include "holdfast/v1/admin.grpc.pb.h"
 #include "lock/force_release.h"
 #include "lock/registry.h"
+#include "server/async_rpc.h"
 #include "server/auth.h"
 #include "server/clusters.h"
 #include "server/rehome.h"
 
 namespace holdfast::server {
 
-class AdminService final : public v1::Admin::Service {
+class AdminService {
  public:
   AdminService(ClusterSet* clusters, const Authenticator* auth)
       : clusters_(clusters), auth_(auth) {}
 
+  // Registered with the grpc::ServerBuilder.
+  grpc::Service* grpc_service() { return &service_; }
+  // Starts serving; after the gRPC server has been built and started.
+  void Serve(RpcServer* rpc);
+
   grpc::Status CreateNamespace(grpc::ServerContext* ctx, const v1::CreateNamespaceRequest* req,
-                               v1::Namespace* resp) override;
+                               v1::Namespace* resp);
   grpc::Status GetNamespace(grpc::ServerContext* ctx, const v1::GetNamespaceRequest* req,
-                            v1::Namespace* resp) override;
+                            v1::Namespace* resp);
   grpc::Status ListNamespaces(grpc::ServerContext* ctx, const v1::ListNamespacesRequest* req,
-                              v1::ListNamespacesResponse* resp) override;
+                              v1::ListNamespacesResponse* resp);
   grpc::Status UpdateNamespace(grpc::ServerContext* ctx, const v1::UpdateNamespaceRequest* req,
-                               v1::Namespace* resp) override;
+                               v1::Namespace* resp);
   grpc::Status DeleteNamespace(grpc::ServerContext* ctx, const v1::DeleteNamespaceRequest* req,
-                               v1::DeleteNamespaceResponse* resp) override;
+                               v1::DeleteNamespaceResponse* resp);
   grpc::Status CreateClass(grpc::ServerContext* ctx, const v1::CreateClassRequest* req,
-                           v1::LockClass* resp) override;
+                           v1::LockClass* resp);
   grpc::Status GetClass(grpc::ServerContext* ctx, const v1::GetClassRequest* req,
-                        v1::LockClass* resp) override;
+                        v1::LockClass* resp);
   grpc::Status ListClasses(grpc::ServerContext* ctx, const v1::ListClassesRequest* req,
-                           v1::ListClassesResponse* resp) override;
+                           v1::ListClassesResponse* resp);
   grpc::Status DeleteClass(grpc::ServerContext* ctx, const v1::DeleteClassRequest* req,
-                           v1::DeleteClassResponse* resp) override;
+                           v1::DeleteClassResponse* resp);
   grpc::Status GetEpoch(grpc::ServerContext* ctx, const v1::GetEpochRequest* req,
-                        v1::Epoch* resp) override;
+                        v1::Epoch* resp);
 
   // The audit store (null: audit off) and the auditor's status. Set once,
   // before serving.
@@ -61,22 +68,22 @@ class AdminService final : public v1::Admin::Service {
   }
   void SetRehomer(Rehomer* rehomer) { rehomer_ = rehomer; }
   grpc::Status RehomeNamespace(grpc::ServerContext* ctx, const v1::RehomeNamespaceRequest* req,
-                               v1::RehomeNamespaceResponse* resp) override;
+                               v1::RehomeNamespaceResponse* resp);
   grpc::Status AdvanceEpoch(grpc::ServerContext* ctx, const v1::AdvanceEpochRequest* req,
-                            v1::Epoch* resp) override;
+                            v1::Epoch* resp);
   grpc::Status QueryAudit(grpc::ServerContext* ctx, const v1::QueryAuditRequest* req,
-                          v1::QueryAuditResponse* resp) override;
+                          v1::QueryAuditResponse* resp);
   grpc::Status GetAuditStatus(grpc::ServerContext* ctx, const v1::GetAuditStatusRequest* req,
-                              v1::AuditStatus* resp) override;
+                              v1::AuditStatus* resp);
   grpc::Status RequestForceRelease(grpc::ServerContext* ctx,
                                    const v1::RequestForceReleaseRequest* req,
-                                   v1::ForceRequest* resp) override;
+                                   v1::ForceRequest* resp);
   grpc::Status ApproveForceRelease(grpc::ServerContext* ctx,
                                    const v1::ApproveForceReleaseRequest* req,
-                                   v1::ApproveForceReleaseResponse* resp) override;
+                                   v1::ApproveForceReleaseResponse* resp);
   grpc::Status ListForceRequests(grpc::ServerContext* ctx,
                                  const v1::ListForceRequestsRequest* req,
-                                 v1::ListForceRequestsResponse* resp) override;
+                                 v1::ListForceRequestsResponse* resp);
 
  private:
   // UNAUTHENTICATED or PERMISSION_DENIED unless the caller is an admin.
@@ -103,6 +110,7 @@ class AdminService final : public v1::Admin::Service {
   std::function<std::string(const std::string&)> restore_reason_;
   std::function<void()> on_advanced_;
   Rehomer* rehomer_ = nullptr;
+  v1::Admin::AsyncService service_;
 };
 
 }  // namespace holdfast::server

@@ -14,100 +14,97 @@ namespace {
 // The longest wait acquire.max_wait may allow (config.cc checks it).
 constexpr int64_t kMaxWaitMs = 24 * 3600 * 1000;
 
-// The cancellable part of one Acquire call. Shared between the reactor and the
-// code that starts the engine operation, so neither outlives what it touches.
-struct AcquireCall {
-  absl::Mutex mu;
-  std::shared_ptr<lock::Cancellable> op ABSL_GUARDED_BY(mu);
-  bool cancelled ABSL_GUARDED_BY(mu) = false;
+// Calls of the busiest methods kept requested from gRPC at once, so that a burst
+// of arrivals does not wait for the loop to ask for each one.
+constexpr int kHotBacklog = 8;
 
+// The cancellable part of one Acquire call: the call's cancel may come before the
+// engine operation has started (the quota's first read of a namespace is
+// asynchronous), or after it has ended.
+class AcquireCancel {
+ public:
   void SetOp(std::shared_ptr<lock::Cancellable> o) {
     bool cancel;
     {
-      absl::MutexLock l(&mu);
-      op = o;
-      cancel = cancelled;
+      absl::MutexLock l(&mu_);
+      op_ = o;
+      cancel = cancelled_;
     }
     if (cancel) o->Cancel();
   }
   void Cancel() {
     std::shared_ptr<lock::Cancellable> o;
     {
-      absl::MutexLock l(&mu);
-      cancelled = true;
-      o = op;
+      absl::MutexLock l(&mu_);
+      cancelled_ = true;
+      o = op_;
     }
     if (o) o->Cancel();
   }
-};
-
-class AcquireReactor : public grpc::ServerUnaryReactor {
- public:
-  explicit AcquireReactor(std::shared_ptr<AcquireCall> call) : call_(std::move(call)) {}
-  void OnCancel() override { call_->Cancel(); }
-  void OnDone() override { delete this; }
 
  private:
-  std::shared_ptr<AcquireCall> call_;
+  absl::Mutex mu_;
+  std::shared_ptr<lock::Cancellable> op_ ABSL_GUARDED_BY(mu_);
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
 };
 
 }  // namespace
 
-grpc::ServerUnaryReactor* LockService::Acquire(grpc::CallbackServerContext* ctx,
-                                               const v1::AcquireRequest* req,
-                                               v1::AcquireResponse* resp) {
-  auto call = std::make_shared<AcquireCall>();
-  auto* reactor = new AcquireReactor(call);
-  auto caller = auth_->CallerOf(*ctx);
-  if (!caller.ok()) {
-    reactor->Finish(ToGrpcStatus(caller.status()));
-    return reactor;
-  }
+void LockService::Serve(RpcServer* rpc) {
+  using S = v1::Lock::AsyncService;
+  rpc->ServeUnary<S, v1::AcquireRequest, v1::AcquireResponse>(
+      &service_, &S::RequestAcquire, [this](auto* call) { Acquire(call); }, kHotBacklog);
+  rpc->ServeUnary<S, v1::ReleaseRequest, v1::ReleaseResponse>(
+      &service_, &S::RequestRelease, [this](auto* call) { Release(call); }, kHotBacklog);
+  rpc->ServeUnary<S, v1::CheckTokenRequest, v1::CheckTokenResponse>(
+      &service_, &S::RequestCheckToken, [this](auto* call) { CheckToken(call); }, kHotBacklog);
+  rpc->ServeUnary<S, v1::DescribeRequest, v1::DescribeResponse>(
+      &service_, &S::RequestDescribe, [this](auto* call) { Describe(call); });
+}
+
+void LockService::Acquire(UnaryCall<v1::AcquireRequest, v1::AcquireResponse>* call) {
+  auto caller = auth_->CallerOf(call->context());
+  if (!caller.ok()) return call->Finish(caller.status());
+  auto cancel = std::make_shared<AcquireCancel>();
+  call->OnCancel([cancel] { cancel->Cancel(); });
+  const v1::AcquireRequest* req = &call->request();  // lives as long as the call
   const Route route = router_->RouteFor(req->namespace_());
-  AdmitThen(route.quota, ctx, reactor, *caller, req->namespace_(), [=, caller = *caller] {
+  AdmitThen(route.quota, call, *caller, req->namespace_(), [=, caller = *caller] {
     // Work may go on for the wait plus a margin for the grant itself. A wait out
     // of range is refused by the engine; clamped here so the sum cannot overflow.
     auto deadline = RpcDeadline(
-        *ctx, std::chrono::milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, kMaxWaitMs)) +
-                  kUnaryCap);
-    // The reactor may be gone once the engine finishes it; `call` (held by this
+        call->context(),
+        std::chrono::milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, kMaxWaitMs)) + kUnaryCap);
+    // The call may be gone once the engine answers it; `cancel` (held by this
     // closure) stays alive here.
-    call->SetOp(route.engine->Acquire(caller, *req, deadline, FinishInto(reactor, resp)));
+    cancel->SetOp(route.engine->Acquire(caller, *req, deadline, FinishInto(call)));
   });
-  return reactor;
 }
 
-grpc::ServerUnaryReactor* LockService::Release(grpc::CallbackServerContext* ctx,
-                                               const v1::ReleaseRequest* req,
-                                               v1::ReleaseResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  auto caller = auth_->CallerOf(*ctx);
-  if (!caller.ok()) return FinishNow(reactor, caller.status());
+void LockService::Release(UnaryCall<v1::ReleaseRequest, v1::ReleaseResponse>* call) {
+  auto caller = auth_->CallerOf(call->context());
+  if (!caller.ok()) return call->Finish(caller.status());
+  const v1::ReleaseRequest* req = &call->request();
   const Route route = router_->RouteFor(req->namespace_());
-  AdmitThen(route.quota, ctx, reactor, *caller, req->namespace_(), [=, caller = *caller] {
-    route.engine->Release(caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  AdmitThen(route.quota, call, *caller, req->namespace_(), [=, caller = *caller] {
+    route.engine->Release(caller, *req, RpcDeadline(call->context(), kUnaryCap), FinishInto(call));
   });
-  return reactor;
 }
 
-grpc::ServerUnaryReactor* LockService::CheckToken(grpc::CallbackServerContext* ctx,
-                                                  const v1::CheckTokenRequest* req,
-                                                  v1::CheckTokenResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  auto caller = auth_->CallerOf(*ctx);
-  if (!caller.ok()) return FinishNow(reactor, caller.status());
-  router_->RouteFor(req->namespace_()).engine->CheckToken(*caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
-  return reactor;
+void LockService::CheckToken(UnaryCall<v1::CheckTokenRequest, v1::CheckTokenResponse>* call) {
+  auto caller = auth_->CallerOf(call->context());
+  if (!caller.ok()) return call->Finish(caller.status());
+  const auto& req = call->request();
+  router_->RouteFor(req.namespace_())
+      .engine->CheckToken(*caller, req, RpcDeadline(call->context(), kUnaryCap), FinishInto(call));
 }
 
-grpc::ServerUnaryReactor* LockService::Describe(grpc::CallbackServerContext* ctx,
-                                                const v1::DescribeRequest* req,
-                                                v1::DescribeResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  auto caller = auth_->CallerOf(*ctx);
-  if (!caller.ok()) return FinishNow(reactor, caller.status());
-  router_->RouteFor(req->namespace_()).engine->Describe(*caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
-  return reactor;
+void LockService::Describe(UnaryCall<v1::DescribeRequest, v1::DescribeResponse>* call) {
+  auto caller = auth_->CallerOf(call->context());
+  if (!caller.ok()) return call->Finish(caller.status());
+  const auto& req = call->request();
+  router_->RouteFor(req.namespace_())
+      .engine->Describe(*caller, req, RpcDeadline(call->context(), kUnaryCap), FinishInto(call));
 }
 
 }  // namespace holdfast::server

@@ -1,41 +1,40 @@
-// The Lock service (Acquire, Release, CheckToken, Describe) on gRPC's callback
-// API. A waiting Acquire holds no thread; a client that cancels its Acquire ends
-// the wait. Acquire and Release count against the namespace's op_rate_quota
-// (server/op_quota.h); CheckToken and Describe do not. Every request goes to the
-// engine of its namespace's home cluster (server/clusters.h).
+// The Lock service (Acquire, Release, CheckToken, Describe), served on holdfastd's
+// event loop (server/async_rpc.h). A waiting Acquire holds no thread; a client
+// that cancels its Acquire, or whose deadline passes, ends the wait. Acquire and
+// Release count against the namespace's op_rate_quota (server/op_quota.h);
+// CheckToken and Describe do not. Every request goes to the engine of its
+// namespace's home cluster (server/clusters.h).
 //
-// Thread-safe.
+// Thread-safe. Handlers run on the loop thread and never block.
 #pragma once
 
 #include "holdfast/v1/lock.grpc.pb.h"
 #include "lock/engine.h"
+#include "server/async_rpc.h"
 #include "server/auth.h"
 #include "server/clusters.h"
-#include "server/op_quota.h"
 
 namespace holdfast::server {
 
-class LockService final : public v1::Lock::CallbackService {
+class LockService {
  public:
   LockService(const Router* router, const Authenticator* auth)
       : router_(router), auth_(auth) {}
 
-  grpc::ServerUnaryReactor* Acquire(grpc::CallbackServerContext* ctx,
-                                    const v1::AcquireRequest* req,
-                                    v1::AcquireResponse* resp) override;
-  grpc::ServerUnaryReactor* Release(grpc::CallbackServerContext* ctx,
-                                    const v1::ReleaseRequest* req,
-                                    v1::ReleaseResponse* resp) override;
-  grpc::ServerUnaryReactor* CheckToken(grpc::CallbackServerContext* ctx,
-                                       const v1::CheckTokenRequest* req,
-                                       v1::CheckTokenResponse* resp) override;
-  grpc::ServerUnaryReactor* Describe(grpc::CallbackServerContext* ctx,
-                                     const v1::DescribeRequest* req,
-                                     v1::DescribeResponse* resp) override;
+  // Registered with the grpc::ServerBuilder.
+  grpc::Service* grpc_service() { return &service_; }
+  // Starts serving; after the gRPC server has been built and started.
+  void Serve(RpcServer* rpc);
 
  private:
+  void Acquire(UnaryCall<v1::AcquireRequest, v1::AcquireResponse>* call);
+  void Release(UnaryCall<v1::ReleaseRequest, v1::ReleaseResponse>* call);
+  void CheckToken(UnaryCall<v1::CheckTokenRequest, v1::CheckTokenResponse>* call);
+  void Describe(UnaryCall<v1::DescribeRequest, v1::DescribeResponse>* call);
+
   const Router* const router_;
   const Authenticator* const auth_;
+  v1::Lock::AsyncService service_;
 };
 
 }  // namespace holdfast::server

@@ -1,7 +1,6 @@
 #include "server/op_quota.h"
 
 #include "absl/strings/str_cat.h"
-#include "common/grpc_status.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
 
@@ -207,17 +206,6 @@ void OpQuota::Sweep() {
     sweep_timer_ = etcd_->timers().ScheduleAfter(kSweepInterval, [this] { Sweep(); });
   }
   for (etcd::WatchId w : cancel) etcd_->watches().Cancel(w);
-}
-
-void AdmitThen(OpQuota* quota, grpc::CallbackServerContext* ctx,
-               grpc::ServerUnaryReactor* reactor, const lock::Caller& caller,
-               const std::string& ns, std::function<void()> proceed) {
-  if (quota == nullptr) return proceed();
-  quota->Admit(caller, ns, [ctx, reactor, proceed = std::move(proceed)](OpQuota::Admission a) {
-    if (a.status.ok()) return proceed();
-    ctx->AddTrailingMetadata(kRetryAfterMetadata, absl::StrCat(a.retry_after.count()));
-    reactor->Finish(ToGrpcStatus(a.status));
-  });
 }
 
 }  // namespace holdfast::server

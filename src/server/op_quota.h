@@ -31,8 +31,6 @@
 #include <string>
 #include <vector>
 
-#include <grpcpp/grpcpp.h>
-
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
@@ -110,13 +108,5 @@ class OpQuota {
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;
   TimerQueue::TimerId sweep_timer_ ABSL_GUARDED_BY(mu_) = 0;
 };
-
-// Runs `proceed` when `quota` (null: no quota) admits `caller`'s operation on
-// `ns`; otherwise finishes `reactor` with the refusal and the retry-after-ms
-// trailer. `ctx` and `reactor` must stay valid until then (they do: the reactor
-// is not finished before).
-void AdmitThen(OpQuota* quota, grpc::CallbackServerContext* ctx,
-               grpc::ServerUnaryReactor* reactor, const lock::Caller& caller,
-               const std::string& ns, std::function<void()> proceed);
 
 }  // namespace holdfast::server

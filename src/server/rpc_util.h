@@ -1,13 +1,17 @@
-// Small pieces every callback-API handler of holdfastd uses.
+// Small pieces every handler of holdfastd's unary RPCs uses.
 #pragma once
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <string>
 
 #include <grpcpp/grpcpp.h>
 
-#include "common/grpc_status.h"
+#include "absl/strings/str_cat.h"
 #include "lock/engine.h"
+#include "server/async_rpc.h"
+#include "server/op_quota.h"
 
 namespace holdfast::server {
 
@@ -22,20 +26,26 @@ inline lock::Deadline RpcDeadline(const grpc::ServerContextBase& ctx,
   return std::min(ctx.deadline(), limit);
 }
 
-// An engine callback that finishes a unary reactor with the result.
-template <class T>
-lock::Done<T> FinishInto(grpc::ServerUnaryReactor* reactor, T* resp) {
-  return [reactor, resp](absl::StatusOr<T> r) {
-    if (r.ok()) *resp = std::move(*r);
-    reactor->Finish(ToGrpcStatus(r.status()));
+// An engine callback that answers `call` with the result.
+template <class Req, class Resp>
+lock::Done<Resp> FinishInto(UnaryCall<Req, Resp>* call) {
+  return [call](absl::StatusOr<Resp> r) {
+    if (r.ok()) *call->response() = std::move(*r);
+    call->Finish(r.status());
   };
 }
 
-// Finishes a unary reactor at once (a refused call).
-inline grpc::ServerUnaryReactor* FinishNow(grpc::ServerUnaryReactor* reactor,
-                                           const absl::Status& why) {
-  reactor->Finish(ToGrpcStatus(why));
-  return reactor;
+// Runs `proceed` when `quota` (null: no quota) admits `caller`'s operation on
+// `ns`; otherwise answers `call` with the refusal and the retry-after-ms trailer.
+template <class Req, class Resp>
+void AdmitThen(OpQuota* quota, UnaryCall<Req, Resp>* call, const lock::Caller& caller,
+               const std::string& ns, std::function<void()> proceed) {
+  if (quota == nullptr) return proceed();
+  quota->Admit(caller, ns, [call, proceed = std::move(proceed)](OpQuota::Admission a) {
+    if (a.status.ok()) return proceed();
+    call->context().AddTrailingMetadata(kRetryAfterMetadata, absl::StrCat(a.retry_after.count()));
+    call->Finish(a.status);
+  });
 }
 
 }  // namespace holdfast::server

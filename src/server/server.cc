@@ -7,7 +7,6 @@
 #include <sstream>
 #include <thread>
 
-#include <grpcpp/health_check_service_interface.h>
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/security/tls_certificate_provider.h>
 #include <grpcpp/security/tls_credentials_options.h>
@@ -40,6 +39,11 @@ audit::StoreOptions AuditStoreOptions(const Config& config) {
 // the time a restore that kept the cluster id goes unseen.
 constexpr std::chrono::milliseconds kConfirmRefusalAfter{250};
 
+// Admin calls that run at once (server/async_rpc.h, ServeBlocking); more wait
+// their turn. Each blocks a thread for a few etcd round trips, an audit query,
+// or a rehome's drain.
+constexpr int kAdminThreads = 8;
+
 }  // namespace
 
 Server::Server(Config config) : config_(std::move(config)) {}
@@ -54,6 +58,7 @@ absl::StatusOr<std::unique_ptr<Cluster>> Server::StartCluster(
   eo.endpoints = cc.endpoints;
   eo.internal_timeout = cc.timeout;
   eo.observer = metrics_.get();
+  eo.loop = loop_.get();
   if (!cc.ca_file.empty()) {
     auto creds = EtcdCredentials(cc);
     if (!creds.ok()) return creds.status();
@@ -125,6 +130,11 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
     if (auto s = metrics_->Serve(config_.metrics_listen); !s.ok()) return s;
   }
   timers_ = std::make_shared<TimerQueue>();
+  // The server's queue is made first: the etcd clients run on its loop from their
+  // first call, before the server is built at the end.
+  grpc::ServerBuilder builder;
+  loop_ = std::make_unique<EventLoop>(builder.AddCompletionQueue(), "holdfastd-loop");
+  rpc_ = std::make_unique<RpcServer>(loop_.get(), kAdminThreads);
   if (config_.audit_store != "none") {
     auto store = audit::OpenStore(config_.audit_store, AuditStoreOptions(config_));
     if (!store.ok()) {
@@ -215,13 +225,13 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
     }
   }
 
-  grpc::EnableDefaultHealthCheckService(true);
-  grpc::ServerBuilder builder;
+  health_ = std::make_unique<HealthService>();
   int port = 0;
   builder.AddListeningPort(config_.listen, Credentials(), &port);
-  builder.RegisterService(session_service_.get());
-  builder.RegisterService(lock_service_.get());
-  builder.RegisterService(admin_service_.get());
+  builder.RegisterService(session_service_->grpc_service());
+  builder.RegisterService(lock_service_->grpc_service());
+  builder.RegisterService(admin_service_->grpc_service());
+  builder.RegisterService(health_->grpc_service());
   // gRPC 1.51 predates the HTTP/2 rapid-reset and HPACK fixes: bound what one
   // connection can ask of us (ARCHITECTURE §12).
   builder.SetMaxReceiveMessageSize(config_.max_message_bytes);
@@ -235,7 +245,11 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   if (!grpc_server_ || port == 0) {
     return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.listen));
   }
-  health_service_.store(grpc_server_->GetHealthCheckService());
+  session_service_->Serve(rpc_.get());
+  lock_service_->Serve(rpc_.get());
+  admin_service_->Serve(rpc_.get());
+  health_->Serve(rpc_.get());
+  health_service_.store(health_.get());
   UpdateHealth();
   for (const auto& c : clusters_->all()) c->health->Start();
   auto colon = config_.listen.rfind(':');
@@ -291,9 +305,8 @@ void Server::UpdateHealth() {
     healthy = healthy && c->healthy.load();
     grants = grants && c->restore_reason().empty();
   }
-  h->SetServingStatus(healthy);
-  // The Lock service is NOT_SERVING while grants are refused on a cluster.
-  h->SetServingStatus("holdfast.v1.Lock", healthy && grants);
+  // The Lock service is NOT_SERVING also while grants are refused on a cluster.
+  h->SetServingStatus(healthy, {{"holdfast.v1.Lock", healthy && grants}});
 }
 
 void Server::GuardEpochsOnce() {
@@ -462,11 +475,15 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
     }
   }
   health_service_.store(nullptr);
+  if (health_) health_->Shutdown();  // NOT_SERVING, and every Watch ends
+  if (rpc_) rpc_->Stop();
   if (grpc_server_) {
+    // The loop runs on: the calls in flight are answered (or cancelled after
+    // `grace`) there.
     grpc_server_->Shutdown(std::chrono::system_clock::now() + grace);
     grpc_server_->Wait();
-    grpc_server_.reset();
   }
+  if (rpc_) rpc_->StopWorkers();
   if (clusters_) {
     control_auditor_.store(nullptr);
     for (const auto& c : clusters_->all()) {
@@ -486,6 +503,12 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
   }
   replicas_.reset();
   timers_.reset();
+  // Last: nothing is left on the loop. The gRPC server goes with its queue.
+  if (loop_) loop_->Shutdown();
+  grpc_server_.reset();
+  rpc_.reset();
+  health_.reset();
+  loop_.reset();
 }
 
 }  // namespace holdfast::server

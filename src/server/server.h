@@ -17,6 +17,7 @@
 #include "audit/auditor.h"
 #include "audit/epochs.h"
 #include "audit/store.h"
+#include "common/event_loop.h"
 #include "common/timer_queue.h"
 #include "etcd/client.h"
 #include "lock/engine.h"
@@ -24,9 +25,11 @@
 #include "lock/etcd_health.h"
 #include "lock/registry.h"
 #include "server/admin_service.h"
+#include "server/async_rpc.h"
 #include "server/auth.h"
 #include "server/clusters.h"
 #include "server/config.h"
+#include "server/health_service.h"
 #include "server/lock_service.h"
 #include "server/metrics.h"
 #include "server/op_quota.h"
@@ -79,7 +82,14 @@ class Server {
   // report to it until they are gone.
   std::unique_ptr<Metrics> metrics_;
   std::shared_ptr<TimerQueue> timers_;
-  std::atomic<grpc::HealthCheckServiceInterface*> health_service_{nullptr};
+  // The one event loop that every RPC and every etcd call of this process runs on
+  // (common/event_loop.h); its queue is the gRPC server's. Shutdown ends it last.
+  std::unique_ptr<EventLoop> loop_;
+  // Asks gRPC for calls and runs the Admin service's blocking handlers.
+  std::unique_ptr<RpcServer> rpc_;
+  std::unique_ptr<HealthService> health_;
+  // health_ while it may be told of changes (null before serving and at shutdown).
+  std::atomic<HealthService*> health_service_{nullptr};
   std::unique_ptr<audit::AuditStore> audit_store_;  // null: audit off ("none")
   // The control cluster's auditor once it runs (null before, and with audit off).
   // AuditStatus reads it here: GetAuditStatus is served from before Start

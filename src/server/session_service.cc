@@ -11,20 +11,47 @@ namespace holdfast::server {
 
 namespace {
 
+// Calls of Open and Close, and KeepAlive streams, kept requested from gRPC at
+// once, so that a burst of arrivals does not wait for the loop to ask for each.
+constexpr int kHotBacklog = 8;
+
+}  // namespace
+
 // One KeepAlive stream. Requests are read one after another; each is answered
 // once etcd has. Every request's session is checked (it exists in the namespace
 // named and belongs to the caller): from the engine's table of sessions it has
-// seen, or with one read of a session new to it. The reactor finishes only when
-// reads are over and no engine callback is outstanding, so no callback outlives it.
-class KeepAliveReactor
-    : public grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse> {
+// seen, or with one read of a session new to it. The stream finishes only when
+// reads are over and no engine callback is outstanding, so no callback outlives
+// it; it is deleted once gRPC has handed back the finish and told it done.
+class SessionService::KeepAliveStream {
  public:
-  KeepAliveReactor(const Router* router, lock::Caller caller)
-      : router_(router), caller_(std::move(caller)) {
-    StartRead(&req_);
+  explicit KeepAliveStream(SessionService* service) : service_(service) {
+    ctx_.AsyncNotifyWhenDone(&done_);
+    grpc::ServerCompletionQueue* cq = service_->rpc_->loop()->server_cq();
+    service_->service_.RequestKeepAlive(&ctx_, &stream_, cq, cq, &arrived_);
   }
 
-  void OnReadDone(bool ok) override {
+ private:
+  void OnArrived(bool ok) {
+    if (!ok) {  // the server is shutting down; never matched, so no done either
+      delete this;
+      return;
+    }
+    if (!service_->rpc_->stopped()) service_->RequestKeepAlive();
+    auto caller = service_->auth_->CallerOf(ctx_);
+    if (!caller.ok()) {
+      // A stream from a caller without an acceptable identity.
+      {
+        absl::MutexLock l(&mu_);
+        finished_ = true;
+      }
+      return stream_.Finish(ToGrpcStatus(caller.status()), &finish_tag_);
+    }
+    caller_ = *std::move(caller);
+    stream_.Read(&req_, &read_tag_);
+  }
+
+  void OnRead(bool ok) {
     if (!ok) {
       bool finish;
       {
@@ -32,7 +59,7 @@ class KeepAliveReactor
         reads_done_ = true;
         finish = ShouldFinishLocked();
       }
-      if (finish) Finish(grpc::Status::OK);
+      if (finish) stream_.Finish(grpc::Status::OK, &finish_tag_);
       return;
     }
     v1::KeepAliveRequest req = req_;
@@ -40,11 +67,11 @@ class KeepAliveReactor
       absl::MutexLock l(&mu_);
       ++outstanding_;
     }
-    StartRead(&req_);  // pipelined: the next request may come before this answer
+    stream_.Read(&req_, &read_tag_);  // pipelined: the next request may come before this answer
     Handle(std::move(req));
   }
 
-  void OnWriteDone(bool ok) override {
+  void OnWritten(bool ok) {
     bool more = false, finish = false;
     {
       absl::MutexLock l(&mu_);
@@ -61,19 +88,25 @@ class KeepAliveReactor
         finish = ShouldFinishLocked();
       }
     }
-    if (more) StartWrite(&write_buf_);
-    if (finish) Finish(grpc::Status::OK);
+    if (more) stream_.Write(write_buf_, &write_tag_);
+    if (finish) stream_.Finish(grpc::Status::OK, &finish_tag_);
   }
 
-  void OnDone() override { delete this; }
+  void OnFinished(bool) {
+    finish_back_ = true;
+    if (done_back_) delete this;
+  }
+  void OnDone(bool) {
+    done_back_ = true;
+    if (finish_back_) delete this;
+  }
 
- private:
   void Handle(v1::KeepAliveRequest req) {
     // Each request goes to its namespace's home cluster. A session is verified
     // per cluster: after a rehome its id means nothing on the new home. The
     // engine knows the sessions it has seen (lock/session_owners.h): those are
     // checked at once, and only a session new to this replica costs a read.
-    lock::Engine* engine = router_->RouteFor(req.namespace_()).engine;
+    lock::Engine* engine = service_->router_->RouteFor(req.namespace_()).engine;
     auto deadline = lock::Deadline(std::chrono::system_clock::now() +
                                    engine->options().etcd_timeout);
     if (auto known = engine->CheckKnownSession(caller_, req.namespace_(), req.session_id())) {
@@ -109,6 +142,7 @@ class KeepAliveReactor
     });
   }
 
+  // From any thread (the engine's callbacks come on the loop or the timer thread).
   void Answer(v1::KeepAliveResponse resp) {
     bool start = false, finish = false;
     {
@@ -125,8 +159,8 @@ class KeepAliveReactor
       }
       finish = !start && ShouldFinishLocked();
     }
-    if (start) StartWrite(&write_buf_);
-    if (finish) Finish(grpc::Status::OK);
+    if (start) stream_.Write(write_buf_, &write_tag_);
+    if (finish) stream_.Finish(grpc::Status::OK, &finish_tag_);
   }
 
   bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -135,10 +169,12 @@ class KeepAliveReactor
     return true;
   }
 
-  const Router* const router_;
-  const lock::Caller caller_;
-  v1::KeepAliveRequest req_;              // owned by the read chain
-  v1::KeepAliveResponse write_buf_;       // owned by the write in flight
+  SessionService* const service_;
+  grpc::ServerContext ctx_;
+  grpc::ServerAsyncReaderWriter<v1::KeepAliveResponse, v1::KeepAliveRequest> stream_{&ctx_};
+  lock::Caller caller_;               // set on arrival
+  v1::KeepAliveRequest req_;          // owned by the read in flight
+  v1::KeepAliveResponse write_buf_;   // owned by the write in flight
   absl::Mutex mu_;
   std::deque<v1::KeepAliveResponse> writes_ ABSL_GUARDED_BY(mu_);
   int outstanding_ ABSL_GUARDED_BY(mu_) = 0;
@@ -146,49 +182,50 @@ class KeepAliveReactor
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  // Touched on the loop thread only.
+  bool finish_back_ = false;
+  bool done_back_ = false;
+  using Tag = EventLoop::MemberTag<KeepAliveStream>;
+  Tag arrived_{this, &KeepAliveStream::OnArrived};
+  Tag read_tag_{this, &KeepAliveStream::OnRead};
+  Tag write_tag_{this, &KeepAliveStream::OnWritten};
+  Tag finish_tag_{this, &KeepAliveStream::OnFinished};
+  Tag done_{this, &KeepAliveStream::OnDone};
 };
 
-// A KeepAlive stream from a caller without an acceptable identity.
-class RefusedStream
-    : public grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse> {
- public:
-  explicit RefusedStream(const absl::Status& why) { Finish(ToGrpcStatus(why)); }
-  void OnDone() override { delete this; }
-};
 
-}  // namespace
-
-grpc::ServerUnaryReactor* SessionService::Open(grpc::CallbackServerContext* ctx,
-                                               const v1::OpenSessionRequest* req,
-                                               v1::OpenSessionResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  auto caller = auth_->CallerOf(*ctx);
-  if (!caller.ok()) return FinishNow(reactor, caller.status());
-  const Route route = router_->RouteFor(req->namespace_());
-  AdmitThen(route.quota, ctx, reactor, *caller, req->namespace_(), [=, caller = *caller] {
-    route.engine->OpenSession(caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
-  });
-  return reactor;
+void SessionService::Serve(RpcServer* rpc) {
+  using S = v1::Session::AsyncService;
+  rpc_ = rpc;
+  rpc->ServeUnary<S, v1::OpenSessionRequest, v1::OpenSessionResponse>(
+      &service_, &S::RequestOpen, [this](auto* call) { Open(call); }, kHotBacklog);
+  rpc->ServeUnary<S, v1::CloseSessionRequest, v1::CloseSessionResponse>(
+      &service_, &S::RequestClose, [this](auto* call) { Close(call); }, kHotBacklog);
+  for (int i = 0; i < kHotBacklog; ++i) RequestKeepAlive();
 }
 
-grpc::ServerBidiReactor<v1::KeepAliveRequest, v1::KeepAliveResponse>* SessionService::KeepAlive(
-    grpc::CallbackServerContext* ctx) {
-  auto caller = auth_->CallerOf(*ctx);
-  if (!caller.ok()) return new RefusedStream(caller.status());
-  return new KeepAliveReactor(router_, *caller);
+void SessionService::RequestKeepAlive() { new KeepAliveStream(this); }
+
+void SessionService::Open(UnaryCall<v1::OpenSessionRequest, v1::OpenSessionResponse>* call) {
+  auto caller = auth_->CallerOf(call->context());
+  if (!caller.ok()) return call->Finish(caller.status());
+  const v1::OpenSessionRequest* req = &call->request();  // lives as long as the call
+  const Route route = router_->RouteFor(req->namespace_());
+  AdmitThen(route.quota, call, *caller, req->namespace_(), [=, caller = *caller] {
+    route.engine->OpenSession(caller, *req, RpcDeadline(call->context(), kUnaryCap),
+                              FinishInto(call));
+  });
 }
 
-grpc::ServerUnaryReactor* SessionService::Close(grpc::CallbackServerContext* ctx,
-                                                const v1::CloseSessionRequest* req,
-                                                v1::CloseSessionResponse* resp) {
-  auto* reactor = ctx->DefaultReactor();
-  auto caller = auth_->CallerOf(*ctx);
-  if (!caller.ok()) return FinishNow(reactor, caller.status());
+void SessionService::Close(UnaryCall<v1::CloseSessionRequest, v1::CloseSessionResponse>* call) {
+  auto caller = auth_->CallerOf(call->context());
+  if (!caller.ok()) return call->Finish(caller.status());
+  const v1::CloseSessionRequest* req = &call->request();
   const Route route = router_->RouteFor(req->namespace_());
-  AdmitThen(route.quota, ctx, reactor, *caller, req->namespace_(), [=, caller = *caller] {
-    route.engine->CloseSession(caller, *req, RpcDeadline(*ctx, kUnaryCap), FinishInto(reactor, resp));
+  AdmitThen(route.quota, call, *caller, req->namespace_(), [=, caller = *caller] {
+    route.engine->CloseSession(caller, *req, RpcDeadline(call->context(), kUnaryCap),
+                               FinishInto(call));
   });
-  return reactor;
 }
 
 }  // namespace holdfast::server
