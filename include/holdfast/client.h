@@ -125,9 +125,11 @@ class Hold {
   bool unprotected() const;
 
   // Releases the hold. FAILED_PRECONDITION if it is no longer current. Races
-  // with the queue and lost connections are retried a few times, all within one
-  // rpc timeout from the call (also when no holdfastd answers); if it still
-  // fails transiently (ABORTED, UNAVAILABLE, DEADLINE_EXCEEDED, or
+  // with the queue, lost connections and streams reset under the call (INTERNAL
+  // or UNKNOWN, as a proxy may send) are retried a few times, all within one
+  // rpc timeout from the call (also when no holdfastd answers); after such an
+  // unknown outcome, "not current" means the release went through. If it still
+  // fails transiently (ABORTED, UNAVAILABLE, INTERNAL, UNKNOWN, DEADLINE_EXCEEDED, or
   // RESOURCE_EXHAUSTED over the op_rate_quota: see RetryAfter), Release() may be
   // called again. Once released (or not current), every handle of the hold says
   // lost() ("was released"), also one an Acquire returned after this handle was
@@ -153,8 +155,10 @@ class Session {
   const std::string& ns() const;
 
   // Acquires `lock_key`. Blocks up to options.wait plus the rpc timeout, counted
-  // from the call: a retry after a lost connection to holdfastd (UNAVAILABLE; the
-  // call is idempotent per session and key) asks again within that same bound.
+  // from the call: a retry after a lost connection to holdfastd (UNAVAILABLE) or a
+  // stream reset under the call (INTERNAL, UNKNOWN) asks again within that same
+  // bound (the call is idempotent per session and key: a grant already made is
+  // returned again, a queued waiter keeps its place).
   // Errors as the Lock.Acquire RPC: ABORTED (held, try), DEADLINE_EXCEEDED (not
   // granted in time), INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
   // UNAVAILABLE; FAILED_PRECONDITION too when this session is already lost.

@@ -49,6 +49,17 @@ absl::Status FromCall(internal::ClientCore& core, const grpc::ClientContext& ctx
   }
   return s;
 }
+
+// A call that ended this way may or may not have reached holdfastd and done its
+// work: the connection broke (UNAVAILABLE), or the stream was reset under the call
+// (INTERNAL or UNKNOWN: what gRPC reports for an HTTP/2 RST_STREAM, as a proxy or
+// a load balancer between the client and holdfastd may send). Acquire and Release
+// are idempotent (per session and key; by token), so they ask again.
+bool OutcomeUnknown(absl::StatusCode code) {
+  return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kInternal ||
+         code == absl::StatusCode::kUnknown;
+}
+
 }  // namespace
 
 bool Unreachable(const absl::Status& s) {
@@ -434,8 +445,9 @@ absl::Status Hold::Release() {
   req.set_session_id(session_->id());
   req.set_lock_key(info_.lock_key());
   req.set_token(info_.token());
-  // ABORTED (the release raced with the queue) and UNAVAILABLE (outcome unknown)
-  // are retried; after an unknown outcome, "no such hold" means it went. All
+  // ABORTED (the release raced with the queue), an unknown outcome
+  // (OutcomeUnknown) and DEADLINE_EXCEEDED are retried; after an unknown outcome,
+  // "no such hold" means it went. All
   // attempts share one bound, the rpc timeout from here: with no holdfastd to
   // answer, each would otherwise wait that long for a connection.
   const auto bound = std::chrono::system_clock::now() + session_->core().options().rpc_timeout;
@@ -448,7 +460,7 @@ absl::Status Hold::Release() {
     ctx.set_deadline(bound);
     s = FromCall(session_->core(), ctx, session_->core().lock_stub().Release(&ctx, req, &resp));
     if (unknown && s.code() == absl::StatusCode::kFailedPrecondition) s = absl::OkStatus();
-    if (s.code() != absl::StatusCode::kAborted && s.code() != absl::StatusCode::kUnavailable &&
+    if (s.code() != absl::StatusCode::kAborted && !OutcomeUnknown(s.code()) &&
         s.code() != absl::StatusCode::kDeadlineExceeded) {
       break;
     }
@@ -461,7 +473,7 @@ absl::Status Hold::Release() {
   // can try again; let go once the release is done or cannot be. The hold's
   // other handles (an Acquire of the held key returned it again) then say so.
   // (Over the namespace's op_rate_quota, too: RetryAfter says when.)
-  if (s.code() != absl::StatusCode::kAborted && s.code() != absl::StatusCode::kUnavailable &&
+  if (s.code() != absl::StatusCode::kAborted && !OutcomeUnknown(s.code()) &&
       s.code() != absl::StatusCode::kDeadlineExceeded &&
       s.code() != absl::StatusCode::kResourceExhausted) {
     session_.reset();
@@ -507,8 +519,9 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   req.set_shared(options.shared);
   req.set_holder_meta(options.holder_meta);
   // The call is idempotent per (session, key): when the connection to holdfastd
-  // breaks mid-call (UNAVAILABLE), ask again, on whichever replica the channel
-  // reaches now, with what is left of the wait; a queued waiter keeps its place.
+  // breaks mid-call, or the stream is reset under it (OutcomeUnknown), ask again,
+  // on whichever replica the channel reaches now, with what is left of the wait;
+  // a queued waiter keeps its place, and a grant already made is returned again.
   v1::AcquireResponse resp;
   // holdfastd refuses a wait out of range (INVALID_ARGUMENT); clamped here only so
   // that the deadlines cannot overflow before it says so.
@@ -527,7 +540,7 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
     state_->core().SetDeadline(&ctx);
     ctx.set_deadline(call_deadline);
     s = FromCall(state_->core(), ctx, state_->core().lock_stub().Acquire(&ctx, req, &resp));
-    if (s.code() != absl::StatusCode::kUnavailable || state_->lost()) break;
+    if (!OutcomeUnknown(s.code()) || state_->lost()) break;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         wait_until - std::chrono::steady_clock::now());
     req.set_wait_ms(std::max<int64_t>(left.count(), 0));
