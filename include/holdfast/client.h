@@ -63,9 +63,23 @@ class HoldState;
 class SessionState;
 }  // namespace internal
 
+// The order in which a Client tries its endpoints (ClientOptions).
+enum class EndpointOrder {
+  // A random order, drawn once per Client: clients given the same list spread
+  // over the replicas, and the clients of a replica that fails spread over the
+  // others instead of all moving to the next one listed (each new connection
+  // costs the replica that takes it a TLS handshake on its one event loop:
+  // docs/operations.md, "Sizing").
+  kShuffled,
+  // As listed: the first that answers (a preferred replica first).
+  kAsListed,
+};
+
 struct ClientOptions {
-  // holdfastd endpoints (host:port). Calls go to the first that answers.
+  // holdfastd endpoints (host:port). Calls go to the first that answers, in
+  // `endpoint_order`; a Client stays on it while it answers.
   std::vector<std::string> endpoints = {"127.0.0.1:7420"};
+  EndpointOrder endpoint_order = EndpointOrder::kShuffled;
   // Deadline of calls that do not wait for a lock. While no holdfastd is
   // reachable, a call waits for one up to this deadline (then DEADLINE_EXCEEDED)
   // instead of failing at once, so a holdfastd restart is invisible to callers.

@@ -2,6 +2,8 @@
 
 #include <arpa/inet.h>
 
+#include <algorithm>
+#include <random>
 #include <thread>
 #include <vector>
 
@@ -77,15 +79,20 @@ std::optional<std::chrono::milliseconds> RetryAfter(const absl::Status& s) {
 namespace internal {
 
 namespace {
-// gRPC target for a list of endpoints: one endpoint as it is; several IPv4
-// literals as an address list that pick_first fails over.
-std::string ChannelTarget(const std::vector<std::string>& endpoints) {
+// gRPC target for a list of endpoints, in `order`: one endpoint as it is;
+// several IPv4 literals as an address list that pick_first fails over.
+std::string ChannelTarget(std::vector<std::string> endpoints, EndpointOrder order) {
+  if (endpoints.empty()) return "";
+  if (order == EndpointOrder::kShuffled) {
+    std::random_device seed;
+    std::shuffle(endpoints.begin(), endpoints.end(), std::mt19937(seed()));
+  }
   if (endpoints.size() == 1) return endpoints[0];
   for (const auto& e : endpoints) {
     auto colon = e.rfind(':');
     in_addr a;
     if (colon == std::string::npos || inet_pton(AF_INET, e.substr(0, colon).c_str(), &a) != 1) {
-      return endpoints[0];  // host names: the first one (fail-over is a later change)
+      return endpoints[0];  // host names: the first in order (fail-over is a later change)
     }
   }
   return absl::StrCat("ipv4:", absl::StrJoin(endpoints, ","));
@@ -118,7 +125,8 @@ ClientCore::ClientCore(ClientOptions options) : options_(std::move(options)) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1'000);
   if (!options_.server_name.empty()) args.SetSslTargetNameOverride(options_.server_name);
-  channel_ = grpc::CreateCustomChannel(ChannelTarget(options_.endpoints), Credentials(options_),
+  channel_ = grpc::CreateCustomChannel(ChannelTarget(options_.endpoints, options_.endpoint_order),
+                                       Credentials(options_),
                                        args);
   session_ = v1::Session::NewStub(channel_);
   lock_ = v1::Lock::NewStub(channel_);

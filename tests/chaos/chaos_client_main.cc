@@ -141,6 +141,7 @@ class ChaosClient {
   int Run() {
     ClientOptions co;
     co.endpoints = f_.endpoints;
+    co.endpoint_order = EndpointOrder::kAsListed;  // the driver chose which replica each prefers
     co.rpc_timeout = milliseconds(3000);
     auto client = Client::Connect(co);
     if (!client.ok()) {

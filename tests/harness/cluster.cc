@@ -376,6 +376,7 @@ absl::StatusOr<std::unique_ptr<Client>> TestCluster::NewClient(int i) {
     o.endpoints = {endpoint(i)};
   } else {
     for (const auto& h : holdfastd_) o.endpoints.push_back(h->endpoint());
+    o.endpoint_order = EndpointOrder::kAsListed;  // replica 0 first, as tests expect
   }
   return Client::Connect(o);
 }

@@ -113,7 +113,8 @@ class TestCluster {
   std::string endpoint(int i = 0) const { return holdfastd_[i]->endpoint(); }
   const std::string& dir() const { return dir_.path(); }
 
-  // A libholdfast client of replica i; with i < 0, of every replica (fail-over).
+  // A libholdfast client of replica i; with i < 0, of every replica, replica 0
+  // first and the others in turn (fail-over).
   // With TLS, it authenticates as "admin".
   absl::StatusOr<std::unique_ptr<Client>> NewClient(int i = 0);
   // TLS: writes <dir>/certs/<name>.pem and _key.pem for `spiffe_id`, signed by
