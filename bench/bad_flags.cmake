@@ -10,7 +10,7 @@ set(TOOL_NAME holdfast-bench)
 set(STARTED "holdfast-bench: etcd ")  # the run's first progress line
 include(${CMAKE_CURRENT_LIST_DIR}/expect_refused.cmake)
 
-expect_refused("--only: nonsense not in {baselines,uncontended,contended,shared,sessions}"
+expect_refused("--only: nonsense not in {baselines,uncontended,contended,shared,sessions,connect}"
                --only nonsense)
 expect_refused("--only: sessionz not in" --only baselines,sessionz)
 expect_refused("--duration: invalid duration \"banana\"" --duration banana)

@@ -34,6 +34,9 @@ constexpr std::chrono::milliseconds kWorkerSessionTtl{10'000};
 // Leases of baseline workers: long enough to outlive a cell without renewal.
 constexpr int64_t kBaselineLeaseTtlSeconds = 60;
 constexpr std::chrono::seconds kSetupBudget{60};
+// The connect workload's paced caller: a cycle every 20 ms, few enough that its
+// own cost hardly counts in the cell's, enough for a p99 over a window.
+constexpr std::chrono::milliseconds kProbePeriod{20};
 
 using WorkerFactory = std::function<std::vector<std::unique_ptr<Worker>>()>;
 using LeaseWorkerFactory =
@@ -128,6 +131,9 @@ class Matrix {
       PacedKeepAliveCell();
     }
     if (plan_.Runs("sessions")) SessionsCell();
+    if (plan_.Runs("connect")) {
+      for (int c : plan_.connect) ConnectCell(c);
+    }
   }
 
  private:
@@ -160,6 +166,8 @@ class Matrix {
     std::map<std::string, double> cpu_ms_per_op;
     std::map<std::string, double> switches_per_op;
     std::optional<double> etcd_gc_per_sec;
+    // The series the per-op figures are of; unset: all series together.
+    std::optional<std::string> series;
   };
 
   // /proc samples so far of etcd and holdfastd (when this run started them) and
@@ -177,9 +185,11 @@ class Matrix {
   }
 
   // Runs the workers, counting the etcd requests, CPU time, context switches and
-  // etcd garbage collections they cause.
+  // etcd garbage collections they cause, per operation of every series, or of
+  // `per_series` alone when set.
   std::map<std::string, SeriesResult> Measure(std::vector<std::unique_ptr<Worker>>& workers,
-                                              Costs* costs) {
+                                              Costs* costs,
+                                              const std::optional<std::string>& per_series = {}) {
     pool_.Settle();
     auto before = ReadEtcdCounters(env_.etcd_endpoint());
     auto proc_before = ProcNow();
@@ -189,7 +199,9 @@ class Matrix {
     auto proc_after = ProcNow();
     auto after = ReadEtcdCounters(env_.etcd_endpoint());
     int64_t ops = 0;
-    for (const auto& [name, r] : series) ops += r.all_ops;
+    for (const auto& [name, r] : series) {
+      if (!per_series || name == *per_series) ops += r.all_ops;
+    }
     if (ops <= 0) return series;
     const double n = static_cast<double>(ops);
     if (before.ok() && after.ok()) {
@@ -220,13 +232,16 @@ class Matrix {
     for (const auto& [name, r] : series) {
       std::string cell_id = id;
       if (name == "write") cell_id = kSharedWrite;
+      if (name == "probe") cell_id = kConnectProbe;
       Cell cell;
       cell.id = cell_id;
       cell.concurrency = c;
       cell.result = r;
-      cell.etcd_requests_per_op = costs.requests_per_op;
-      cell.cpu_ms_per_op = costs.cpu_ms_per_op;
-      cell.switches_per_op = costs.switches_per_op;
+      if (!costs.series || *costs.series == name) {
+        cell.etcd_requests_per_op = costs.requests_per_op;
+        cell.cpu_ms_per_op = costs.cpu_ms_per_op;
+        cell.switches_per_op = costs.switches_per_op;
+      }
       cell.etcd_gc_per_sec = costs.etcd_gc_per_sec;
       report_->AddCell(std::move(cell));
       std::fprintf(stderr, "holdfast-bench:   %s c=%d: %.1f ops/s, p99 %.2f ms, %lld errors\n",
@@ -289,6 +304,23 @@ class Matrix {
     Costs costs;
     auto series = Measure(workers, &costs);
     File(id, c, series, costs);
+  }
+
+  // Clients connecting anew, `c` at once, each for one session, with a paced
+  // caller beside them on a session of its own; c = 0: the caller alone. The
+  // per-op costs are per connection (the caller's few cycles included).
+  void ConnectCell(int c) {
+    if (stop_.stopped()) return;
+    Starting(kConnect, c);
+    auto fleet = SessionFleet::Open(env_.client_options(), kNamespace, 1, 1, kWorkerSessionTtl,
+                                    SteadyClock::now() + kSetupBudget, stop_);
+    if (!fleet.ok()) return SetupFailed(kConnect, c, fleet.status());
+    auto workers = ConnectWorkers(env_.client_options(), kNamespace, c);
+    workers.push_back(ProbeWorker((*fleet)->session(0), HoldfastKey("p", c), kProbePeriod));
+    Costs costs;
+    if (c > 0) costs.series = "";
+    auto series = Measure(workers, &costs, costs.series);
+    File(kConnect, c, series, costs);
   }
 
   // The same number of leases as the sessions workload has sessions, renewed on
@@ -354,6 +386,7 @@ nlohmann::json RunInfo(const BenchOptions& options, const Plan& plan, const Envi
           {"concurrency", plan.concurrency},
           {"contended", plan.contended},
           {"shared_readers", plan.shared_readers},
+          {"connect", plan.connect},
           {"sessions", plan.sessions},
           {"session_ttl_ms", options.session_ttl.count()},
           {"etcd", env.etcd_endpoint()},
@@ -387,12 +420,14 @@ Plan MakePlan(const BenchOptions& options) {
     p.concurrency = {1, 8};
     p.contended = {8};
     p.shared_readers = {8};
+    p.connect = {0, 8};
     p.sessions = 1'000;
     p.timing = {.warmup = std::chrono::milliseconds(250), .measure = std::chrono::seconds(1)};
   } else {
     p.concurrency = {1, 8, 64, 256};
     p.contended = {8, 64, 256};
     p.shared_readers = {8, 64};
+    p.connect = {0, 8, 64};
     p.sessions = 10'000;
     p.timing = {.warmup = std::chrono::seconds(1), .measure = std::chrono::seconds(5)};
   }

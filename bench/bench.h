@@ -31,11 +31,11 @@ struct BenchOptions {
   std::chrono::milliseconds session_ttl{10'000};
   std::string command_line;       // recorded in the JSON
   // Workloads to run (--only): any of baselines, uncontended, contended, shared,
-  // sessions. Empty: all. Ratios whose cells were not run are not printed.
+  // sessions, connect. Empty: all. Ratios whose cells were not run are not printed.
   std::vector<std::string> only;
   // Rounds of the matrix (--rounds): the figures are each cell's median round and
   // each ratio's median over the rounds (Report::Combine). The keepalive
-  // baselines and the sessions workload run once, in the last round.
+  // baselines and the sessions and connect workloads run once, in the last round.
   int rounds = 1;
 };
 
@@ -44,6 +44,7 @@ struct Plan {
   std::vector<int> concurrency;     // uncontended and baselines
   std::vector<int> contended;       // clients on one key
   std::vector<int> shared_readers;  // readers on one key (plus one writer)
+  std::vector<int> connect;         // clients connecting at once (0: the probe alone)
   int v3lock_contended = 8;
   int keepalive_max_callers = 64;
   int64_t sessions = 10'000;

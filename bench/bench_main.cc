@@ -80,9 +80,11 @@ int main(int argc, char** argv) {
       ->delimiter(',')
       ->check(CLI::Range(1, 4096));
   app.add_option("--only", o.only,
-                 "run only these workloads (baselines, uncontended, contended, shared, sessions)")
+                 "run only these workloads (baselines, uncontended, contended, shared, sessions, "
+                 "connect)")
       ->delimiter(',')
-      ->check(CLI::IsMember({"baselines", "uncontended", "contended", "shared", "sessions"}));
+      ->check(CLI::IsMember(
+          {"baselines", "uncontended", "contended", "shared", "sessions", "connect"}));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

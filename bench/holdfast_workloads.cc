@@ -82,6 +82,31 @@ class AcquireThenReleaseWorker : public Worker {
   std::optional<Hold> hold_;
 };
 
+// A new Client per operation (ConnectWorkers); its channel, and so its
+// connection, closes when the Client is dropped.
+class ConnectWorker : public Worker {
+ public:
+  ConnectWorker(ClientOptions options, std::string ns)
+      : options_(std::move(options)), ns_(std::move(ns)) {}
+
+  absl::Status Op() override {
+    auto client = Client::Connect(options_);
+    if (!client.ok()) return client.status();
+    SessionOptions so;
+    so.ttl = kConnectSessionTtl;
+    auto session = (*client)->OpenSession(ns_, so);
+    if (!session.ok()) return session.status();
+    return (*session)->Close();
+  }
+
+ private:
+  // The shortest TTL the bench namespace allows: a session a failed Close
+  // leaves behind ends soon.
+  static constexpr std::chrono::milliseconds kConnectSessionTtl{1000};
+  const ClientOptions options_;
+  const std::string ns_;
+};
+
 AcquireOptions Waiting(std::chrono::milliseconds wait, bool shared) {
   AcquireOptions o;
   o.wait = wait;
@@ -236,6 +261,28 @@ std::vector<std::unique_ptr<Worker>> SharedWorkers(SessionFleet& fleet, const st
                                                          writer_period));
   }
   return out;
+}
+
+std::vector<std::unique_ptr<Worker>> ConnectWorkers(const ClientOptions& client,
+                                                    const std::string& ns, int n) {
+  ClientOptions o = client;
+  o.rpc_timeout = kRpcTimeout;
+  std::vector<std::unique_ptr<Worker>> out;
+  for (int i = 0; i < n; ++i) {
+    // gRPC shares one connection among a process's channels whose arguments
+    // and credentials compare equal, as plaintext ones do: a name of its own
+    // (which plaintext does not check) gives each worker its own. Under mTLS
+    // every Client's credentials are its own already, and the name is checked.
+    if (o.ca_file.empty()) o.server_name = absl::StrCat("holdfast-bench-connect-", i);
+    out.push_back(std::make_unique<ConnectWorker>(o, ns));
+  }
+  return out;
+}
+
+std::unique_ptr<Worker> ProbeWorker(Session& session, const std::string& key,
+                                    std::chrono::milliseconds period) {
+  return std::make_unique<AcquireReleaseWorker>(&session, key, AcquireOptions{}, "probe",
+                                                period);
 }
 
 SessionsResult RunSessionsCell(const ClientOptions& client, const std::string& ns, int64_t n,

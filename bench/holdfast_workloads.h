@@ -63,6 +63,18 @@ std::vector<std::unique_ptr<Worker>> SharedWorkers(SessionFleet& fleet, const st
                                                    std::chrono::milliseconds wait,
                                                    std::chrono::milliseconds writer_period);
 
+// `n` workers that each connect anew for every operation: a new Client (its own
+// credentials, so its own connection: TCP, HTTP/2 and, under mTLS, a TLS
+// handshake), a session opened on it and closed, the Client dropped. What a fleet
+// of restarting or failing-over client processes asks of holdfastd.
+std::vector<std::unique_ptr<Worker>> ConnectWorkers(const ClientOptions& client,
+                                                    const std::string& ns, int n);
+
+// One acquire+release cycle of `key` every `period` on `session`, in series
+// "probe": a caller that measures what the rest of a cell does to everyone else.
+std::unique_ptr<Worker> ProbeWorker(Session& session, const std::string& key,
+                                    std::chrono::milliseconds period);
+
 struct SessionsResult {
   int64_t requested = 0;
   int64_t opened = 0;

@@ -32,6 +32,7 @@ constexpr RatioRule kRatioRules[] = {
     {kSharedRead, "p99_vs_raw_cycle", kRawCycle, kSameConcurrency, Metric::kP99},
     {kV3Lock, "vs_raw_cycle", kRawCycle, kSameConcurrency, Metric::kThroughput},
     {kV3LockContended, "vs_raw_cycle_1", kRawCycle, 1, Metric::kThroughput},
+    {kConnectProbe, "p99_vs_alone", kConnectProbe, 0, Metric::kP99},
 };
 
 const char* Label(const std::string& id) {
@@ -46,6 +47,8 @@ const char* Label(const std::string& id) {
       {kContended, "holdfast, one key (hand-overs)"},
       {kSharedRead, "holdfast shared readers"},
       {kSharedWrite, "holdfast writer (every 100 ms)"},
+      {kConnect, "holdfast new client+session"},
+      {kConnectProbe, "holdfast caller beside them"},
   };
   auto it = kLabels.find(id);
   return it == kLabels.end() ? "?" : it->second;
@@ -375,6 +378,10 @@ void Report::PrintTables(std::FILE* out) const {
                  {kContended});
   PrintCellTable(out, "shared: readers on one key, one occasional writer",
                  {kSharedRead, kSharedWrite});
+  PrintCellTable(out,
+                 "connect: clients connecting anew for every session (conc = how many at "
+                 "once), and one caller beside them doing a cycle every 20 ms (conc 0: alone)",
+                 {kConnect, kConnectProbe});
   PrintSessions(out);
 }
 

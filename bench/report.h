@@ -28,6 +28,10 @@ inline constexpr char kUncontended[] = "holdfast_uncontended";
 inline constexpr char kContended[] = "holdfast_contended";
 inline constexpr char kSharedRead[] = "holdfast_shared_read";
 inline constexpr char kSharedWrite[] = "holdfast_shared_write";
+// New clients connecting (concurrency: how many at once), and the paced caller
+// beside them (concurrency: the same; 0 is the caller alone, the reference).
+inline constexpr char kConnect[] = "holdfast_connect";
+inline constexpr char kConnectProbe[] = "holdfast_connect_probe";
 
 struct Cell {
   std::string id;

@@ -139,5 +139,32 @@ TEST(ReportCostsTest, EachCellShowsTheCpuTimePerOperationOfEachProcessMeasured) 
   EXPECT_TRUE(found) << j.dump();
 }
 
+TEST(ReportConnectTest, TheCallerBesideNewClientsIsReadAgainstItselfAlone) {
+  Report r;
+  Cell alone = Ran(kConnectProbe, 0, 50);
+  alone.result.latency.p99_ms = 2.0;
+  r.AddCell(alone);
+  Cell beside = Ran(kConnectProbe, 8, 48);
+  beside.result.latency.p99_ms = 6.5;
+  r.AddCell(beside);
+  Cell connect = Ran(kConnect, 8, 120);
+  connect.cpu_ms_per_op = {{"holdfastd", 3.5}};
+  r.AddCell(connect);
+
+  const Cell* b = r.Find(kConnectProbe, 8);
+  ASSERT_NE(b, nullptr);
+  auto ratios = r.RatiosOf(*b);
+  ASSERT_TRUE(ratios.count("p99_vs_alone"));
+  EXPECT_DOUBLE_EQ(ratios["p99_vs_alone"], 3.25);
+  EXPECT_TRUE(r.RatiosOf(*r.Find(kConnect, 8)).empty());
+
+  std::string tables = Tables(r);
+  EXPECT_NE(tables.find("== connect: clients connecting anew"), std::string::npos) << tables;
+  std::string row = LineOf(tables, "holdfast caller beside them              8");
+  EXPECT_NE(row.find("  3.25 "), std::string::npos) << row;
+  std::string connect_row = LineOf(tables, "holdfast new client+session              8");
+  EXPECT_NE(connect_row.find(" - 3.50 - "), std::string::npos) << connect_row;
+}
+
 }  // namespace
 }  // namespace holdfast::bench
