@@ -186,10 +186,9 @@ class Matrix {
 
   // Runs the workers, counting the etcd requests, CPU time, context switches and
   // etcd garbage collections they cause, per operation of every series, or of
-  // `per_series` alone when set.
+  // `costs->series` alone when set.
   std::map<std::string, SeriesResult> Measure(std::vector<std::unique_ptr<Worker>>& workers,
-                                              Costs* costs,
-                                              const std::optional<std::string>& per_series = {}) {
+                                              Costs* costs) {
     pool_.Settle();
     auto before = ReadEtcdCounters(env_.etcd_endpoint());
     auto proc_before = ProcNow();
@@ -200,7 +199,7 @@ class Matrix {
     auto after = ReadEtcdCounters(env_.etcd_endpoint());
     int64_t ops = 0;
     for (const auto& [name, r] : series) {
-      if (!per_series || name == *per_series) ops += r.all_ops;
+      if (!costs->series || name == *costs->series) ops += r.all_ops;
     }
     if (ops <= 0) return series;
     const double n = static_cast<double>(ops);
@@ -319,7 +318,7 @@ class Matrix {
     workers.push_back(ProbeWorker((*fleet)->session(0), HoldfastKey("p", c), kProbePeriod));
     Costs costs;
     if (c > 0) costs.series = "";
-    auto series = Measure(workers, &costs, costs.series);
+    auto series = Measure(workers, &costs);
     File(kConnect, c, series, costs);
   }
 
