@@ -76,8 +76,11 @@ enum class EndpointOrder {
 };
 
 struct ClientOptions {
-  // holdfastd endpoints (host:port). Calls go to the first that answers, in
-  // `endpoint_order`; a Client stays on it while it answers.
+  // holdfastd endpoints (host:port: host names or addresses), one channel each.
+  // Calls go to the first that answers, in `endpoint_order`; a Client stays on it
+  // while it answers. One that refuses its connection is passed over at once, one
+  // that does not answer it within a second is passed over then (docs/cli.md,
+  // "Endpoints").
   std::vector<std::string> endpoints = {"127.0.0.1:7420"};
   EndpointOrder endpoint_order = EndpointOrder::kShuffled;
   // Deadline of calls that do not wait for a lock. While no holdfastd is

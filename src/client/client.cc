@@ -1,7 +1,5 @@
 #include "holdfast/client.h"
 
-#include <arpa/inet.h>
-
 #include <algorithm>
 #include <random>
 #include <thread>
@@ -31,12 +29,13 @@ constexpr char kUnreachablePayload[] = "type.holdfast.dev/unreachable";
 // holdfastd (Unreachable()). gRPC tells that apart only by the channel: a call
 // that waits for a connection ends at its deadline with "Deadline Exceeded", and
 // holdfastd's own UNAVAILABLE comes over a connection that is still READY.
-absl::Status FromCall(internal::ClientCore& core, const grpc::ClientContext& ctx,
-                      const grpc::Status& g) {
+absl::Status FromCall(const internal::ClientCore& core,
+                      const internal::ClientCore::Endpoint& endpoint,
+                      const grpc::ClientContext& ctx, const grpc::Status& g) {
   absl::Status s = FromGrpcStatus(g);
   if ((s.code() == absl::StatusCode::kUnavailable ||
        s.code() == absl::StatusCode::kDeadlineExceeded) &&
-      core.channel().GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
+      endpoint.channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
     absl::Status unreachable(
         s.code(), absl::StrCat("no connection to holdfastd at ",
                                absl::StrJoin(core.options().endpoints, ","), ": ", s.message()));
@@ -79,24 +78,7 @@ std::optional<std::chrono::milliseconds> RetryAfter(const absl::Status& s) {
 namespace internal {
 
 namespace {
-// gRPC target for a list of endpoints, in `order`: one endpoint as it is;
-// several IPv4 literals as an address list that pick_first fails over.
-std::string ChannelTarget(std::vector<std::string> endpoints, EndpointOrder order) {
-  if (endpoints.empty()) return "";
-  if (order == EndpointOrder::kShuffled) {
-    std::random_device seed;
-    std::shuffle(endpoints.begin(), endpoints.end(), std::mt19937(seed()));
-  }
-  if (endpoints.size() == 1) return endpoints[0];
-  for (const auto& e : endpoints) {
-    auto colon = e.rfind(':');
-    in_addr a;
-    if (colon == std::string::npos || inet_pton(AF_INET, e.substr(0, colon).c_str(), &a) != 1) {
-      return endpoints[0];  // host names: the first in order (fail-over is a later change)
-    }
-  }
-  return absl::StrCat("ipv4:", absl::StrJoin(endpoints, ","));
-}
+constexpr std::chrono::milliseconds kConnectPoll{10};
 }  // namespace
 
 std::shared_ptr<grpc::ChannelCredentials> Credentials(const ClientOptions& o) {
@@ -125,22 +107,85 @@ ClientCore::ClientCore(ClientOptions options) : options_(std::move(options)) {
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 1'000);
   if (!options_.server_name.empty()) args.SetSslTargetNameOverride(options_.server_name);
-  channel_ = grpc::CreateCustomChannel(ChannelTarget(options_.endpoints, options_.endpoint_order),
-                                       Credentials(options_),
-                                       args);
-  session_ = v1::Session::NewStub(channel_);
-  lock_ = v1::Lock::NewStub(channel_);
-  admin_ = v1::Admin::NewStub(channel_);
+  std::vector<std::string> order = options_.endpoints;
+  if (options_.endpoint_order == EndpointOrder::kShuffled) {
+    std::random_device seed;
+    std::shuffle(order.begin(), order.end(), std::mt19937(seed()));
+  }
+  const auto credentials = Credentials(options_);
+  for (auto& address : order) {
+    auto e = std::make_unique<Endpoint>();
+    e->channel = grpc::CreateCustomChannel(address, credentials, args);
+    e->address = std::move(address);
+    e->session = v1::Session::NewStub(e->channel);
+    e->lock = v1::Lock::NewStub(e->channel);
+    e->admin = v1::Admin::NewStub(e->channel);
+    endpoints_.push_back(std::move(e));
+  }
   pump_ = std::make_unique<KeepAlivePump>(this);
 }
 
 ClientCore::~ClientCore() { pump_.reset(); }
 
-void ClientCore::SetDeadline(grpc::ClientContext* ctx, std::chrono::milliseconds extra) const {
-  ctx->set_deadline(std::chrono::system_clock::now() + options_.rpc_timeout + extra);
-  // gRPC 1.51 reconnects a channel whose connection was refused only slowly (up
-  // to ~10 s) unless a call waits for it; these calls all carry a deadline.
-  ctx->set_wait_for_ready(true);
+ClientCore::Endpoint& ClientCore::Connected(std::chrono::system_clock::time_point deadline,
+                                            bool* connected) {
+  const size_t n = endpoints_.size();
+  const size_t start = current_.load();
+  auto found = [&](size_t i) -> Endpoint& {
+    size_t expected = start;
+    // Another caller may have moved on already; either endpoint is connected.
+    if (i != start) current_.compare_exchange_strong(expected, i);
+    if (connected != nullptr) *connected = true;
+    return *endpoints_[i];
+  };
+  if (endpoints_[start]->channel->GetState(/*try_to_connect=*/true) == GRPC_CHANNEL_READY) {
+    return found(start);
+  }
+  size_t asked = 1;  // endpoints asked to connect, from `start` on
+  auto next_ask = std::chrono::system_clock::now() + kConnectGrace;
+  while (true) {
+    grpc_connectivity_state newest = GRPC_CHANNEL_IDLE;
+    for (size_t k = 0; k < asked; ++k) {
+      const size_t i = (start + k) % n;
+      newest = endpoints_[i]->channel->GetState(/*try_to_connect=*/true);
+      if (newest == GRPC_CHANNEL_READY) return found(i);
+      // The newest one asked refused (or failed its handshake): ask the next now.
+      if (k + 1 == asked && newest == GRPC_CHANNEL_TRANSIENT_FAILURE && asked < n) {
+        ++asked;
+        next_ask = std::chrono::system_clock::now() + kConnectGrace;
+      }
+    }
+    const auto now = std::chrono::system_clock::now();
+    if (now >= deadline) break;
+    if (asked < n && now >= next_ask) {
+      ++asked;
+      next_ask = now + kConnectGrace;
+      continue;
+    }
+    // Wait on the newest one asked; the others are looked at again every poll.
+    endpoints_[(start + asked - 1) % n]->channel->WaitForStateChange(
+        newest, std::min({deadline, next_ask, now + kConnectPoll}));
+  }
+  if (connected != nullptr) *connected = false;
+  return *endpoints_[start];
+}
+
+ClientCore::Endpoint& ClientCore::Prepare(
+    grpc::ClientContext* ctx, std::chrono::milliseconds extra,
+    std::optional<std::chrono::system_clock::time_point> deadline) {
+  const auto until =
+      deadline.value_or(std::chrono::system_clock::now() + options_.rpc_timeout + extra);
+  ctx->set_deadline(until);
+  if (endpoints_.size() == 1) {
+    // gRPC 1.51 reconnects a channel whose connection was refused only slowly (up
+    // to ~10 s) unless a call waits for it; these calls all carry a deadline.
+    ctx->set_wait_for_ready(true);
+    return *endpoints_[0];
+  }
+  bool connected = false;
+  Endpoint& e = Connected(until, &connected);
+  ctx->set_wait_for_ready(!connected);
+  return e;
 }
 
 SessionState::SessionState(std::shared_ptr<ClientCore> core, std::string ns, int64_t id,
@@ -464,9 +509,9 @@ absl::Status Hold::Release() {
   for (int attempt = 0; attempt < 5; ++attempt) {
     v1::ReleaseResponse resp;
     grpc::ClientContext ctx;
-    session_->core().SetDeadline(&ctx);
-    ctx.set_deadline(bound);
-    s = FromCall(session_->core(), ctx, session_->core().lock_stub().Release(&ctx, req, &resp));
+    auto& core = session_->core();
+    auto& endpoint = core.Prepare(&ctx, {}, bound);
+    s = FromCall(core, endpoint, ctx, endpoint.lock->Release(&ctx, req, &resp));
     if (unknown && s.code() == absl::StatusCode::kFailedPrecondition) s = absl::OkStatus();
     if (s.code() != absl::StatusCode::kAborted && !OutcomeUnknown(s.code()) &&
         s.code() != absl::StatusCode::kDeadlineExceeded) {
@@ -545,9 +590,9 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   absl::Status s;
   for (int attempt = 0; attempt < 10; ++attempt) {
     grpc::ClientContext ctx;
-    state_->core().SetDeadline(&ctx);
-    ctx.set_deadline(call_deadline);
-    s = FromCall(state_->core(), ctx, state_->core().lock_stub().Acquire(&ctx, req, &resp));
+    auto& core = state_->core();
+    auto& endpoint = core.Prepare(&ctx, {}, call_deadline);
+    s = FromCall(core, endpoint, ctx, endpoint.lock->Acquire(&ctx, req, &resp));
     if (!OutcomeUnknown(s.code()) || state_->lost()) break;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         wait_until - std::chrono::steady_clock::now());
@@ -582,6 +627,7 @@ absl::Status Session::CloseWithin(std::optional<std::chrono::milliseconds> timeo
   req.set_session_id(state_->id());
   v1::CloseSessionResponse resp;
   grpc::ClientContext ctx;
+  auto& core = state_->core();
   if (state_->RunningOwnOnLost()) {
     constexpr std::chrono::milliseconds kCloseFromOnLostTimeout{1000};
     // From inside its own on_lost, on a keepalive thread: the session, or a hold
@@ -590,17 +636,18 @@ absl::Status Session::CloseWithin(std::optional<std::chrono::milliseconds> timeo
     // connection that is not there; a close not answered leaves the lease to
     // expire.
     ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::min<std::chrono::milliseconds>(state_->core().options().rpc_timeout,
+                     std::min<std::chrono::milliseconds>(core.options().rpc_timeout,
                                                          kCloseFromOnLostTimeout));
-  } else {
-    state_->core().SetDeadline(&ctx);
-    if (timeout) {
-      ctx.set_deadline(std::chrono::system_clock::now() +
-                       std::min(state_->core().options().rpc_timeout,
-                                std::max(*timeout, std::chrono::milliseconds(0))));
-    }
+    auto& endpoint = core.Connected(std::chrono::system_clock::now());
+    return FromCall(core, endpoint, ctx, endpoint.session->Close(&ctx, req, &resp));
   }
-  return FromCall(state_->core(), ctx, state_->core().session_stub().Close(&ctx, req, &resp));
+  std::optional<std::chrono::system_clock::time_point> deadline;
+  if (timeout) {
+    deadline = std::chrono::system_clock::now() +
+               std::min(core.options().rpc_timeout, std::max(*timeout, std::chrono::milliseconds(0)));
+  }
+  auto& endpoint = core.Prepare(&ctx, {}, deadline);
+  return FromCall(core, endpoint, ctx, endpoint.session->Close(&ctx, req, &resp));
 }
 
 // --- Client -----------------------------------------------------------------
@@ -621,9 +668,10 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const std::string& 
   req.set_ttl_ms(options.ttl.count());
   v1::OpenSessionResponse resp;
   grpc::ClientContext ctx;
-  core_->SetDeadline(&ctx);
+  auto& endpoint = core_->Prepare(&ctx);
+  // Sent (for the session's local deadline) once an endpoint is connected.
   auto sent_at = std::chrono::steady_clock::now();
-  auto s = FromCall(*core_, ctx, core_->session_stub().Open(&ctx, req, &resp));
+  auto s = FromCall(*core_, endpoint, ctx, endpoint.session->Open(&ctx, req, &resp));
   if (!s.ok()) return s;
   auto state = std::make_shared<internal::SessionState>(
       core_, ns, resp.session_id(), std::chrono::milliseconds(resp.ttl_ms()), options, sent_at);
@@ -633,13 +681,14 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const std::string& 
 
 namespace {
 template <class Stub, class Req, class Resp>
-absl::StatusOr<Resp> Call(internal::ClientCore& core, Stub& stub,
+absl::StatusOr<Resp> Call(internal::ClientCore& core,
+                          std::unique_ptr<Stub> internal::ClientCore::Endpoint::*stub,
                           grpc::Status (Stub::*method)(grpc::ClientContext*, const Req&, Resp*),
                           const Req& req) {
   Resp resp;
   grpc::ClientContext ctx;
-  core.SetDeadline(&ctx);
-  auto s = FromCall(core, ctx, (stub.*method)(&ctx, req, &resp));
+  auto& endpoint = core.Prepare(&ctx);
+  auto s = FromCall(core, endpoint, ctx, ((*(endpoint.*stub)).*method)(&ctx, req, &resp));
   if (!s.ok()) return s;
   return resp;
 }
@@ -650,7 +699,7 @@ absl::StatusOr<v1::DescribeResponse> Client::Describe(const std::string& ns,
   v1::DescribeRequest req;
   req.set_namespace_(ns);
   req.set_lock_key(key);
-  return Call(*core_, core_->lock_stub(), &v1::Lock::Stub::Describe, req);
+  return Call(*core_, &internal::ClientCore::Endpoint::lock, &v1::Lock::Stub::Describe, req);
 }
 
 absl::StatusOr<v1::CheckTokenResponse> Client::CheckToken(const std::string& ns,
@@ -659,53 +708,53 @@ absl::StatusOr<v1::CheckTokenResponse> Client::CheckToken(const std::string& ns,
   req.set_namespace_(ns);
   req.set_lock_key(key);
   req.set_token(token);
-  return Call(*core_, core_->lock_stub(), &v1::Lock::Stub::CheckToken, req);
+  return Call(*core_, &internal::ClientCore::Endpoint::lock, &v1::Lock::Stub::CheckToken, req);
 }
 
 absl::StatusOr<v1::Namespace> Client::CreateNamespace(const v1::CreateNamespaceRequest& req) {
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::CreateNamespace, req);
+  return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::CreateNamespace, req);
 }
 
 absl::StatusOr<v1::Namespace> Client::GetNamespace(const std::string& name) {
   v1::GetNamespaceRequest req;
   req.set_name(name);
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::GetNamespace, req);
+  return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::GetNamespace, req);
 }
 
 absl::StatusOr<std::vector<v1::Namespace>> Client::ListNamespaces() {
-  auto r = Call(*core_, core_->admin_stub(), &v1::Admin::Stub::ListNamespaces,
+  auto r = Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::ListNamespaces,
                 v1::ListNamespacesRequest());
   if (!r.ok()) return r.status();
   return std::vector<v1::Namespace>(r->namespaces().begin(), r->namespaces().end());
 }
 
 absl::StatusOr<v1::Namespace> Client::UpdateNamespace(const v1::UpdateNamespaceRequest& req) {
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::UpdateNamespace, req);
+  return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::UpdateNamespace, req);
 }
 
 absl::Status Client::DeleteNamespace(const std::string& name) {
   v1::DeleteNamespaceRequest req;
   req.set_name(name);
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::DeleteNamespace, req).status();
+  return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::DeleteNamespace, req).status();
 }
 
 absl::StatusOr<v1::LockClass> Client::CreateClass(const v1::LockClass& cls) {
   v1::CreateClassRequest req;
   *req.mutable_class_() = cls;
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::CreateClass, req);
+  return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::CreateClass, req);
 }
 
 absl::StatusOr<v1::LockClass> Client::GetClass(const std::string& ns, const std::string& id) {
   v1::GetClassRequest req;
   req.set_namespace_(ns);
   req.set_class_id(id);
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::GetClass, req);
+  return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::GetClass, req);
 }
 
 absl::StatusOr<std::vector<v1::LockClass>> Client::ListClasses(const std::string& ns) {
   v1::ListClassesRequest req;
   req.set_namespace_(ns);
-  auto r = Call(*core_, core_->admin_stub(), &v1::Admin::Stub::ListClasses, req);
+  auto r = Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::ListClasses, req);
   if (!r.ok()) return r.status();
   return std::vector<v1::LockClass>(r->classes().begin(), r->classes().end());
 }
@@ -714,13 +763,13 @@ absl::Status Client::DeleteClass(const std::string& ns, const std::string& id) {
   v1::DeleteClassRequest req;
   req.set_namespace_(ns);
   req.set_class_id(id);
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::DeleteClass, req).status();
+  return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::DeleteClass, req).status();
 }
 
 absl::StatusOr<v1::Epoch> Client::GetEpoch(const std::string& cluster) {
   v1::GetEpochRequest req;
   req.set_cluster(cluster);
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::GetEpoch, req);
+  return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::GetEpoch, req);
 }
 
 absl::StatusOr<v1::RehomeNamespaceResponse> Client::RehomeNamespace(
@@ -728,39 +777,39 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Client::RehomeNamespace(
   v1::RehomeNamespaceResponse resp;
   grpc::ClientContext ctx;
   // The drain may take the whole deadline; the steps after it take a few round trips.
-  core_->SetDeadline(&ctx, std::chrono::milliseconds(req.deadline_ms() > 0 ? req.deadline_ms()
-                                                                          : 60'000) +
-                               std::chrono::seconds(30));
-  auto s = FromCall(*core_, ctx, core_->admin_stub().RehomeNamespace(&ctx, req, &resp));
+  auto& endpoint = core_->Prepare(
+      &ctx, std::chrono::milliseconds(req.deadline_ms() > 0 ? req.deadline_ms() : 60'000) +
+                std::chrono::seconds(30));
+  auto s = FromCall(*core_, endpoint, ctx, endpoint.admin->RehomeNamespace(&ctx, req, &resp));
   if (!s.ok()) return s;
   return resp;
 }
 
 absl::StatusOr<v1::Epoch> Client::AdvanceEpoch(const v1::AdvanceEpochRequest& req) {
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::AdvanceEpoch, req);
+  return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::AdvanceEpoch, req);
 }
 
 absl::StatusOr<v1::QueryAuditResponse> Client::QueryAudit(const v1::QueryAuditRequest& req) {
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::QueryAudit, req);
+  return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::QueryAudit, req);
 }
 
 absl::StatusOr<v1::AuditStatus> Client::GetAuditStatus() {
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::GetAuditStatus,
+  return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::GetAuditStatus,
               v1::GetAuditStatusRequest());
 }
 
 absl::StatusOr<v1::ForceRequest> Client::RequestForceRelease(
     const v1::RequestForceReleaseRequest& req) {
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::RequestForceRelease, req);
+  return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::RequestForceRelease, req);
 }
 
 absl::StatusOr<v1::ApproveForceReleaseResponse> Client::ApproveForceRelease(
     const v1::ApproveForceReleaseRequest& req) {
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::ApproveForceRelease, req);
+  return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::ApproveForceRelease, req);
 }
 
 absl::StatusOr<v1::ListForceRequestsResponse> Client::ListForceRequests() {
-  return Call(*core_, core_->admin_stub(), &v1::Admin::Stub::ListForceRequests,
+  return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::ListForceRequests,
               v1::ListForceRequestsRequest());
 }
 

@@ -1,7 +1,13 @@
 // Which of its endpoints a Client calls: two stand-ins for holdfastd in this
 // process count the sessions opened on each. No etcd is involved: what is
 // tested is the client's choice of replica.
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <memory>
 #include <string>
 #include <vector>
@@ -9,28 +15,44 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "grpc/health/v1/health.grpc.pb.h"
 #include "holdfast/client.h"
 #include "holdfast/v1/session.grpc.pb.h"
 
 namespace holdfast {
 namespace {
 
+// Sessions of `ttl_ms` (ids from `first_id` on). Renewals are answered unless
+// `silent_renewals` is set.
 class CountingSessions final : public v1::Session::Service {
  public:
   int opened() const { return opened_.load(); }
+  int keepalive_streams() const { return keepalive_streams_.load(); }
+  int renewals_answered() const { return renewals_answered_.load(); }
+  std::atomic<int64_t> ttl_ms{30'000};
+  std::atomic<int64_t> first_id{1};
+  std::atomic<bool> silent_renewals{false};
 
  private:
   grpc::Status Open(grpc::ServerContext*, const v1::OpenSessionRequest*,
                     v1::OpenSessionResponse* resp) override {
-    resp->set_session_id(++opened_);
-    resp->set_ttl_ms(30'000);
+    resp->set_session_id(first_id.load() + opened_++);
+    resp->set_ttl_ms(ttl_ms.load());
     return grpc::Status::OK;
   }
   grpc::Status KeepAlive(
       grpc::ServerContext*,
       grpc::ServerReaderWriter<v1::KeepAliveResponse, v1::KeepAliveRequest>* stream) override {
+    ++keepalive_streams_;
     v1::KeepAliveRequest req;
     while (stream->Read(&req)) {
+      if (silent_renewals.load()) continue;
+      v1::KeepAliveResponse resp;
+      resp.set_session_id(req.session_id());
+      resp.set_sequence(req.sequence());
+      resp.set_ttl_ms(ttl_ms.load());
+      if (!stream->Write(resp)) break;
+      ++renewals_answered_;
     }
     return grpc::Status::OK;
   }
@@ -40,11 +62,33 @@ class CountingSessions final : public v1::Session::Service {
   }
 
   std::atomic<int> opened_{0};
+  std::atomic<int> keepalive_streams_{0};
+  std::atomic<int> renewals_answered_{0};
+};
+
+// grpc.health.v1 as holdfastd answers it, or, `silent`, not at all (a paused
+// replica): the check waits until the caller gives up.
+class StandInHealth final : public grpc::health::v1::Health::Service {
+ public:
+  std::atomic<bool> silent{false};
+  std::atomic<int> checks{0};
+
+ private:
+  grpc::Status Check(grpc::ServerContext* ctx, const grpc::health::v1::HealthCheckRequest*,
+                     grpc::health::v1::HealthCheckResponse* resp) override {
+    ++checks;
+    while (silent.load() && !ctx->IsCancelled()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    resp->set_status(grpc::health::v1::HealthCheckResponse::SERVING);
+    return grpc::Status::OK;
+  }
 };
 
 // One stand-in replica on a port of its own.
 struct Replica {
   CountingSessions sessions;
+  StandInHealth health;
   std::unique_ptr<grpc::Server> server;
   std::string endpoint;
 
@@ -53,9 +97,44 @@ struct Replica {
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     b.RegisterService(&sessions);
+    b.RegisterService(&health);
     server = b.BuildAndStart();
     ASSERT_TRUE(server != nullptr && port != 0);
+    port_ = port;
     endpoint = "127.0.0.1:" + std::to_string(port);
+  }
+  // The same replica by a host name.
+  std::string by_name() const { return "localhost:" + std::to_string(port_); }
+  // Gone: calls in progress end (a stream is cut after 100 ms), new ones are refused.
+  void Stop() {
+    server->Shutdown(std::chrono::system_clock::now() + std::chrono::milliseconds(100));
+  }
+
+ private:
+  int port_ = 0;
+};
+
+// A replica that takes connections and never answers them: the kernel accepts
+// them into a listening socket that nothing reads, so a client's handshake
+// waits, as with a host that drops packets or a replica too busy to answer.
+struct HungReplica {
+  int fd = -1;
+  std::string endpoint;
+
+  void Start() {
+    fd = socket(AF_INET, SOCK_STREAM, 0);
+    ASSERT_GE(fd, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    ASSERT_EQ(listen(fd, 64), 0);
+    socklen_t len = sizeof(addr);
+    ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    endpoint = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
+  }
+  ~HungReplica() {
+    if (fd >= 0) close(fd);
   }
 };
 
@@ -66,15 +145,16 @@ class EndpointOrderTest : public ::testing::Test {
     b_.Start();
   }
   void TearDown() override {
-    a_.server->Shutdown();
-    b_.server->Shutdown();
+    a_.Stop();
+    b_.Stop();
   }
 
   // Connects `n` Clients given the same list {a, b}, each opening one session.
-  void OpenFrom(int n, EndpointOrder order) {
+  void OpenFrom(int n, EndpointOrder order, bool by_name = false) {
     for (int i = 0; i < n; ++i) {
       ClientOptions o;
       o.endpoints = {a_.endpoint, b_.endpoint};
+      if (by_name) o.endpoints = {a_.by_name(), b_.by_name()};
       o.endpoint_order = order;
       o.rpc_timeout = std::chrono::seconds(5);
       auto c = Client::Connect(o);
@@ -103,9 +183,89 @@ TEST_F(EndpointOrderTest, AsListedEveryClientCallsTheFirstThatAnswers) {
   EXPECT_EQ(b_.sessions.opened(), 0);
 
   // With the first gone, the next one listed.
-  a_.server->Shutdown();
+  a_.Stop();
   OpenFrom(4, EndpointOrder::kAsListed);
   EXPECT_EQ(b_.sessions.opened(), 4);
+}
+
+TEST_F(EndpointOrderTest, HostNamesSpreadAndFailOverLikeAddresses) {
+  OpenFrom(32, EndpointOrder::kShuffled, /*by_name=*/true);
+  EXPECT_EQ(a_.sessions.opened() + b_.sessions.opened(), 32);
+  EXPECT_GT(a_.sessions.opened(), 0);
+  EXPECT_GT(b_.sessions.opened(), 0);
+
+  const int on_a = a_.sessions.opened(), on_b = b_.sessions.opened();
+  OpenFrom(4, EndpointOrder::kAsListed, /*by_name=*/true);
+  EXPECT_EQ(a_.sessions.opened(), on_a + 4);
+  a_.Stop();
+  OpenFrom(4, EndpointOrder::kAsListed, /*by_name=*/true);
+  EXPECT_EQ(b_.sessions.opened(), on_b + 4);
+}
+
+TEST_F(EndpointOrderTest, AClientWhoseReplicaGoesMovesItsCallsAndRenewalsOn) {
+  ClientOptions o;
+  o.endpoints = {a_.by_name(), b_.by_name()};
+  o.endpoint_order = EndpointOrder::kAsListed;
+  o.rpc_timeout = std::chrono::seconds(5);
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto first = (*c)->OpenSession("default");
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(a_.sessions.opened(), 1);
+  // The session's renewals went to a stream on the same replica.
+  for (int i = 0; i < 500 && a_.sessions.keepalive_streams() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_EQ(a_.sessions.keepalive_streams(), 1);
+  EXPECT_EQ(b_.sessions.keepalive_streams(), 0);
+
+  a_.Stop();
+  auto second = (*c)->OpenSession("default");
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(b_.sessions.opened(), 1);
+  EXPECT_EQ(a_.sessions.opened(), 1);
+  for (int i = 0; i < 500 && b_.sessions.keepalive_streams() == 0; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  EXPECT_GE(b_.sessions.keepalive_streams(), 1);
+  (void)(*first)->Close();
+  (void)(*second)->Close();
+}
+
+TEST_F(EndpointOrderTest, AReplicaThatNeverAnswersCostsACallItsGraceNotItsDeadline) {
+  HungReplica hung;
+  hung.Start();
+  ClientOptions o;
+  o.endpoints = {hung.endpoint, a_.endpoint};
+  o.endpoint_order = EndpointOrder::kAsListed;
+  // Longer than the grace, shorter than gRPC's own connect timeout (20 s): the
+  // call succeeds only if the client asks the next endpoint while the first
+  // one's handshake still waits.
+  o.rpc_timeout = std::chrono::seconds(5);
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto s = (*c)->OpenSession("default");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_EQ(a_.sessions.opened(), 1);
+  (void)(*s)->Close();
+}
+
+TEST_F(EndpointOrderTest, NoReplicaAnsweringEndsTheCallAtItsDeadlineAsUnreachable) {
+  HungReplica hung;
+  hung.Start();
+  a_.Stop();
+  b_.Stop();
+  ClientOptions o;
+  o.endpoints = {hung.endpoint, a_.endpoint, b_.by_name()};
+  o.rpc_timeout = std::chrono::milliseconds(2500);
+  auto c = Client::Connect(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto s = (*c)->OpenSession("default");
+  ASSERT_FALSE(s.ok());
+  EXPECT_EQ(s.status().code(), absl::StatusCode::kDeadlineExceeded) << s.status();
+  EXPECT_TRUE(Unreachable(s.status())) << s.status();
+  EXPECT_NE(s.status().message().find("no connection to holdfastd at"), std::string::npos)
+      << s.status();
 }
 
 }  // namespace

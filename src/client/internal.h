@@ -5,6 +5,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <optional>
 #include <memory>
 #include <thread>
 #include <stop_token>
@@ -27,30 +28,57 @@ using SteadyClock = std::chrono::steady_clock;
 
 class KeepAlivePump;
 
-// The channel and stubs of one Client, shared with its sessions (which may
+// The channels and stubs of one Client, shared with its sessions (which may
 // outlive the Client object). Thread-safe.
+//
+// One channel per endpoint, in the Client's order (ClientOptions::endpoint_order),
+// as holdfastd's own etcd client has one per member: a channel per endpoint follows
+// its host name's DNS records and checks the server certificate against that name,
+// which one channel over a list of addresses cannot do for names. The Client
+// calls one endpoint, the current one, while it is connected; Connected() moves it
+// on when it is not (docs/cli.md, "Endpoints").
 class ClientCore {
  public:
+  struct Endpoint {
+    std::string address;
+    std::shared_ptr<grpc::Channel> channel;
+    std::unique_ptr<v1::Session::Stub> session;
+    std::unique_ptr<v1::Lock::Stub> lock;
+    std::unique_ptr<v1::Admin::Stub> admin;
+  };
+
   explicit ClientCore(ClientOptions options);
   ~ClientCore();
 
   const ClientOptions& options() const { return options_; }
-  v1::Session::Stub& session_stub() { return *session_; }
-  v1::Lock::Stub& lock_stub() { return *lock_; }
-  v1::Admin::Stub& admin_stub() { return *admin_; }
   KeepAlivePump& pump() { return *pump_; }
-  grpc::Channel& channel() { return *channel_; }
-  // Prepares a unary call: deadline `extra` past the rpc timeout, and wait for a
-  // connection within it instead of failing at once while holdfastd restarts.
-  void SetDeadline(grpc::ClientContext* ctx,
-                   std::chrono::milliseconds extra = std::chrono::milliseconds(0)) const;
+
+  // The endpoint to call: the current one if it is connected; else the first,
+  // from the current one on in the Client's order, that connects by `deadline`.
+  // Each endpoint is asked to connect in turn: the next as soon as the one before
+  // it refuses, or after kConnectGrace without an answer (a host that drops
+  // packets, a replica too busy to finish a handshake), so that a replica gone
+  // away costs a call at most that grace per endpoint, not its deadline. The
+  // endpoints asked earlier go on connecting, and the first of them to be
+  // connected is taken. Nothing connected by `deadline`: the current endpoint,
+  // `*connected` false.
+  Endpoint& Connected(std::chrono::system_clock::time_point deadline, bool* connected = nullptr);
+  static constexpr std::chrono::milliseconds kConnectGrace{1000};
+
+  // Prepares a unary call and picks its endpoint: deadline `extra` past the rpc
+  // timeout (or `deadline`, when given), and an endpoint connected within it. A
+  // call with no endpoint connected by then waits on the current one until its
+  // deadline (wait_for_ready), which then names it unreachable (FromCall); a call
+  // on a connected endpoint fails at once instead if the connection is gone by the
+  // time it is sent, so that the callers that retry move on.
+  Endpoint& Prepare(grpc::ClientContext* ctx,
+                    std::chrono::milliseconds extra = std::chrono::milliseconds(0),
+                    std::optional<std::chrono::system_clock::time_point> deadline = std::nullopt);
 
  private:
   ClientOptions options_;
-  std::shared_ptr<grpc::Channel> channel_;
-  std::unique_ptr<v1::Session::Stub> session_;
-  std::unique_ptr<v1::Lock::Stub> lock_;
-  std::unique_ptr<v1::Admin::Stub> admin_;
+  std::vector<std::unique_ptr<Endpoint>> endpoints_;
+  std::atomic<size_t> current_{0};
   std::unique_ptr<KeepAlivePump> pump_;
 };
 

@@ -62,13 +62,18 @@ void KeepAlivePump::Run() {
       absl::MutexLock l(&mu_);
       want_stream = !sessions_.empty();
     }
-    // Open a stream only on a connected channel: waiting briefly here also makes
-    // gRPC reconnect promptly after holdfastd restarts. The wait is short so that
-    // local deadlines are still checked often.
-    if (!stream_ && want_stream && now >= next_connect_ &&
-        core_->channel().WaitForConnected(std::chrono::system_clock::now() + kIdleWait)) {
+    // Open a stream only on a connected endpoint (any of the Client's: holdfastd
+    // keeps no state of its own, so the renewals need not go where the calls go):
+    // waiting briefly here also makes gRPC reconnect promptly after holdfastd
+    // restarts. The wait is short so that local deadlines are still checked often.
+    bool connected = false;
+    ClientCore::Endpoint* endpoint = nullptr;
+    if (!stream_ && want_stream && now >= next_connect_) {
+      endpoint = &core_->Connected(std::chrono::system_clock::now() + kIdleWait, &connected);
+    }
+    if (connected) {
       auto s = std::make_unique<Stream>();
-      s->rw = core_->session_stub().KeepAlive(&s->ctx);
+      s->rw = endpoint->session->KeepAlive(&s->ctx);
       Stream* raw = s.get();
       s->reader = std::thread([this, raw] { ReadLoop(raw); });
       stream_ = std::move(s);
