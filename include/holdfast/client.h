@@ -226,7 +226,7 @@ bool Unreachable(const absl::Status& s);
 
 class Client {
  public:
-  // Creates the channel; does not wait for a connection.
+  // Creates the channels; does not wait for a connection.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
   ~Client();
 

@@ -115,6 +115,7 @@ ClientCore::ClientCore(ClientOptions options) : options_(std::move(options)) {
   const auto credentials = Credentials(options_);
   for (auto& address : order) {
     auto e = std::make_unique<Endpoint>();
+    e->index = endpoints_.size();
     e->channel = grpc::CreateCustomChannel(address, credentials, args);
     e->address = std::move(address);
     e->session = v1::Session::NewStub(e->channel);
@@ -168,6 +169,11 @@ ClientCore::Endpoint& ClientCore::Connected(std::chrono::system_clock::time_poin
   }
   if (connected != nullptr) *connected = false;
   return *endpoints_[start];
+}
+
+void ClientCore::PassOver(const Endpoint& e) {
+  size_t expected = e.index;
+  current_.compare_exchange_strong(expected, (e.index + 1) % endpoints_.size());
 }
 
 ClientCore::Endpoint& ClientCore::Prepare(

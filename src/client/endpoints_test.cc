@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <functional>
 #include <thread>
 #include <memory>
 #include <string>
@@ -149,6 +150,20 @@ class EndpointOrderTest : public ::testing::Test {
     b_.Stop();
   }
 
+  // A Client of `endpoints`, tried in the order given.
+  static std::unique_ptr<Client> ConnectAsListed(std::vector<std::string> endpoints) {
+    ClientOptions o;
+    o.endpoints = std::move(endpoints);
+    o.endpoint_order = EndpointOrder::kAsListed;
+    // Longer than the one-second grace, shorter than gRPC's own connect timeout
+    // (20 s): a call given a replica that never answers succeeds only if the
+    // client asks the next endpoint while that one's handshake still waits.
+    o.rpc_timeout = std::chrono::seconds(5);
+    auto c = Client::Connect(o);
+    EXPECT_TRUE(c.ok()) << c.status();
+    return c.ok() ? std::move(*c) : nullptr;
+  }
+
   // Connects `n` Clients given the same list {a, b}, each opening one session.
   void OpenFrom(int n, EndpointOrder order, bool by_name = false) {
     for (int i = 0; i < n; ++i) {
@@ -203,13 +218,9 @@ TEST_F(EndpointOrderTest, HostNamesSpreadAndFailOverLikeAddresses) {
 }
 
 TEST_F(EndpointOrderTest, AClientWhoseReplicaGoesMovesItsCallsAndRenewalsOn) {
-  ClientOptions o;
-  o.endpoints = {a_.by_name(), b_.by_name()};
-  o.endpoint_order = EndpointOrder::kAsListed;
-  o.rpc_timeout = std::chrono::seconds(5);
-  auto c = Client::Connect(o);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto first = (*c)->OpenSession("default");
+  auto c = ConnectAsListed({a_.by_name(), b_.by_name()});
+  ASSERT_NE(c, nullptr);
+  auto first = c->OpenSession("default");
   ASSERT_TRUE(first.ok()) << first.status();
   EXPECT_EQ(a_.sessions.opened(), 1);
   // The session's renewals went to a stream on the same replica.
@@ -220,7 +231,7 @@ TEST_F(EndpointOrderTest, AClientWhoseReplicaGoesMovesItsCallsAndRenewalsOn) {
   EXPECT_EQ(b_.sessions.keepalive_streams(), 0);
 
   a_.Stop();
-  auto second = (*c)->OpenSession("default");
+  auto second = c->OpenSession("default");
   ASSERT_TRUE(second.ok()) << second.status();
   EXPECT_EQ(b_.sessions.opened(), 1);
   EXPECT_EQ(a_.sessions.opened(), 1);
@@ -235,16 +246,9 @@ TEST_F(EndpointOrderTest, AClientWhoseReplicaGoesMovesItsCallsAndRenewalsOn) {
 TEST_F(EndpointOrderTest, AReplicaThatNeverAnswersCostsACallItsGraceNotItsDeadline) {
   HungReplica hung;
   hung.Start();
-  ClientOptions o;
-  o.endpoints = {hung.endpoint, a_.endpoint};
-  o.endpoint_order = EndpointOrder::kAsListed;
-  // Longer than the grace, shorter than gRPC's own connect timeout (20 s): the
-  // call succeeds only if the client asks the next endpoint while the first
-  // one's handshake still waits.
-  o.rpc_timeout = std::chrono::seconds(5);
-  auto c = Client::Connect(o);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto s = (*c)->OpenSession("default");
+  auto c = ConnectAsListed({hung.endpoint, a_.endpoint});
+  ASSERT_NE(c, nullptr);
+  auto s = c->OpenSession("default");
   ASSERT_TRUE(s.ok()) << s.status();
   EXPECT_EQ(a_.sessions.opened(), 1);
   (void)(*s)->Close();
@@ -266,6 +270,71 @@ TEST_F(EndpointOrderTest, NoReplicaAnsweringEndsTheCallAtItsDeadlineAsUnreachabl
   EXPECT_TRUE(Unreachable(s.status())) << s.status();
   EXPECT_NE(s.status().message().find("no connection to holdfastd at"), std::string::npos)
       << s.status();
+}
+
+// A replica that stops answering, its connection still up (paused, say): the
+// renewals of a Client of several endpoints go on through another replica before
+// the session's local deadline. One that still answers a health check is left.
+class SilentReplicaTest : public EndpointOrderTest {
+ protected:
+  void SetUp() override {
+    EndpointOrderTest::SetUp();
+    // TTL 3 s: renewals every second, a local deadline 2.7 s after the last one
+    // confirmed, a renewal unanswered for 500 ms checked with a 300 ms health check.
+    for (auto* r : {&a_, &b_}) r->sessions.ttl_ms = 3000;
+    b_.sessions.first_id = 1000;  // the same ids on both would hide which one answers
+    client_ = ConnectAsListed({a_.endpoint, b_.endpoint});
+    ASSERT_NE(client_, nullptr);
+    auto s = client_->OpenSession("default", {.ttl = std::chrono::seconds(3)});
+    ASSERT_TRUE(s.ok()) << s.status();
+    session_ = std::move(*s);
+    // Renewed through the first replica.
+    WaitFor([&] { return a_.sessions.renewals_answered() >= 1; });
+    ASSERT_GE(a_.sessions.renewals_answered(), 1);
+  }
+  void TearDown() override {
+    a_.health.silent = false;  // let a waiting check end
+    if (session_) (void)session_->Close(std::chrono::milliseconds(200));
+    session_.reset();
+    client_.reset();
+    EndpointOrderTest::TearDown();
+  }
+  static void WaitFor(const std::function<bool()>& done,
+                      std::chrono::milliseconds limit = std::chrono::seconds(5)) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (!done() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
+
+  std::unique_ptr<Client> client_;
+  std::unique_ptr<Session> session_;
+};
+
+TEST_F(SilentReplicaTest, RenewalsMoveOffAReplicaThatStopsAnswering) {
+  a_.sessions.silent_renewals = true;
+  a_.health.silent = true;
+  WaitFor([&] { return b_.sessions.renewals_answered() >= 3; });
+  EXPECT_GE(b_.sessions.renewals_answered(), 3);
+  EXPECT_EQ(b_.sessions.keepalive_streams(), 1);
+  EXPECT_GE(a_.health.checks.load(), 1);
+  EXPECT_FALSE(session_->lost()) << session_->lost_reason();
+  // And the Client's calls go there too from now on.
+  auto other = client_->OpenSession("default");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(b_.sessions.opened(), 1);
+  EXPECT_EQ(a_.sessions.opened(), 1);
+  (void)(*other)->Close();
+}
+
+TEST_F(SilentReplicaTest, AReplicaThatAnswersItsCheckKeepsTheRenewals) {
+  // Renewals wait (for etcd, say) but the replica answers: no reason to move.
+  a_.sessions.silent_renewals = true;
+  WaitFor([&] { return a_.health.checks.load() >= 1; });
+  EXPECT_GE(a_.health.checks.load(), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  EXPECT_EQ(b_.sessions.keepalive_streams(), 0);
+  EXPECT_EQ(a_.sessions.keepalive_streams(), 1);
 }
 
 }  // namespace

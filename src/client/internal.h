@@ -40,6 +40,7 @@ class KeepAlivePump;
 class ClientCore {
  public:
   struct Endpoint {
+    size_t index = 0;  // in the Client's order
     std::string address;
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::Session::Stub> session;
@@ -64,6 +65,11 @@ class ClientCore {
   // `*connected` false.
   Endpoint& Connected(std::chrono::system_clock::time_point deadline, bool* connected = nullptr);
   static constexpr std::chrono::milliseconds kConnectGrace{1000};
+  // `e` is connected but does not answer (KeepAlivePump's silence check): if it is
+  // the current endpoint, the next one in order becomes current, so that calls and
+  // streams that pick an endpoint from now on go there first.
+  void PassOver(const Endpoint& e);
+  size_t endpoint_count() const { return endpoints_.size(); }
 
   // Prepares a unary call and picks its endpoint: deadline `extra` past the rpc
   // timeout (or `deadline`, when given), and an endpoint connected within it. A
@@ -215,17 +221,38 @@ class KeepAlivePump {
     std::weak_ptr<SessionState> state;
     SteadyClock::time_point next_send;
   };
+  // Whether a replica that leaves renewals unanswered answers at all: a
+  // grpc.health.v1 Check (any answer counts, NOT_SERVING too), on a thread of
+  // its own so that the pump goes on checking local deadlines meanwhile.
+  struct SilenceCheck {
+    std::thread thread;
+    std::atomic<bool> done{false};
+    bool answered = false;  // read once done
+  };
   struct Stream {
+    ClientCore::Endpoint* endpoint = nullptr;
     grpc::ClientContext ctx;
     std::unique_ptr<grpc::ClientReaderWriter<v1::KeepAliveRequest, v1::KeepAliveResponse>> rw;
     std::thread reader;
     std::atomic<bool> broken{false};
     std::atomic<int64_t> answers{0};
+    std::unique_ptr<SilenceCheck> check;
+    bool passed_over = false;  // broken by CheckSilence: reopen without back-off
+    SteadyClock::time_point next_check{};  // after a check its replica answered
   };
 
   void Run();
   void ReadLoop(Stream* s);
   void CloseStream();
+  // A renewal on the stream has had no answer for SilenceAfter(its session's TTL):
+  // checks that the stream's replica still answers (within CheckTimeout), and if it
+  // does not, breaks the stream and passes the replica over, so that the stream
+  // opens again on another endpoint and the renewals go there. Only for Clients of
+  // several endpoints. A replica that answers the check is left alone (etcd, not
+  // the replica, is slow: every replica's renewals wait for it).
+  void CheckSilence(SteadyClock::time_point now);
+  static std::chrono::milliseconds SilenceAfter(std::chrono::milliseconds ttl);
+  static std::chrono::milliseconds CheckTimeout(std::chrono::milliseconds ttl);
   // Sends due renewals; declares sessions past their deadline lost.
   void Tick(SteadyClock::time_point now);
 

@@ -1,8 +1,11 @@
 #include <algorithm>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "client/internal.h"
+#include "grpc/health/v1/health.grpc.pb.h"
 
 namespace holdfast::internal {
 
@@ -73,12 +76,14 @@ void KeepAlivePump::Run() {
     }
     if (connected) {
       auto s = std::make_unique<Stream>();
+      s->endpoint = endpoint;
       s->rw = endpoint->session->KeepAlive(&s->ctx);
       Stream* raw = s.get();
       s->reader = std::thread([this, raw] { ReadLoop(raw); });
       stream_ = std::move(s);
     }
     Tick(now);
+    if (stream_ && !stream_->broken.load()) CheckSilence(now);
     // Sleep until the next renewal is due (or something changes), at most kIdleWait,
     // so local deadlines are checked at least that often.
     absl::MutexLock l(&mu_);
@@ -166,12 +171,81 @@ void KeepAlivePump::ReadLoop(Stream* s) {
   cv_.Signal();
 }
 
+std::chrono::milliseconds KeepAlivePump::SilenceAfter(std::chrono::milliseconds ttl) {
+  return std::clamp<std::chrono::milliseconds>(ttl / 6, std::chrono::milliseconds(300),
+                                               std::chrono::milliseconds(2000));
+}
+
+std::chrono::milliseconds KeepAlivePump::CheckTimeout(std::chrono::milliseconds ttl) {
+  return std::clamp<std::chrono::milliseconds>(ttl / 10, std::chrono::milliseconds(200),
+                                               std::chrono::milliseconds(1000));
+}
+
+void KeepAlivePump::CheckSilence(SteadyClock::time_point now) {
+  if (core_->endpoint_count() < 2) return;  // nowhere else to go
+  Stream& s = *stream_;
+  if (s.check) {
+    if (!s.check->done.load()) return;
+    s.check->thread.join();
+    const bool answered = s.check->answered;
+    s.check.reset();
+    if (answered) return;
+    core_->PassOver(*s.endpoint);
+    // Closed on the next turn, and opened again at once, on the next endpoint.
+    s.passed_over = true;
+    s.broken = true;
+    return;
+  }
+  if (now < s.next_check) return;
+  // The oldest renewal not answered yet, of a session still renewed here.
+  std::optional<std::chrono::milliseconds> ttl;
+  SteadyClock::time_point sent_at;
+  {
+    absl::MutexLock l(&mu_);
+    for (const auto& [seq, sent] : sent_) {
+      auto e = sessions_.find(sent.first);
+      if (e == sessions_.end()) continue;
+      if (auto state = e->second.state.lock()) {
+        ttl = state->ttl();
+        sent_at = sent.second;
+        break;
+      }
+    }
+  }
+  if (!ttl || now - sent_at < SilenceAfter(*ttl)) return;
+  // A check per silence: one its replica answered is not repeated before
+  // another SilenceAfter without an answer.
+  s.next_check = now + SilenceAfter(*ttl);
+  auto check = std::make_unique<SilenceCheck>();
+  SilenceCheck* c = check.get();
+  const auto timeout = CheckTimeout(*ttl);
+  check->thread = std::thread([this, c, channel = s.endpoint->channel, timeout] {
+    auto stub = grpc::health::v1::Health::NewStub(channel);
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + timeout);
+    grpc::health::v1::HealthCheckRequest req;
+    grpc::health::v1::HealthCheckResponse resp;
+    // Any answer of the server's counts, an error too (a server without the
+    // health service says UNIMPLEMENTED); only none in time (or no connection)
+    // does not.
+    const grpc::StatusCode code = stub->Check(&ctx, req, &resp).error_code();
+    c->answered = code != grpc::StatusCode::DEADLINE_EXCEEDED &&
+                  code != grpc::StatusCode::UNAVAILABLE;
+    c->done = true;
+    absl::MutexLock l(&mu_);
+    cv_.Signal();  // the pump acts on it now, not at its next turn
+  });
+  s.check = std::move(check);
+}
+
 void KeepAlivePump::CloseStream() {
   if (!stream_) return;
+  if (stream_->check) stream_->check->thread.join();  // ends within its timeout
   stream_->ctx.TryCancel();
   if (stream_->reader.joinable()) stream_->reader.join();
   stream_->rw->Finish();
   bool was_broken = stream_->broken.load();
+  const bool passed_over = stream_->passed_over;
   if (stream_->answers.load() > 0) backoff_ = std::chrono::milliseconds(50);
   stream_.reset();
   {
@@ -180,7 +254,7 @@ void KeepAlivePump::CloseStream() {
     // Renew at once on the next stream: the old one may have lost answers.
     for (auto& [id, e] : sessions_) e.next_send = SteadyClock::now();
   }
-  if (was_broken) {
+  if (was_broken && !passed_over) {
     next_connect_ = SteadyClock::now() + backoff_;
     backoff_ = std::min(backoff_ * 2, kMaxBackoff);
   }
