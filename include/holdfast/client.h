@@ -226,7 +226,8 @@ bool Unreachable(const absl::Status& s);
 
 class Client {
  public:
-  // Creates the channels; does not wait for a connection.
+  // Creates the channels; does not wait for a connection. INVALID_ARGUMENT for no
+  // endpoint, or one that is empty or has spaces, commas or control characters in it.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
   ~Client();
 

@@ -7,6 +7,7 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/cord.h"
+#include "absl/strings/escaping.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -660,6 +661,15 @@ absl::Status Session::CloseWithin(std::optional<std::chrono::milliseconds> timeo
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   if (options.endpoints.empty()) return absl::InvalidArgumentError("no holdfastd endpoint given");
+  for (const auto& e : options.endpoints) {
+    if (e.empty() || std::any_of(e.begin(), e.end(), [](unsigned char c) {
+          return c <= ' ' || c == 0x7f || c == ',';
+        })) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "holdfastd endpoint \"", absl::CEscape(e),
+          "\" is not host:port (an empty one, or spaces, commas or control characters in it)"));
+    }
+  }
   return std::unique_ptr<Client>(
       new Client(std::make_shared<internal::ClientCore>(std::move(options))));
 }

@@ -272,6 +272,27 @@ TEST_F(EndpointOrderTest, NoReplicaAnsweringEndsTheCallAtItsDeadlineAsUnreachabl
       << s.status();
 }
 
+TEST(EndpointListTest, AnEmptyListOrAMalformedEndpointIsRefusedBeforeAnyCall) {
+  ClientOptions o;
+  o.endpoints = {};
+  auto none = Client::Connect(o);
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(none.status().message(), "no holdfastd endpoint given");
+  for (const std::string& bad : std::vector<std::string>{"", "127.0.0.1:7420 ", "a:1,b:2",
+                                                         std::string("x\0:1", 4)}) {
+    o.endpoints = {"127.0.0.1:7420", bad};
+    auto c = Client::Connect(o);
+    ASSERT_FALSE(c.ok()) << bad;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find("is not host:port"), std::string::npos) << c.status();
+  }
+  o.endpoints = {"127.0.0.1:7420", " "};
+  EXPECT_EQ(Client::Connect(o).status().message(),
+            "holdfastd endpoint \" \" is not host:port (an empty one, or spaces, commas or "
+            "control characters in it)");
+}
+
 // A replica that stops answering, its connection still up (paused, say): the
 // renewals of a Client of several endpoints go on through another replica before
 // the session's local deadline. One that still answers a health check is left.
