@@ -114,11 +114,10 @@ ClientCore::ClientCore(ClientOptions options) : options_(std::move(options)) {
     std::shuffle(order.begin(), order.end(), std::mt19937(seed()));
   }
   const auto credentials = Credentials(options_);
-  for (auto& address : order) {
+  for (const auto& address : order) {
     auto e = std::make_unique<Endpoint>();
     e->index = endpoints_.size();
     e->channel = grpc::CreateCustomChannel(address, credentials, args);
-    e->address = std::move(address);
     e->session = v1::Session::NewStub(e->channel);
     e->lock = v1::Lock::NewStub(e->channel);
     e->admin = v1::Admin::NewStub(e->channel);

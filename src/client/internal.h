@@ -5,8 +5,8 @@
 #include <atomic>
 #include <functional>
 #include <map>
-#include <optional>
 #include <memory>
+#include <optional>
 #include <thread>
 #include <stop_token>
 #include <string>
@@ -41,7 +41,6 @@ class ClientCore {
  public:
   struct Endpoint {
     size_t index = 0;  // in the Client's order
-    std::string address;
     std::shared_ptr<grpc::Channel> channel;
     std::unique_ptr<v1::Session::Stub> session;
     std::unique_ptr<v1::Lock::Stub> lock;
@@ -238,7 +237,7 @@ class KeepAlivePump {
     std::atomic<int64_t> answers{0};
     std::unique_ptr<SilenceCheck> check;
     bool passed_over = false;  // broken by CheckSilence: reopen without back-off
-    SteadyClock::time_point next_check{};  // after a check its replica answered
+    SteadyClock::time_point next_check{};  // no silence check before this
   };
 
   void Run();
