@@ -13,6 +13,10 @@
 //              └──────────────── a watched key deleted, or a waiter ahead's deadline
 //   the wait deadline, or a cancel ─▶ End: remove the own waiter (guarded) ─▶ done
 //
+// A call that finds its session's waiter already queued (an earlier attempt of
+// the same call, asked again on another replica) takes it over in place, and the
+// earlier attempt's end leaves it alone (Decide, EndNow).
+//
 // While waiting the call watches only the keys it depends on, each from the read's
 // revision + 1: its own hold key (a release that hands it the lock puts it: the
 // call answers from that event, or sooner when the release ran on this replica:
@@ -187,16 +191,22 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // waiter was handed the lock before that, the call returns the hold.
   void EndNow(absl::Status why) {
     StopWaiting();
-    int64_t own;
+    int64_t own, own_mod;
     {
       absl::MutexLock l(&mu_);
       own = own_waiter_rev_;
+      own_mod = own_waiter_mod_;
     }
     if (own == 0) return Finish(why);
     const std::string wait_key =
         keyspace::WaitKey(req_.namespace_(), req_.lock_key(), req_.session_id());
     pb::TxnRequest txn;
     AddCompare(&txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)->set_create_revision(own);
+    // Not if another call of the session has taken the waiter over since (a
+    // retry on another replica, Decide): the waiter is that call's now.
+    if (own_mod != 0) {
+      AddCompare(&txn, wait_key, pb::Compare::MOD, pb::Compare::EQUAL)->set_mod_revision(own_mod);
+    }
     txn.add_success()->mutable_request_delete_range()->set_key(wait_key);
     txn.add_success()->mutable_request_delete_range()->set_key(
         keyspace::ClaimKey(req_.namespace_(), req_.lock_key(), req_.session_id()));
@@ -300,9 +310,11 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       // call's, and keeps its place.
       absl::MutexLock l(&mu_);
       own_waiter_rev_ = 0;
+      own_waiter_mod_ = 0;
       for (const auto& w : snap.waiters) {
         if (w.lease == req_.session_id() && req_.wait_ms() > 0 && own_session) {
           own_waiter_rev_ = w.create_revision;
+          own_waiter_mod_ = w.create_revision == put_rev_ ? put_mod_ : w.mod_revision;
         }
       }
     }
@@ -395,7 +407,20 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       // Behind other waiters, the enqueue may ride with the next release.
       return Enqueue(nullptr, nullptr, ShouldRide(snap.waiters.size()));
     }
-    if (d.own_waiter->record.deadline_unix_ms() < deadline_unix_ms_) {
+    // The session's waiter, put by an earlier call: this call takes it over with
+    // a re-put in place (same create_revision, same place in the queue), so that
+    // the earlier call's end does not take it out from under this one. That call
+    // is most often this one's own first attempt, whose answer was lost, asked
+    // again on another replica (libholdfast moves a call off a replica that went
+    // silent, and asks again after a broken connection): when that replica wakes
+    // up it ends the first attempt, and its guarded delete (EndNow) fails. A
+    // waiter this call put itself is put again only for a later deadline.
+    bool put_it;
+    {
+      absl::MutexLock l(&mu_);
+      put_it = d.own_waiter->create_revision == put_rev_;
+    }
+    if (!put_it || d.own_waiter->record.deadline_unix_ms() < deadline_unix_ms_) {
       return Enqueue(d.own_waiter);
     }
     Wait(snap, d);
@@ -425,7 +450,11 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     const std::string wait_key = keyspace::WaitKey(ns, req_.lock_key(), lease);
     records::WaiterRecord rec;
     rec.set_shared(req_.shared());
-    rec.set_deadline_unix_ms(deadline_unix_ms_);
+    // Taken over from another call of the session: the later of the two deadlines,
+    // so that one still waiting is not passed as expired by those behind it.
+    rec.set_deadline_unix_ms(
+        existing ? std::max(existing->record.deadline_unix_ms(), deadline_unix_ms_)
+                 : deadline_unix_ms_);
     rec.set_holder_meta(req_.holder_meta());
     rec.set_identity(caller_.identity);
     rec.set_enqueued_at_unix_ms(existing ? existing->record.enqueued_at_unix_ms() : NowUnixMs());
@@ -508,6 +537,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                                         self->req_.lock_key(), own);
         absl::MutexLock l(&self->mu_);
         self->own_waiter_rev_ = own.create_revision;
+        self->own_waiter_mod_ = own.mod_revision;
+        self->put_rev_ = own.create_revision;
+        self->put_mod_ = own.mod_revision;
       }
       if (auto end = self->StepDone()) return self->EndNow(*end);
       if (!t.ok()) {
@@ -1107,6 +1139,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // (-1: it adds none). Same discipline as read_revision_.
   int64_t claims_before_ = -1;
   int64_t own_waiter_rev_ ABSL_GUARDED_BY(mu_) = 0;  // create_revision of the own waiter
+  // The own waiter's mod_revision as this call put it (or, one it did not put, as
+  // it last read it): its end takes the waiter out only if no other call of the
+  // session has put it since (EndNow).
+  int64_t own_waiter_mod_ ABSL_GUARDED_BY(mu_) = 0;
+  // The create and mod revisions of the waiter this call last put (0: none).
+  int64_t put_rev_ ABSL_GUARDED_BY(mu_) = 0;
+  int64_t put_mod_ ABSL_GUARDED_BY(mu_) = 0;
   std::string blocked_by_ ABSL_GUARDED_BY(mu_);       // for the deadline's message
   uint64_t wait_gen_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<ClassEntry> wait_classes_ ABSL_GUARDED_BY(mu_);  // of the wait's snapshot
