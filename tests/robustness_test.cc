@@ -7,6 +7,8 @@
 #include <atomic>
 #include <fstream>
 #include <future>
+#include <optional>
+#include <utility>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -23,6 +25,7 @@ namespace {
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 using Clock = std::chrono::steady_clock;
+namespace pb = ::etcdserverpb;
 
 // Polls `pred` every 20 ms until it holds or `timeout` passes.
 bool Eventually(const std::function<bool()>& pred, milliseconds timeout) {
@@ -199,6 +202,84 @@ TEST(RobustnessTest, ClientMovesToAnotherReplicaAndKeepsItsHoldAndQueuePlace) {
   auto granted = waiting.get();
   ASSERT_TRUE(granted.ok()) << granted.status();
   EXPECT_GT(granted->token(), hold->token());
+}
+
+// A waiting acquire whose replica stops answering (SIGSTOP: its connection stays
+// up) moves to the other replica once the keepalive pump passes the silent one
+// over, and is asked again there: the new attempt takes the queued waiter over
+// in place. When the paused replica wakes and ends the first attempt, its
+// guarded delete leaves the waiter alone, so the waiter is served before the one
+// that queued behind it.
+TEST(RobustnessTest, AWaitOnAReplicaThatGoesSilentMovesAndKeepsItsPlace) {
+  testing::TestCluster::Options o;
+  o.replicas = 2;
+  auto c = testing::TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto& cluster = **c;
+  ASSERT_TRUE(cluster.CreateNamespace().ok());
+  auto holder_client = std::move(*cluster.NewClient(1));
+  auto behind_client = std::move(*cluster.NewClient(1));
+  auto waiter_client = std::move(*cluster.NewClient(-1));  // replica 0 first
+  SessionOptions so;
+  so.ttl = seconds(3);
+  auto holder = std::move(*holder_client->OpenSession("default", so));
+  auto hold = holder->Acquire("leader");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  auto waiter = std::move(*waiter_client->OpenSession("default", so));
+  auto behind = std::move(*behind_client->OpenSession("default", so));
+  AcquireOptions w;
+  w.wait = seconds(60);
+  auto waiting = std::async(std::launch::async, [&] { return waiter->Acquire("leader", w); });
+  auto queued = [&](int n) {
+    return Eventually([&] {
+      auto d = holder_client->Describe("default", "leader");
+      return d.ok() && d->waiters_size() == n;
+    }, seconds(10));
+  };
+  ASSERT_TRUE(queued(1));
+  auto behind_waiting = std::async(std::launch::async, [&] { return behind->Acquire("leader", w); });
+  ASSERT_TRUE(queued(2));
+  // The waiter's key as its first attempt (on replica 0) put it.
+  pb::RangeRequest r;
+  r.set_key(keyspace::WaitKey("default", "leader", waiter->id()));
+  auto read_waiter = [&]() -> std::optional<std::pair<int64_t, int64_t>> {
+    auto got = cluster.etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    if (!got.ok() || got->kvs_size() != 1) return std::nullopt;
+    return std::make_pair(got->kvs(0).create_revision(), got->kvs(0).mod_revision());
+  };
+  const auto first = read_waiter();
+  ASSERT_TRUE(first.has_value());
+
+  cluster.holdfastd(0).process()->Signal(SIGSTOP);
+  // Asked again on replica 1, which puts the waiter again in place.
+  EXPECT_TRUE(Eventually([&] {
+    auto now = read_waiter();
+    return now && now->first == first->first && now->second != first->second;
+  }, seconds(15)));
+  EXPECT_EQ(waiting.wait_for(seconds(0)), std::future_status::timeout);
+  cluster.holdfastd(0).process()->Signal(SIGCONT);
+  // Replica 0 answers again, and has ended the first attempt by now.
+  auto replica0 = std::move(*cluster.NewClient(0));
+  ASSERT_TRUE(Eventually([&] { return replica0->Describe("default", "leader").ok(); },
+                         seconds(10)));
+  std::this_thread::sleep_for(seconds(2));
+  auto d = holder_client->Describe("default", "leader");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->waiters_size(), 2);
+  EXPECT_EQ(d->waiters(0).session_id(), waiter->id());
+  EXPECT_EQ(d->waiters(0).create_revision(), first->first);
+  EXPECT_EQ(d->waiters(1).session_id(), behind->id());
+
+  ASSERT_TRUE(hold->Release().ok());
+  ASSERT_EQ(waiting.wait_for(seconds(10)), std::future_status::ready);
+  auto granted = waiting.get();
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_GT(granted->token(), hold->token());
+  EXPECT_EQ(behind_waiting.wait_for(seconds(0)), std::future_status::timeout);
+  ASSERT_TRUE(granted->Release().ok());
+  auto last = behind_waiting.get();
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_TRUE(last->Release().ok());
 }
 
 TEST(RobustnessTest, ClientCutOffFromEveryReplicaDeclaresLostBeforeTheLeaseExpires) {

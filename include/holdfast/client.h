@@ -172,10 +172,11 @@ class Session {
   const std::string& ns() const;
 
   // Acquires `lock_key`. Blocks up to options.wait plus the rpc timeout, counted
-  // from the call: a retry after a lost connection to holdfastd (UNAVAILABLE) or a
-  // stream reset under the call (INTERNAL, UNKNOWN) asks again within that same
+  // from the call: a retry after a lost connection to holdfastd (UNAVAILABLE), a
+  // stream reset under the call (INTERNAL, UNKNOWN), or a replica that went silent
+  // and was passed over (docs/cli.md, "Endpoints") asks again within that same
   // bound (the call is idempotent per session and key: a grant already made is
-  // returned again, a queued waiter keeps its place).
+  // returned again, a queued waiter is taken over in place and keeps its place).
   // Errors as the Lock.Acquire RPC: ABORTED (held, try), DEADLINE_EXCEEDED (not
   // granted in time), INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
   // UNAVAILABLE; FAILED_PRECONDITION too when this session is already lost.

@@ -62,6 +62,15 @@ bool OutcomeUnknown(absl::StatusCode code) {
          code == absl::StatusCode::kUnknown;
 }
 
+// A call cancelled because its replica was passed over (ClientCore::Moveable)
+// ended with its outcome unknown: said as UNAVAILABLE, so that it is asked again
+// (and, when it cannot be any more, answered so). True if it was.
+bool Moved(const internal::ClientCore::Moveable& m, absl::Status* s) {
+  if (!m.moved() || s->code() != absl::StatusCode::kCancelled) return false;
+  *s = absl::UnavailableError("holdfastd stopped answering (the call was moved to another replica)");
+  return true;
+}
+
 }  // namespace
 
 bool Unreachable(const absl::Status& s) {
@@ -174,6 +183,24 @@ ClientCore::Endpoint& ClientCore::Connected(std::chrono::system_clock::time_poin
 void ClientCore::PassOver(const Endpoint& e) {
   size_t expected = e.index;
   current_.compare_exchange_strong(expected, (e.index + 1) % endpoints_.size());
+  absl::MutexLock l(&moveable_mu_);
+  for (Moveable* m : moveable_) {
+    if (m->endpoint_ != e.index) continue;
+    m->moved_.store(true);
+    m->ctx_->TryCancel();  // does not block; the context outlives its entry here
+  }
+}
+
+ClientCore::Moveable::Moveable(ClientCore& core, const Endpoint& e, grpc::ClientContext* ctx)
+    : core_(core), endpoint_(e.index), ctx_(ctx) {
+  absl::MutexLock l(&core_.moveable_mu_);
+  core_.moveable_.push_back(this);
+}
+
+ClientCore::Moveable::~Moveable() {
+  absl::MutexLock l(&core_.moveable_mu_);
+  auto& v = core_.moveable_;
+  v.erase(std::find(v.begin(), v.end(), this));
 }
 
 ClientCore::Endpoint& ClientCore::Prepare(
@@ -517,13 +544,19 @@ absl::Status Hold::Release() {
     grpc::ClientContext ctx;
     auto& core = session_->core();
     auto& endpoint = core.Prepare(&ctx, {}, bound);
-    s = FromCall(core, endpoint, ctx, endpoint.lock->Release(&ctx, req, &resp));
+    bool moved;
+    {
+      internal::ClientCore::Moveable moveable(core, endpoint, &ctx);
+      s = FromCall(core, endpoint, ctx, endpoint.lock->Release(&ctx, req, &resp));
+      moved = Moved(moveable, &s);
+    }
     if (unknown && s.code() == absl::StatusCode::kFailedPrecondition) s = absl::OkStatus();
     if (s.code() != absl::StatusCode::kAborted && !OutcomeUnknown(s.code()) &&
         s.code() != absl::StatusCode::kDeadlineExceeded) {
       break;
     }
     unknown = unknown || s.code() != absl::StatusCode::kAborted;
+    if (moved) continue;  // the next endpoint is current already
     const auto backoff = std::chrono::milliseconds(10 * (attempt + 1));
     if (std::chrono::system_clock::now() + backoff >= bound) break;
     std::this_thread::sleep_for(backoff);
@@ -578,9 +611,11 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   req.set_shared(options.shared);
   req.set_holder_meta(options.holder_meta);
   // The call is idempotent per (session, key): when the connection to holdfastd
-  // breaks mid-call, or the stream is reset under it (OutcomeUnknown), ask again,
-  // on whichever replica the channel reaches now, with what is left of the wait;
-  // a queued waiter keeps its place, and a grant already made is returned again.
+  // breaks mid-call, or the stream is reset under it (OutcomeUnknown), or its
+  // replica went silent (the keepalive pump passed it over: Moveable), ask again,
+  // on whichever replica answers now, with what is left of the wait. The new
+  // attempt takes the queued waiter over in place (its place in the queue), and a
+  // grant already made is returned again.
   v1::AcquireResponse resp;
   // holdfastd refuses a wait out of range (INVALID_ARGUMENT); clamped here only so
   // that the deadlines cannot overflow before it says so.
@@ -598,11 +633,17 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
     grpc::ClientContext ctx;
     auto& core = state_->core();
     auto& endpoint = core.Prepare(&ctx, {}, call_deadline);
-    s = FromCall(core, endpoint, ctx, endpoint.lock->Acquire(&ctx, req, &resp));
+    bool moved;
+    {
+      internal::ClientCore::Moveable moveable(core, endpoint, &ctx);
+      s = FromCall(core, endpoint, ctx, endpoint.lock->Acquire(&ctx, req, &resp));
+      moved = Moved(moveable, &s);
+    }
     if (!OutcomeUnknown(s.code()) || state_->lost()) break;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         wait_until - std::chrono::steady_clock::now());
     req.set_wait_ms(std::max<int64_t>(left.count(), 0));
+    if (moved) continue;  // the next endpoint is current already
     const auto backoff = std::chrono::milliseconds(50 * (attempt + 1));
     if (std::chrono::system_clock::now() + backoff >= call_deadline) break;
     std::this_thread::sleep_for(backoff);

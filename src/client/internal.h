@@ -66,8 +66,30 @@ class ClientCore {
   static constexpr std::chrono::milliseconds kConnectGrace{1000};
   // `e` is connected but does not answer (KeepAlivePump's silence check): if it is
   // the current endpoint, the next one in order becomes current, so that calls and
-  // streams that pick an endpoint from now on go there first.
+  // streams that pick an endpoint from now on go there first; and the calls in
+  // flight on `e` that can be asked again (Moveable) are cancelled, to be.
   void PassOver(const Endpoint& e);
+
+  // A call in flight on one endpoint that a pass-over of that endpoint moves:
+  // PassOver cancels it, and moved() then tells its caller to ask again (on the
+  // endpoint current now). Only for calls that may be asked again whatever became
+  // of the first attempt: Acquire (per session and key) and Release (by token).
+  // Lives on the caller's stack around the call, after its ClientContext.
+  class Moveable {
+   public:
+    Moveable(ClientCore& core, const Endpoint& e, grpc::ClientContext* ctx);
+    ~Moveable();
+    Moveable(const Moveable&) = delete;
+    Moveable& operator=(const Moveable&) = delete;
+    bool moved() const { return moved_.load(); }
+
+   private:
+    friend class ClientCore;
+    ClientCore& core_;
+    const size_t endpoint_;
+    grpc::ClientContext* const ctx_;
+    std::atomic<bool> moved_{false};
+  };
   size_t endpoint_count() const { return endpoints_.size(); }
 
   // Prepares a unary call and picks its endpoint: deadline `extra` past the rpc
@@ -84,6 +106,8 @@ class ClientCore {
   ClientOptions options_;
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<size_t> current_{0};
+  absl::Mutex moveable_mu_;
+  std::vector<Moveable*> moveable_ ABSL_GUARDED_BY(moveable_mu_);
   std::unique_ptr<KeepAlivePump> pump_;
 };
 
