@@ -282,6 +282,48 @@ TEST(RobustnessTest, AWaitOnAReplicaThatGoesSilentMovesAndKeepsItsPlace) {
   EXPECT_TRUE(last->Release().ok());
 }
 
+// A release sent to a replica that has just stopped answering is moved to the
+// other replica with the renewals, and the key goes to the next waiter while the
+// silent replica is still paused.
+TEST(RobustnessTest, AReleaseOnAReplicaThatGoesSilentMovesAndFreesTheKey) {
+  testing::TestCluster::Options o;
+  o.replicas = 2;
+  auto c = testing::TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto& cluster = **c;
+  ASSERT_TRUE(cluster.CreateNamespace().ok());
+  auto holder_client = std::move(*cluster.NewClient(-1));  // replica 0 first
+  auto waiter_client = std::move(*cluster.NewClient(1));
+  SessionOptions so;
+  so.ttl = seconds(3);
+  auto holder = std::move(*holder_client->OpenSession("default", so));
+  auto hold = holder->Acquire("leader");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  auto waiter = std::move(*waiter_client->OpenSession("default", so));
+  AcquireOptions w;
+  w.wait = seconds(60);
+  auto waiting = std::async(std::launch::async, [&] { return waiter->Acquire("leader", w); });
+  ASSERT_TRUE(Eventually([&] {
+    auto d = waiter_client->Describe("default", "leader");
+    return d.ok() && d->waiters_size() == 1;
+  }, seconds(10)));
+
+  cluster.holdfastd(0).process()->Signal(SIGSTOP);
+  const auto sent = Clock::now();
+  auto released = hold->Release();  // sent to replica 0, which does not answer
+  const auto took = Clock::now() - sent;
+  const bool answered_before_resume = waiting.wait_for(seconds(10)) == std::future_status::ready;
+  cluster.holdfastd(0).process()->Signal(SIGCONT);
+  EXPECT_TRUE(released.ok()) << released << " after "
+                             << std::chrono::duration_cast<milliseconds>(took).count() << " ms";
+  ASSERT_TRUE(answered_before_resume);
+  auto granted = waiting.get();
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_GT(granted->token(), hold->token());
+  EXPECT_FALSE(holder->lost()) << holder->lost_reason();
+  EXPECT_TRUE(granted->Release().ok());
+}
+
 TEST(RobustnessTest, ClientCutOffFromEveryReplicaDeclaresLostBeforeTheLeaseExpires) {
   auto c = testing::TestCluster::Start();
   ASSERT_TRUE(c.ok()) << c.status();
