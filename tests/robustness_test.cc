@@ -324,6 +324,64 @@ TEST(RobustnessTest, AReleaseOnAReplicaThatGoesSilentMovesAndFreesTheKey) {
   EXPECT_TRUE(granted->Release().ok());
 }
 
+// A replica stopped (SIGTERM, a rolling restart) cancels the waits it serves; the
+// waiter's Client asks again on the other replica, whose attempt takes the waiter
+// over before the stopped replica's end of the first one would take it out
+// (AcquireOp::Cancel keeps a queued waiter for a moment): the waiter is served
+// before the one that queued behind it.
+TEST(RobustnessTest, AWaitOnAReplicaThatIsStoppedMovesAndKeepsItsPlace) {
+  testing::TestCluster::Options o;
+  o.replicas = 2;
+  auto c = testing::TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto& cluster = **c;
+  ASSERT_TRUE(cluster.CreateNamespace().ok());
+  auto holder_client = std::move(*cluster.NewClient(1));
+  auto behind_client = std::move(*cluster.NewClient(1));
+  auto waiter_client = std::move(*cluster.NewClient(-1));  // replica 0 first
+  SessionOptions so;
+  so.ttl = seconds(3);
+  auto holder = std::move(*holder_client->OpenSession("default", so));
+  auto hold = holder->Acquire("leader");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  auto waiter = std::move(*waiter_client->OpenSession("default", so));
+  auto behind = std::move(*behind_client->OpenSession("default", so));
+  AcquireOptions w;
+  w.wait = seconds(60);
+  auto waiting = std::async(std::launch::async, [&] { return waiter->Acquire("leader", w); });
+  auto queued = [&](int n) {
+    return Eventually([&] {
+      auto d = holder_client->Describe("default", "leader");
+      return d.ok() && d->waiters_size() == n;
+    }, seconds(10));
+  };
+  ASSERT_TRUE(queued(1));
+  auto behind_waiting = std::async(std::launch::async, [&] { return behind->Acquire("leader", w); });
+  ASSERT_TRUE(queued(2));
+  auto before = holder_client->Describe("default", "leader");
+  ASSERT_TRUE(before.ok()) << before.status();
+
+  cluster.holdfastd(0).Stop();
+  std::this_thread::sleep_for(seconds(3));  // past the stopped replica's grace
+  auto d = holder_client->Describe("default", "leader");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->waiters_size(), 2);
+  EXPECT_EQ(d->waiters(0).session_id(), waiter->id());
+  EXPECT_EQ(d->waiters(0).create_revision(), before->waiters(0).create_revision());
+  EXPECT_EQ(d->waiters(1).session_id(), behind->id());
+  EXPECT_EQ(waiting.wait_for(seconds(0)), std::future_status::timeout);
+
+  ASSERT_TRUE(hold->Release().ok());
+  ASSERT_EQ(waiting.wait_for(seconds(10)), std::future_status::ready);
+  auto granted = waiting.get();
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_EQ(behind_waiting.wait_for(seconds(0)), std::future_status::timeout);
+  ASSERT_TRUE(granted->Release().ok());
+  auto last = behind_waiting.get();
+  ASSERT_TRUE(last.ok()) << last.status();
+  EXPECT_TRUE(last->Release().ok());
+}
+
 TEST(RobustnessTest, ClientCutOffFromEveryReplicaDeclaresLostBeforeTheLeaseExpires) {
   auto c = testing::TestCluster::Start();
   ASSERT_TRUE(c.ok()) << c.status();

@@ -75,6 +75,12 @@ constexpr std::chrono::milliseconds kLookAgainAfterDelete{50};
 // so riding never takes a noticeable part of a wait.
 constexpr int kRideWaitFactor = 40;
 
+// How long a queued call cancelled by its caller keeps its waiter for the same
+// call asked again elsewhere to take over (AcquireOp::Cancel): libholdfast asks
+// again 50 ms after a broken connection, or once the replica it moves to has
+// answered its connection (ClientCore::kConnectGrace, 1 s).
+constexpr std::chrono::milliseconds kCancelGrace{2000};
+
 class AcquireOp : public Cancellable, public std::enable_shared_from_this<AcquireOp> {
  public:
   AcquireOp(Engine* engine, Caller caller, v1::AcquireRequest req, Deadline rpc_deadline,
@@ -103,7 +109,28 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (BeginStep() && !FastStart()) Read();
   }
 
-  void Cancel() override { End(absl::CancelledError("acquire cancelled by the caller")); }
+  // The caller cancelled: its connection broke, its replica is shutting down, or
+  // libholdfast moved the call off a replica that went silent. Most often the
+  // same call is asked again at once on another replica (libholdfast does within
+  // its connect grace, a second), so a queued call keeps its waiter
+  // kCancelGrace first: the new attempt takes it over (Decide) and this one's end
+  // then leaves it alone (EndNow). A client that died instead leaves its waiter a
+  // moment longer: a hand-over in that moment gives its session a hold, which
+  // ends with the session's lease, as every hold of a dead client does.
+  void Cancel() override {
+    bool now;
+    {
+      absl::MutexLock l(&mu_);
+      if (finished_ || end_reason_ || cancelled_) return;
+      cancelled_ = true;
+      now = own_waiter_rev_ == 0 || deadline_unix_ms_ - NowUnixMs() <= kCancelGrace.count();
+    }
+    if (now) return End(absl::CancelledError("acquire cancelled by the caller"));
+    auto self = shared_from_this();
+    engine_->etcd().timers().ScheduleAfter(kCancelGrace, [self] {
+      self->End(absl::CancelledError("acquire cancelled by the caller"));
+    });
+  }
 
  private:
   // What this replica's views show for the call, when they show it allowed.
@@ -1131,6 +1158,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   Done<v1::AcquireResponse> done_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // an etcd step is in flight
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // by the caller (Cancel)
   std::optional<absl::Status> end_reason_ ABSL_GUARDED_BY(mu_);
   // The revision of the snapshot the last Decide saw (only Decide and the step it
   // starts use it, one at a time).
