@@ -204,82 +204,120 @@ TEST(RobustnessTest, ClientMovesToAnotherReplicaAndKeepsItsHoldAndQueuePlace) {
   EXPECT_GT(granted->token(), hold->token());
 }
 
+// Two replicas and a queue on "leader": a holder and, behind it, `waiter` (its
+// Client on replica 0 first, then replica 1) and `behind` (on replica 1). The
+// tests take replica 0 away under the waiter's wait and check that the waiter,
+// asked again on replica 1, kept its place: it is served first.
+class MovedWaitTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::TestCluster::Options o;
+    o.replicas = 2;
+    auto c = testing::TestCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = std::move(*c);
+    ASSERT_TRUE(cluster_->CreateNamespace().ok());
+    holder_client_ = std::move(*cluster_->NewClient(1));
+    behind_client_ = std::move(*cluster_->NewClient(1));
+    waiter_client_ = std::move(*cluster_->NewClient(-1));
+    SessionOptions so;
+    so.ttl = seconds(3);
+    holder_ = std::move(*holder_client_->OpenSession("default", so));
+    auto hold = holder_->Acquire("leader");
+    ASSERT_TRUE(hold.ok()) << hold.status();
+    hold_ = std::move(*hold);
+    waiter_ = std::move(*waiter_client_->OpenSession("default", so));
+    behind_ = std::move(*behind_client_->OpenSession("default", so));
+    AcquireOptions w;
+    w.wait = seconds(60);
+    waiting_ = std::async(std::launch::async, [this, w] { return waiter_->Acquire("leader", w); });
+    ASSERT_TRUE(Queued(1));
+    behind_waiting_ =
+        std::async(std::launch::async, [this, w] { return behind_->Acquire("leader", w); });
+    ASSERT_TRUE(Queued(2));
+    auto d = holder_client_->Describe("default", "leader");
+    ASSERT_TRUE(d.ok()) << d.status();
+    first_create_revision_ = d->waiters(0).create_revision();
+  }
+
+  bool Queued(int n) {
+    return Eventually([&] {
+      auto d = holder_client_->Describe("default", "leader");
+      return d.ok() && d->waiters_size() == n;
+    }, seconds(10));
+  }
+
+  // The waiter's key in etcd: its create and mod revisions.
+  std::optional<std::pair<int64_t, int64_t>> ReadWaiter() {
+    pb::RangeRequest r;
+    r.set_key(keyspace::WaitKey("default", "leader", waiter_->id()));
+    auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    if (!got.ok() || got->kvs_size() != 1) return std::nullopt;
+    return std::make_pair(got->kvs(0).create_revision(), got->kvs(0).mod_revision());
+  }
+
+  // The waiter is still first, in its place, and is served first.
+  void ExpectServedInOrder() {
+    auto d = holder_client_->Describe("default", "leader");
+    ASSERT_TRUE(d.ok()) << d.status();
+    ASSERT_EQ(d->waiters_size(), 2);
+    EXPECT_EQ(d->waiters(0).session_id(), waiter_->id());
+    EXPECT_EQ(d->waiters(0).create_revision(), first_create_revision_);
+    EXPECT_EQ(d->waiters(1).session_id(), behind_->id());
+    EXPECT_EQ(waiting_.wait_for(seconds(0)), std::future_status::timeout);
+
+    ASSERT_TRUE(hold_->Release().ok());
+    ASSERT_EQ(waiting_.wait_for(seconds(10)), std::future_status::ready);
+    auto granted = waiting_.get();
+    ASSERT_TRUE(granted.ok()) << granted.status();
+    EXPECT_GT(granted->token(), hold_->token());
+    EXPECT_EQ(behind_waiting_.wait_for(seconds(0)), std::future_status::timeout);
+    ASSERT_TRUE(granted->Release().ok());
+    auto last = behind_waiting_.get();
+    ASSERT_TRUE(last.ok()) << last.status();
+    EXPECT_TRUE(last->Release().ok());
+  }
+
+  std::unique_ptr<testing::TestCluster> cluster_;
+  std::unique_ptr<Client> holder_client_, behind_client_, waiter_client_;
+  std::unique_ptr<Session> holder_, waiter_, behind_;
+  std::optional<Hold> hold_;
+  std::future<absl::StatusOr<Hold>> waiting_, behind_waiting_;
+  int64_t first_create_revision_ = 0;
+};
+
 // A waiting acquire whose replica stops answering (SIGSTOP: its connection stays
 // up) moves to the other replica once the keepalive pump passes the silent one
 // over, and is asked again there: the new attempt takes the queued waiter over
 // in place. When the paused replica wakes and ends the first attempt, its
-// guarded delete leaves the waiter alone, so the waiter is served before the one
-// that queued behind it.
-TEST(RobustnessTest, AWaitOnAReplicaThatGoesSilentMovesAndKeepsItsPlace) {
-  testing::TestCluster::Options o;
-  o.replicas = 2;
-  auto c = testing::TestCluster::Start(o);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto& cluster = **c;
-  ASSERT_TRUE(cluster.CreateNamespace().ok());
-  auto holder_client = std::move(*cluster.NewClient(1));
-  auto behind_client = std::move(*cluster.NewClient(1));
-  auto waiter_client = std::move(*cluster.NewClient(-1));  // replica 0 first
-  SessionOptions so;
-  so.ttl = seconds(3);
-  auto holder = std::move(*holder_client->OpenSession("default", so));
-  auto hold = holder->Acquire("leader");
-  ASSERT_TRUE(hold.ok()) << hold.status();
-  auto waiter = std::move(*waiter_client->OpenSession("default", so));
-  auto behind = std::move(*behind_client->OpenSession("default", so));
-  AcquireOptions w;
-  w.wait = seconds(60);
-  auto waiting = std::async(std::launch::async, [&] { return waiter->Acquire("leader", w); });
-  auto queued = [&](int n) {
-    return Eventually([&] {
-      auto d = holder_client->Describe("default", "leader");
-      return d.ok() && d->waiters_size() == n;
-    }, seconds(10));
-  };
-  ASSERT_TRUE(queued(1));
-  auto behind_waiting = std::async(std::launch::async, [&] { return behind->Acquire("leader", w); });
-  ASSERT_TRUE(queued(2));
-  // The waiter's key as its first attempt (on replica 0) put it.
-  pb::RangeRequest r;
-  r.set_key(keyspace::WaitKey("default", "leader", waiter->id()));
-  auto read_waiter = [&]() -> std::optional<std::pair<int64_t, int64_t>> {
-    auto got = cluster.etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
-    if (!got.ok() || got->kvs_size() != 1) return std::nullopt;
-    return std::make_pair(got->kvs(0).create_revision(), got->kvs(0).mod_revision());
-  };
-  const auto first = read_waiter();
+// guarded delete leaves the waiter alone.
+TEST_F(MovedWaitTest, AWaitOnAReplicaThatGoesSilentMovesAndKeepsItsPlace) {
+  const auto first = ReadWaiter();
   ASSERT_TRUE(first.has_value());
-
-  cluster.holdfastd(0).process()->Signal(SIGSTOP);
+  cluster_->holdfastd(0).process()->Signal(SIGSTOP);
   // Asked again on replica 1, which puts the waiter again in place.
   EXPECT_TRUE(Eventually([&] {
-    auto now = read_waiter();
+    auto now = ReadWaiter();
     return now && now->first == first->first && now->second != first->second;
   }, seconds(15)));
-  EXPECT_EQ(waiting.wait_for(seconds(0)), std::future_status::timeout);
-  cluster.holdfastd(0).process()->Signal(SIGCONT);
+  EXPECT_EQ(waiting_.wait_for(seconds(0)), std::future_status::timeout);
+  cluster_->holdfastd(0).process()->Signal(SIGCONT);
   // Replica 0 answers again, and has ended the first attempt by now.
-  auto replica0 = std::move(*cluster.NewClient(0));
+  auto replica0 = std::move(*cluster_->NewClient(0));
   ASSERT_TRUE(Eventually([&] { return replica0->Describe("default", "leader").ok(); },
                          seconds(10)));
   std::this_thread::sleep_for(seconds(2));
-  auto d = holder_client->Describe("default", "leader");
-  ASSERT_TRUE(d.ok()) << d.status();
-  ASSERT_EQ(d->waiters_size(), 2);
-  EXPECT_EQ(d->waiters(0).session_id(), waiter->id());
-  EXPECT_EQ(d->waiters(0).create_revision(), first->first);
-  EXPECT_EQ(d->waiters(1).session_id(), behind->id());
+  ExpectServedInOrder();
+}
 
-  ASSERT_TRUE(hold->Release().ok());
-  ASSERT_EQ(waiting.wait_for(seconds(10)), std::future_status::ready);
-  auto granted = waiting.get();
-  ASSERT_TRUE(granted.ok()) << granted.status();
-  EXPECT_GT(granted->token(), hold->token());
-  EXPECT_EQ(behind_waiting.wait_for(seconds(0)), std::future_status::timeout);
-  ASSERT_TRUE(granted->Release().ok());
-  auto last = behind_waiting.get();
-  ASSERT_TRUE(last.ok()) << last.status();
-  EXPECT_TRUE(last->Release().ok());
+// A replica stopped (SIGTERM, a rolling restart) cancels the waits it serves; the
+// waiter's Client asks again on the other replica, whose attempt takes the waiter
+// over before the stopped replica's end of the first one would take it out
+// (AcquireOp::Cancel keeps a queued waiter for a moment).
+TEST_F(MovedWaitTest, AWaitOnAReplicaThatIsStoppedMovesAndKeepsItsPlace) {
+  cluster_->holdfastd(0).Stop();
+  std::this_thread::sleep_for(seconds(3));  // past the stopped replica's grace
+  ExpectServedInOrder();
 }
 
 // A release sent to a replica that has just stopped answering is moved to the
@@ -322,64 +360,6 @@ TEST(RobustnessTest, AReleaseOnAReplicaThatGoesSilentMovesAndFreesTheKey) {
   EXPECT_GT(granted->token(), hold->token());
   EXPECT_FALSE(holder->lost()) << holder->lost_reason();
   EXPECT_TRUE(granted->Release().ok());
-}
-
-// A replica stopped (SIGTERM, a rolling restart) cancels the waits it serves; the
-// waiter's Client asks again on the other replica, whose attempt takes the waiter
-// over before the stopped replica's end of the first one would take it out
-// (AcquireOp::Cancel keeps a queued waiter for a moment): the waiter is served
-// before the one that queued behind it.
-TEST(RobustnessTest, AWaitOnAReplicaThatIsStoppedMovesAndKeepsItsPlace) {
-  testing::TestCluster::Options o;
-  o.replicas = 2;
-  auto c = testing::TestCluster::Start(o);
-  ASSERT_TRUE(c.ok()) << c.status();
-  auto& cluster = **c;
-  ASSERT_TRUE(cluster.CreateNamespace().ok());
-  auto holder_client = std::move(*cluster.NewClient(1));
-  auto behind_client = std::move(*cluster.NewClient(1));
-  auto waiter_client = std::move(*cluster.NewClient(-1));  // replica 0 first
-  SessionOptions so;
-  so.ttl = seconds(3);
-  auto holder = std::move(*holder_client->OpenSession("default", so));
-  auto hold = holder->Acquire("leader");
-  ASSERT_TRUE(hold.ok()) << hold.status();
-  auto waiter = std::move(*waiter_client->OpenSession("default", so));
-  auto behind = std::move(*behind_client->OpenSession("default", so));
-  AcquireOptions w;
-  w.wait = seconds(60);
-  auto waiting = std::async(std::launch::async, [&] { return waiter->Acquire("leader", w); });
-  auto queued = [&](int n) {
-    return Eventually([&] {
-      auto d = holder_client->Describe("default", "leader");
-      return d.ok() && d->waiters_size() == n;
-    }, seconds(10));
-  };
-  ASSERT_TRUE(queued(1));
-  auto behind_waiting = std::async(std::launch::async, [&] { return behind->Acquire("leader", w); });
-  ASSERT_TRUE(queued(2));
-  auto before = holder_client->Describe("default", "leader");
-  ASSERT_TRUE(before.ok()) << before.status();
-
-  cluster.holdfastd(0).Stop();
-  std::this_thread::sleep_for(seconds(3));  // past the stopped replica's grace
-  auto d = holder_client->Describe("default", "leader");
-  ASSERT_TRUE(d.ok()) << d.status();
-  ASSERT_EQ(d->waiters_size(), 2);
-  EXPECT_EQ(d->waiters(0).session_id(), waiter->id());
-  EXPECT_EQ(d->waiters(0).create_revision(), before->waiters(0).create_revision());
-  EXPECT_EQ(d->waiters(1).session_id(), behind->id());
-  EXPECT_EQ(waiting.wait_for(seconds(0)), std::future_status::timeout);
-
-  ASSERT_TRUE(hold->Release().ok());
-  ASSERT_EQ(waiting.wait_for(seconds(10)), std::future_status::ready);
-  auto granted = waiting.get();
-  ASSERT_TRUE(granted.ok()) << granted.status();
-  EXPECT_EQ(behind_waiting.wait_for(seconds(0)), std::future_status::timeout);
-  ASSERT_TRUE(granted->Release().ok());
-  auto last = behind_waiting.get();
-  ASSERT_TRUE(last.ok()) << last.status();
-  EXPECT_TRUE(last->Release().ok());
 }
 
 TEST(RobustnessTest, ClientCutOffFromEveryReplicaDeclaresLostBeforeTheLeaseExpires) {
