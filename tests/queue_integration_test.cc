@@ -322,6 +322,71 @@ TEST_F(QueueTest, ACancelledWaiterLeavesNoWaiterBehind) {
   EXPECT_EQ(client_->Describe("default", "c")->holders(0).session_id(), a->id());
 }
 
+// The same acquire asked twice on one session (a first attempt whose answer was
+// lost, asked again): the second takes the waiter over in place (same create
+// revision, a new mod revision), and the first one's cancel, 2 s later, leaves
+// it: the session keeps its place ahead of the waiter that came after it.
+TEST_F(QueueTest, AWaitAskedAgainTakesItsWaiterOverAndTheFirstOnesCancelLeavesIt) {
+  auto a = Open(), b = Open(), c = Open();
+  auto held = a->Acquire("c");
+  ASSERT_TRUE(held.ok());
+  auto channel = grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials());
+  auto stub = v1::Lock::NewStub(channel);
+  v1::AcquireRequest req;
+  req.set_namespace_("default");
+  req.set_session_id(b->id());
+  req.set_lock_key("c");
+  req.set_wait_ms(60'000);
+  grpc::ClientContext first_ctx;
+  v1::AcquireResponse first_resp;
+  std::promise<grpc::Status> first_done;
+  stub->async()->Acquire(&first_ctx, &req, &first_resp,
+                         [&](grpc::Status s) { first_done.set_value(s); });
+  auto queued = DescribeUntil("c", [](auto& d) { return d.waiters_size() == 1; });
+  ASSERT_EQ(queued.waiters_size(), 1);
+  const int64_t place = queued.waiters(0).create_revision();
+  const std::string wait_key = keyspace::WaitKey("default", "c", b->id());
+  auto mod_of_waiter = [&]() -> int64_t {
+    pb::RangeRequest r;
+    r.set_key(wait_key);
+    auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    return got.ok() && got->kvs_size() == 1 ? got->kvs(0).mod_revision() : 0;
+  };
+  const int64_t first_mod = mod_of_waiter();
+  ASSERT_GT(first_mod, 0);
+
+  // Asked again (through libholdfast: the same session, key and wait).
+  AcquireOptions w;
+  w.wait = seconds(60);
+  auto again = std::async(std::launch::async, [&] { return b->Acquire("c", w); });
+  for (int i = 0; i < 1000 && mod_of_waiter() == first_mod; ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_NE(mod_of_waiter(), first_mod);  // put again in place
+  auto behind = std::async(std::launch::async, [&] { return c->Acquire("c", w); });
+  DescribeUntil("c", [](auto& d) { return d.waiters_size() == 2; });
+
+  first_ctx.TryCancel();
+  auto f = first_done.get_future();
+  ASSERT_EQ(f.wait_for(seconds(10)), std::future_status::ready);
+  EXPECT_EQ(f.get().error_code(), grpc::StatusCode::CANCELLED);
+  std::this_thread::sleep_for(seconds(3));  // past the cancel's 2 s
+  auto d = client_->Describe("default", "c");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->waiters_size(), 2);
+  EXPECT_EQ(d->waiters(0).session_id(), b->id());
+  EXPECT_EQ(d->waiters(0).create_revision(), place);
+  EXPECT_EQ(d->waiters(1).session_id(), c->id());
+
+  ASSERT_TRUE(held->Release().ok());
+  auto granted = again.get();
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_EQ(behind.wait_for(seconds(0)), std::future_status::timeout);
+  ASSERT_TRUE(granted->Release().ok());
+  auto last = behind.get();
+  ASSERT_TRUE(last.ok()) << last.status();
+}
+
 // A wait out of range is refused, whatever its size, and nothing is written.
 TEST_F(QueueTest, AWaitOutOfRangeIsRefusedAndChangesNothing) {
   auto a = Open();
