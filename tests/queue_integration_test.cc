@@ -71,6 +71,35 @@ class QueueTest : public ::testing::Test {
     return last;
   }
 
+  // A waiting Acquire of `key` by `session` (60 s) straight over gRPC, left for
+  // the test to cancel: libholdfast would ask again. Ends the call, if it is
+  // still out, before it goes.
+  struct RawWait {
+    ~RawWait() {
+      ctx.TryCancel();
+      if (result.valid()) result.wait();
+    }
+    std::unique_ptr<v1::Lock::Stub> stub;
+    v1::AcquireRequest req;
+    grpc::ClientContext ctx;
+    v1::AcquireResponse resp;
+    std::promise<grpc::Status> done;
+    std::future<grpc::Status> result = done.get_future();
+  };
+  std::unique_ptr<RawWait> StartRawWait(int64_t session, const std::string& key) {
+    auto w = std::make_unique<RawWait>();
+    w->stub = v1::Lock::NewStub(
+        grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
+    w->req.set_namespace_("default");
+    w->req.set_session_id(session);
+    w->req.set_lock_key(key);
+    w->req.set_wait_ms(60'000);
+    RawWait* raw = w.get();
+    w->stub->async()->Acquire(&w->ctx, &w->req, &w->resp,
+                              [raw](grpc::Status st) { raw->done.set_value(st); });
+    return w;
+  }
+
   // Class "long" on "pol/": sessions of 20 s to 60 s only (those of Open()'s
   // default 10 s are refused).
   void CreateLongSessionsClass() {
@@ -302,22 +331,11 @@ TEST_F(QueueTest, ACancelledWaiterLeavesNoWaiterBehind) {
   auto a = Open(), b = Open();
   auto held = a->Acquire("c");
   ASSERT_TRUE(held.ok());
-  auto channel = grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials());
-  auto stub = v1::Lock::NewStub(channel);
-  grpc::ClientContext ctx;
-  v1::AcquireRequest req;
-  req.set_namespace_("default");
-  req.set_session_id(b->id());
-  req.set_lock_key("c");
-  req.set_wait_ms(60'000);
-  v1::AcquireResponse resp;
-  std::promise<grpc::Status> done;
-  stub->async()->Acquire(&ctx, &req, &resp, [&](grpc::Status s) { done.set_value(s); });
+  auto wait = StartRawWait(b->id(), "c");
   DescribeUntil("c", [](auto& d) { return d.waiters_size() == 1; });
-  ctx.TryCancel();
-  auto f = done.get_future();
-  ASSERT_EQ(f.wait_for(seconds(10)), std::future_status::ready);
-  EXPECT_EQ(f.get().error_code(), grpc::StatusCode::CANCELLED);
+  wait->ctx.TryCancel();
+  ASSERT_EQ(wait->result.wait_for(seconds(10)), std::future_status::ready);
+  EXPECT_EQ(wait->result.get().error_code(), grpc::StatusCode::CANCELLED);
   DescribeUntil("c", [](auto& d) { return d.waiters_size() == 0; });
   EXPECT_EQ(client_->Describe("default", "c")->holders(0).session_id(), a->id());
 }
@@ -330,18 +348,7 @@ TEST_F(QueueTest, AWaitAskedAgainTakesItsWaiterOverAndTheFirstOnesCancelLeavesIt
   auto a = Open(), b = Open(), c = Open();
   auto held = a->Acquire("c");
   ASSERT_TRUE(held.ok());
-  auto channel = grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials());
-  auto stub = v1::Lock::NewStub(channel);
-  v1::AcquireRequest req;
-  req.set_namespace_("default");
-  req.set_session_id(b->id());
-  req.set_lock_key("c");
-  req.set_wait_ms(60'000);
-  grpc::ClientContext first_ctx;
-  v1::AcquireResponse first_resp;
-  std::promise<grpc::Status> first_done;
-  stub->async()->Acquire(&first_ctx, &req, &first_resp,
-                         [&](grpc::Status s) { first_done.set_value(s); });
+  auto first = StartRawWait(b->id(), "c");
   auto queued = DescribeUntil("c", [](auto& d) { return d.waiters_size() == 1; });
   ASSERT_EQ(queued.waiters_size(), 1);
   const int64_t place = queued.waiters(0).create_revision();
@@ -366,10 +373,9 @@ TEST_F(QueueTest, AWaitAskedAgainTakesItsWaiterOverAndTheFirstOnesCancelLeavesIt
   auto behind = std::async(std::launch::async, [&] { return c->Acquire("c", w); });
   DescribeUntil("c", [](auto& d) { return d.waiters_size() == 2; });
 
-  first_ctx.TryCancel();
-  auto f = first_done.get_future();
-  ASSERT_EQ(f.wait_for(seconds(10)), std::future_status::ready);
-  EXPECT_EQ(f.get().error_code(), grpc::StatusCode::CANCELLED);
+  first->ctx.TryCancel();
+  ASSERT_EQ(first->result.wait_for(seconds(10)), std::future_status::ready);
+  EXPECT_EQ(first->result.get().error_code(), grpc::StatusCode::CANCELLED);
   std::this_thread::sleep_for(seconds(3));  // past the cancel's 2 s
   auto d = client_->Describe("default", "c");
   ASSERT_TRUE(d.ok()) << d.status();
