@@ -90,6 +90,11 @@ class Engine {
   // `health` (optional, not owned) gates new grants and keepalive answers.
   Engine(etcd::Client* etcd, EngineOptions options, EtcdHealth* health = nullptr);
 
+  // Ends the watch the engine keeps of its own (lock/forced_holds.h). Before the
+  // etcd client goes, which is before the engine (its callbacks end with the
+  // client's streams). Idempotent.
+  void Stop() { forced_.Stop(); }
+
   // Makes sure /holdfast/epoch exists: creates {epoch, the answering cluster's
   // id} when absent (by compare-and-swap, so racing replicas agree). `epoch` is 1
   // on a fresh install, or above the audit store's history when the record is

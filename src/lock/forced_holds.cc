@@ -136,7 +136,9 @@ ForcedHolds::ForcedHolds(etcd::Client* etcd) : state_(std::make_shared<State>(et
   state_->Watch();
 }
 
-ForcedHolds::~ForcedHolds() {
+ForcedHolds::~ForcedHolds() { Stop(); }
+
+void ForcedHolds::Stop() {
   etcd::WatchId id;
   {
     absl::MutexLock l(&state_->mu);

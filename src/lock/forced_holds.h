@@ -45,7 +45,11 @@ class ForcedHolds {
 
   // Starts watching at once.
   explicit ForcedHolds(etcd::Client* etcd);
+  // Stop() unless it has run.
   ~ForcedHolds();
+  // Ends the watch; before the etcd client goes (which may be before this object).
+  // Idempotent.
+  void Stop();
   ForcedHolds(const ForcedHolds&) = delete;
   ForcedHolds& operator=(const ForcedHolds&) = delete;
 

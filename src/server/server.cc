@@ -497,7 +497,10 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
     if (replicas_) replicas_->Stop();
     if (auto* p = clusters_->placements()) p->Stop();
     // The engines' pending callbacks end with the etcd clients' streams.
-    for (const auto& c : clusters_->all()) c->etcd.reset();
+    for (const auto& c : clusters_->all()) {
+      if (c->engine) c->engine->Stop();
+      c->etcd.reset();
+    }
     // Only now: the etcd clients' last callbacks may still have reached these.
     for (const auto& c : clusters_->all()) c->op_quota.reset();
   }
