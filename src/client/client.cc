@@ -24,6 +24,7 @@ namespace holdfast {
 namespace {
 constexpr char kRetryAfterPayload[] = "type.holdfast.dev/retry-after-ms";
 constexpr char kUnreachablePayload[] = "type.holdfast.dev/unreachable";
+constexpr char kStoppingPayload[] = "type.holdfast.dev/stopping";
 
 // FromGrpcStatus, keeping the server's retry-after-ms trailer (op_rate_quota) as a
 // payload that RetryAfter() reads, and naming a call that found no connection to
@@ -34,6 +35,10 @@ absl::Status FromCall(const internal::ClientCore& core,
                       const internal::ClientCore::Endpoint& endpoint,
                       const grpc::ClientContext& ctx, const grpc::Status& g) {
   absl::Status s = FromGrpcStatus(g);
+  if (s.code() == absl::StatusCode::kUnavailable && internal::SaysStopping(ctx)) {
+    s.SetPayload(kStoppingPayload, absl::Cord());
+    return s;
+  }
   if ((s.code() == absl::StatusCode::kUnavailable ||
        s.code() == absl::StatusCode::kDeadlineExceeded) &&
       endpoint.channel->GetState(/*try_to_connect=*/false) != GRPC_CHANNEL_READY) {
@@ -68,6 +73,15 @@ bool OutcomeUnknown(absl::StatusCode code) {
 bool Moved(const internal::ClientCore::Moveable& m, absl::Status* s) {
   if (!m.moved() || s->code() != absl::StatusCode::kCancelled) return false;
   *s = absl::UnavailableError("holdfastd stopped answering (the call was moved to another replica)");
+  return true;
+}
+
+// The call's replica is stopping and said so (FromCall): with another endpoint
+// to go to, it becomes current and the call is asked again there at once.
+bool SkipStopping(internal::ClientCore& core, const internal::ClientCore::Endpoint& e,
+                  const absl::Status& s) {
+  if (!s.GetPayload(kStoppingPayload).has_value() || core.endpoint_count() < 2) return false;
+  core.Skip(e);
   return true;
 }
 
@@ -180,9 +194,13 @@ ClientCore::Endpoint& ClientCore::Connected(std::chrono::system_clock::time_poin
   return *endpoints_[start];
 }
 
-void ClientCore::PassOver(const Endpoint& e) {
+void ClientCore::Skip(const Endpoint& e) {
   size_t expected = e.index;
   current_.compare_exchange_strong(expected, (e.index + 1) % endpoints_.size());
+}
+
+void ClientCore::PassOver(const Endpoint& e) {
+  Skip(e);
   absl::MutexLock l(&moveable_mu_);
   for (Moveable* m : moveable_) {
     if (m->endpoint_ != e.index) continue;
@@ -556,7 +574,7 @@ absl::Status Hold::Release() {
       break;
     }
     unknown = unknown || s.code() != absl::StatusCode::kAborted;
-    if (moved) continue;  // the next endpoint is current already
+    if (moved || SkipStopping(core, endpoint, s)) continue;  // the next endpoint is current
     const auto backoff = std::chrono::milliseconds(10 * (attempt + 1));
     if (std::chrono::system_clock::now() + backoff >= bound) break;
     std::this_thread::sleep_for(backoff);
@@ -643,7 +661,7 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         wait_until - std::chrono::steady_clock::now());
     req.set_wait_ms(std::max<int64_t>(left.count(), 0));
-    if (moved) continue;  // the next endpoint is current already
+    if (moved || SkipStopping(core, endpoint, s)) continue;  // the next endpoint is current
     const auto backoff = std::chrono::milliseconds(50 * (attempt + 1));
     if (std::chrono::system_clock::now() + backoff >= call_deadline) break;
     std::this_thread::sleep_for(backoff);

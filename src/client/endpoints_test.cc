@@ -18,10 +18,17 @@
 
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "holdfast/client.h"
+#include "holdfast/v1/lock.grpc.pb.h"
 #include "holdfast/v1/session.grpc.pb.h"
 
 namespace holdfast {
 namespace {
+
+// What holdfastd answers a call that it is stopping to serve.
+grpc::Status Stopping(grpc::ServerContext* ctx) {
+  ctx->AddTrailingMetadata("holdfast-stopping", "1");
+  return grpc::Status(grpc::StatusCode::UNAVAILABLE, "this holdfastd is stopping");
+}
 
 // Sessions of `ttl_ms` (ids from `first_id` on). Renewals are answered unless
 // `silent_renewals` is set.
@@ -33,6 +40,9 @@ class CountingSessions final : public v1::Session::Service {
   std::atomic<int64_t> ttl_ms{30'000};
   std::atomic<int64_t> first_id{1};
   std::atomic<bool> silent_renewals{false};
+  // As holdfastd stopping: every stream ends UNAVAILABLE with the
+  // holdfast-stopping trailer (at its next renewal, or at once when it arrives).
+  std::atomic<bool> stopping{false};
 
  private:
   grpc::Status Open(grpc::ServerContext*, const v1::OpenSessionRequest*,
@@ -42,11 +52,12 @@ class CountingSessions final : public v1::Session::Service {
     return grpc::Status::OK;
   }
   grpc::Status KeepAlive(
-      grpc::ServerContext*,
+      grpc::ServerContext* ctx,
       grpc::ServerReaderWriter<v1::KeepAliveResponse, v1::KeepAliveRequest>* stream) override {
     ++keepalive_streams_;
     v1::KeepAliveRequest req;
-    while (stream->Read(&req)) {
+    while (!stopping.load() && stream->Read(&req)) {
+      if (stopping.load()) break;
       if (silent_renewals.load()) continue;
       v1::KeepAliveResponse resp;
       resp.set_session_id(req.session_id());
@@ -55,6 +66,7 @@ class CountingSessions final : public v1::Session::Service {
       if (!stream->Write(resp)) break;
       ++renewals_answered_;
     }
+    if (stopping.load()) return Stopping(ctx);
     return grpc::Status::OK;
   }
   grpc::Status Close(grpc::ServerContext*, const v1::CloseSessionRequest*,
@@ -65,6 +77,29 @@ class CountingSessions final : public v1::Session::Service {
   std::atomic<int> opened_{0};
   std::atomic<int> keepalive_streams_{0};
   std::atomic<int> renewals_answered_{0};
+};
+
+// Acquire grants every key with token `token`, or, `stopping`, answers as a
+// stopping holdfastd; Release lets go.
+class StandInLock final : public v1::Lock::Service {
+ public:
+  std::atomic<int> acquires{0};
+  std::atomic<int64_t> token{1};
+  std::atomic<bool> stopping{false};
+
+ private:
+  grpc::Status Acquire(grpc::ServerContext* ctx, const v1::AcquireRequest* req,
+                       v1::AcquireResponse* resp) override {
+    ++acquires;
+    if (stopping.load()) return Stopping(ctx);
+    resp->mutable_hold()->set_lock_key(req->lock_key());
+    resp->mutable_hold()->set_token(token.load());
+    return grpc::Status::OK;
+  }
+  grpc::Status Release(grpc::ServerContext*, const v1::ReleaseRequest*,
+                       v1::ReleaseResponse*) override {
+    return grpc::Status::OK;
+  }
 };
 
 // grpc.health.v1 as holdfastd answers it, or, `silent`, not at all (a paused
@@ -89,6 +124,7 @@ class StandInHealth final : public grpc::health::v1::Health::Service {
 // One stand-in replica on a port of its own.
 struct Replica {
   CountingSessions sessions;
+  StandInLock lock;
   StandInHealth health;
   std::unique_ptr<grpc::Server> server;
   std::string endpoint;
@@ -98,6 +134,7 @@ struct Replica {
     int port = 0;
     b.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
     b.RegisterService(&sessions);
+    b.RegisterService(&lock);
     b.RegisterService(&health);
     server = b.BuildAndStart();
     ASSERT_TRUE(server != nullptr && port != 0);
@@ -356,6 +393,28 @@ TEST_F(SilentReplicaTest, AReplicaThatAnswersItsCheckKeepsTheRenewals) {
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   EXPECT_EQ(b_.sessions.keepalive_streams(), 0);
   EXPECT_EQ(a_.sessions.keepalive_streams(), 1);
+}
+
+// A replica that is stopping says so (UNAVAILABLE, holdfast-stopping) while its
+// connection is still up: the Client goes to its next endpoint at once, for the
+// renewals and for the call, rather than asking the stopping one again.
+TEST_F(SilentReplicaTest, RenewalsLeaveAReplicaThatSaysItIsStopping) {
+  a_.sessions.stopping = true;
+  WaitFor([&] { return b_.sessions.renewals_answered() >= 1; });
+  EXPECT_GE(b_.sessions.renewals_answered(), 1);
+  EXPECT_EQ(b_.sessions.keepalive_streams(), 1);
+  EXPECT_EQ(a_.sessions.keepalive_streams(), 1);  // not asked again
+  EXPECT_FALSE(session_->lost()) << session_->lost_reason();
+}
+
+TEST_F(SilentReplicaTest, AnAcquireAnsweredByAStoppingReplicaIsAskedAgainOnTheNext) {
+  a_.lock.stopping = true;
+  b_.lock.token = 7;
+  auto hold = session_->Acquire("k", {.wait = std::chrono::seconds(5)});
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  EXPECT_EQ(hold->token(), 7);  // granted by b
+  EXPECT_EQ(a_.lock.acquires.load(), 1);
+  EXPECT_EQ(b_.lock.acquires.load(), 1);
 }
 
 }  // namespace

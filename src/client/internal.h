@@ -26,6 +26,13 @@ namespace holdfast::internal {
 
 using SteadyClock = std::chrono::steady_clock;
 
+// A holdfastd that is stopping ends its waits and renewal streams UNAVAILABLE with
+// this trailer (server/rpc_util.h, kStoppingMetadata): go to the next endpoint.
+inline bool SaysStopping(const grpc::ClientContext& ctx) {
+  const auto& trailers = ctx.GetServerTrailingMetadata();
+  return trailers.find("holdfast-stopping") != trailers.end();
+}
+
 class KeepAlivePump;
 
 // The channels and stubs of one Client, shared with its sessions (which may
@@ -69,6 +76,10 @@ class ClientCore {
   // streams that pick an endpoint from now on go there first; and the calls in
   // flight on `e` that can be asked again (Moveable) are cancelled, to be.
   void PassOver(const Endpoint& e);
+  // `e` said it is stopping (holdfastd's `holdfast-stopping` trailer): if it is the
+  // current endpoint, the next one becomes current. Its calls in flight are left
+  // to finish there.
+  void Skip(const Endpoint& e);
 
   // A call in flight on one endpoint that a pass-over of that endpoint moves:
   // PassOver cancels it, and moved() then tells its caller to ask again (on the
@@ -258,6 +269,7 @@ class KeepAlivePump {
     std::unique_ptr<grpc::ClientReaderWriter<v1::KeepAliveRequest, v1::KeepAliveResponse>> rw;
     std::thread reader;
     std::atomic<bool> broken{false};
+    std::atomic<bool> read_ended{false};  // the reader's Read returned false
     std::atomic<int64_t> answers{0};
     std::unique_ptr<SilenceCheck> check;
     bool passed_over = false;  // broken by CheckSilence: reopen without back-off

@@ -166,6 +166,7 @@ void KeepAlivePump::ReadLoop(Stream* s) {
       if (resp.ended_size() > 0) state->HoldsEnded(resp.ended());
     }
   }
+  s->read_ended = true;
   s->broken = true;
   absl::MutexLock l(&mu_);
   cv_.Signal();
@@ -241,11 +242,17 @@ void KeepAlivePump::CheckSilence(SteadyClock::time_point now) {
 void KeepAlivePump::CloseStream() {
   if (!stream_) return;
   if (stream_->check) stream_->check->thread.join();  // ends within its timeout
-  stream_->ctx.TryCancel();
+  // A stream its server ended has its status (and trailers) to read; one ended
+  // here is cancelled first, or Finish would wait for the server.
+  if (!stream_->read_ended.load()) stream_->ctx.TryCancel();
   if (stream_->reader.joinable()) stream_->reader.join();
   stream_->rw->Finish();
   bool was_broken = stream_->broken.load();
-  const bool passed_over = stream_->passed_over;
+  // Its replica is stopping (Server::Shutdown): renew on the next endpoint now.
+  const bool stopping =
+      core_->endpoint_count() > 1 && SaysStopping(stream_->ctx);
+  if (stopping) core_->Skip(*stream_->endpoint);
+  const bool passed_over = stream_->passed_over || stopping;
   if (stream_->answers.load() > 0) backoff_ = std::chrono::milliseconds(50);
   stream_.reset();
   {
