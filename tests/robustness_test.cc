@@ -213,6 +213,8 @@ class MovedWaitTest : public ::testing::Test {
   void SetUp() override {
     testing::TestCluster::Options o;
     o.replicas = 2;
+    // Longer than any test here waits: a stopped replica must not wait it out.
+    o.extra_config = "shutdown_grace: 60s\n";
     auto c = testing::TestCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status();
     cluster_ = std::move(*c);
@@ -310,13 +312,26 @@ TEST_F(MovedWaitTest, AWaitOnAReplicaThatGoesSilentMovesAndKeepsItsPlace) {
   ExpectServedInOrder();
 }
 
-// A replica stopped (SIGTERM, a rolling restart) cancels the waits it serves; the
-// waiter's Client asks again on the other replica, whose attempt takes the waiter
-// over before the stopped replica's end of the first one would take it out
-// (AcquireOp::Cancel keeps a queued waiter for a moment).
+// A replica stopped (SIGTERM, a rolling restart) answers the waits it serves at
+// once, UNAVAILABLE with the holdfast-stopping trailer, and ends its renewal
+// streams so; it does not wait out its shutdown_grace for them. The waiter's
+// Client asks again on the other replica, whose attempt takes the waiter over in
+// place before the stopped replica's end of the first one would take it out
+// (AcquireOp::Move keeps a queued waiter for a moment), and the stopped replica
+// exits.
 TEST_F(MovedWaitTest, AWaitOnAReplicaThatIsStoppedMovesAndKeepsItsPlace) {
-  cluster_->holdfastd(0).Stop();
-  std::this_thread::sleep_for(seconds(3));  // past the stopped replica's grace
+  const auto first = ReadWaiter();
+  ASSERT_TRUE(first.has_value());
+  cluster_->holdfastd(0).process()->Signal(SIGTERM);
+  // Put again in place by replica 1 while replica 0's 60 s grace still runs.
+  EXPECT_TRUE(Eventually([&] {
+    auto now = ReadWaiter();
+    return now && now->first == first->first && now->second != first->second;
+  }, seconds(20)));
+  const auto exit_code = cluster_->holdfastd(0).process()->Wait(seconds(20));
+  ASSERT_TRUE(exit_code.has_value()) << "the stopped replica waited for its shutdown_grace";
+  EXPECT_EQ(*exit_code, 0);
+  std::this_thread::sleep_for(seconds(3));  // past the moved waiter's moment
   ExpectServedInOrder();
 }
 

@@ -117,22 +117,41 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // then leaves it alone (EndNow). A client that died instead leaves its waiter a
   // moment longer: a hand-over in that moment gives its session a hold, which
   // ends with the session's lease, as every hold of a dead client does.
-  void Cancel() override {
+  void Cancel() override { Leave(absl::CancelledError("acquire cancelled by the caller"), false); }
+
+  // The replica is stopping (server/lock_service.h, MoveWaits): as a cancel, but
+  // the caller is answered at once with `why` (UNAVAILABLE), so it asks again on
+  // another replica now rather than when its connection closes.
+  void Move(absl::Status why) override { Leave(std::move(why), true); }
+
+ private:
+  // Cancel and Move: a queued call keeps its waiter kCancelGrace, then ends;
+  // `answer_now` answers the caller with `why` before that.
+  void Leave(absl::Status why, bool answer_now) {
     bool now;
+    Done<v1::AcquireResponse> answer;
     {
       absl::MutexLock l(&mu_);
       if (finished_ || end_reason_ || cancelled_) return;
       cancelled_ = true;
       now = own_waiter_rev_ == 0 || deadline_unix_ms_ - NowUnixMs() <= kCancelGrace.count();
+      if (!now && answer_now) {
+        answer = std::move(done_);
+        done_ = nullptr;
+        answered_ = true;
+      }
     }
-    if (now) return End(absl::CancelledError("acquire cancelled by the caller"));
+    if (now) return End(std::move(why));
+    if (answer) {
+      ReportEnd(why.code());
+      answer(why);
+    }
     auto self = shared_from_this();
     engine_->etcd().timers().ScheduleAfter(kCancelGrace, [self] {
       self->End(absl::CancelledError("acquire cancelled by the caller"));
     });
   }
 
- private:
   // What this replica's views show for the call, when they show it allowed.
   struct Views {
     NamespaceView ns;
@@ -1103,34 +1122,46 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   void Finish(absl::StatusOr<v1::AcquireResponse> result) {
     Done<v1::AcquireResponse> done;
     TimerQueue::TimerId timer = 0;
-    bool unpark;
-    std::optional<std::chrono::steady_clock::time_point> queued_at;
+    bool unpark, answered;
     std::string ns_label, class_label;
     {
       absl::MutexLock l(&mu_);
       if (finished_) return;
       finished_ = true;
       done = std::move(done_);
+      answered = answered_;
       std::swap(timer, timer_);
       unpark = parked_;
       parked_ = false;
-      queued_at = queued_at_;
       ns_label = ns_label_;
       class_label = class_label_;
     }
     StopWaiting();
     if (timer != 0) engine_->etcd().timers().Cancel(timer);
+    if (unpark) engine_->observer().OnParked(ns_label, class_label, -1);
+    // A call answered already (Move) was counted then; what its waiter got since
+    // is the call asked again's to report.
+    if (answered) return;
     // Reported before the answer: a caller that has its answer sees it counted.
-    const auto now = std::chrono::steady_clock::now();
+    ReportEnd(result.status().code());
+    done(std::move(result));
+  }
+
+  // Counts the call's end in the metrics (once: Finish, or Move's answer).
+  void ReportEnd(absl::StatusCode code) {
     AcquireEnd end;
-    end.ns = ns_label;
-    end.class_id = class_label;
-    end.code = result.status().code();
+    std::optional<std::chrono::steady_clock::time_point> queued_at;
+    {
+      absl::MutexLock l(&mu_);
+      queued_at = queued_at_;
+      end.ns = ns_label_;
+      end.class_id = class_label_;
+    }
+    const auto now = std::chrono::steady_clock::now();
+    end.code = code;
     end.latency = now - started_;
     if (queued_at) end.waited = now - *queued_at;
-    if (unpark) engine_->observer().OnParked(ns_label, class_label, -1);
     engine_->observer().OnAcquireDone(end);
-    done(std::move(result));
   }
 
   // The labels this call's metrics carry, once etcd has shown them to exist.
@@ -1158,7 +1189,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   Done<v1::AcquireResponse> done_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // an etcd step is in flight
-  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // by the caller (Cancel)
+  bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // by the caller (Cancel), or Move
+  bool answered_ ABSL_GUARDED_BY(mu_) = false;   // Move answered the caller
   std::optional<absl::Status> end_reason_ ABSL_GUARDED_BY(mu_);
   // The revision of the snapshot the last Decide saw (only Decide and the step it
   // starts use it, one at a time).

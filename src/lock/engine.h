@@ -83,6 +83,11 @@ class Cancellable {
   virtual ~Cancellable() = default;
   // Ends the operation with CANCELLED unless it has finished. Idempotent.
   virtual void Cancel() = 0;
+  // The server is stopping: answers the caller now with `why` (UNAVAILABLE, so
+  // that it asks again elsewhere) and leaves what the operation holds for the
+  // caller (a queued waiter) a moment longer, for the call asked again to take
+  // over. Idempotent; nothing after Cancel or the end.
+  virtual void Move(absl::Status why) = 0;
 };
 
 class Engine {

@@ -65,12 +65,19 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
   if (!root.IsMap()) return absl::InvalidArgumentError("config: the top level must be a map");
   if (auto s = Unknown(root, "", {"listen", "etcd", "clusters", "sessions", "acquire",
                                   "dev_identity", "limits",
-                                  "tls", "admin_ids", "insecure", "audit", "epochs", "metrics"});
+                                  "tls", "admin_ids", "insecure", "audit", "epochs", "metrics",
+                                  "shutdown_grace"});
       !s.ok()) {
     return s;
   }
   if (auto s = ReadString(root["listen"], "listen", &c.listen); !s.ok()) return s;
   if (auto s = ReadString(root["dev_identity"], "dev_identity", &c.dev_identity); !s.ok()) return s;
+  if (auto s = ReadDuration(root["shutdown_grace"], "shutdown_grace", &c.shutdown_grace); !s.ok()) {
+    return s;
+  }
+  if (c.shutdown_grace < std::chrono::milliseconds(0) || c.shutdown_grace > std::chrono::minutes(10)) {
+    return absl::InvalidArgumentError("config: shutdown_grace must be between 0s and 10m");
+  }
   if (auto etcd = root["etcd"]) {
     if (!etcd.IsMap()) return absl::InvalidArgumentError("config: etcd must be a map");
     if (auto s = Unknown(etcd, "etcd.", {"endpoints", "timeout", "tls"}); !s.ok()) return s;

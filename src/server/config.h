@@ -34,6 +34,10 @@
 //     refresh: 10s                  # how often the files are checked for changes
 //   admin_ids: [spiffe://acme.org/ops/*]   # may run the Admin API, use every namespace
 //   insecure: false                 # plaintext, loopback only, every caller is dev_identity
+//   shutdown_grace: 5s              # at SIGTERM, how long the calls in flight get to finish
+//                                   #   before they are cancelled (0s..10m); waits and
+//                                   #   renewal streams are sent to another replica at
+//                                   #   once (server/server.h, Shutdown)
 //   dev_identity: spiffe://holdfast.dev/dev   # identity of every caller while insecure
 //   audit:                          # ARCHITECTURE §7-8
 //     store: sqlite:holdfast-audit.db   # or postgresql://user@host/db; "none": no audit
@@ -119,6 +123,7 @@ struct Config {
   int max_waiters_per_key = 1000;
   int max_holds_per_session = 1000;
   std::string metrics_listen;  // host:port; empty: no metrics endpoint
+  std::chrono::milliseconds shutdown_grace{5000};
   // `clusters:`; empty: the one cluster of the `etcd:` fields above.
   std::vector<ClusterConfig> clusters;
 };

@@ -12,6 +12,7 @@ TEST(ConfigTest, EmptyIsDefaults) {
   EXPECT_EQ(c->etcd_endpoints, std::vector<std::string>{"127.0.0.1:2379"});
   EXPECT_EQ(c->metrics_listen, "");  // no metrics endpoint unless asked for
   EXPECT_EQ(c->audit_retention, std::chrono::milliseconds(0));  // the trail is kept forever
+  EXPECT_EQ(c->shutdown_grace, std::chrono::seconds(5));
 }
 
 TEST(ConfigTest, ReadsEveryField) {
@@ -29,6 +30,7 @@ audit: {store: "postgresql://h/db", compaction_interval: 30s, compaction_keep_re
         lag_warn_revisions: 7, leader_ttl: 4s, force_request_ttl: 5m, flush_interval: 200ms,
         max_buffered_events: 2000, retention: 90d}
 metrics: {listen: 0.0.0.0:9420}
+shutdown_grace: 30s
 )");
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->listen, "0.0.0.0:9000");
@@ -48,6 +50,7 @@ metrics: {listen: 0.0.0.0:9420}
   EXPECT_EQ(c->audit_max_buffered_events, 2000);
   EXPECT_EQ(c->audit_retention, std::chrono::hours(24 * 90));
   EXPECT_EQ(c->metrics_listen, "0.0.0.0:9420");
+  EXPECT_EQ(c->shutdown_grace, std::chrono::seconds(30));
 }
 
 TEST(ConfigTest, ErrorsNameTheProblem) {
@@ -93,6 +96,8 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\nacquire: {max_wait: 25h}", "acquire.max_wait must be between 0s and 24h"},
       {"insecure: true\nacquire: {ride_with_release: 2s}",
        "acquire.ride_with_release must be between 0s and 1s"},
+      {"insecure: true\nshutdown_grace: 11m", "shutdown_grace must be between 0s and 10m"},
+      {"insecure: true\nshutdown_grace: soon", "shutdown_grace: invalid duration"},
       {"insecure: true\naudit: {flush_interval: -5ms}", "audit.flush_interval: invalid duration"},
       {"insecure: true\naudit: {retention: 30m}",
        "audit.retention must be 0s (keep every event) or at least 1h"},

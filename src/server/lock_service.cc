@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
+#include <vector>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
@@ -18,19 +20,33 @@ constexpr int64_t kMaxWaitMs = 24 * 3600 * 1000;
 // of arrivals does not wait for the loop to ask for each one.
 constexpr int kHotBacklog = 8;
 
-// The cancellable part of one Acquire call: the call's cancel may come before the
-// engine operation has started (the quota's first read of a namespace is
-// asynchronous), or after it has ended.
-class AcquireCancel {
+}  // namespace
+
+// The cancellable part of one Acquire call: the call's cancel (or the replica's
+// stop) may come before the engine operation has started (the quota's first
+// read of a namespace is asynchronous), or after it has ended.
+class LockService::AcquireCall {
  public:
+  explicit AcquireCall(LockService* service) : service_(service) {}
+  ~AcquireCall() {
+    absl::MutexLock l(&service_->calls_mu_);
+    service_->calls_.erase(this);
+  }
+
   void SetOp(std::shared_ptr<lock::Cancellable> o) {
     bool cancel;
+    std::optional<absl::Status> moved;
     {
       absl::MutexLock l(&mu_);
       op_ = o;
       cancel = cancelled_;
+      moved = moved_;
     }
-    if (cancel) o->Cancel();
+    if (cancel) {
+      o->Cancel();
+    } else if (moved) {
+      o->Move(*moved);
+    }
   }
   void Cancel() {
     std::shared_ptr<lock::Cancellable> o;
@@ -41,14 +57,37 @@ class AcquireCancel {
     }
     if (o) o->Cancel();
   }
+  void Move(const absl::Status& why) {
+    std::shared_ptr<lock::Cancellable> o;
+    {
+      absl::MutexLock l(&mu_);
+      if (cancelled_ || moved_) return;
+      moved_ = why;
+      o = op_;
+    }
+    if (o) o->Move(why);
+  }
 
  private:
+  LockService* const service_;
   absl::Mutex mu_;
   std::shared_ptr<lock::Cancellable> op_ ABSL_GUARDED_BY(mu_);
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;
+  std::optional<absl::Status> moved_ ABSL_GUARDED_BY(mu_);
 };
 
-}  // namespace
+void LockService::MoveWaits() {
+  std::vector<std::shared_ptr<AcquireCall>> calls;
+  {
+    absl::MutexLock l(&calls_mu_);
+    stopping_ = true;
+    for (const auto& [raw, weak] : calls_) {
+      if (auto c = weak.lock()) calls.push_back(std::move(c));
+    }
+  }
+  const absl::Status why = absl::UnavailableError(kStoppingMessage);
+  for (const auto& c : calls) c->Move(why);
+}
 
 void LockService::Serve(RpcServer* rpc) {
   using S = v1::Lock::AsyncService;
@@ -65,11 +104,21 @@ void LockService::Serve(RpcServer* rpc) {
 void LockService::Acquire(UnaryCall<v1::AcquireRequest, v1::AcquireResponse>* call) {
   auto caller = auth_->CallerOf(call->context());
   if (!caller.ok()) return call->Finish(caller.status());
-  auto cancel = std::make_shared<AcquireCancel>();
+  auto cancel = std::make_shared<AcquireCall>(this);
+  bool stopping;
+  {
+    absl::MutexLock l(&calls_mu_);
+    stopping = stopping_;
+    if (!stopping) calls_.emplace(cancel.get(), cancel);
+  }
+  if (stopping) {
+    call->context().AddTrailingMetadata(kStoppingMetadata, "1");
+    return call->Finish(absl::UnavailableError(kStoppingMessage));
+  }
   call->OnCancel([cancel] { cancel->Cancel(); });
   const v1::AcquireRequest* req = &call->request();  // lives as long as the call
   const Route route = router_->RouteFor(req->namespace_());
-  AdmitThen(route.quota, call, *caller, req->namespace_(), [=, caller = *caller] {
+  AdmitThen(route.quota, call, *caller, req->namespace_(), [=, this, caller = *caller] {
     // Work may go on for the wait plus a margin for the grant itself. A wait out
     // of range is refused by the engine; clamped here so the sum cannot overflow.
     auto deadline = RpcDeadline(
@@ -77,7 +126,14 @@ void LockService::Acquire(UnaryCall<v1::AcquireRequest, v1::AcquireResponse>* ca
         std::chrono::milliseconds(std::clamp<int64_t>(req->wait_ms(), 0, kMaxWaitMs)) + kUnaryCap);
     // The call may be gone once the engine answers it; `cancel` (held by this
     // closure) stays alive here.
-    cancel->SetOp(route.engine->Acquire(caller, *req, deadline, FinishInto(call)));
+    cancel->SetOp(route.engine->Acquire(
+        caller, *req, deadline, [this, call](absl::StatusOr<v1::AcquireResponse> r) {
+          if (r.status().code() == absl::StatusCode::kUnavailable && Stopping()) {
+            call->context().AddTrailingMetadata(kStoppingMetadata, "1");
+          }
+          if (r.ok()) *call->response() = std::move(*r);
+          call->Finish(r.status());
+        }));
   });
 }
 

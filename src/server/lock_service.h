@@ -8,6 +8,11 @@
 // Thread-safe. Handlers run on the loop thread and never block.
 #pragma once
 
+#include <memory>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/synchronization/mutex.h"
 #include "holdfast/v1/lock.grpc.pb.h"
 #include "lock/engine.h"
 #include "server/async_rpc.h"
@@ -26,15 +31,31 @@ class LockService {
   // Starts serving; after the gRPC server has been built and started.
   void Serve(RpcServer* rpc);
 
+  // The replica is stopping (Server::Shutdown): every Acquire under way here is
+  // answered UNAVAILABLE with the kStoppingMetadata trailer, a queued one keeping
+  // its waiter a moment for the call asked again elsewhere (lock::Cancellable::
+  // Move); an Acquire that arrives from now on is answered so at once. From any
+  // thread; idempotent.
+  void MoveWaits();
+
  private:
+  class AcquireCall;
   void Acquire(UnaryCall<v1::AcquireRequest, v1::AcquireResponse>* call);
   void Release(UnaryCall<v1::ReleaseRequest, v1::ReleaseResponse>* call);
   void CheckToken(UnaryCall<v1::CheckTokenRequest, v1::CheckTokenResponse>* call);
   void Describe(UnaryCall<v1::DescribeRequest, v1::DescribeResponse>* call);
+  bool Stopping() {
+    absl::MutexLock l(&calls_mu_);
+    return stopping_;
+  }
 
   const Router* const router_;
   const Authenticator* const auth_;
   v1::Lock::AsyncService service_;
+  absl::Mutex calls_mu_;
+  bool stopping_ ABSL_GUARDED_BY(calls_mu_) = false;
+  // The Acquire calls under way (each takes itself out as it goes).
+  absl::flat_hash_map<AcquireCall*, std::weak_ptr<AcquireCall>> calls_ ABSL_GUARDED_BY(calls_mu_);
 };
 
 }  // namespace holdfast::server

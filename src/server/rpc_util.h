@@ -15,6 +15,14 @@
 
 namespace holdfast::server {
 
+// Trailing metadata of an UNAVAILABLE answer from a replica that is stopping
+// (Server::Shutdown): ask the next endpoint now. libholdfast reads it
+// (client/client.cc, kStoppingMetadata).
+inline constexpr char kStoppingMetadata[] = "holdfast-stopping";
+inline constexpr char kStoppingMessage[] =
+    "this holdfastd is stopping: ask another replica (a queued waiter keeps its place "
+    "for a moment)";
+
 // Work for a unary RPC without a client deadline stops after this long.
 inline constexpr std::chrono::seconds kUnaryCap{30};
 

@@ -456,7 +456,7 @@ v1::AuditStatus Server::AuditStatus() const {
   return out;
 }
 
-void Server::Shutdown(std::chrono::milliseconds grace) {
+void Server::Shutdown(std::optional<std::chrono::milliseconds> grace) {
   // No scrape from here on: it would read the auditors that go next.
   if (metrics_) metrics_->StopServing();
   {
@@ -477,10 +477,15 @@ void Server::Shutdown(std::chrono::milliseconds grace) {
   health_service_.store(nullptr);
   if (health_) health_->Shutdown();  // NOT_SERVING, and every Watch ends
   if (rpc_) rpc_->Stop();
+  // Before the gRPC server's Shutdown, which would wait for them: the waits and
+  // the renewal streams go to another replica now.
+  if (lock_service_) lock_service_->MoveWaits();
+  if (session_service_) session_service_->EndStreams();
   if (grpc_server_) {
     // The loop runs on: the calls in flight are answered (or cancelled after
     // `grace`) there.
-    grpc_server_->Shutdown(std::chrono::system_clock::now() + grace);
+    grpc_server_->Shutdown(std::chrono::system_clock::now() +
+                           grace.value_or(config_.shutdown_grace));
     grpc_server_->Wait();
   }
   if (rpc_) rpc_->StopWorkers();

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <memory>
+#include <optional>
 
 #include <grpcpp/grpcpp.h>
 
@@ -49,8 +50,14 @@ class Server {
   // not reachable, up to `etcd_wait`), then serves. Errors: what etcd or the
   // listener reported.
   absl::Status Start(std::chrono::milliseconds etcd_wait = std::chrono::seconds(60));
-  // Stops accepting calls; in-flight calls get `grace` to finish.
-  void Shutdown(std::chrono::milliseconds grace = std::chrono::seconds(5));
+  // Stops serving. First the callers that would otherwise wait out the grace are
+  // sent elsewhere: every queued Acquire is answered UNAVAILABLE (its waiter kept
+  // a moment for the call asked again on another replica: lock::Cancellable::Move)
+  // and every KeepAlive stream is ended UNAVAILABLE, both with the
+  // `holdfast-stopping` trailer that tells libholdfast to go to its next endpoint
+  // at once. The other calls in flight then get `grace` (default: the config's
+  // shutdown_grace) to finish before gRPC cancels them.
+  void Shutdown(std::optional<std::chrono::milliseconds> grace = std::nullopt);
   // The address actually bound (resolves port 0).
   std::string bound_address() const { return bound_address_; }
 

@@ -21,14 +21,31 @@ constexpr int kHotBacklog = 8;
 // once etcd has. Every request's session is checked (it exists in the namespace
 // named and belongs to the caller): from the engine's table of sessions it has
 // seen, or with one read of a session new to it. The stream finishes only when
-// reads are over and no engine callback is outstanding, so no callback outlives
-// it; it is deleted once gRPC has handed back the finish and told it done.
+// reads are over (or the replica stops: Stop) and no engine callback or write is
+// outstanding, so no callback outlives it; it is deleted once gRPC has handed
+// back the finish, told it done, and ended the read in flight.
 class SessionService::KeepAliveStream {
  public:
   explicit KeepAliveStream(SessionService* service) : service_(service) {
     ctx_.AsyncNotifyWhenDone(&done_);
     grpc::ServerCompletionQueue* cq = service_->rpc_->loop()->server_cq();
     service_->service_.RequestKeepAlive(&ctx_, &stream_, cq, cq, &arrived_);
+  }
+  ~KeepAliveStream() {
+    absl::MutexLock l(&service_->streams_mu_);
+    service_->streams_.erase(this);
+  }
+
+  // The replica is stopping: ends the stream (UNAVAILABLE, kStoppingMetadata)
+  // once what is under way is answered; no request is read after this one.
+  void Stop() {
+    bool finish;
+    {
+      absl::MutexLock l(&mu_);
+      stopping_ = true;
+      finish = ShouldFinishLocked();
+    }
+    if (finish) FinishStream();
   }
 
  private:
@@ -48,26 +65,50 @@ class SessionService::KeepAliveStream {
       return stream_.Finish(ToGrpcStatus(caller.status()), &finish_tag_);
     }
     caller_ = *std::move(caller);
-    stream_.Read(&req_, &read_tag_);
+    bool stopping;
+    {
+      absl::MutexLock l(&service_->streams_mu_);
+      stopping = service_->stopping_;
+      service_->streams_.insert(this);  // EndStreams may Stop it from here on
+    }
+    if (stopping) return Stop();
+    ReadNext();
+  }
+
+  // Asks for the next request, unless the stream is stopping. Under mu_, so that
+  // Stop's finish comes either before (and no read is asked for) or after it.
+  void ReadNext() {
+    bool finish = false;
+    {
+      absl::MutexLock l(&mu_);
+      if (stopping_) {
+        reads_done_ = true;
+        finish = ShouldFinishLocked();
+      } else {
+        reading_ = true;
+        stream_.Read(&req_, &read_tag_);
+      }
+    }
+    if (finish) FinishStream();
   }
 
   void OnRead(bool ok) {
-    if (!ok) {
-      bool finish;
-      {
-        absl::MutexLock l(&mu_);
-        reads_done_ = true;
-        finish = ShouldFinishLocked();
-      }
-      if (finish) stream_.Finish(grpc::Status::OK, &finish_tag_);
-      return;
-    }
-    v1::KeepAliveRequest req = req_;
+    bool serve = false, finish = false;
     {
       absl::MutexLock l(&mu_);
-      ++outstanding_;
+      reading_ = false;
+      if (!ok || stopping_) {  // a request read after Stop is not served
+        reads_done_ = true;
+        finish = ShouldFinishLocked();
+      } else {
+        serve = true;
+        ++outstanding_;
+      }
     }
-    stream_.Read(&req_, &read_tag_);  // pipelined: the next request may come before this answer
+    if (finish) FinishStream();
+    if (!serve) return MaybeDelete();
+    v1::KeepAliveRequest req = req_;
+    ReadNext();  // pipelined: the next request may come before this answer
     Handle(std::move(req));
   }
 
@@ -89,16 +130,37 @@ class SessionService::KeepAliveStream {
       }
     }
     if (more) stream_.Write(write_buf_, &write_tag_);
-    if (finish) stream_.Finish(grpc::Status::OK, &finish_tag_);
+    if (finish) FinishStream();
   }
 
   void OnFinished(bool) {
     finish_back_ = true;
-    if (done_back_) delete this;
+    MaybeDelete();
   }
   void OnDone(bool) {
     done_back_ = true;
-    if (finish_back_) delete this;
+    MaybeDelete();
+  }
+  void MaybeDelete() {
+    if (!finish_back_ || !done_back_) return;
+    {
+      absl::MutexLock l(&mu_);
+      if (reading_) return;  // its end calls again
+    }
+    delete this;
+  }
+
+  // Once (after ShouldFinishLocked said so): UNAVAILABLE when the replica
+  // stops, else OK (the client half-closed).
+  void FinishStream() {
+    bool stopping;
+    {
+      absl::MutexLock l(&mu_);
+      stopping = stopping_;
+    }
+    if (!stopping) return stream_.Finish(grpc::Status::OK, &finish_tag_);
+    ctx_.AddTrailingMetadata(kStoppingMetadata, "1");
+    stream_.Finish(grpc::Status(grpc::StatusCode::UNAVAILABLE, kStoppingMessage), &finish_tag_);
   }
 
   void Handle(v1::KeepAliveRequest req) {
@@ -160,11 +222,11 @@ class SessionService::KeepAliveStream {
       finish = !start && ShouldFinishLocked();
     }
     if (start) stream_.Write(write_buf_, &write_tag_);
-    if (finish) stream_.Finish(grpc::Status::OK, &finish_tag_);
+    if (finish) FinishStream();
   }
 
   bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (finished_ || !reads_done_ || outstanding_ > 0 || writing_) return false;
+    if (finished_ || !(reads_done_ || stopping_) || outstanding_ > 0 || writing_) return false;
     finished_ = true;
     return true;
   }
@@ -182,6 +244,8 @@ class SessionService::KeepAliveStream {
   bool reads_done_ ABSL_GUARDED_BY(mu_) = false;
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool reading_ ABSL_GUARDED_BY(mu_) = false;  // a Read is in flight
   // Touched on the loop thread only.
   bool finish_back_ = false;
   bool done_back_ = false;
@@ -205,6 +269,13 @@ void SessionService::Serve(RpcServer* rpc) {
 }
 
 void SessionService::RequestKeepAlive() { new KeepAliveStream(this); }
+
+void SessionService::EndStreams() {
+  absl::MutexLock l(&streams_mu_);
+  stopping_ = true;
+  // Stop does not delete (deletion waits for streams_mu_ in the destructor).
+  for (KeepAliveStream* s : streams_) s->Stop();
+}
 
 void SessionService::Open(UnaryCall<v1::OpenSessionRequest, v1::OpenSessionResponse>* call) {
   auto caller = auth_->CallerOf(call->context());

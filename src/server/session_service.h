@@ -7,6 +7,9 @@
 // Thread-safe. Handlers run on the loop thread and never block.
 #pragma once
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/synchronization/mutex.h"
 #include "holdfast/v1/session.grpc.pb.h"
 #include "lock/engine.h"
 #include "server/async_rpc.h"
@@ -25,6 +28,12 @@ class SessionService {
   // Starts serving; after the gRPC server has been built and started.
   void Serve(RpcServer* rpc);
 
+  // The replica is stopping (Server::Shutdown): every KeepAlive stream ends with
+  // UNAVAILABLE and the kStoppingMetadata trailer once the renewals it has under
+  // way are answered, and a stream that arrives from now on ends so at once;
+  // libholdfast renews on its next endpoint. From any thread; idempotent.
+  void EndStreams();
+
  private:
   class KeepAliveStream;
   void Open(UnaryCall<v1::OpenSessionRequest, v1::OpenSessionResponse>* call);
@@ -36,6 +45,10 @@ class SessionService {
   const Authenticator* const auth_;
   RpcServer* rpc_ = nullptr;
   v1::Session::AsyncService service_;
+  absl::Mutex streams_mu_;
+  bool stopping_ ABSL_GUARDED_BY(streams_mu_) = false;
+  // The streams that have arrived and not been deleted.
+  absl::flat_hash_set<KeepAliveStream*> streams_ ABSL_GUARDED_BY(streams_mu_);
 };
 
 }  // namespace holdfast::server
