@@ -11,12 +11,14 @@
 #include <utility>
 #include <thread>
 
+#include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
 #include "etcd/watch_hub.h"
 #include "harness/cluster.h"
 #include "holdfast/fence.h"
+#include "holdfast/v1/lock.grpc.pb.h"
 #include "lock/keyspace.h"
 
 namespace holdfast {
@@ -322,6 +324,7 @@ TEST_F(MovedWaitTest, AWaitOnAReplicaThatGoesSilentMovesAndKeepsItsPlace) {
 TEST_F(MovedWaitTest, AWaitOnAReplicaThatIsStoppedMovesAndKeepsItsPlace) {
   const auto first = ReadWaiter();
   ASSERT_TRUE(first.has_value());
+  const auto stopped_at = Clock::now();
   cluster_->holdfastd(0).process()->Signal(SIGTERM);
   // Put again in place by replica 1 while replica 0's 60 s grace still runs.
   EXPECT_TRUE(Eventually([&] {
@@ -331,7 +334,47 @@ TEST_F(MovedWaitTest, AWaitOnAReplicaThatIsStoppedMovesAndKeepsItsPlace) {
   const auto exit_code = cluster_->holdfastd(0).process()->Wait(seconds(20));
   ASSERT_TRUE(exit_code.has_value()) << "the stopped replica waited for its shutdown_grace";
   EXPECT_EQ(*exit_code, 0);
+  std::printf("the stopped replica exited %lld ms after SIGTERM\n",
+              static_cast<long long>(
+                  std::chrono::duration_cast<milliseconds>(Clock::now() - stopped_at).count()));
   std::this_thread::sleep_for(seconds(3));  // past the moved waiter's moment
+  ExpectServedInOrder();
+}
+
+// A wait whose caller does not ask again (a raw gRPC call, no libholdfast) is
+// answered UNAVAILABLE with the holdfast-stopping trailer when its replica
+// stops; the replica keeps its waiter a moment for a call asked again, then,
+// before it exits, takes it out: the queue goes on without it.
+TEST_F(MovedWaitTest, AStoppedReplicaTakesOutTheWaiterOfACallNotAskedAgain) {
+  SessionOptions so;
+  so.ttl = seconds(3);
+  auto raw_session = holder_client_->OpenSession("default", so);  // renewed on replica 1
+  ASSERT_TRUE(raw_session.ok()) << raw_session.status();
+  auto stub = v1::Lock::NewStub(
+      grpc::CreateChannel(cluster_->endpoint(0), grpc::InsecureChannelCredentials()));
+  v1::AcquireRequest req;
+  req.set_namespace_("default");
+  req.set_session_id((*raw_session)->id());
+  req.set_lock_key("leader");
+  req.set_wait_ms(60'000);
+  grpc::ClientContext ctx;
+  v1::AcquireResponse resp;
+  std::promise<grpc::Status> done;
+  auto result = done.get_future();
+  stub->async()->Acquire(&ctx, &req, &resp, [&done](grpc::Status st) { done.set_value(st); });
+  ASSERT_TRUE(Queued(3));
+
+  cluster_->holdfastd(0).process()->Signal(SIGTERM);
+  ASSERT_EQ(result.wait_for(seconds(20)), std::future_status::ready);
+  const grpc::Status answer = result.get();
+  EXPECT_EQ(answer.error_code(), grpc::StatusCode::UNAVAILABLE) << answer.error_message();
+  EXPECT_NE(answer.error_message().find("this holdfastd is stopping"), std::string::npos)
+      << answer.error_message();
+  EXPECT_EQ(ctx.GetServerTrailingMetadata().count("holdfast-stopping"), 1u);
+  const auto exit_code = cluster_->holdfastd(0).process()->Wait(seconds(20));
+  ASSERT_TRUE(exit_code.has_value()) << "the stopped replica waited for its shutdown_grace";
+  EXPECT_EQ(*exit_code, 0);
+  // Gone before the replica exited; the other two, taken over or on replica 1, stay.
   ExpectServedInOrder();
 }
 

@@ -126,7 +126,10 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
 
  private:
   // Cancel and Move: a queued call keeps its waiter kCancelGrace, then ends;
-  // `answer_now` answers the caller with `why` before that.
+  // `answer_now` answers the caller with `why` before that. A call not queued yet
+  // ends now; one whose enqueue is in flight then takes out the waiter it put,
+  // so that call asked again queues anew (a window of one etcd round trip).
+  // Counted in Engine::leavers_ while it keeps the waiter.
   void Leave(absl::Status why, bool answer_now) {
     bool now;
     Done<v1::AcquireResponse> answer;
@@ -135,10 +138,15 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       if (finished_ || end_reason_ || cancelled_) return;
       cancelled_ = true;
       now = own_waiter_rev_ == 0 || deadline_unix_ms_ - NowUnixMs() <= kCancelGrace.count();
-      if (!now && answer_now) {
-        answer = std::move(done_);
-        done_ = nullptr;
-        answered_ = true;
+      if (!now) {
+        if (answer_now) {
+          answer = std::move(done_);
+          done_ = nullptr;
+          answered_ = true;
+        }
+        leaving_ = true;
+        absl::MutexLock c(&engine_->leavers_mu_);
+        ++engine_->leavers_;
       }
     }
     if (now) return End(std::move(why));
@@ -146,10 +154,45 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       ReportEnd(why.code());
       answer(why);
     }
+    WatchTakeOver();
     auto self = shared_from_this();
     engine_->etcd().timers().ScheduleAfter(kCancelGrace, [self] {
       self->End(absl::CancelledError("acquire cancelled by the caller"));
     });
+  }
+
+  // A leaving call ends as soon as another call of the session puts its waiter
+  // again (Decide's take-over), not at the grace's end: its guarded delete then
+  // leaves the waiter alone, and a stopping replica need not wait for it.
+  void WatchTakeOver() {
+    int64_t mod;
+    {
+      absl::MutexLock l(&mu_);
+      mod = own_waiter_mod_;
+    }
+    if (mod == 0) return;  // the grace's timer ends it
+    const std::string& ns = req_.namespace_();
+    etcd::WatchSpec spec;
+    spec.key = keyspace::WaitKey(ns, req_.lock_key(), req_.session_id());
+    spec.start_revision = mod + 1;
+    spec.no_delete = true;
+    std::weak_ptr<AcquireOp> weak = weak_from_this();
+    auto& hub = engine_->etcd().watches();
+    const etcd::WatchId id = hub.WatchWithin(
+        keyspace::WaitRangeBegin(ns, req_.lock_key()), keyspace::WaitRangeEnd(ns, req_.lock_key()),
+        std::move(spec), [weak](absl::StatusOr<etcd::WatchBatch> b) {
+          if (!b.ok() || b->events.empty()) return;  // broken: the timer ends it
+          if (auto self = weak.lock()) {
+            self->End(absl::CancelledError("acquire cancelled by the caller"));
+          }
+        });
+    bool over;
+    {
+      absl::MutexLock l(&mu_);
+      over = finished_;
+      if (!over) take_over_watch_ = id;
+    }
+    if (over) hub.Cancel(id);
   }
 
   // What this replica's views show for the call, when they show it allowed.
@@ -1105,6 +1148,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     {
       absl::MutexLock l(&mu_);
       ids.swap(watches_);
+      if (take_over_watch_ != 0) ids.push_back(std::exchange(take_over_watch_, 0));
       std::swap(wake, wake_timer_);
       std::swap(local, local_waiter_);
     }
@@ -1122,7 +1166,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   void Finish(absl::StatusOr<v1::AcquireResponse> result) {
     Done<v1::AcquireResponse> done;
     TimerQueue::TimerId timer = 0;
-    bool unpark, answered;
+    bool unpark, answered, left;
     std::string ns_label, class_label;
     {
       absl::MutexLock l(&mu_);
@@ -1130,6 +1174,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       finished_ = true;
       done = std::move(done_);
       answered = answered_;
+      left = leaving_;
       std::swap(timer, timer_);
       unpark = parked_;
       parked_ = false;
@@ -1141,10 +1186,15 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (unpark) engine_->observer().OnParked(ns_label, class_label, -1);
     // A call answered already (Move) was counted then; what its waiter got since
     // is the call asked again's to report.
-    if (answered) return;
-    // Reported before the answer: a caller that has its answer sees it counted.
-    ReportEnd(result.status().code());
-    done(std::move(result));
+    if (!answered) {
+      // Reported before the answer: a caller that has its answer sees it counted.
+      ReportEnd(result.status().code());
+      done(std::move(result));
+    }
+    if (left) {
+      absl::MutexLock l(&engine_->leavers_mu_);
+      --engine_->leavers_;
+    }
   }
 
   // Counts the call's end in the metrics (once: Finish, or Move's answer).
@@ -1191,6 +1241,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // an etcd step is in flight
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // by the caller (Cancel), or Move
   bool answered_ ABSL_GUARDED_BY(mu_) = false;   // Move answered the caller
+  bool leaving_ ABSL_GUARDED_BY(mu_) = false;    // counted in Engine::leavers_
+  etcd::WatchId take_over_watch_ ABSL_GUARDED_BY(mu_) = 0;  // WatchTakeOver
   std::optional<absl::Status> end_reason_ ABSL_GUARDED_BY(mu_);
   // The revision of the snapshot the last Decide saw (only Decide and the step it
   // starts use it, one at a time).
@@ -1220,6 +1272,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   std::optional<std::chrono::steady_clock::time_point> queued_at_ ABSL_GUARDED_BY(mu_);
   bool parked_ ABSL_GUARDED_BY(mu_) = false;
 };
+
+bool Engine::WaitForLeavers(std::chrono::steady_clock::time_point deadline) {
+  const absl::Time until = absl::Now() + absl::FromChrono(deadline - std::chrono::steady_clock::now());
+  absl::MutexLock l(&leavers_mu_);
+  return leavers_mu_.AwaitWithDeadline(
+      absl::Condition(+[](int* left) { return *left == 0; }, &leavers_), until);
+}
 
 std::shared_ptr<Cancellable> Engine::Acquire(const Caller& caller, const v1::AcquireRequest& req,
                                              Deadline d, Done<v1::AcquireResponse> done) {

@@ -100,6 +100,13 @@ class Engine {
   // client's streams). Idempotent.
   void Stop() { forced_.Stop(); }
 
+  // Waits until every acquire that was cancelled or moved (Cancellable) while
+  // queued has ended, taking its waiter out unless the call asked again took it
+  // over, or until `deadline`; true if none is left. For a stopping server,
+  // before its etcd client goes: a waiter left behind would stand in its queue
+  // until its own deadline if its caller never asked again.
+  bool WaitForLeavers(std::chrono::steady_clock::time_point deadline);
+
   // Makes sure /holdfast/epoch exists: creates {epoch, the answering cluster's
   // id} when absent (by compare-and-swap, so racing replicas agree). `epoch` is 1
   // on a fresh install, or above the audit store's history when the record is
@@ -220,6 +227,10 @@ class Engine {
   // PERMISSION_DENIED unless the session belongs to the caller.
   static absl::Status CheckOwner(const Caller& caller, int64_t session,
                                  const std::string& owner);
+  // Acquires cancelled or moved that keep their waiters a moment (AcquireOp::
+  // Leave) and have not ended yet (WaitForLeavers).
+  absl::Mutex leavers_mu_;
+  int leavers_ ABSL_GUARDED_BY(leavers_mu_) = 0;
 };
 
 }  // namespace holdfast::lock

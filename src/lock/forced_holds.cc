@@ -20,6 +20,9 @@ struct ForcedHolds::State : std::enable_shared_from_this<State> {
   using SessionKey = std::pair<std::string, int64_t>;  // (namespace, session)
 
   etcd::Client* const etcd;
+  // Held by the rewatch timer while it starts a watch, and by Stop: a watch is
+  // never started on a client that Stop's caller is about to destroy.
+  absl::Mutex start_mu;
   mutable absl::Mutex mu;
   bool stopped ABSL_GUARDED_BY(mu) = false;
   etcd::WatchId watch ABSL_GUARDED_BY(mu) = 0;
@@ -85,6 +88,7 @@ struct ForcedHolds::State : std::enable_shared_from_this<State> {
       std::weak_ptr<State> weak = shared_from_this();
       etcd->timers().ScheduleAfter(kRewatchAfter, [weak] {
         if (auto self = weak.lock()) {
+          absl::MutexLock start(&self->start_mu);
           {
             absl::MutexLock l(&self->mu);
             if (self->stopped) return;
@@ -139,6 +143,7 @@ ForcedHolds::ForcedHolds(etcd::Client* etcd) : state_(std::make_shared<State>(et
 ForcedHolds::~ForcedHolds() { Stop(); }
 
 void ForcedHolds::Stop() {
+  absl::MutexLock start(&state_->start_mu);  // a rewatch under way has started
   etcd::WatchId id;
   {
     absl::MutexLock l(&state_->mu);

@@ -80,7 +80,7 @@ void LockService::MoveWaits() {
   std::vector<std::shared_ptr<AcquireCall>> calls;
   {
     absl::MutexLock l(&calls_mu_);
-    stopping_ = true;
+    stopping_.store(true);
     for (const auto& [raw, weak] : calls_) {
       if (auto c = weak.lock()) calls.push_back(std::move(c));
     }
@@ -108,7 +108,7 @@ void LockService::Acquire(UnaryCall<v1::AcquireRequest, v1::AcquireResponse>* ca
   bool stopping;
   {
     absl::MutexLock l(&calls_mu_);
-    stopping = stopping_;
+    stopping = stopping_.load();
     if (!stopping) calls_.emplace(cancel.get(), cancel);
   }
   if (stopping) {
@@ -128,7 +128,7 @@ void LockService::Acquire(UnaryCall<v1::AcquireRequest, v1::AcquireResponse>* ca
     // closure) stays alive here.
     cancel->SetOp(route.engine->Acquire(
         caller, *req, deadline, [this, call](absl::StatusOr<v1::AcquireResponse> r) {
-          if (r.status().code() == absl::StatusCode::kUnavailable && Stopping()) {
+          if (r.status().code() == absl::StatusCode::kUnavailable && stopping_.load()) {
             call->context().AddTrailingMetadata(kStoppingMetadata, "1");
           }
           if (r.ok()) *call->response() = std::move(*r);

@@ -8,6 +8,7 @@
 // Thread-safe. Handlers run on the loop thread and never block.
 #pragma once
 
+#include <atomic>
 #include <memory>
 
 #include "absl/base/thread_annotations.h"
@@ -44,16 +45,14 @@ class LockService {
   void Release(UnaryCall<v1::ReleaseRequest, v1::ReleaseResponse>* call);
   void CheckToken(UnaryCall<v1::CheckTokenRequest, v1::CheckTokenResponse>* call);
   void Describe(UnaryCall<v1::DescribeRequest, v1::DescribeResponse>* call);
-  bool Stopping() {
-    absl::MutexLock l(&calls_mu_);
-    return stopping_;
-  }
 
   const Router* const router_;
   const Authenticator* const auth_;
   v1::Lock::AsyncService service_;
   absl::Mutex calls_mu_;
-  bool stopping_ ABSL_GUARDED_BY(calls_mu_) = false;
+  // Set under calls_mu_ (so that no call registers after MoveWaits has looked);
+  // read without it by the answers.
+  std::atomic<bool> stopping_{false};
   // The Acquire calls under way (each takes itself out as it goes).
   absl::flat_hash_map<AcquireCall*, std::weak_ptr<AcquireCall>> calls_ ABSL_GUARDED_BY(calls_mu_);
 };

@@ -17,7 +17,7 @@ namespace holdfast::server {
 
 // Trailing metadata of an UNAVAILABLE answer from a replica that is stopping
 // (Server::Shutdown): ask the next endpoint now. libholdfast reads it
-// (client/client.cc, kStoppingMetadata).
+// (client/internal.h, SaysStopping).
 inline constexpr char kStoppingMetadata[] = "holdfast-stopping";
 inline constexpr char kStoppingMessage[] =
     "this holdfastd is stopping: ask another replica (a queued waiter keeps its place "

@@ -456,7 +456,9 @@ v1::AuditStatus Server::AuditStatus() const {
   return out;
 }
 
-void Server::Shutdown(std::optional<std::chrono::milliseconds> grace) {
+void Server::Shutdown(std::optional<std::chrono::milliseconds> grace_or_config) {
+  const auto grace = grace_or_config.value_or(config_.shutdown_grace);
+  const auto until = std::chrono::steady_clock::now() + grace;
   // No scrape from here on: it would read the auditors that go next.
   if (metrics_) metrics_->StopServing();
   {
@@ -484,8 +486,7 @@ void Server::Shutdown(std::optional<std::chrono::milliseconds> grace) {
   if (grpc_server_) {
     // The loop runs on: the calls in flight are answered (or cancelled after
     // `grace`) there.
-    grpc_server_->Shutdown(std::chrono::system_clock::now() +
-                           grace.value_or(config_.shutdown_grace));
+    grpc_server_->Shutdown(std::chrono::system_clock::now() + grace);
     grpc_server_->Wait();
   }
   if (rpc_) rpc_->StopWorkers();
@@ -501,6 +502,15 @@ void Server::Shutdown(std::optional<std::chrono::milliseconds> grace) {
     }
     if (replicas_) replicas_->Stop();
     if (auto* p = clusters_->placements()) p->Stop();
+    // The waits moved or cancelled above take their waiters out if no call asked
+    // again took them over (AcquireOp::Leave: kCancelGrace), within the grace.
+    for (const auto& c : clusters_->all()) {
+      if (c->engine && !c->engine->WaitForLeavers(until)) {
+        std::fprintf(stderr,
+                     "holdfastd: shutdown_grace ended before every moved wait had ended; their "
+                     "waiters stay queued until taken over or past their deadlines\n");
+      }
+    }
     // The engines' pending callbacks end with the etcd clients' streams.
     for (const auto& c : clusters_->all()) {
       if (c->engine) c->engine->Stop();

@@ -56,7 +56,9 @@ class Server {
   // and every KeepAlive stream is ended UNAVAILABLE, both with the
   // `holdfast-stopping` trailer that tells libholdfast to go to its next endpoint
   // at once. The other calls in flight then get `grace` (default: the config's
-  // shutdown_grace) to finish before gRPC cancels them.
+  // shutdown_grace) to finish before gRPC cancels them, and the waiters kept
+  // for their calls asked again are taken out (if no such call took them over)
+  // within the same grace, before the etcd clients go.
   void Shutdown(std::optional<std::chrono::milliseconds> grace = std::nullopt);
   // The address actually bound (resolves port 0).
   std::string bound_address() const { return bound_address_; }
