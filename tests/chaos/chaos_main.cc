@@ -71,9 +71,9 @@ void OnSignal(int) { g_interrupted.store(true); }
 const std::vector<std::string> kFaultKinds = {
     "client_pause",      "client_kill",         "holdfastd_kill",     "holdfastd_pause",
     "etcd_leader_pause", "etcd_majority_pause", "holdfastd_partition",
-    "etcd_member_partition", "force_release"};
+    "etcd_member_partition", "force_release", "holdfastd_restart"};
 // Relative weights, in kFaultKinds order.
-const std::vector<int> kFaultWeights = {3, 2, 1, 1, 1, 1, 1, 1, 1};
+const std::vector<int> kFaultWeights = {3, 2, 1, 1, 1, 1, 1, 1, 1, 1};
 
 struct Flags {
   uint64_t seed = 0;
@@ -570,6 +570,17 @@ class ChaosRun {
       RecordFault(kind, target, "", "start");
       Replica(r).Kill();
       Tick(milliseconds(Uniform(500, 3000)));
+      absl::Status s = Replica(r).Restart();
+      if (!s.ok()) std::fprintf(stderr, "chaos: restart %s: %s\n", target.c_str(), s.ToString().c_str());
+      RecordFault(kind, target, "", "end");
+      return true;
+    }
+    if (kind == "holdfastd_restart") {
+      // One step of a rolling restart: SIGTERM (the replica sends its waits and
+      // renewal streams elsewhere at once), its exit, and a start on the same port.
+      const int r = static_cast<int>(Uniform(0, 1));
+      const std::string target = absl::StrCat("holdfastd", r);
+      RecordFault(kind, target, "", "start");
       absl::Status s = Replica(r).Restart();
       if (!s.ok()) std::fprintf(stderr, "chaos: restart %s: %s\n", target.c_str(), s.ToString().c_str());
       RecordFault(kind, target, "", "end");
