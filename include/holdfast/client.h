@@ -173,8 +173,9 @@ class Session {
 
   // Acquires `lock_key`. Blocks up to options.wait plus the rpc timeout, counted
   // from the call: a retry after a lost connection to holdfastd (UNAVAILABLE), a
-  // stream reset under the call (INTERNAL, UNKNOWN), or a replica that went silent
-  // and was passed over (docs/cli.md, "Endpoints") asks again within that same
+  // stream reset under the call (INTERNAL, UNKNOWN), a replica that went silent
+  // and was passed over, or one that said it is stopping (docs/cli.md,
+  // "Endpoints": then at once on the next endpoint) asks again within that same
   // bound (the call is idempotent per session and key: a grant already made is
   // returned again, a queued waiter is taken over in place and keeps its place).
   // Errors as the Lock.Acquire RPC: ABORTED (held, try), DEADLINE_EXCEEDED (not
