@@ -574,7 +574,7 @@ absl::Status Hold::Release() {
       break;
     }
     unknown = unknown || s.code() != absl::StatusCode::kAborted;
-    if (moved || SkipStopping(core, endpoint, s)) continue;  // the next endpoint is current
+    if (moved) continue;  // the next endpoint is current already
     const auto backoff = std::chrono::milliseconds(10 * (attempt + 1));
     if (std::chrono::system_clock::now() + backoff >= bound) break;
     std::this_thread::sleep_for(backoff);

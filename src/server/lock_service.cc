@@ -127,12 +127,12 @@ void LockService::Acquire(UnaryCall<v1::AcquireRequest, v1::AcquireResponse>* ca
     // The call may be gone once the engine answers it; `cancel` (held by this
     // closure) stays alive here.
     cancel->SetOp(route.engine->Acquire(
-        caller, *req, deadline, [this, call](absl::StatusOr<v1::AcquireResponse> r) {
+        caller, *req, deadline,
+        [this, call, finish = FinishInto(call)](absl::StatusOr<v1::AcquireResponse> r) {
           if (r.status().code() == absl::StatusCode::kUnavailable && stopping_.load()) {
             call->context().AddTrailingMetadata(kStoppingMetadata, "1");
           }
-          if (r.ok()) *call->response() = std::move(*r);
-          call->Finish(r.status());
+          finish(std::move(r));
         }));
   });
 }
