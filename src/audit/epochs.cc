@@ -13,7 +13,7 @@ namespace {
 namespace pb = ::etcdserverpb;
 }  // namespace
 
-absl::StatusOr<EpochState> Epochs::Read(etcd::Deadline d) {
+absl::StatusOr<EpochState> Epochs::Read(etcd::Deadline d, bool store_optional) {
   EpochState s;
   pb::RangeRequest r;
   r.set_key(keyspace::EpochKey());
@@ -26,24 +26,56 @@ absl::StatusOr<EpochState> Epochs::Read(etcd::Deadline d) {
   if (store_ != nullptr) {
     HF_ASSIGN_OR_RETURN(auto first, etcd_->RangeSync(r, d));
     cursor_cluster = first.header().cluster_id();
-    HF_ASSIGN_OR_RETURN(cursor, store_->Cursor(cursor_cluster));
+    auto got = store_->Cursor(cursor_cluster);
+    if (got.ok()) {
+      cursor = *got;
+    } else if (store_optional) {
+      s.store_error = got.status();
+    } else {
+      return got.status();
+    }
   }
-  HF_ASSIGN_OR_RETURN(auto got, etcd_->RangeSync(r, d));
+  // The record and the refusal noted for it, at one revision.
+  pb::TxnRequest both;
+  *both.add_success()->mutable_request_range() = r;
+  both.add_success()->mutable_request_range()->set_key(keyspace::RestoreRefusalKey());
+  HF_ASSIGN_OR_RETURN(auto got, etcd_->TxnSync(std::move(both), d));
+  if (got.responses_size() != 2) {
+    return absl::InternalError("etcd answered the epoch read with the wrong number of ranges");
+  }
+  const auto& record = got.responses(0).response_range();
+  const auto& refusal = got.responses(1).response_range();
   s.observed_cluster_id = got.header().cluster_id();
   s.revision = got.header().revision();
-  if (got.kvs_size() > 0) {
-    if (!s.record.ParseFromString(got.kvs(0).value())) {
+  if (record.kvs_size() > 0) {
+    if (!s.record.ParseFromString(record.kvs(0).value())) {
       return absl::DataLossError("corrupt epoch record in etcd (/holdfast/epoch)");
     }
     s.exists = true;
-    s.mod_revision = got.kvs(0).mod_revision();
+    s.mod_revision = record.kvs(0).mod_revision();
   }
-  if (store_ != nullptr) {
-    HF_ASSIGN_OR_RETURN(s.history, store_->Epochs());
-    for (const auto& row : s.history) s.history_max = std::max(s.history_max, row.epoch);
-    // The cluster changed between the two reads: no comparison this time (the
-    // cluster-id check catches that case).
-    if (cursor_cluster == s.observed_cluster_id) s.cursor = cursor;
+  if (refusal.kvs_size() > 0) {
+    records::RestoreRefusal noted;
+    if (!noted.ParseFromString(refusal.kvs(0).value())) {
+      // Unreadable, it still says a restore was seen: refuse rather than forget.
+      noted.set_reason("corrupt restore refusal in etcd (/holdfast/restore-refusal)");
+      noted.set_record_mod_revision(s.mod_revision);
+    }
+    if (s.exists && noted.record_mod_revision() == s.mod_revision) s.refusal = std::move(noted);
+  }
+  if (store_ != nullptr && s.store_error.ok()) {
+    auto history = store_->Epochs();
+    if (history.ok()) {
+      s.history = std::move(*history);
+      for (const auto& row : s.history) s.history_max = std::max(s.history_max, row.epoch);
+      // The cluster changed between the two reads: no comparison this time (the
+      // cluster-id check catches that case).
+      if (cursor_cluster == s.observed_cluster_id) s.cursor = cursor;
+    } else if (store_optional) {
+      s.store_error = history.status();
+    } else {
+      return history.status();
+    }
   }
   return s;
 }
@@ -69,7 +101,29 @@ std::string Epochs::RestoreReason(const EpochState& s) {
                         " of this cluster: it was restored from a snapshot, so its revisions "
                         "(and tokens) would repeat; grants are refused", fix);
   }
+  if (s.refusal) return s.refusal->reason();
   return "";
+}
+
+absl::Status Epochs::NoteRefusal(const EpochState& s, const std::string& reason,
+                                 etcd::Deadline d) {
+  if (!s.exists || reason.empty() || s.refusal) {
+    return absl::OkStatus();
+  }
+  records::RestoreRefusal noted;
+  noted.set_record_mod_revision(s.mod_revision);
+  noted.set_reason(reason);
+  noted.set_detected_at_unix_ms(lock::NowUnixMs());
+  pb::TxnRequest txn;
+  lock::AddCompare(&txn, keyspace::EpochKey(), pb::Compare::MOD, pb::Compare::EQUAL)
+      ->set_mod_revision(s.mod_revision);
+  auto* put = txn.add_success()->mutable_request_put();
+  put->set_key(keyspace::RestoreRefusalKey());
+  put->set_value(noted.SerializeAsString());
+  HF_ASSIGN_OR_RETURN(auto t, etcd_->TxnSync(std::move(txn), d));
+  // Not succeeded: the record changed since `s` (an advance); nothing to note.
+  (void)t;
+  return absl::OkStatus();
 }
 
 absl::StatusOr<int32_t> Epochs::BootstrapEpoch() {
@@ -158,6 +212,8 @@ absl::StatusOr<records::EpochRecord> Epochs::Advance(const std::string& reason,
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(keyspace::EpochKey());
     put->set_value(rec.SerializeAsString());
+    // The refusal the guard noted names the record replaced here: gone with it.
+    txn.add_success()->mutable_request_delete_range()->set_key(keyspace::RestoreRefusalKey());
     HF_ASSIGN_OR_RETURN(auto t, etcd_->TxnSync(std::move(txn), d));
     if (t.succeeded()) return rec;
     HF_ASSIGN_OR_RETURN(s, Read(d));

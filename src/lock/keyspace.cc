@@ -31,6 +31,7 @@ std::optional<int64_t> ParseLeaseHex(absl::string_view hex) {
 }  // namespace
 
 std::string EpochKey() { return "/holdfast/epoch"; }
+std::string RestoreRefusalKey() { return "/holdfast/restore-refusal"; }
 std::string AuditMarkKey() { return "/holdfast/audit/mark"; }
 std::string AuditorKey() { return "/holdfast/audit/leader"; }
 std::string ForceRequestPrefix() { return "/holdfast/force/"; }

@@ -79,6 +79,8 @@ using names::ValidateNamespaceName;
 
 // --- keys
 std::string EpochKey();
+// A restore the epoch guard detected (records::RestoreRefusal, audit/epochs.h).
+std::string RestoreRefusalKey();
 // Put in the same commit as every release and force (AuditMark).
 std::string AuditMarkKey();
 // The auditor's leader-election key.

@@ -10,6 +10,7 @@ using std::string_literals::operator""s;
 // Golden: these bytes are persisted. A change here needs a migration.
 TEST(KeyspaceTest, GoldenEncoding) {
   EXPECT_EQ(EpochKey(), "/holdfast/epoch");
+  EXPECT_EQ(RestoreRefusalKey(), "/holdfast/restore-refusal");
   EXPECT_EQ(AuditMarkKey(), "/holdfast/audit/mark");
   EXPECT_EQ(AuditorKey(), "/holdfast/audit/leader");
   EXPECT_EQ(ForceRequestKey("00ab"), "/holdfast/force/00ab");

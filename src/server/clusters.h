@@ -58,6 +58,9 @@ struct Cluster {
   std::unique_ptr<audit::Auditor> auditor;  // null without an audit store
   std::unique_ptr<OpQuota> op_quota;
   std::atomic<bool> healthy{true};
+  // Whether the restore guard's last look could read the audit store (logged when
+  // it changes).
+  std::atomic<bool> guard_store_ok{true};
 
   const std::string& name() const { return config.name; }
   // Why grants are refused on this cluster ("" while they are not).

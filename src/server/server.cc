@@ -321,8 +321,23 @@ void Server::GuardEpochsOnce() {
 
 void Server::GuardClusterOnce(Cluster& c) {
   const auto timeout = c.config.timeout;
-  auto state = c.epochs->Read(etcd::DeadlineIn(timeout));
+  // A store that cannot be read leaves rules 2 and 3 unchecked this time (said
+  // once in the log), not the rest: the cluster id and a noted refusal need etcd
+  // only, and an audit store outage does not stop grants.
+  auto state = c.epochs->Read(etcd::DeadlineIn(timeout), /*store_optional=*/true);
   if (!state.ok()) return;  // etcd unreachable: the engine refuses on its own
+  const std::string where = clusters_->single() ? "" : " (cluster " + c.name() + ")";
+  if (c.guard_store_ok.exchange(state->store_error.ok()) != state->store_error.ok()) {
+    if (state->store_error.ok()) {
+      std::fprintf(stderr, "holdfastd: restore guard%s: the audit store can be read again\n",
+                   where.c_str());
+    } else {
+      std::fprintf(stderr,
+                   "holdfastd: restore guard%s: the audit store cannot be read (%s): a restore "
+                   "that kept etcd's cluster id is not looked for until it can\n",
+                   where.c_str(), state->store_error.ToString().c_str());
+    }
+  }
   std::string reason = audit::Epochs::RestoreReason(*state);
   // A history row above the record is also what an epoch advance shows between
   // its two writes (the row, then the record). A refusal that would be new is
@@ -336,7 +351,7 @@ void Server::GuardClusterOnce(Cluster& c) {
       std::unique_lock l(guard_stop_mu_);
       if (guard_stop_cv_.wait_for(l, kConfirmRefusalAfter, [this] { return guard_stop_; })) return;
     }
-    state = c.epochs->Read(etcd::DeadlineIn(timeout));
+    state = c.epochs->Read(etcd::DeadlineIn(timeout), /*store_optional=*/true);
     if (!state.ok()) return;
     reason = audit::Epochs::RestoreReason(*state);
   }
@@ -348,12 +363,18 @@ void Server::GuardClusterOnce(Cluster& c) {
                  reason.c_str(),
                  advanced.ok() ? absl::StrCat("advanced to epoch ", advanced->epoch()).c_str()
                                : advanced.status().ToString().c_str());
-    state = c.epochs->Read(etcd::DeadlineIn(timeout));
+    state = c.epochs->Read(etcd::DeadlineIn(timeout), /*store_optional=*/true);
     if (!state.ok()) return;
     reason = audit::Epochs::RestoreReason(*state);
   }
+  if (!reason.empty()) {
+    // Noted in etcd, the refusal stands until an advance (audit/epochs.h).
+    if (auto s = c.epochs->NoteRefusal(*state, reason, etcd::DeadlineIn(timeout)); !s.ok()) {
+      std::fprintf(stderr, "holdfastd: noting the restore refusal in etcd: %s\n",
+                   s.ToString().c_str());
+    }
+  }
   if (reason == c.restore_reason()) return;
-  const std::string where = clusters_->single() ? "" : " (cluster " + c.name() + ")";
   if (reason.empty()) {
     std::fprintf(stderr, "holdfastd: epoch %d is current%s; grants resume\n",
                  state->record.epoch(), where.c_str());
