@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "dev/subprocess.h"
@@ -597,6 +598,46 @@ TEST_F(EpochTest, AutoAdvanceOnRestoreAdvancesOnce) {
   // Once: later checks leave it alone.
   std::this_thread::sleep_for(milliseconds(600));
   EXPECT_EQ(EtcdRecord().epoch(), 2);
+}
+
+// holdfastd started on a cluster restored with a new cluster token advances before
+// its auditor starts: the auditor begins on the new cluster id at the advance, and
+// does not record the snapshot's history (recorded under the old id) a second time.
+TEST_F(EpochTest, AutoAdvanceAtStartDoesNotAuditTheSnapshotsHistoryAgain) {
+  // The restored leader key of the auditor outlives holdfastd's restart by its TTL.
+  Start("epochs:\n  auto_advance_on_restore: true\n  check_interval: 200ms\n"
+        "audit:\n  leader_ttl: 2s\n");
+  auto before = Cycles("before/", 3);
+  AuditedTokens(3);
+  SnapshotAndRestore([] {}, "restored-3", /*stop_holdfastd=*/true);
+  auto t = AcquireOnceAllowed("post-restore");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(token::EpochOf(*t), 2);
+  const uint64_t restored_id = ObservedClusterId();
+  auto store = OpenAuditStore();
+  ASSERT_NE(store, nullptr);
+  // Once the new grant is recorded, the auditor has run on the new cluster id.
+  std::vector<audit::AuditEvent> events;
+  for (int i = 0; i < 300; ++i) {
+    audit::AuditQuery q;
+    q.cluster_id = restored_id;
+    q.limit = 1000;
+    auto got = store->Query(q);
+    ASSERT_TRUE(got.ok()) << got.status();
+    events = std::move(*got);
+    if (std::any_of(events.begin(), events.end(),
+                    [&](const audit::AuditEvent& e) { return e.token == *t; })) {
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_TRUE(std::any_of(events.begin(), events.end(),
+                          [&](const audit::AuditEvent& e) { return e.token == *t; }))
+      << "the grant after the advance was not recorded under the new cluster id";
+  for (const auto& e : events) {
+    EXPECT_FALSE(absl::StartsWith(e.lock_key, "before/"))
+        << e.lock_key << " at revision " << e.revision << " recorded again under the new id";
+  }
 }
 
 TEST_F(EpochTest, AdvancePastTheLastEpochIsRefusedAndChangesNothing) {

@@ -167,6 +167,16 @@ absl::StatusOr<int64_t> Auditor::StartRevision(uint64_t cluster_id) {
     // now was recorded under the other cluster id. Audit what happens from now.
     return epoch->header().revision() + 1;
   }
+  if (rec.reason() == "restore") {
+    // The record was advanced onto this cluster id after a restore (with a new
+    // cluster token, before this auditor recorded anything on it): the history
+    // below the advance came from the snapshot and was recorded under the old
+    // id, so it starts at the advance rather than at the record's creation (which
+    // would record that history again under this id, past a compaction that
+    // reads as a gap). No grant was made on it before the advance; a restored
+    // hold that expired in that moment is not recorded.
+    return epoch->kvs(0).mod_revision();
+  }
   return epoch->kvs(0).create_revision();
 }
 
