@@ -124,6 +124,44 @@ class QueueTest : public ::testing::Test {
   std::unique_ptr<Client> client_;
 };
 
+// A waiter of a session that holds the key, with nobody waiting on it (an acquire
+// from a stale view queues, answers with the hold, and its delete of the waiter
+// failed): the holder's release removes it and hands the key to the next waiter.
+// Handed the key instead, it would fail the release (a put and a delete of one
+// hold key in one etcd commit).
+TEST_F(QueueTest, AWaiterLeftBesideItsSessionsHoldIsRemovedByTheRelease) {
+  auto a = Open();
+  auto hold = a->Acquire("stray");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  records::WaiterRecord stray;
+  stray.set_deadline_unix_ms(absl::ToUnixMillis(absl::Now()) + 60'000);
+  stray.set_identity("spiffe://holdfast.dev/dev");
+  pb::PutRequest put;
+  put.set_key(keyspace::WaitKey("default", "stray", a->id()));
+  put.set_value(stray.SerializeAsString());
+  put.set_lease(a->id());
+  ASSERT_TRUE(cluster_->etcd_client().PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+
+  auto b = Open();
+  auto next = std::async(std::launch::async,
+                         [&] { return b->Acquire("stray", testing::Waiting(seconds(30))); });
+  DescribeUntil("stray", [](const v1::DescribeResponse& d) { return d.waiters_size() == 2; });
+
+  ASSERT_TRUE(hold->Release().ok());
+  auto got = next.get();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_GT(got->token(), hold->token());
+  auto after = DescribeUntil("stray", [&](const v1::DescribeResponse& d) {
+    return d.holders_size() == 1 && d.waiters_size() == 0;
+  });
+  EXPECT_EQ(after.holders(0).session_id(), b->id());
+  pb::RangeRequest r;
+  r.set_key(keyspace::WaitKey("default", "stray", a->id()));
+  auto left = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(left.ok());
+  EXPECT_EQ(left->kvs_size(), 0) << "the stray waiter is still queued";
+}
+
 TEST_F(QueueTest, TwentyWaitersAreGrantedInQueueOrder) {
   constexpr int kWaiters = 20;
   auto holder = Open();

@@ -566,7 +566,7 @@ bool Engine::PlanOnViews(const v1::ReleaseRequest& req, ReleasePlan* plan) {
     return false;
   }
   auto handover = queue::PlanHandOver(s, session, plan->now_ms);
-  if (handover.grant.empty() || !handover.dead.empty()) return false;
+  if (handover.grant.empty() || !handover.dead.empty() || !handover.stray.empty()) return false;
   for (const WaiterEntry* w : handover.grant) {
     if (w->create_revision > kv->waiters_revision) return false;  // maybe not the head
   }
@@ -722,6 +722,15 @@ Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::s
       txn->add_success()->mutable_request_delete_range()->set_key(
           keyspace::ClaimKey(ns, key, dead->lease));
       out.gone.push_back(dead->lease);
+    }
+    // Guarded: a waiter the session put after the read, once it no longer held
+    // the key, is a real one (the compare failing sends the release to a re-read).
+    for (const WaiterEntry* stray : plan.stray) {
+      const std::string wait_key = keyspace::WaitKey(ns, key, stray->lease);
+      AddCompare(txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)
+          ->set_create_revision(stray->create_revision);
+      txn->add_success()->mutable_request_delete_range()->set_key(wait_key);
+      out.gone.push_back(stray->lease);
     }
   }
   const ClassEntry* cls = ResolveClass(snap.classes, key);

@@ -77,9 +77,14 @@ HandOver PlanHandOver(const KeySnapshot& s, int64_t releasing_lease, int64_t now
   }
   if (exclusive_left) return h;
   for (const auto& w : s.waiters) {
-    if (h.grant.size() + h.dead.size() >= kMaxHandOver) break;
+    if (h.grant.size() + h.dead.size() + h.stray.size() >= kMaxHandOver) break;
     if (Dead(w, now_ms)) {
       h.dead.push_back(&w);
+      continue;
+    }
+    if (std::any_of(s.holds.begin(), s.holds.end(),
+                    [&](const HoldEntry& hold) { return hold.lease == w.lease; })) {
+      h.stray.push_back(&w);
       continue;
     }
     if (!w.record.shared()) {

@@ -81,6 +81,14 @@ inline constexpr size_t kMaxHandOver = 32;
 struct HandOver {
   std::vector<const WaiterEntry*> grant;  // in queue order
   std::vector<const WaiterEntry*> dead;   // dead waiters passed on the way
+  // Waiters of sessions that hold the key (the releasing one among them), passed
+  // on the way: an acquire from a stale view may queue a session that holds the
+  // key, and its call answers with the hold and takes the waiter out; should that
+  // delete fail, the waiter is left with nobody waiting on it. Handed the key it
+  // would fail the release (etcd refuses a put and a delete of one hold key in one
+  // commit) or every release while a shared holder is queued (its hold exists).
+  // They are removed with the release; their sessions keep their claims.
+  std::vector<const WaiterEntry*> stray;
 };
 
 // Who gets the key in the commit that deletes `releasing_lease`'s hold.

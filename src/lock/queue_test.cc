@@ -139,6 +139,27 @@ TEST(QueueTest, NoHandOverWhileOthersHold) {
   EXPECT_EQ(PlanHandOver(c.s, 1, kNow).grant.size(), 1u);  // a reader may join 9
 }
 
+// A waiter of a session that holds the key (left behind by a call answered with its
+// hold) is passed and removed, never handed the key its session holds.
+TEST(QueueTest, AWaiterOfASessionThatHoldsTheKeyIsNeverHandedIt) {
+  Builder own;
+  own.Hold(1).Wait(1).Wait(3);
+  auto h = PlanHandOver(own.s, 1, kNow);
+  ASSERT_EQ(h.grant.size(), 1u);
+  EXPECT_EQ(h.grant[0]->lease, 3);
+  ASSERT_EQ(h.stray.size(), 1u);
+  EXPECT_EQ(h.stray[0]->lease, 1);
+  EXPECT_TRUE(h.dead.empty());
+
+  Builder shared;
+  shared.Hold(1, true).Hold(9, true).Wait(9, true).Wait(2, true).Wait(3);
+  h = PlanHandOver(shared.s, 1, kNow);
+  ASSERT_EQ(h.grant.size(), 1u);  // 9 still holds: the reader joins it, the writer waits
+  EXPECT_EQ(h.grant[0]->lease, 2);
+  ASSERT_EQ(h.stray.size(), 1u);
+  EXPECT_EQ(h.stray[0]->lease, 9);
+}
+
 TEST(QueueTest, DeadHeadIsNeverHandedTheLock) {
   Builder b;
   b.Hold(1).Wait(2, false, kNow).Wait(3);
