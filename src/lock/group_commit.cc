@@ -7,6 +7,8 @@
 #include <unordered_set>
 #include <utility>
 
+#include "etcd/errors.h"
+
 namespace holdfast::lock {
 
 namespace pb = ::etcdserverpb;
@@ -295,7 +297,16 @@ void GroupCommit::Send(Batch units) {
                Sent();
                Batch& members = *shared;
                if (!t.ok()) {
-                 for (auto& m : members) m.done(t.status());
+                 if (etcd::WriteOutcomeUnknown(t.status())) {
+                   // Maybe committed: each member converges by its own read.
+                   for (auto& m : members) m.done(t.status());
+                   return;
+                 }
+                 // Refused as a whole (INVALID_ARGUMENT: a member's own ops, such
+                 // as a put and a delete of one key, or a limit of etcd's set below
+                 // the bounds assumed here): nothing was applied, so each member
+                 // alone, and one member's error stays its own.
+                 for (auto& m : members) etcd_->Txn(std::move(m.txn), m.deadline, std::move(m.done));
                  return;
                }
                if (!t->succeeded()) {

@@ -1,5 +1,6 @@
 // Group commit against a real etcd-server process: batches share a revision,
-// a failed batch falls back to each member alone (with its own else branch), and
+// a failed batch falls back to each member alone (with its own else branch, or
+// etcd's refusal of that member's ops), and
 // members that share a lock key or a session never share a batch, and a compare
 // several members make is made once, so it counts once against --max-txn-ops.
 // A rider waits for the next release of its key and goes in its transaction, its
@@ -202,6 +203,30 @@ TEST_F(GroupCommitTest, AFailedCompareSendsEachMemberAloneWithItsElseBranch) {
   auto batches = Batches();
   EXPECT_NE(std::find(batches.begin(), batches.end(), 3), batches.end())
       << "a, taken and c queued behind the first and went as one batch";
+}
+
+// etcd refuses a whole transaction that puts and deletes one key: a member that
+// does so fails alone, and the batch's other members commit by themselves.
+TEST_F(GroupCommitTest, AMemberEtcdRefusesFailsAloneAndTheOthersCommit) {
+  auto first = Submit("ns", "/k/first", 1, PutIfAbsent("/k/first", "first"));
+  auto a = Submit("ns", "/k/a", 2, PutIfAbsent("/k/a", "a"));
+  pb::TxnRequest bad = PutIfAbsent("/k/bad", "bad");
+  bad.add_success()->mutable_request_delete_range()->set_key("/k/bad");
+  auto b = Submit("ns", "/k/bad", 3, std::move(bad));
+  auto c = Submit("ns", "/k/c", 4, PutIfAbsent("/k/c", "c"));
+  for (auto* r : {&first, &a, &c}) {
+    auto t = r->get();
+    ASSERT_TRUE(t.ok()) << t.status();
+    EXPECT_TRUE(t->succeeded());
+  }
+  auto tb = b.get();
+  EXPECT_EQ(tb.status().code(), absl::StatusCode::kInvalidArgument) << tb.status();
+  EXPECT_GT(CreateRevision("/k/a"), 0);
+  EXPECT_GT(CreateRevision("/k/c"), 0);
+  EXPECT_EQ(CreateRevision("/k/bad"), 0);
+  auto batches = Batches();
+  EXPECT_NE(std::find(batches.begin(), batches.end(), 3), batches.end())
+      << "a, bad and c queued behind the first and went as one batch";
 }
 
 TEST_F(GroupCommitTest, MembersSharingAKeyOrASessionNeverShareABatch) {
