@@ -561,7 +561,12 @@ bool Engine::PlanOnViews(const v1::ReleaseRequest& req, ReleasePlan* plan) {
   s.classes = nsv->classes;
   s.holds = std::move(kv->holds);  // the plan's snapshot takes the view over, not a copy
   s.waiters = std::move(kv->waiters);
-  if (!GrantBlock().ok() || !CheckEpoch(epoch, nsv->cluster_id).ok() ||
+  // A view read from another cluster than the one answering now (etcd restored
+  // under a new cluster id, and this replica's views not read since) could pass
+  // every compare of a hand-over on the restored keys, and the hand-over's grant
+  // has no check after its commit: the read path's header decides instead.
+  if (!GrantBlock().ok() || nsv->cluster_id != etcd_->last_cluster_id() ||
+      !CheckEpoch(epoch, nsv->cluster_id).ok() ||
       ResolveClass(s.classes, req.lock_key()) == nullptr) {
     return false;
   }

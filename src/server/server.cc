@@ -344,7 +344,7 @@ void Server::GuardClusterOnce(Cluster& c) {
   // confirmed by a second read a moment later, so an advance in flight neither
   // blocks grants (failing the waiters it would reach) nor, with
   // auto_advance_on_restore, gets advanced past again. A cluster id that changed
-  // needs no confirming: every grant checks it anyway.
+  // needs no confirming: no advance in flight shows one.
   if (!reason.empty() && c.restore_reason().empty() &&
       state->record.etcd_cluster_id() == state->observed_cluster_id) {
     {
