@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <netinet/in.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -29,14 +30,45 @@ int DecodeWaitStatus(int status) {
   if (WIFSIGNALED(status)) return 128 + WTERMSIG(status);
   return 255;
 }
+
+// The child's environment as "NAME=value" strings: this process's, with
+// `overrides` put in (replacing entries of the same name; the later of two
+// overrides wins). Built before fork: in the child of a multi-threaded process,
+// setenv() could deadlock on a lock another thread held at the fork, and it
+// allocates.
+std::vector<std::string> ChildEnvironment(
+    const std::vector<std::pair<std::string, std::string>>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
+  for (const auto& [name, value] : overrides) {
+    const std::string prefix = name + "=";
+    std::erase_if(env, [&](const std::string& e) { return e.starts_with(prefix); });
+    env.push_back(prefix + value);
+  }
+  return env;
+}
+
+// What a failed exec of `program` returns from Spawn().
+absl::Status ExecError(const std::string& program, int child_errno) {
+  std::string message = absl::StrCat("cannot run ", program, ": ", std::strerror(child_errno));
+  if (child_errno == ENOENT) return absl::NotFoundError(message);
+  return absl::FailedPreconditionError(message);
+}
 }  // namespace
 
 absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SpawnOptions options) {
   if (options.argv.empty()) return absl::InvalidArgumentError("spawn: empty argv");
-  // Everything the child needs is prepared before fork (no allocation after it).
+  // Everything the child needs is prepared before fork: between fork and exec
+  // the child of a multi-threaded process may only make async-signal-safe calls
+  // (no allocation, no libc lock another thread may have held at the fork).
   std::vector<char*> argv;
   for (auto& a : options.argv) argv.push_back(a.data());
   argv.push_back(nullptr);
+  std::vector<std::string> env = ChildEnvironment(options.env);
+  std::vector<char*> envp;
+  for (auto& e : env) envp.push_back(e.data());
+  envp.push_back(nullptr);
+  const pid_t parent = ::getpid();
   int log_fd = -1;
   if (!options.log_file.empty()) {
     log_fd = ::open(options.log_file.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -60,11 +92,16 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SpawnOptions optio
   }
   if (pid == 0) {
     if (options.new_process_group) ::setpgid(0, 0);
+    if (options.kill_with_parent) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);
+      // A parent that died before the prctl sends no signal; the child has been
+      // given to another parent by then: go as the signal would have made it.
+      if (::getppid() != parent) ::_exit(128 + SIGKILL);
+    }
     if (log_fd >= 0) {
       ::dup2(log_fd, 1);
       ::dup2(log_fd, 2);
     }
-    for (auto& [k, v] : options.env) ::setenv(k.c_str(), v.c_str(), 1);
     // Undo signal dispositions the parent may have changed.
     ::signal(SIGPIPE, SIG_DFL);
     ::signal(SIGINT, SIG_DFL);
@@ -72,7 +109,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SpawnOptions optio
     sigset_t none;
     sigemptyset(&none);
     ::sigprocmask(SIG_SETMASK, &none, nullptr);
-    ::execvp(argv[0], argv.data());
+    // glibc's execvpe searches PATH with buffers on the stack, no allocation.
+    ::execvpe(argv[0], argv.data(), envp.data());
     int e = errno;
     (void)!::write(err_pipe[1], &e, sizeof e);
     ::_exit(127);
@@ -85,8 +123,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SpawnOptions optio
   ::close(err_pipe[0]);
   if (n == sizeof child_errno) {
     ::waitpid(pid, nullptr, 0);
-    return absl::InternalError(absl::StrCat("spawn: cannot run ", options.argv[0], ": ",
-                                            std::strerror(child_errno)));
+    return ExecError(options.argv[0], child_errno);
   }
   return std::unique_ptr<Subprocess>(new Subprocess(pid, std::move(options)));
 }

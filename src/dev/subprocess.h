@@ -19,8 +19,11 @@
 namespace holdfast::dev {
 
 struct SpawnOptions {
-  std::vector<std::string> argv;  // argv[0] is the program (PATH is searched)
-  // Added to (or replacing in) the parent's environment.
+  // argv[0] is the program: a path, or a name looked up in the PATH of this
+  // process's environment (not in `env`).
+  std::vector<std::string> argv;
+  // Added to (or replacing in) the parent's environment; of two entries of one
+  // name, the later wins.
   std::vector<std::pair<std::string, std::string>> env;
   // Appends stdout and stderr here; empty: inherit the parent's.
   std::string log_file;
@@ -28,12 +31,23 @@ struct SpawnOptions {
   bool new_process_group = true;
   // Kill the group when this object is destroyed while the child runs.
   bool kill_on_destroy = true;
+  // Have the kernel SIGKILL the child when the thread that called Spawn() ends,
+  // as it does when this process dies, even of SIGKILL (Linux PR_SET_PDEATHSIG),
+  // so that the child cannot outlive its supervisor. It is the spawning
+  // *thread* that counts, not the process: call Spawn() from a thread that lives
+  // as long as the child is to run (the main thread). Only the child itself is
+  // covered, not the processes it starts; and the setting is dropped when the
+  // child execs a set-user-ID or set-group-ID program (sudo) or one with file
+  // capabilities.
+  bool kill_with_parent = false;
 };
 
 class Subprocess {
  public:
-  // Errors: INVALID_ARGUMENT (empty argv), INTERNAL (fork/exec failed: the
-  // message names the program and errno).
+  // Errors: INVALID_ARGUMENT (empty argv); NOT_FOUND (the program does not
+  // exist: exec failed with ENOENT); FAILED_PRECONDITION (it exists but could
+  // not be run: exec failed otherwise, EACCES...); both say "cannot run PROGRAM:
+  // <strerror>". INTERNAL (the log file, pipe or fork failed).
   static absl::StatusOr<std::unique_ptr<Subprocess>> Spawn(SpawnOptions options);
   ~Subprocess();
   Subprocess(const Subprocess&) = delete;

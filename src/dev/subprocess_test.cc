@@ -2,10 +2,12 @@
 #include "dev/subprocess.h"
 
 #include <signal.h>
+#include <stdlib.h>
 #include <unistd.h>
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 #include <thread>
 
@@ -66,6 +68,54 @@ TEST(SubprocessTest, ExitedIsFalseWhileTheChildRuns) {
   EXPECT_FALSE((*p)->GroupAlive()) << "the child alone is no other member";
   EXPECT_EQ((*p)->Stop(milliseconds(1000)), 128 + SIGTERM);
   EXPECT_TRUE((*p)->Exited());
+}
+
+// The environment is built before fork (no setenv in the child): `env` replaces
+// the parent's entry of a name, and of two entries the later wins.
+TEST(SubprocessTest, EnvReplacesTheParentsEntriesAndTheLaterWins) {
+  ASSERT_EQ(::setenv("HF_SUBPROCESS_TEST", "parent", 1), 0);
+  SpawnOptions o;
+  o.argv = {"sh", "-c",
+            "[ \"$(env | grep -c '^HF_SUBPROCESS_TEST=')\" = 1 ] && "
+            "[ \"$HF_SUBPROCESS_TEST\" = second ] && [ \"$HF_SUBPROCESS_OTHER\" = x ] && "
+            "[ -n \"$PATH\" ]"};
+  o.env = {{"HF_SUBPROCESS_TEST", "first"},
+           {"HF_SUBPROCESS_OTHER", "x"},
+           {"HF_SUBPROCESS_TEST", "second"}};
+  auto p = Subprocess::Spawn(o);
+  ::unsetenv("HF_SUBPROCESS_TEST");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->Wait(milliseconds(10'000)), 0);
+}
+
+// `holdfast lock` tells "not found" (127) from "cannot run" (126) by the code.
+TEST(SubprocessTest, AFailedExecSaysWhetherTheProgramExists) {
+  SpawnOptions o;
+  o.argv = {"hf-no-such-program"};
+  auto p = Subprocess::Spawn(o);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kNotFound) << p.status();
+  EXPECT_EQ(p.status().message(), "cannot run hf-no-such-program: No such file or directory");
+  o.argv = {"/"};  // a directory: EACCES
+  p = Subprocess::Spawn(o);
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition) << p.status();
+  EXPECT_EQ(p.status().message(), "cannot run /: Permission denied");
+}
+
+// PR_SET_PDEATHSIG is tied to the thread that forked: when it ends, the child
+// gets SIGKILL although the process lives on. So a supervisor must spawn from a
+// thread that lives as long as the child should.
+TEST(SubprocessTest, KillWithParentKillsTheChildWhenTheSpawningThreadEnds) {
+  std::unique_ptr<Subprocess> child;
+  std::thread([&] {
+    SpawnOptions o;
+    o.argv = {"sleep", "30"};
+    o.kill_with_parent = true;
+    auto p = Subprocess::Spawn(o);
+    ASSERT_TRUE(p.ok()) << p.status();
+    child = *std::move(p);
+  }).join();
+  ASSERT_NE(child, nullptr);
+  EXPECT_EQ(child->Wait(milliseconds(10'000)), 128 + SIGKILL);
 }
 
 }  // namespace
