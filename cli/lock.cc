@@ -298,6 +298,10 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
     PrintMessage(absl::StrCat("the session was lost as ", request->ref.ToString(),
                               " was granted (", hold->lost_reason().ToString(),
                               "); the command was not run"));
+    // A way out without the lock: closed within kCloseOnExit, not the call
+    // timeout ~Session would wait (holdfastd may be gone). Closed first, the
+    // session also spares ~Hold a release call.
+    (void)(*session)->Close(kCloseOnExit);
     return kExitError;
   }
 
