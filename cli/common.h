@@ -30,6 +30,9 @@ inline constexpr int kExitError = 1;         // the server or the system refused
 inline constexpr int kExitUsage = 2;         // bad command line
 inline constexpr int kExitHoldLost = 74;     // lock: the hold was lost while CMD ran
 inline constexpr int kExitNotAcquired = 75;  // lock: not acquired before --wait ended
+// lock: CMD could not be run, the codes a shell uses.
+inline constexpr int kExitCommandNotRunnable = 126;  // found, but exec failed
+inline constexpr int kExitCommandNotFound = 127;
 
 inline constexpr char kDefaultEndpoint[] = "127.0.0.1:7420";
 inline constexpr char kEndpointEnv[] = "HOLDFAST_ENDPOINT";

@@ -3,9 +3,10 @@
 //
 // Opens a session, acquires NS/KEY, runs CMD in its own process group with
 // HOLDFAST_TOKEN and HOLDFAST_LOCK in its environment, releases when CMD exits
-// and exits with CMD's code. If the hold is lost while CMD runs, CMD's group
-// gets SIGTERM, then SIGKILL after --grace, and holdfast exits 74. SIGINT,
-// SIGTERM and SIGHUP received by holdfast are forwarded to CMD's group.
+// and exits with CMD's code (127 or 126 when CMD cannot be run). If the hold is
+// lost while CMD runs, CMD's group gets SIGTERM, then SIGKILL after --grace, and
+// holdfast exits 74. SIGINT, SIGTERM, SIGHUP and SIGQUIT received by holdfast are
+// forwarded to CMD's group. If holdfast dies (SIGKILL), the kernel kills CMD.
 //
 // The main thread waits for everything (signals, CMD's exit, the session's
 // lost signal, the end of the acquire call) through one SignalWaiter.
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <iterator>
 #include <optional>
 #include <string>
 #include <thread>
@@ -39,8 +41,10 @@ constexpr size_t kMaxMetaBytes = 1024;
 // time leaves the session to its TTL.
 constexpr milliseconds kCloseOnExit{2000};
 
-// Signals holdfast passes on to CMD's process group.
-constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP};
+// Signals holdfast passes on to CMD's process group. Any signal whose default
+// action ends holdfast without it stopping CMD belongs here (SIGQUIT would end
+// holdfast with a core dump), as CMD must not run on without the lock.
+constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 
 // Flag values as CLI11 fills them in.
 struct LockFlags {
@@ -172,6 +176,8 @@ int ReportAcquireError(const absl::Status& status, const LockRequest& request) {
   return ReportError(status, absl::StrCat("acquire ", lock));
 }
 
+// Must run on the main thread: CMD is killed when the thread that started it
+// ends (kill_with_parent), and only the main thread lives as long as Supervise.
 absl::StatusOr<std::unique_ptr<dev::Subprocess>> StartCommand(const LockRequest& request,
                                                               const Hold& hold) {
   dev::SpawnOptions options;
@@ -180,7 +186,25 @@ absl::StatusOr<std::unique_ptr<dev::Subprocess>> StartCommand(const LockRequest&
                  {"HOLDFAST_LOCK", request.ref.ToString()}};
   options.new_process_group = true;
   options.kill_on_destroy = true;
+  // If holdfast dies without stopping CMD (SIGKILL, a crash), CMD must not run
+  // on without the lock, which its session's TTL soon hands to someone else.
+  options.kill_with_parent = true;
   return dev::Subprocess::Spawn(std::move(options));
+}
+
+// The exit code for a CMD that could not be started, as a shell has it: 127 not
+// found, 126 found but not runnable; 1 when holdfast itself failed (fork...).
+int ReportStartError(const absl::Status& status) {
+  switch (status.code()) {
+    case absl::StatusCode::kNotFound:
+      PrintMessage(status.message());
+      return kExitCommandNotFound;
+    case absl::StatusCode::kFailedPrecondition:
+      PrintMessage(status.message());
+      return kExitCommandNotRunnable;
+    default:
+      return ReportError(status, "run the command");
+  }
 }
 
 struct CommandOutcome {
@@ -203,12 +227,14 @@ CommandOutcome Supervise(dev::Subprocess& child, const Hold& hold,
   // group's id, stays taken while the rest of its group is signalled.
   while (!child.Exited()) {
     if (!kill_at && hold.lost()) {
+      // Signal first, then tell: a write to stderr may fail (a closed pipe) or
+      // block, and must not keep CMD running without the lock.
+      child.Signal(SIGTERM);
+      kill_at = Clock::now() + request.grace;
       PrintMessage(absl::StrCat("lost the hold on ", request.ref.ToString(), " (",
                                 hold.lost_reason().ToString(),
                                 "); stopping the command: SIGTERM, SIGKILL after ",
                                 request.grace.count(), "ms"));
-      child.Signal(SIGTERM);
-      kill_at = Clock::now() + request.grace;
     }
     std::optional<milliseconds> timeout;
     if (kill_at && !killed) {
@@ -268,7 +294,9 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
   auto request = Validate(flags);
   if (!request.ok()) return ReportUsageError(request.status());
   // Before any thread exists (the client starts some).
-  auto waiter = SignalWaiter::Create({SIGINT, SIGTERM, SIGHUP, SIGCHLD});
+  std::vector<int> signals(std::begin(kForwardedSignals), std::end(kForwardedSignals));
+  signals.push_back(SIGCHLD);
+  auto waiter = SignalWaiter::Create(signals);
   if (!waiter.ok()) return ReportError(waiter.status());
 
   int exit_code = kExitOk;
@@ -306,7 +334,11 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
   }
 
   auto child = StartCommand(*request, *hold);
-  if (!child.ok()) return ReportError(child.status(), "run the command");
+  if (!child.ok()) {
+    int code = ReportStartError(child.status());
+    ReleaseAndClose(*hold, **session, *request);
+    return code;
+  }
   CommandOutcome outcome = Supervise(**child, *hold, *request, **waiter);
   if (outcome.hold_lost) {
     // Lost mostly because holdfastd stopped answering: do not wait for it.

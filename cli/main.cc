@@ -9,7 +9,9 @@
 //   holdfast epoch show|advance            token epochs (restore, rehome)
 //
 // Exit codes: 0 ok (or CMD's code for `lock`), 1 error, 2 usage, 74 hold lost,
-// 75 not acquired.
+// 75 not acquired, 126 CMD not runnable, 127 CMD not found.
+#include <signal.h>
+
 #include <exception>
 #include <iostream>
 
@@ -60,6 +62,11 @@ int Parse(CLI::App& app, int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // A closed stdout or stderr (a pipe whose reader went away) must not kill
+  // holdfast: `holdfast lock` would die with its command still running, without
+  // the lock. Writes then fail with EPIPE, which the streams ignore. Children
+  // started through dev::Subprocess get the default disposition back.
+  ::signal(SIGPIPE, SIG_IGN);
   CommandContext ctx;
   CLI::App app("holdfast: distributed locks with fencing tokens, on etcd", "holdfast");
   BuildApp(app, ctx);

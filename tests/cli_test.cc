@@ -1,12 +1,15 @@
 // Integration tests of the `holdfast` CLI: the built binary runs as a real
 // process against real etcd and holdfastd processes (TestCluster).
+#include <fcntl.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -24,6 +27,7 @@
 #include "absl/strings/str_split.h"
 #include "dev/certs.h"
 #include "dev/subprocess.h"
+#include "etcd/client.h"
 #include "google/protobuf/util/json_util.h"
 #include "gtest/gtest.h"
 #include "harness/cluster.h"
@@ -34,6 +38,7 @@ namespace {
 
 using std::chrono::milliseconds;
 using std::chrono::seconds;
+namespace pb = ::etcdserverpb;
 
 constexpr milliseconds kCliTimeout = seconds(60);
 
@@ -67,7 +72,8 @@ class CliProcess {
  public:
   // Starts `holdfast [--endpoint ENDPOINT] ARGS...`; `dir` receives the output
   // files. HOLDFAST_DEV_DIR is `dev_dir` ("": a directory that does not exist,
-  // so no dev credentials are picked up), and `env` is added.
+  // so no dev credentials are picked up), and `env` is added (it may replace
+  // HF_TEST_OUT or HF_TEST_ERR, the files stdout and stderr go to).
   static std::unique_ptr<CliProcess> Start(
       const std::string& dir, const std::string& endpoint, const std::vector<std::string>& args,
       const std::string& dev_dir = "",
@@ -553,6 +559,118 @@ bool Ended(pid_t pid) {
   if (::kill(pid, 0) == -1 && errno == ESRCH) return true;
   auto p = dev::ReadProcState(pid);
   return p && p->state == 'Z';
+}
+
+// The command's process group, killed if a test left it running.
+void KillLeftover(pid_t command_pid) {
+  if (command_pid > 0 && !Ended(command_pid)) ::kill(-command_pid, SIGKILL);
+}
+
+// The CLI session's lease revoked straight on etcd: holdfastd reports the session
+// gone on its next renewal, and the hold is lost, with holdfastd still answering
+// (the shared cluster stays usable).
+void RevokeHoldersSession(TestCluster& cluster, Client& client, const std::string& key) {
+  auto d = client.Describe("default", key);
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->holders_size(), 1) << d->DebugString();
+  pb::LeaseRevokeRequest revoke;
+  revoke.set_id(d->holders(0).session_id());
+  ASSERT_TRUE(etcd::Await<pb::LeaseRevokeResponse>([&](auto cb) {
+                cluster.etcd_client().LeaseRevoke(revoke, etcd::DeadlineIn(seconds(5)), cb);
+              }).ok());
+}
+
+// With stderr a pipe nobody reads any more, the message about the loss cannot be
+// written. holdfast used to print it before stopping the command, and died of
+// SIGPIPE there: the command ran on without the lock. It stops the command first,
+// and ignores SIGPIPE.
+TEST_F(CliTest, ALostHoldStopsTheCommandEvenWithStderrABrokenPipe) {
+  const std::string fifo = Path("broken-stderr");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  // A reader, so that holdfast's shell can open the FIFO for writing.
+  int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0) << std::strerror(errno);
+  const std::string pid_file = Path("broken-stderr-pid");
+  auto p = CliProcess::Start(cluster_->dir(), cluster_->endpoint(),
+                             {"lock", "--ttl", "2s", "--grace", "1s", "default/cli/broken-stderr",
+                              "--", "sh", "-c", "echo $$ > '" + pid_file + "'; exec sleep 60"},
+                             "", {{"HF_TEST_ERR", fifo}});
+  ASSERT_NE(p, nullptr);
+  const pid_t command_pid = CommandPid(pid_file);
+  ::close(reader);  // holdfast's stderr is now a broken pipe
+  ASSERT_GT(command_pid, 0) << "the command never wrote its pid to " << pid_file;
+
+  ASSERT_NO_FATAL_FAILURE(RevokeHoldersSession(*cluster_, *client_, "cli/broken-stderr"));
+  CliResult r = p->Finish(seconds(30));
+  EXPECT_EQ(r.exit_code, 74) << "128+13 is death by SIGPIPE";
+  EXPECT_TRUE(WaitFor([&] { return Ended(command_pid); }, seconds(5)))
+      << "the command outlived the lost hold";
+  KillLeftover(command_pid);
+}
+
+// holdfast killed outright cannot stop its command: the kernel does
+// (PR_SET_PDEATHSIG). Without that, the command ran on, orphaned, without the lock.
+TEST_F(CliTest, ACommandDoesNotOutliveAKilledHoldfast) {
+  const std::string pid_file = Path("sigkill-pid");
+  auto p = CliProcess::Start(cluster_->dir(), cluster_->endpoint(),
+                             {"lock", "--ttl", "2s", "default/cli/sigkill", "--", "sh", "-c",
+                              "echo $$ > '" + pid_file + "'; exec sleep 60"});
+  ASSERT_NE(p, nullptr);
+  const pid_t command_pid = CommandPid(pid_file);
+  ASSERT_GT(command_pid, 0) << "the command never wrote its pid to " << pid_file;
+  p->Signal(SIGKILL);
+  CliResult r = p->Finish(seconds(30));
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL);
+  EXPECT_TRUE(WaitFor([&] { return Ended(command_pid); }, seconds(5)))
+      << "pid " << command_pid << " outlived holdfast";
+  KillLeftover(command_pid);
+}
+
+// SIGQUIT is forwarded like SIGTERM: holdfast waits for the command, releases and
+// exits with its code. It used to end holdfast itself (a core dump), leaving the
+// command running and the key held until the session's TTL.
+TEST_F(CliTest, LockForwardsSigquitToTheCommandAndReleases) {
+  const std::string pid_file = Path("sigquit-pid");
+  auto p = CliProcess::Start(cluster_->dir(), cluster_->endpoint(),
+                             {"lock", "default/cli/sigquit", "--", "sh", "-c",
+                              "ulimit -c 0; echo $$ > '" + pid_file + "'; exec sleep 60"});
+  ASSERT_NE(p, nullptr);
+  const pid_t command_pid = CommandPid(pid_file);
+  ASSERT_GT(command_pid, 0) << "the command never wrote its pid to " << pid_file;
+  p->Signal(SIGQUIT);
+  CliResult r = p->Finish(seconds(30));
+  EXPECT_EQ(r.exit_code, 128 + SIGQUIT) << r.err;
+  EXPECT_TRUE(Ended(command_pid)) << "holdfast exited before its command";
+  auto d = client_->Describe("default", "cli/sigquit");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0) << "not released";
+  KillLeftover(command_pid);
+}
+
+// A command that cannot be run exits as in a shell, 127 or 126, with a plain
+// message (it was "INTERNAL: spawn: ..." and 1), and the key is free again.
+TEST_F(CliTest, ACommandThatCannotBeRunExits127Or126AndReleases) {
+  CliResult r = Run({"lock", "default/cli/no-command", "--", "hf-no-such-command", "arg"});
+  EXPECT_EQ(r.exit_code, 127) << r.err;
+  EXPECT_NE(r.err.find("holdfast: cannot run hf-no-such-command: No such file or directory\n"),
+            std::string::npos)
+      << r.err;
+  EXPECT_EQ(r.err.find("INTERNAL"), std::string::npos) << r.err;
+  r = Run({"holders", "default/cli/no-command", "-o", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ParseJson<v1::DescribeResponse>(r.out).holders_size(), 0) << r.out;
+
+  const std::string script = Path("not-executable.sh");
+  std::ofstream(script) << "#!/bin/sh\ntrue\n";
+  ASSERT_EQ(::chmod(script.c_str(), 0644), 0);
+  r = Run({"lock", "default/cli/not-executable", "--", script});
+  EXPECT_EQ(r.exit_code, 126) << r.err;
+  EXPECT_NE(r.err.find("holdfast: cannot run " + script + ": Permission denied\n"),
+            std::string::npos)
+      << r.err;
+  r = Run({"holders", "default/cli/not-executable", "-o", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(ParseJson<v1::DescribeResponse>(r.out).holders_size(), 0) << r.out;
 }
 
 // A lost hold stops every process of the command's group, also one that ignores
