@@ -115,6 +115,14 @@ TEST(RobustnessTest, QuorumLossClosedHoldersLoseOpenHoldersGoOnUnprotected) {
   ASSERT_TRUE(Eventually([&] { return !open_hold->unprotected(); }, seconds(20)));
   EXPECT_FALSE(open_hold->lost());
   EXPECT_TRUE(closed_hold->lost());
+  // The lost hold is final: nothing released it, so it is still in etcd, and
+  // asking for its key again on the same session is a new grant, not the lost
+  // hold back with its token (docs/safety.md, (e)).
+  auto again = session->Acquire("closed/job");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GT(again->token(), closed_hold->token());
+  EXPECT_FALSE(again->lost());
+  EXPECT_TRUE(again->Release().ok());
   EXPECT_TRUE(open_hold->Release().ok());
 }
 

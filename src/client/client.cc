@@ -319,10 +319,17 @@ std::shared_ptr<HoldState> SessionState::HoldFor(const std::string& lock_key, bo
   return made;
 }
 
+bool SessionState::LostHere(const std::string& lock_key, int64_t token) const {
+  absl::MutexLock l(&mu_);
+  return std::find(lost_here_.begin(), lost_here_.end(), std::pair(lock_key, token)) !=
+         lost_here_.end();
+}
+
 void SessionState::EndHold(const std::string& lock_key, int64_t token, const absl::Status& why) {
   std::vector<std::shared_ptr<HoldState>> ended;
   {
     absl::MutexLock l(&mu_);
+    std::erase(lost_here_, std::pair(lock_key, token));
     for (auto& w : holds_) {
       auto h = w.lock();
       if (h && h->token() == token && h->lock_key() == lock_key) ended.push_back(std::move(h));
@@ -361,8 +368,11 @@ void SessionState::Suspect(const absl::Status& why, bool deadline_passed) {
     if (h->open_class()) {
       h->SetUnprotected(true);
       open_alive = open_alive || !h->lost();
-    } else {
-      any_lost = h->MarkLost(why) || any_lost;
+    } else if (h->MarkLost(why)) {
+      any_lost = true;
+      absl::MutexLock l(&mu_);
+      lost_here_.emplace_back(h->lock_key(), h->token());
+      if (lost_here_.size() > kMaxLostHere) lost_here_.pop_front();
     }
   }
   // Past its deadline with nothing that may run unprotected, the session itself
@@ -667,6 +677,28 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
     std::this_thread::sleep_for(backoff);
   }
   if (!s.ok()) return s;
+  // The session's hold of the key that was lost here (etcd could not confirm
+  // renewals) and is still in etcd: a lost hold is final, so it is released and
+  // the key asked for anew with what is left of the wait (a new grant, a new
+  // token; FIFO behind whoever queued meanwhile).
+  if (state_->LostHere(resp.hold().lock_key(), resp.hold().token())) {
+    Hold stale(state_,
+               state_->HoldFor(resp.hold().lock_key(),
+                               resp.hold().on_quorum_loss() == v1::ON_QUORUM_LOSS_OPEN,
+                               resp.hold().token()),
+               resp.hold());
+    if (absl::Status released = stale.Release(); !released.ok()) {
+      return absl::UnavailableError(absl::StrCat(
+          "\"", lock_key, "\" is still held by this session with token ", resp.hold().token(),
+          ", a hold lost while etcd could not confirm renewals; releasing it failed (",
+          released.message(), "); try again"));
+    }
+    AcquireOptions again = options;
+    again.wait = std::max(std::chrono::milliseconds(0),
+                          std::chrono::duration_cast<std::chrono::milliseconds>(
+                              wait_until - std::chrono::steady_clock::now()));
+    return Acquire(lock_key, again);
+  }
   auto hold_state = state_->HoldFor(resp.hold().lock_key(),
                                     resp.hold().on_quorum_loss() == v1::ON_QUORUM_LOSS_OPEN,
                                     resp.hold().token());

@@ -5,6 +5,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <deque>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -180,8 +181,14 @@ class SessionState {
   // one. Drops the entries of holds no handle keeps any more.
   std::shared_ptr<HoldState> HoldFor(const std::string& lock_key, bool open_class, int64_t token);
   // The hold of `lock_key` with `token` ended (released): every state of it
-  // says so, `why`; runs no on_lost.
+  // says so, `why`; runs no on_lost. It is no longer lost here (LostHere).
   void EndHold(const std::string& lock_key, int64_t token, const absl::Status& why);
+  // True while the hold of `lock_key` with `token` was lost here only (Suspect:
+  // etcd could not confirm renewals) and no release of it has gone through: the
+  // hold may still be in etcd, and an Acquire of the key would be answered with
+  // it again. A lost hold is final (docs/safety.md, (e)), so Acquire releases it
+  // and asks anew.
+  bool LostHere(const std::string& lock_key, int64_t token) const;
 
   // The pump's view --------------------------------------------------------
   // A renewal confirmed by etcd: sent at `sent_at`, TTL `ttl` remaining. Open
@@ -229,6 +236,11 @@ class SessionState {
   bool deadline_passed_ ABSL_GUARDED_BY(mu_) = false;
   int64_t renewals_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::weak_ptr<HoldState>> holds_ ABSL_GUARDED_BY(mu_);
+  // (lock key, token) of holds lost here only, until a release of one goes
+  // through; at most kMaxLostHere (the oldest go first: a session that lost more
+  // holds than that without releasing them is past saving them anyway).
+  static constexpr size_t kMaxLostHere = 1024;
+  std::deque<std::pair<std::string, int64_t>> lost_here_ ABSL_GUARDED_BY(mu_);
 };
 
 // Renews every session of a Client over one KeepAlive stream.

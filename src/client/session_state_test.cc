@@ -117,6 +117,23 @@ TEST_F(SessionStateTest, ACloseElsewhereWaitsForAnOnLostThatClosedTheSessionItse
   lose.get();
 }
 
+// Holds of a closed class lost here only (etcd could not confirm renewals) are
+// remembered until a release of theirs goes through: an Acquire answered with one
+// of them releases it and asks anew. An open-class hold is not lost.
+TEST_F(SessionStateTest, AClosedHoldLostHereIsRememberedUntilItIsReleased) {
+  auto session = NewSession();
+  auto closed = session->HoldFor("k", /*open_class=*/false, 7);
+  auto open = session->HoldFor("o", /*open_class=*/true, 8);
+  EXPECT_FALSE(session->LostHere("k", 7));
+  session->Suspect(absl::UnavailableError("etcd unreachable"), /*deadline_passed=*/false);
+  EXPECT_TRUE(closed->lost());
+  EXPECT_TRUE(session->LostHere("k", 7));
+  EXPECT_FALSE(session->LostHere("k", 9)) << "a hold is its key and its token";
+  EXPECT_FALSE(session->LostHere("o", 8));
+  session->EndHold("k", 7, absl::FailedPreconditionError("released"));
+  EXPECT_FALSE(session->LostHere("k", 7));
+}
+
 // A hold lost here only (etcd was unreachable) is not shared with a later
 // Acquire of the same key and token: the two handles have states of their own.
 // The release of either ends both.
