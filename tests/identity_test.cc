@@ -320,6 +320,23 @@ TEST(AuthenticatorTest, TakesTheSpiffeIdFromTheCertificate) {
   }
 }
 
+// A certificate whose SPIFFE ID is the bare trust domain names no workload: refused
+// (an admin pattern such as spiffe://acme.org/* never matched it either).
+TEST(AuthenticatorTest, ABareTrustDomainIsNoCaller) {
+  auto ca = dev::MakeCa("ca");
+  ASSERT_TRUE(ca.ok());
+  server::Authenticator auth({false, "", {"acme.org"}, {"spiffe://acme.org/*"}});
+  dev::LeafOptions o;
+  o.uris = {"spiffe://acme.org"};
+  auto refused = auth.CallerOfCertificate(dev::MakeLeaf(*ca, o)->cert);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_EQ(refused.status().message(),
+            "spiffe://acme.org names a trust domain, not a workload: a client SVID's SPIFFE ID "
+            "needs a path");
+  o.uris = {"spiffe://acme.org/w"};
+  EXPECT_TRUE(auth.CallerOfCertificate(dev::MakeLeaf(*ca, o)->cert).ok());
+}
+
 // Each certificate's answer is kept (a connection presents the same one on every
 // call), refusals included, and the cache stays within its bound.
 TEST(AuthenticatorTest, KeepsEachCertificatesAnswerWithinItsBound) {

@@ -79,6 +79,13 @@ absl::StatusOr<lock::Caller> Authenticator::Parse(absl::string_view pem) const {
     return absl::UnauthenticatedError(absl::StrCat(
         "trust domain \"", id->trust_domain, "\" of ", id->ToString(), " is not accepted"));
   }
+  // X.509-SVID: a workload's ID has a path; the bare trust domain names the
+  // domain itself, never a caller.
+  if (id->path.empty()) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        id->ToString(), " names a trust domain, not a workload: a client SVID's SPIFFE ID "
+        "needs a path"));
+  }
   lock::Caller caller{id->ToString(), false};
   for (const auto& pattern : options_.admin_ids) {
     caller.admin = caller.admin || spiffe::Matches(caller.identity, pattern);
