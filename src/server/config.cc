@@ -50,6 +50,24 @@ absl::Status ReadInt(const YAML::Node& n, const std::string& name, int* out) {
   return absl::OkStatus();
 }
 
+absl::Status ReadBool(const YAML::Node& n, const std::string& name, bool* out) {
+  if (!n) return absl::OkStatus();
+  try {
+    *out = n.as<bool>();
+  } catch (const YAML::Exception&) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", name, " must be true or false"));
+  }
+  return absl::OkStatus();
+}
+
+// 127.0.0.0/8, ::1 and localhost: nobody but this machine is on the path.
+bool IsLoopbackHost(std::string host) {
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host.rfind("127.", 0) == 0 || host == "::1" || host == "localhost";
+}
+
 absl::Status ReadString(const YAML::Node& n, const std::string& name, std::string* out) {
   if (!n) return absl::OkStatus();
   if (!n.IsScalar()) {
@@ -80,7 +98,12 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
   }
   if (auto etcd = root["etcd"]) {
     if (!etcd.IsMap()) return absl::InvalidArgumentError("config: etcd must be a map");
-    if (auto s = Unknown(etcd, "etcd.", {"endpoints", "timeout", "tls"}); !s.ok()) return s;
+    if (auto s = Unknown(etcd, "etcd.", {"endpoints", "timeout", "tls", "plaintext"}); !s.ok()) {
+      return s;
+    }
+    if (auto s = ReadBool(etcd["plaintext"], "etcd.plaintext", &c.etcd_plaintext); !s.ok()) {
+      return s;
+    }
     if (auto tls = etcd["tls"]) {
       if (auto s = Unknown(tls, "etcd.tls.", {"ca_file", "cert_file", "key_file"}); !s.ok()) {
         return s;
@@ -113,12 +136,14 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     for (const auto& n : clusters) {
       if (!n.IsMap()) return absl::InvalidArgumentError("config: each of clusters must be a map");
       const std::string where = absl::StrCat("clusters[", c.clusters.size(), "].");
-      if (auto s = Unknown(n, where, {"name", "tier", "control", "endpoints", "timeout", "tls"});
+      if (auto s = Unknown(n, where,
+                           {"name", "tier", "control", "endpoints", "timeout", "tls", "plaintext"});
           !s.ok()) {
         return s;
       }
       ClusterConfig cc;
       cc.name.clear();
+      if (auto s = ReadBool(n["plaintext"], where + "plaintext", &cc.plaintext); !s.ok()) return s;
       if (auto s = ReadString(n["name"], where + "name", &cc.name); !s.ok()) return s;
       if (auto s = ReadString(n["tier"], where + "tier", &cc.tier); !s.ok()) return s;
       if (auto ctl = n["control"]) {
@@ -433,6 +458,21 @@ absl::Status ValidateConfig(const Config& c) {
           "config: exactly one of clusters must have control: true (found ", controls, ")"));
     }
   }
+  // etcd holds every lock, session and policy: plaintext to it only where nobody
+  // else is on the path, unless the operator says the path is protected.
+  for (const auto& cc : EffectiveClusters(c)) {
+    if (!cc.ca_file.empty() || cc.plaintext) continue;
+    for (const auto& e : cc.endpoints) {
+      if (IsLoopbackHost(e.substr(0, e.rfind(':')))) continue;
+      const std::string what = c.clusters.empty() ? "etcd" : absl::StrCat("cluster \"", cc.name, "\"");
+      const std::string key = c.clusters.empty() ? "etcd." : "clusters[].";
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: ", what, " endpoint ", e, " is not a loopback address and ", key,
+          "tls is not set: holdfastd would speak plaintext to etcd, where anyone on the path "
+          "could read and rewrite every lock; set ", key, "tls (or ", key,
+          "plaintext: true where the path is protected otherwise)"));
+    }
+  }
   if (auto id = spiffe::Parse(c.dev_identity); !id.ok()) {
     return absl::InvalidArgumentError(absl::StrCat("config: dev_identity: ", id.status().message()));
   }
@@ -480,7 +520,18 @@ std::vector<ClusterConfig> EffectiveClusters(const Config& c) {
   one.ca_file = c.etcd_ca_file;
   one.cert_file = c.etcd_cert_file;
   one.key_file = c.etcd_key_file;
+  one.plaintext = c.etcd_plaintext;
   return {one};
+}
+
+void SetControlPlaintext(Config* c) {
+  for (auto& cc : c->clusters) {
+    if (cc.control || c->clusters.size() == 1) {
+      cc.plaintext = true;
+      return;
+    }
+  }
+  c->etcd_plaintext = true;
 }
 
 void SetControlEndpoints(Config* c, std::vector<std::string> endpoints) {

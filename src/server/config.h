@@ -8,13 +8,15 @@
 //       ca_file: /etc/holdfast/etcd-ca.pem
 //       cert_file: /etc/holdfast/etcd-client.pem
 //       key_file: /etc/holdfast/etcd-client-key.pem
+//     plaintext: false              # without tls, endpoints must be loopback addresses
+//                                   #   unless this says true (a path protected otherwise)
 //   clusters:                       # several etcd clusters (instead of `etcd:`)
 //     - name: main                  # [a-z0-9][a-z0-9._-]{0,62}, unique
 //       tier: standard              # namespaces of this cluster_tier are homed here
 //       control: true               # exactly one: placement of namespaces (keyspace.h)
 //       endpoints: [10.0.0.1:2379]
 //       timeout: 5s
-//       tls: {ca_file: ..., cert_file: ..., key_file: ...}
+//       tls: {ca_file: ..., cert_file: ..., key_file: ...}   # or plaintext: true, as above
 //     - name: fast
 //       tier: low-latency
 //       endpoints: [10.0.1.1:2379]
@@ -89,6 +91,9 @@ struct ClusterConfig {
   std::chrono::milliseconds timeout{5000};
   // TLS to etcd (empty ca: plaintext). Read at start.
   std::string ca_file, cert_file, key_file;
+  // Plaintext to endpoints that are not loopback addresses (`plaintext: true`):
+  // refused otherwise, since anyone on the path could read and rewrite every lock.
+  bool plaintext = false;
 };
 
 struct Config {
@@ -97,6 +102,7 @@ struct Config {
   std::chrono::milliseconds etcd_timeout{5000};
   // TLS to etcd (empty ca: plaintext). Read at start.
   std::string etcd_ca_file, etcd_cert_file, etcd_key_file;
+  bool etcd_plaintext = false;  // as ClusterConfig::plaintext
   std::chrono::milliseconds session_ttl_min{1000};
   std::chrono::milliseconds session_ttl_max{24 * 3600 * 1000};
   std::chrono::milliseconds max_wait{3600 * 1000};
@@ -133,6 +139,8 @@ struct Config {
 std::vector<ClusterConfig> EffectiveClusters(const Config& c);
 // --etcd: the endpoints of the control cluster.
 void SetControlEndpoints(Config* c, std::vector<std::string> endpoints);
+// --etcd-plaintext: the control cluster's `plaintext: true`.
+void SetControlPlaintext(Config* c);
 
 // Parses YAML text. Errors: INVALID_ARGUMENT naming the key and the problem.
 absl::StatusOr<Config> ParseConfig(const std::string& yaml_text);

@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 namespace holdfast::server {
 namespace {
 
@@ -23,6 +25,7 @@ listen: 0.0.0.0:9000
 etcd:
   endpoints: [10.0.0.1:2379, 10.0.0.2:2379]
   timeout: 2s
+  tls: {ca_file: /etcd-ca.pem, cert_file: /etcd.pem, key_file: /etcd-key.pem}
 sessions: {ttl_min: 2s, ttl_max: 1h}
 acquire: {max_wait: 10m, ride_with_release: 20ms}
 limits: {max_message_bytes: 8192, max_concurrent_streams: 50}
@@ -36,6 +39,8 @@ shutdown_grace: 30s
   EXPECT_EQ(c->listen, "0.0.0.0:9000");
   EXPECT_EQ(c->etcd_endpoints.size(), 2u);
   EXPECT_EQ(c->etcd_timeout, std::chrono::seconds(2));
+  EXPECT_EQ(c->etcd_ca_file, "/etcd-ca.pem");
+  EXPECT_FALSE(c->etcd_plaintext);
   EXPECT_EQ(c->session_ttl_min, std::chrono::seconds(2));
   EXPECT_EQ(c->max_wait, std::chrono::minutes(10));
   EXPECT_EQ(c->ride_with_release, std::chrono::milliseconds(20));
@@ -114,6 +119,15 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
        "cluster \"a\" is listed twice"},
       {"insecure: true\nclusters: [{name: a, endpoints: [h:1]}, {name: b, endpoints: [h:2]}]",
        "exactly one of clusters must have control: true (found 0)"},
+      // Plaintext to etcd off this machine only when asked for by name.
+      {"insecure: true\netcd: {endpoints: [127.0.0.1:2379, 10.0.0.5:2379]}",
+       "etcd endpoint 10.0.0.5:2379 is not a loopback address and etcd.tls is not set"},
+      {"insecure: true\netcd: {endpoints: [etcd.internal:2379]}",
+       "set etcd.tls (or etcd.plaintext: true where the path is protected otherwise)"},
+      {"insecure: true\nclusters: [{name: a, endpoints: [10.0.0.5:2379]}]",
+       "cluster \"a\" endpoint 10.0.0.5:2379 is not a loopback address and clusters[].tls"},
+      {"insecure: true\netcd: {endpoints: [10.0.0.5:2379], plaintext: yes please}",
+       "etcd.plaintext must be true or false"},
   };
   for (const auto& c : cases) {
     auto r = ParseConfig(c.yaml);
@@ -128,7 +142,7 @@ TEST(ConfigTest, ClustersListSeveralEtcdClustersOneOfThemControl) {
   auto c = ParseConfig(R"(
 insecure: true
 clusters:
-  - {name: main, tier: standard, endpoints: [10.0.0.1:2379]}
+  - {name: main, tier: standard, endpoints: [10.0.0.1:2379], plaintext: true}
   - name: fast
     tier: low-latency
     control: true
@@ -141,6 +155,8 @@ clusters:
   ASSERT_EQ(clusters.size(), 2u);
   EXPECT_EQ(clusters[0].name, "main");
   EXPECT_FALSE(clusters[0].control);
+  EXPECT_TRUE(clusters[0].plaintext);
+  EXPECT_FALSE(clusters[1].plaintext);
   EXPECT_EQ(clusters[1].tier, "low-latency");
   EXPECT_TRUE(clusters[1].control);
   EXPECT_EQ(clusters[1].timeout, std::chrono::seconds(2));
@@ -151,7 +167,8 @@ clusters:
 }
 
 TEST(ConfigTest, TheEtcdSectionIsOneControlClusterNamedDefault) {
-  auto c = ParseConfig("insecure: true\netcd: {endpoints: [10.0.0.1:2379], timeout: 3s}");
+  auto c = ParseConfig(
+      "insecure: true\netcd: {endpoints: [10.0.0.1:2379], timeout: 3s, plaintext: true}");
   ASSERT_TRUE(c.ok()) << c.status();
   auto clusters = EffectiveClusters(*c);
   ASSERT_EQ(clusters.size(), 1u);
@@ -161,6 +178,24 @@ TEST(ConfigTest, TheEtcdSectionIsOneControlClusterNamedDefault) {
   EXPECT_EQ(clusters[0].timeout, std::chrono::seconds(3));
   SetControlEndpoints(&*c, {"127.0.0.1:1"});
   EXPECT_EQ(EffectiveClusters(*c)[0].endpoints, std::vector<std::string>{"127.0.0.1:1"});
+}
+
+// --etcd 10.0.0.5:2379 needs --etcd-plaintext (or etcd.tls) to pass validation.
+TEST(ConfigTest, EtcdPlaintextOptsTheControlClusterIn) {
+  auto c = ParseConfig("insecure: true");
+  ASSERT_TRUE(c.ok()) << c.status();
+  SetControlEndpoints(&*c, {"10.0.0.5:2379"});
+  EXPECT_EQ(ValidateConfig(*c).code(), absl::StatusCode::kInvalidArgument);
+  SetControlPlaintext(&*c);
+  EXPECT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);
+  EXPECT_TRUE(EffectiveClusters(*c)[0].plaintext);
+}
+
+TEST(ConfigTest, PlaintextToEtcdOnLoopbackNeedsNoOptIn) {
+  for (const char* e : {"127.0.0.1:2379", "127.0.0.5:2379", "localhost:2379", "[::1]:2379"}) {
+    auto c = ParseConfig(absl::StrCat("insecure: true\netcd: {endpoints: [\"", e, "\"]}"));
+    EXPECT_TRUE(c.ok()) << e << ": " << c.status();
+  }
 }
 
 TEST(ConfigTest, MissingFileIsNotFound) {

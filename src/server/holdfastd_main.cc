@@ -28,6 +28,10 @@ int main(int argc, char** argv) {
   app.add_option("--config", config_path, "YAML config file");
   app.add_option("--listen", listen, "gRPC listen address host:port (default 127.0.0.1:7420)");
   app.add_option("--etcd", etcd, "etcd endpoints, comma-separated host:port");
+  bool etcd_plaintext = false;
+  app.add_flag("--etcd-plaintext", etcd_plaintext,
+               "plaintext to etcd endpoints that are not loopback addresses, without etcd TLS "
+               "(as etcd.plaintext: a network path protected otherwise)");
   std::string audit_store;
   app.add_option("--audit-store", audit_store,
                  "audit store URL: sqlite:PATH or postgresql://... (\"none\": no audit)");
@@ -56,6 +60,7 @@ int main(int argc, char** argv) {
   if (!etcd.empty()) {
     holdfast::server::SetControlEndpoints(&config, absl::StrSplit(etcd, ',', absl::SkipEmpty()));
   }
+  if (etcd_plaintext) holdfast::server::SetControlPlaintext(&config);
   if (auto s = holdfast::server::ValidateConfig(config); !s.ok()) {
     std::fprintf(stderr, "holdfastd: %s\n", std::string(s.message()).c_str());
     return 2;

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <thread>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "dev/certs.h"
@@ -118,6 +119,12 @@ absl::Status HoldfastdProcess::Launch() {
              absl::StrJoin(etcd_endpoints_, ",")};
   if (std::find(extra_args_.begin(), extra_args_.end(), "--config") == extra_args_.end()) {
     so.argv.push_back("--insecure");  // tests without TLS: plaintext on loopback
+  }
+  // etcd members in network namespaces of their own (the chaos tool's) are not on
+  // loopback: plaintext to them is asked for by name.
+  if (std::any_of(etcd_endpoints_.begin(), etcd_endpoints_.end(),
+                  [](const std::string& e) { return !absl::StartsWith(e, "127."); })) {
+    so.argv.push_back("--etcd-plaintext");
   }
   if (std::find(extra_args_.begin(), extra_args_.end(), "--audit-store") == extra_args_.end()) {
     // Every replica of a test cluster shares one SQLite audit store in its dir.
