@@ -651,6 +651,12 @@ TEST_F(ForceReleaseTest, BadRequestsAreRefusedAndChangeNothing) {
   r.set_namespace_("default");
   r.set_lock_key("mine");
   EXPECT_EQ(alice_->RequestForceRelease(r).status().code(), absl::StatusCode::kPermissionDenied);
+  // A reason with a control character (a NUL would cut it short in PostgreSQL).
+  r.set_reason(std::string("hung\0 job", 9));
+  auto nul = admin_->RequestForceRelease(r);
+  EXPECT_EQ(nul.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(nul.status().message(), "the reason contains control character 0x00: use plain text");
+  r.set_reason("x");
 
   auto malformed = Approve(*admin2_, "../../epoch");
   EXPECT_EQ(malformed.status().code(), absl::StatusCode::kInvalidArgument);

@@ -65,6 +65,15 @@ absl::StatusOr<v1::ForceRequest> ForceReleases::Request(const std::string& reque
     return absl::InvalidArgumentError(
         absl::StrCat("reason is ", req.reason().size(), " bytes; at most ", kMaxReasonBytes));
   }
+  // The reason is read in tables and stored as text: a NUL would cut it short in
+  // PostgreSQL (and not in SQLite), other control characters garble the listings.
+  for (unsigned char ch : req.reason()) {
+    if (ch < 0x20 || ch == 0x7f) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "the reason contains control character 0x", absl::Hex(ch, absl::kZeroPad2),
+          ": use plain text"));
+    }
+  }
   pb::TxnRequest read;
   AddSnapshotReads(ns, /*session=*/0, key, read.mutable_success());
   HF_ASSIGN_OR_RETURN(auto t, etcd_->TxnSync(std::move(read), d));
