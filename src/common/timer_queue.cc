@@ -6,17 +6,28 @@ namespace holdfast {
 
 TimerQueue::TimerQueue() : thread_([this] { Run(); }) {}
 
-TimerQueue::~TimerQueue() {
+TimerQueue::~TimerQueue() { Stop(); }
+
+void TimerQueue::Stop() {
   {
     absl::MutexLock l(&mu_);
     stop_ = true;
     cv_.Signal();
   }
-  thread_.join();
+  if (thread_.joinable()) thread_.join();
+  decltype(timers_) dropped;
+  {
+    absl::MutexLock l(&mu_);
+    dropped.swap(timers_);
+    when_.clear();
+  }
+  // `dropped` goes here, outside the lock: a callback's captures may schedule or
+  // cancel as they are destroyed.
 }
 
 TimerQueue::TimerId TimerQueue::Schedule(Clock::time_point when, std::function<void()> fn) {
   absl::MutexLock l(&mu_);
+  if (stop_) return 0;  // `fn` goes as this returns
   TimerId id = next_id_++;
   bool earliest = timers_.empty() || when < timers_.begin()->first;
   timers_.emplace(when, std::make_pair(id, std::move(fn)));

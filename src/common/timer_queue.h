@@ -3,7 +3,7 @@
 // Thread-safe: Schedule() and Cancel() may be called from any thread. Callbacks run
 // on the queue's own thread, one at a time, and must not block (they may call
 // Schedule/Cancel). A callback runs at most once; after Cancel() returns true it
-// never runs. After destruction no callback runs.
+// never runs. After Stop() (or destruction) no callback runs.
 #pragma once
 
 #include <chrono>
@@ -36,6 +36,13 @@ class TimerQueue {
   // True if the timer was pending and will now never run; false if it has run,
   // is running, or was never scheduled.
   bool Cancel(TimerId id);
+
+  // Ends the queue's thread (after a callback running now) and drops every
+  // pending timer, destroying its callback here; later Schedule calls drop theirs
+  // (and return 0). For a shutdown in which what the callbacks use goes next:
+  // holdfastd stops its timers before it destroys its etcd clients. Not from a
+  // callback. Idempotent.
+  void Stop();
 
  private:
   void Run();

@@ -2,6 +2,8 @@
 
 #include <atomic>
 #include <future>
+#include <memory>
+#include <thread>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -46,6 +48,23 @@ TEST(TimerQueueTest, CallbackMayScheduleAnother) {
     q.ScheduleAfter(std::chrono::milliseconds(1), [&] { second.set_value(); });
   });
   EXPECT_EQ(second.get_future().wait_for(std::chrono::seconds(10)), std::future_status::ready);
+}
+
+// Stop drops what is pending (its captures go at once) and what comes after; a
+// pending timer never runs, also once its time has come.
+TEST(TimerQueueTest, StopDropsPendingTimersAndLaterOnes) {
+  TimerQueue q;
+  std::atomic<int> ran{0};
+  auto held = std::make_shared<int>(0);
+  q.ScheduleAfter(std::chrono::milliseconds(30), [&ran, held] { ran++; });
+  EXPECT_EQ(held.use_count(), 2);
+  q.Stop();
+  EXPECT_EQ(held.use_count(), 1) << "the pending callback was not destroyed";
+  EXPECT_EQ(q.ScheduleAfter(std::chrono::milliseconds(1), [&ran, held] { ran++; }), 0u);
+  EXPECT_EQ(held.use_count(), 1);
+  std::this_thread::sleep_for(std::chrono::milliseconds(60));
+  EXPECT_EQ(ran.load(), 0);
+  q.Stop();  // again: nothing
 }
 
 }  // namespace

@@ -95,10 +95,14 @@ class Engine {
   // `health` (optional, not owned) gates new grants and keepalive answers.
   Engine(etcd::Client* etcd, EngineOptions options, EtcdHealth* health = nullptr);
 
-  // Ends the watch the engine keeps of its own (lock/forced_holds.h). Before the
-  // etcd client goes, which is before the engine (its callbacks end with the
-  // client's streams). Idempotent.
-  void Stop() { forced_.Stop(); }
+  // Ends the watch the engine keeps of its own (lock/forced_holds.h) and answers
+  // the enqueues still parked for a release to ride with. Before the etcd client
+  // goes, which is before the engine (its callbacks end with the client's
+  // streams). Idempotent.
+  void Stop() {
+    forced_.Stop();
+    commits_.Stop();
+  }
 
   // Waits until every acquire that was cancelled or moved (Cancellable) while
   // queued has ended, taking its waiter out unless the call asked again took it

@@ -27,7 +27,9 @@ GroupCommit::GroupCommit(etcd::Client* etcd, GroupCommitOptions options, BatchOb
       observer_(std::move(observer)),
       ride_observer_(std::move(ride_observer)) {}
 
-GroupCommit::~GroupCommit() {
+GroupCommit::~GroupCommit() { Stop(); }
+
+void GroupCommit::Stop() {
   std::map<KeyId, std::deque<Waiting>> riders;
   {
     absl::MutexLock l(&mu_);

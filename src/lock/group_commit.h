@@ -90,6 +90,9 @@ class GroupCommit {
   GroupCommit(etcd::Client* etcd, GroupCommitOptions options, BatchObserver observer = nullptr,
               RideObserver ride_observer = nullptr);
 
+  // Answers every rider still parked UNAVAILABLE (not sent). Before the etcd
+  // client goes (Engine::Stop at shutdown); the destructor does it otherwise.
+  void Stop();
   ~GroupCommit();
 
   void Txn(Footprint footprint, etcdserverpb::TxnRequest txn, etcd::Deadline d,

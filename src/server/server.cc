@@ -532,11 +532,15 @@ void Server::Shutdown(std::optional<std::chrono::milliseconds> grace_or_config) 
                      "waiters stay queued until taken over or past their deadlines\n");
       }
     }
-    // The engines' pending callbacks end with the etcd clients' streams.
+    // The engines' pending callbacks end with the etcd clients' streams. Timers
+    // go first: one still pending (a moved wait's grace when shutdown_grace ran
+    // out before it, a deadline) would otherwise run on an engine whose etcd
+    // client is gone.
     for (const auto& c : clusters_->all()) {
       if (c->engine) c->engine->Stop();
-      c->etcd.reset();
     }
+    if (timers_) timers_->Stop();
+    for (const auto& c : clusters_->all()) c->etcd.reset();
     // Only now: the etcd clients' last callbacks may still have reached these.
     for (const auto& c : clusters_->all()) c->op_quota.reset();
   }
