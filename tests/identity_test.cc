@@ -320,6 +320,61 @@ TEST(AuthenticatorTest, TakesTheSpiffeIdFromTheCertificate) {
   }
 }
 
+// With several trust domains, each has its own CAs (tls.trust_bundles): a CA of
+// one domain signs no ID of another, although the handshake's bundle (ca_file)
+// holds both. A bundle file that changes is read again, and the answers kept
+// for certificates go with the old bundle.
+TEST(AuthenticatorTest, EachTrustDomainsIdsMustChainToItsOwnBundle) {
+  testing::TempDir dir;
+  auto acme_ca = dev::MakeCa("acme CA");
+  auto partner_ca = dev::MakeCa("partner CA");
+  ASSERT_TRUE(acme_ca.ok() && partner_ca.ok());
+  const std::string acme_file = dir.path() + "/acme.pem";
+  const std::string partner_file = dir.path() + "/partner.pem";
+  ASSERT_TRUE(dev::WriteFileAtomically(acme_file, acme_ca->cert, 0644).ok());
+  ASSERT_TRUE(dev::WriteFileAtomically(partner_file, partner_ca->cert, 0644).ok());
+  server::Authenticator::Options ao{false, "", {"acme.org", "partner.org"},
+                                    {"spiffe://acme.org/ops/*"}};
+  ao.trust_bundles = {{"acme.org", acme_file}, {"partner.org", partner_file}};
+  server::Authenticator auth(ao);
+  ASSERT_TRUE(auth.Load().ok());
+  auto leaf = [](const dev::Pem& ca, const std::string& id) {
+    dev::LeafOptions o;
+    o.uris = {id};
+    return dev::MakeLeaf(ca, o)->cert;
+  };
+
+  // The partner's CA minting an acme admin: refused, with the reason.
+  auto forged = auth.CallerOfCertificate(leaf(*partner_ca, "spiffe://acme.org/ops/oncall"));
+  EXPECT_EQ(forged.status().code(), absl::StatusCode::kUnauthenticated);
+  EXPECT_NE(forged.status().message().find(
+                "spiffe://acme.org/ops/oncall: the client certificate is not signed by a CA of "
+                "trust domain acme.org (tls.trust_bundles)"),
+            std::string::npos)
+      << forged.status();
+  const std::string acme_admin = leaf(*acme_ca, "spiffe://acme.org/ops/oncall");
+  auto admin = auth.CallerOfCertificate(acme_admin);
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  EXPECT_TRUE(admin->admin);
+  auto partner = auth.CallerOfCertificate(leaf(*partner_ca, "spiffe://partner.org/svc"));
+  ASSERT_TRUE(partner.ok()) << partner.status();
+  EXPECT_FALSE(partner->admin);
+
+  // acme's bundle now names the partner's CA only: its old certificate no longer
+  // chains to it (seen at the next certificate not met before).
+  std::this_thread::sleep_for(milliseconds(20));  // a modification time of its own
+  ASSERT_TRUE(dev::WriteFileAtomically(acme_file, partner_ca->cert, 0644).ok());
+  EXPECT_TRUE(auth.CallerOfCertificate(leaf(*partner_ca, "spiffe://acme.org/w")).ok());
+  EXPECT_EQ(auth.CallerOfCertificate(acme_admin).status().code(),
+            absl::StatusCode::kUnauthenticated);
+
+  // A bundle that cannot be read stops the start.
+  ao.trust_bundles["partner.org"] = dir.path() + "/missing.pem";
+  auto load = server::Authenticator(ao).Load();
+  EXPECT_EQ(load.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(load.message().find("missing.pem"), std::string::npos) << load;
+}
+
 // A certificate whose SPIFFE ID is the bare trust domain names no workload: refused
 // (an admin pattern such as spiffe://acme.org/* never matched it either).
 TEST(AuthenticatorTest, ABareTrustDomainIsNoCaller) {

@@ -5,8 +5,12 @@
 #include <openssl/x509.h>
 #include <openssl/x509v3.h>
 
+#include <sys/stat.h>
+
 #include <climits>
+#include <fstream>
 #include <memory>
+#include <sstream>
 
 #include "absl/strings/str_cat.h"
 #include "common/spiffe.h"
@@ -43,18 +47,126 @@ absl::StatusOr<std::vector<std::string>> UriSans(absl::string_view pem) {
   return uris;
 }
 
+using X509Ptr = std::unique_ptr<X509, decltype(&X509_free)>;
+
+// Every certificate of a PEM text, in order.
+std::vector<X509Ptr> ReadCertificates(absl::string_view pem) {
+  std::vector<X509Ptr> out;
+  if (pem.empty() || pem.size() > static_cast<size_t>(INT_MAX)) return out;
+  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
+      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
+  while (X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
+    out.emplace_back(cert, X509_free);
+  }
+  ERR_clear_error();  // the end of the text reads as an error
+  return out;
+}
+
+// The file's modification time, or nullopt when it cannot be read.
+std::optional<struct timespec> ModifiedAt(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return std::nullopt;
+  return st.st_mtim;
+}
+
 }  // namespace
 
-absl::StatusOr<lock::Caller> Authenticator::CallerOfCertificate(absl::string_view pem) const {
+// One trust domain's CAs, as read from its file at `modified`.
+struct Authenticator::Bundle {
+  std::string file;
+  struct timespec modified {};
+  std::unique_ptr<X509_STORE, decltype(&X509_STORE_free)> store{nullptr, X509_STORE_free};
+};
+
+Authenticator::~Authenticator() = default;
+
+absl::Status Authenticator::Load() {
+  for (const auto& [domain, file] : options_.trust_bundles) {
+    if (auto b = BundleOf(domain); !b.ok()) return b.status();
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::shared_ptr<const Authenticator::Bundle>> Authenticator::BundleOf(
+    const std::string& domain) const {
+  auto configured = options_.trust_bundles.find(domain);
+  if (configured == options_.trust_bundles.end()) return nullptr;
+  const std::string& file = configured->second;
+  const auto modified = ModifiedAt(file);
+  {
+    absl::ReaderMutexLock l(&bundles_mu_);
+    auto it = bundles_.find(domain);
+    if (it != bundles_.end() && modified && it->second->modified.tv_sec == modified->tv_sec &&
+        it->second->modified.tv_nsec == modified->tv_nsec) {
+      return it->second;
+    }
+  }
+  std::ifstream in(file);
+  std::stringstream text;
+  text << in.rdbuf();
+  auto certs = ReadCertificates(text.str());
+  if (!modified || !in || certs.empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the trust bundle of ", domain, " (", file, ") cannot be read or holds no certificate"));
+  }
+  auto bundle = std::make_shared<Bundle>();
+  bundle->file = file;
+  bundle->modified = *modified;
+  bundle->store.reset(X509_STORE_new());
+  for (const auto& c : certs) X509_STORE_add_cert(bundle->store.get(), c.get());
+  ERR_clear_error();  // a certificate listed twice reads as an error
+  {
+    absl::MutexLock l(&bundles_mu_);
+    bundles_[domain] = bundle;
+  }
+  // Answers worked out with the old bundle go.
+  absl::MutexLock l(&mu_);
+  by_pem_.clear();
+  return bundle;
+}
+
+absl::Status Authenticator::VerifyDomain(const std::string& domain, absl::string_view pem,
+                                         absl::string_view chain) const {
+  auto bundle = BundleOf(domain);
+  if (!bundle.ok()) return absl::UnauthenticatedError(bundle.status().message());
+  if (*bundle == nullptr) return absl::OkStatus();
+  auto certs = ReadCertificates(chain.empty() ? pem : chain);
+  auto leaf = ReadCertificates(pem);
+  if (certs.empty() || leaf.empty()) {
+    return absl::UnauthenticatedError("the client certificate cannot be parsed");
+  }
+  auto free_stack = [](STACK_OF(X509) * s) { sk_X509_free(s); };  // not the certificates
+  std::unique_ptr<STACK_OF(X509), decltype(free_stack)> untrusted(sk_X509_new_null(), free_stack);
+  for (const auto& c : certs) sk_X509_push(untrusted.get(), c.get());
+  std::unique_ptr<X509_STORE_CTX, decltype(&X509_STORE_CTX_free)> ctx(X509_STORE_CTX_new(),
+                                                                      X509_STORE_CTX_free);
+  if (!ctx || X509_STORE_CTX_init(ctx.get(), (*bundle)->store.get(), leaf.front().get(),
+                                  untrusted.get()) != 1) {
+    ERR_clear_error();
+    return absl::UnauthenticatedError("the client certificate chain cannot be checked");
+  }
+  const bool verified = X509_verify_cert(ctx.get()) == 1;
+  const int error = X509_STORE_CTX_get_error(ctx.get());
+  ERR_clear_error();
+  if (verified) return absl::OkStatus();
+  return absl::UnauthenticatedError(absl::StrCat(
+      "the client certificate is not signed by a CA of trust domain ", domain,
+      " (tls.trust_bundles): ", X509_verify_cert_error_string(error)));
+}
+
+absl::StatusOr<lock::Caller> Authenticator::CallerOfCertificate(absl::string_view pem,
+                                                                absl::string_view chain) const {
+  // With bundles, the answer depends on the chain presented too.
+  const absl::string_view key = options_.trust_bundles.empty() || chain.empty() ? pem : chain;
   {
     absl::ReaderMutexLock l(&mu_);
-    if (auto it = by_pem_.find(pem); it != by_pem_.end()) return it->second;
+    if (auto it = by_pem_.find(key); it != by_pem_.end()) return it->second;
   }
-  absl::StatusOr<lock::Caller> caller = Parse(pem);
-  if (pem.size() > kMaxCachedPemBytes || options_.max_cached_certificates == 0) return caller;
+  absl::StatusOr<lock::Caller> caller = Parse(pem, chain);
+  if (key.size() > kMaxCachedPemBytes || options_.max_cached_certificates == 0) return caller;
   absl::MutexLock l(&mu_);
   if (by_pem_.size() >= options_.max_cached_certificates) by_pem_.clear();
-  by_pem_.emplace(pem, caller);
+  by_pem_.emplace(key, caller);
   return caller;
 }
 
@@ -63,7 +175,8 @@ size_t Authenticator::cached_certificates() const {
   return by_pem_.size();
 }
 
-absl::StatusOr<lock::Caller> Authenticator::Parse(absl::string_view pem) const {
+absl::StatusOr<lock::Caller> Authenticator::Parse(absl::string_view pem,
+                                                  absl::string_view chain) const {
   auto uris = UriSans(pem);
   if (!uris.ok()) return uris.status();
   if (uris->size() != 1) {
@@ -86,6 +199,9 @@ absl::StatusOr<lock::Caller> Authenticator::Parse(absl::string_view pem) const {
         id->ToString(), " names a trust domain, not a workload: a client SVID's SPIFFE ID "
         "needs a path"));
   }
+  if (auto s = VerifyDomain(id->trust_domain, pem, chain); !s.ok()) {
+    return absl::UnauthenticatedError(absl::StrCat(id->ToString(), ": ", s.message()));
+  }
   lock::Caller caller{id->ToString(), false};
   for (const auto& pattern : options_.admin_ids) {
     caller.admin = caller.admin || spiffe::Matches(caller.identity, pattern);
@@ -99,7 +215,12 @@ absl::StatusOr<lock::Caller> Authenticator::CallerOf(const grpc::ServerContextBa
   if (!auth) return absl::UnauthenticatedError("no TLS peer");
   auto pems = auth->FindPropertyValues(GRPC_X509_PEM_CERT_PROPERTY_NAME);
   if (pems.empty()) return absl::UnauthenticatedError("no client certificate was presented");
-  return CallerOfCertificate(absl::string_view(pems.front().data(), pems.front().size()));
+  absl::string_view chain;
+  if (!options_.trust_bundles.empty()) {
+    auto chains = auth->FindPropertyValues(GRPC_X509_PEM_CERT_CHAIN_PROPERTY_NAME);
+    if (!chains.empty()) chain = absl::string_view(chains.front().data(), chains.front().size());
+  }
+  return CallerOfCertificate(absl::string_view(pems.front().data(), pems.front().size()), chain);
 }
 
 absl::Status Authenticator::RequireAdmin(const lock::Caller& caller) {

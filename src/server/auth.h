@@ -3,7 +3,14 @@
 //
 // With TLS (production), the caller is the SPIFFE ID in its client certificate,
 // which gRPC has already verified against the CA bundle: exactly one URI SAN, a
-// valid SPIFFE ID (common/spiffe.h), and a trust domain of the configured list.
+// valid SPIFFE ID (common/spiffe.h) with a path, and a trust domain of the
+// configured list. With a bundle of its own for that trust domain (tls.trust_bundles,
+// required by the config with more than one domain), the peer's chain must also
+// lead to one of that bundle's CAs: ca_file holds every domain's CAs for the
+// handshake, and a CA of one domain must not vouch for an ID of another (the
+// SPIFFE rule: an SVID is checked against its own trust domain's bundle). A bundle
+// file is read at start (Load) and again when its modification time changes, seen
+// when a certificate not met before arrives; the kept answers are dropped then.
 // Insecure mode (loopback development only) makes every caller the dev identity,
 // and an admin.
 //
@@ -21,6 +28,8 @@
 #pragma once
 
 #include <cstddef>
+#include <map>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -42,24 +51,41 @@ class Authenticator {
     std::string dev_identity;
     std::vector<std::string> trust_domains;
     std::vector<std::string> admin_ids;  // SPIFFE ID patterns
+    std::map<std::string, std::string> trust_bundles;  // trust domain -> PEM file
     size_t max_cached_certificates = 1024;
   };
   static constexpr size_t kMaxCachedPemBytes = 16 * 1024;
   explicit Authenticator(Options options) : options_(std::move(options)) {}
+  ~Authenticator();
+
+  // Reads every trust bundle; an error names the file (holdfastd does not start).
+  absl::Status Load();
 
   // UNAUTHENTICATED with the reason when the peer has no acceptable identity.
   absl::StatusOr<lock::Caller> CallerOf(const grpc::ServerContextBase& ctx) const;
   // The identity of a PEM certificate, by the rules above (exposed for tests).
-  absl::StatusOr<lock::Caller> CallerOfCertificate(absl::string_view pem) const;
+  // `chain`: the peer's chain as presented, leaf first (PEM); empty: the leaf alone.
+  absl::StatusOr<lock::Caller> CallerOfCertificate(absl::string_view pem,
+                                                   absl::string_view chain = {}) const;
   // Certificates whose identity is kept now.
   size_t cached_certificates() const;
   // PERMISSION_DENIED unless the caller is an admin.
   static absl::Status RequireAdmin(const lock::Caller& caller);
 
  private:
-  absl::StatusOr<lock::Caller> Parse(absl::string_view pem) const;
+  struct Bundle;
+  absl::StatusOr<lock::Caller> Parse(absl::string_view pem, absl::string_view chain) const;
+  // OK when `chain` (or `pem` alone) leads to a CA of `domain`'s bundle, or the
+  // domain has none.
+  absl::Status VerifyDomain(const std::string& domain, absl::string_view pem,
+                            absl::string_view chain) const;
+  // The domain's bundle, read again if its file changed.
+  absl::StatusOr<std::shared_ptr<const Bundle>> BundleOf(const std::string& domain) const;
 
   const Options options_;
+  mutable absl::Mutex bundles_mu_;
+  mutable std::map<std::string, std::shared_ptr<const Bundle>> bundles_
+      ABSL_GUARDED_BY(bundles_mu_);
   mutable absl::Mutex mu_;
   mutable absl::flat_hash_map<std::string, absl::StatusOr<lock::Caller>> by_pem_
       ABSL_GUARDED_BY(mu_);

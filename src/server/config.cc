@@ -1,5 +1,6 @@
 #include "server/config.h"
 
+#include <algorithm>
 #include <fstream>
 #include <set>
 #include <sstream>
@@ -215,9 +216,22 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
   }
   if (auto tls = root["tls"]) {
     if (!tls.IsMap()) return absl::InvalidArgumentError("config: tls must be a map");
-    if (auto s = Unknown(tls, "tls.", {"ca_file", "cert_file", "key_file", "trust_domains", "refresh"});
+    if (auto s = Unknown(tls, "tls.", {"ca_file", "cert_file", "key_file", "trust_domains",
+                                       "trust_bundles", "refresh"});
         !s.ok()) {
       return s;
+    }
+    if (auto bundles = tls["trust_bundles"]) {
+      if (!bundles.IsMap()) {
+        return absl::InvalidArgumentError(
+            "config: tls.trust_bundles must map each trust domain to a PEM file");
+      }
+      for (const auto& kv : bundles) {
+        const std::string domain = kv.first.as<std::string>();
+        std::string file;
+        if (auto s = ReadString(kv.second, "tls.trust_bundles." + domain, &file); !s.ok()) return s;
+        c.trust_bundles[domain] = file;
+      }
     }
     if (auto s = ReadString(tls["ca_file"], "tls.ca_file", &c.tls_ca_file); !s.ok()) return s;
     if (auto s = ReadString(tls["cert_file"], "tls.cert_file", &c.tls_cert_file); !s.ok()) return s;
@@ -500,6 +514,28 @@ absl::Status ValidateConfig(const Config& c) {
       if (auto id = spiffe::Parse("spiffe://" + td); !id.ok() || !id->path.empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat("config: tls.trust_domains: \"", td, "\" is not a trust domain"));
+      }
+    }
+    for (const auto& [td, file] : c.trust_bundles) {
+      if (std::find(c.trust_domains.begin(), c.trust_domains.end(), td) == c.trust_domains.end()) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "config: tls.trust_bundles names \"", td, "\", which is not in tls.trust_domains"));
+      }
+      if (file.empty()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("config: tls.trust_bundles.", td, " is empty"));
+      }
+    }
+    // One ca_file for several domains would let any of their CAs sign an ID of
+    // any of them (another domain's admins among them): each needs its own.
+    if (c.trust_domains.size() > 1) {
+      for (const auto& td : c.trust_domains) {
+        if (!c.trust_bundles.contains(td)) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "config: with more than one trust domain, tls.trust_bundles must give each its "
+              "own CAs; \"", td, "\" has none (with one ca_file, a CA of one domain could "
+              "sign IDs of another)"));
+        }
       }
     }
   }

@@ -33,6 +33,10 @@
 //     cert_file: /etc/holdfast/svid.pem   # this server's certificate chain
 //     key_file: /etc/holdfast/svid_key.pem
 //     trust_domains: [acme.org]     # accepted trust domains of client SPIFFE IDs
+//     trust_bundles:                # each trust domain's own CAs (required with more than
+//       acme.org: /etc/holdfast/acme-bundle.pem   # one domain): a client's chain must lead
+//                                   #   to a CA of its SPIFFE ID's domain, not only to one
+//                                   #   of ca_file (server/auth.h)
 //     refresh: 10s                  # how often the files are checked for changes
 //   admin_ids: [spiffe://acme.org/ops/*]   # may run the Admin API, use every namespace
 //   insecure: false                 # plaintext, loopback only, every caller is dev_identity
@@ -72,6 +76,7 @@
 #pragma once
 
 #include <chrono>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -111,6 +116,7 @@ struct Config {
   bool insecure = false;
   std::string tls_ca_file, tls_cert_file, tls_key_file;
   std::vector<std::string> trust_domains;
+  std::map<std::string, std::string> trust_bundles;  // trust domain -> PEM bundle file
   std::chrono::milliseconds tls_refresh{10'000};
   std::vector<std::string> admin_ids;
   std::string audit_store = "sqlite:holdfast-audit.db";

@@ -78,6 +78,15 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"listen: 127.0.0.1:7420", "tls.ca_file, tls.cert_file and tls.key_file are required"},
       {"tls: {ca_file: a, cert_file: b, key_file: c}", "tls.trust_domains is empty"},
       {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [Acme]}", "not a trust domain"},
+      {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [acme.org, partner.org]}",
+       "with more than one trust domain, tls.trust_bundles must give each its own CAs; "
+       "\"acme.org\" has none"},
+      {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [acme.org],\n"
+       "      trust_bundles: {partner.org: p.pem}}",
+       "tls.trust_bundles names \"partner.org\", which is not in tls.trust_domains"},
+      {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [acme.org],\n"
+       "      trust_bundles: [a.pem]}",
+       "tls.trust_bundles must map each trust domain to a PEM file"},
       {"insecure: true\nadmin_ids: [ops]", "admin_ids"},
       {"insecure: true\netcd: {tls: {cert_file: a}}", "etcd.tls needs ca_file"},
       {"insecure: true\naudit: {stor: x}", "unknown key \"audit.stor\""},
@@ -196,6 +205,20 @@ TEST(ConfigTest, PlaintextToEtcdOnLoopbackNeedsNoOptIn) {
     auto c = ParseConfig(absl::StrCat("insecure: true\netcd: {endpoints: [\"", e, "\"]}"));
     EXPECT_TRUE(c.ok()) << e << ": " << c.status();
   }
+}
+
+TEST(ConfigTest, SeveralTrustDomainsEachWithItsBundle) {
+  auto c = ParseConfig(R"(
+tls:
+  ca_file: /all.pem
+  cert_file: /c.pem
+  key_file: /k.pem
+  trust_domains: [acme.org, partner.org]
+  trust_bundles: {acme.org: /acme.pem, partner.org: /partner.pem}
+)");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->trust_bundles.at("acme.org"), "/acme.pem");
+  EXPECT_EQ(c->trust_bundles.at("partner.org"), "/partner.pem");
 }
 
 TEST(ConfigTest, MissingFileIsNotFound) {

@@ -174,7 +174,9 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   ao.dev_identity = config_.dev_identity;
   ao.trust_domains = config_.trust_domains;
   ao.admin_ids = config_.admin_ids;
+  ao.trust_bundles = config_.trust_bundles;
   auth_ = std::make_unique<Authenticator>(ao);
+  if (auto s = auth_->Load(); !s.ok()) return s;
   // op_rate_quota: this replica joins the replica set (on the control cluster),
   // through which replicas share each namespace's quota by their published
   // demand (rate_limit.h). Each cluster's quota cache reads the namespaces it homes.
