@@ -197,7 +197,11 @@ std::unique_ptr<Client> ConnectOrReport(const GlobalOptions& global, int* exit_c
   }
   auto client = Client::Connect(std::move(options));
   if (!client.ok()) {
-    *exit_code = ReportError(client.status(), "connect");
+    // Refused before any call (a malformed endpoint, plaintext off loopback): the
+    // flags are wrong.
+    *exit_code = client.status().code() == absl::StatusCode::kInvalidArgument
+                     ? ReportUsageError(client.status())
+                     : ReportError(client.status(), "connect");
     return nullptr;
   }
   return *std::move(client);

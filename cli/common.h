@@ -44,7 +44,8 @@ struct GlobalOptions {
   // mTLS: CA bundle, this client's SVID and key (PEM files). Empty: the
   // credentials of a local `holdfast dev` ($HOLDFAST_DEV_DIR/cli/, see
   // dev/dev_pki.h) if there are any, else plaintext (holdfastd accepts that only
-  // when it runs --insecure on loopback).
+  // when it runs --insecure on loopback; to any other endpoint it is refused,
+  // exit 2).
   std::string ca_file, cert_file, key_file;
 };
 

@@ -300,6 +300,17 @@ TEST_F(CliTest, BadInputIsRefusedBeforeReachingTheServer) {
   EXPECT_EQ(r.exit_code, 2);
   r = Run({"ns", "list", "-o", "yaml"});
   EXPECT_EQ(r.exit_code, 2);
+  // Plaintext (no --ca/--cert/--key, no dev credentials) to a holdfastd off
+  // this machine: refused before anything is sent.
+  auto remote = CliProcess::Start(cluster_->dir(), "10.0.0.5:7420",
+                                  {"lock", "default/cli/bad", "--", "touch", file});
+  ASSERT_NE(remote, nullptr);
+  r = remote->Finish();
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("holdfastd endpoint 10.0.0.5:7420 is not a loopback address and no CA "
+                       "bundle is given"),
+            std::string::npos)
+      << r.err;
   EXPECT_FALSE(FileExists(file));
 }
 

@@ -90,8 +90,13 @@ struct ClientOptions {
   // mTLS, which holdfastd requires unless it runs --insecure on loopback: PEM
   // files of the CA bundle that signed the server, and this client's SVID and
   // key (whose SPIFFE ID is the caller's identity). Re-read when they change, so
-  // rotated SVIDs are picked up. Empty ca_file: plaintext.
+  // rotated SVIDs are picked up. Empty ca_file: plaintext, which Connect refuses
+  // for an endpoint that is not a loopback address (127.0.0.0/8, ::1, localhost)
+  // unless `allow_plaintext`: holdfastd serves plaintext only on loopback, so
+  // anything answering plaintext elsewhere is not it, and could grant locks that
+  // are not held.
   std::string ca_file, cert_file, key_file;
+  bool allow_plaintext = false;
   // Name the server certificate must carry (default: the endpoint's host).
   std::string server_name;
 };

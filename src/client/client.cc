@@ -99,6 +99,21 @@ std::optional<std::chrono::milliseconds> RetryAfter(const absl::Status& s) {
   return std::chrono::milliseconds(ms);
 }
 
+namespace {
+// host:port whose host is 127.0.0.0/8, ::1 or localhost (an optional dns:///,
+// ipv4: or ipv6: scheme first).
+bool IsLoopbackEndpoint(std::string_view e) {
+  for (std::string_view scheme : {"dns:///", "ipv4:", "ipv6:"}) {
+    if (e.starts_with(scheme)) e.remove_prefix(scheme.size());
+  }
+  std::string_view host = e.substr(0, e.rfind(':'));
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  return host.starts_with("127.") || host == "::1" || host == "localhost";
+}
+}  // namespace
+
 namespace internal {
 
 namespace {
@@ -758,6 +773,13 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
       return absl::InvalidArgumentError(absl::StrCat(
           "holdfastd endpoint \"", absl::CEscape(e),
           "\" is not host:port (an empty one, or spaces, commas or control characters in it)"));
+    }
+    if (options.ca_file.empty() && !options.allow_plaintext && !IsLoopbackEndpoint(e)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "holdfastd endpoint ", e, " is not a loopback address and no CA bundle is given: "
+          "plaintext there would trust whatever answers (holdfastd serves plaintext only on "
+          "loopback); give the mTLS files (--ca/--cert/--key, HOLDFAST_CA/HOLDFAST_CERT/"
+          "HOLDFAST_KEY; ClientOptions::ca_file, cert_file, key_file)"));
     }
   }
   return std::unique_ptr<Client>(

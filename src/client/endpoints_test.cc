@@ -16,6 +16,8 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "absl/strings/str_cat.h"
+
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "holdfast/client.h"
 #include "holdfast/v1/lock.grpc.pb.h"
@@ -328,6 +330,28 @@ TEST(EndpointListTest, AnEmptyListOrAMalformedEndpointIsRefusedBeforeAnyCall) {
   EXPECT_EQ(Client::Connect(o).status().message(),
             "holdfastd endpoint \" \" is not host:port (an empty one, or spaces, commas or "
             "control characters in it)");
+}
+
+// Without a CA bundle, only loopback endpoints: holdfastd serves plaintext only
+// there, so whatever answers plaintext elsewhere is not it.
+TEST(EndpointListTest, PlaintextGoesOnlyToLoopbackUnlessAllowed) {
+  ClientOptions o;
+  for (const std::string& remote : {"10.0.0.5:7420", "holdfast.example.org:7420"}) {
+    o.endpoints = {"127.0.0.1:7420", remote};
+    auto c = Client::Connect(o);
+    ASSERT_FALSE(c.ok()) << remote;
+    EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+    EXPECT_NE(c.status().message().find(absl::StrCat(
+                  "holdfastd endpoint ", remote,
+                  " is not a loopback address and no CA bundle is given")),
+              std::string::npos)
+        << c.status();
+  }
+  o.allow_plaintext = true;
+  EXPECT_TRUE(Client::Connect(o).ok());
+  o.allow_plaintext = false;
+  o.endpoints = {"127.0.0.1:1", "127.3.2.1:1", "localhost:1", "[::1]:1", "dns:///localhost:1"};
+  EXPECT_TRUE(Client::Connect(o).ok()) << Client::Connect(o).status();
 }
 
 // A replica that stops answering, its connection still up (paused, say): the
