@@ -7,10 +7,14 @@
 // lost while CMD runs, CMD's group gets SIGTERM, then SIGKILL after --grace, and
 // holdfast exits 74. SIGINT, SIGTERM, SIGHUP and SIGQUIT received by holdfast are
 // forwarded to CMD's group. If holdfast dies (SIGKILL), the kernel kills CMD.
+// SIGTSTP (Ctrl-Z) stops CMD's group, then holdfast (Stop): nothing runs on
+// under a lock nobody renews; when holdfast is continued, CMD's group is
+// continued too, after a SIGTERM if the session's deadline passed meanwhile.
 //
 // The main thread waits for everything (signals, CMD's exit, the session's
 // lost signal, the end of the acquire call) through one SignalWaiter.
 #include <signal.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <cstdio>
@@ -65,6 +69,14 @@ struct LockRequest {
   AcquireOptions acquire;
   std::vector<std::string> command;
 };
+
+// Job control: SIGTSTP (Ctrl-Z) stops holdfast as it would by default, after
+// CMD's group (SIGSTOP, which CMD cannot ignore: it must not run on while
+// nobody renews its lock). Returns once holdfast has been continued.
+void StopForJobControl(dev::Subprocess* child) {
+  if (child != nullptr) child->Signal(SIGSTOP);
+  ::kill(::getpid(), SIGSTOP);
+}
 
 bool IsForwarded(int sig) {
   for (int s : kForwardedSignals) {
@@ -137,6 +149,10 @@ absl::StatusOr<Hold> AcquireInterruptibly(Session& session, const LockRequest& r
   for (;;) {
     auto event = waiter.Wait(std::nullopt);
     bool finished = done.load(std::memory_order_acquire);
+    if (event.kind == SignalWaiter::Event::Kind::kSignal && event.signal == SIGTSTP) {
+      StopForJobControl(nullptr);  // the wait goes on when continued
+      continue;
+    }
     if (event.kind == SignalWaiter::Event::Kind::kSignal && IsForwarded(event.signal)) {
       if (finished) {
         *signal_received = event.signal;
@@ -218,32 +234,46 @@ struct CommandOutcome {
 // the hold too). (A hold of an open class that is only unprotected keeps CMD
 // running.) When CMD exits with the hold kept, what it left running in its group
 // is not touched: that is CMD's to manage, and it runs without the lock.
-CommandOutcome Supervise(dev::Subprocess& child, const Hold& hold,
+CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const Hold& hold,
                          const LockRequest& request, SignalWaiter& waiter) {
   using Clock = std::chrono::steady_clock;
   std::optional<Clock::time_point> kill_at;  // set once the loss is handled
   bool killed = false;
+  // Signal first, then tell: a write to stderr may fail (a closed pipe) or
+  // block, and must not keep CMD running without the lock.
+  // Each signal is followed by SIGCONT, so that a CMD stopped on its own (a read
+  // from the terminal: SIGTTIN) acts on it rather than holding the lock stopped.
+  auto stop_command = [&](const std::string& why) {
+    child.Signal(SIGTERM);
+    child.Signal(SIGCONT);
+    kill_at = Clock::now() + request.grace;
+    PrintMessage(absl::StrCat("lost the hold on ", request.ref.ToString(), " (", why,
+                              "); stopping the command: SIGTERM, SIGKILL after ",
+                              request.grace.count(), "ms"));
+  };
   // Exited(), not Running(): CMD is reaped only at the end, so that its pid, the
   // group's id, stays taken while the rest of its group is signalled.
   while (!child.Exited()) {
-    if (!kill_at && hold.lost()) {
-      // Signal first, then tell: a write to stderr may fail (a closed pipe) or
-      // block, and must not keep CMD running without the lock.
-      child.Signal(SIGTERM);
-      kill_at = Clock::now() + request.grace;
-      PrintMessage(absl::StrCat("lost the hold on ", request.ref.ToString(), " (",
-                                hold.lost_reason().ToString(),
-                                "); stopping the command: SIGTERM, SIGKILL after ",
-                                request.grace.count(), "ms"));
-    }
+    if (!kill_at && hold.lost()) stop_command(hold.lost_reason().ToString());
     std::optional<milliseconds> timeout;
     if (kill_at && !killed) {
       timeout = std::max(milliseconds(0),
                          std::chrono::ceil<milliseconds>(*kill_at - Clock::now()));
     }
     auto event = waiter.Wait(timeout);
-    if (event.kind == SignalWaiter::Event::Kind::kSignal && IsForwarded(event.signal)) {
+    if (event.kind == SignalWaiter::Event::Kind::kSignal && event.signal == SIGTSTP) {
+      StopForJobControl(&child);
+      // Continued. Nothing renewed the session while holdfast was stopped: past
+      // its deadline the lock may be someone else's, so CMD gets its SIGTERM
+      // before it runs again (the keepalive pump may not have said so yet).
+      if (!kill_at && (hold.lost() || Clock::now() >= session.deadline())) {
+        stop_command(hold.lost() ? hold.lost_reason().ToString()
+                                 : "holdfast was stopped past the session's deadline");
+      }
+      child.Signal(SIGCONT);
+    } else if (event.kind == SignalWaiter::Event::Kind::kSignal && IsForwarded(event.signal)) {
       child.Signal(event.signal);
+      child.Signal(SIGCONT);
     } else if (event.kind == SignalWaiter::Event::Kind::kTimeout && kill_at && !killed &&
                Clock::now() >= *kill_at && !child.Exited()) {
       child.Signal(SIGKILL);
@@ -296,6 +326,7 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
   // Before any thread exists (the client starts some).
   std::vector<int> signals(std::begin(kForwardedSignals), std::end(kForwardedSignals));
   signals.push_back(SIGCHLD);
+  signals.push_back(SIGTSTP);
   auto waiter = SignalWaiter::Create(signals);
   if (!waiter.ok()) return ReportError(waiter.status());
 
@@ -339,7 +370,7 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
     ReleaseAndClose(*hold, **session, *request);
     return code;
   }
-  CommandOutcome outcome = Supervise(**child, *hold, *request, **waiter);
+  CommandOutcome outcome = Supervise(**child, **session, *hold, *request, **waiter);
   if (outcome.hold_lost) {
     // Lost mostly because holdfastd stopped answering: do not wait for it.
     (void)(*session)->Close(kCloseOnExit);

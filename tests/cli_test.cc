@@ -107,6 +107,7 @@ class CliProcess {
 
   // Sends `sig` to holdfast alone (the command it runs has its own group).
   void Signal(int sig) { ::kill(process_->pid(), sig); }
+  pid_t pid() const { return process_->pid(); }
 
   // Waits for the exit (killing it after `timeout`, which fails the test).
   CliResult Finish(milliseconds timeout = kCliTimeout) {
@@ -634,6 +635,73 @@ TEST_F(CliTest, ACommandDoesNotOutliveAKilledHoldfast) {
   EXPECT_EQ(r.exit_code, 128 + SIGKILL);
   EXPECT_TRUE(WaitFor([&] { return Ended(command_pid); }, seconds(5)))
       << "pid " << command_pid << " outlived holdfast";
+  KillLeftover(command_pid);
+}
+
+// Ctrl-Z (SIGTSTP) stops the command and then holdfast, as a shell's job control
+// expects: nothing runs on under a lock nobody renews. Continued soon, both run
+// on with the lock; continued past the session's deadline, the command gets its
+// SIGTERM before it runs again, and holdfast exits 74.
+TEST_F(CliTest, JobControlStopsTheCommandWithHoldfast) {
+  const std::string pid_file = Path("tstp-pid");
+  auto p = CliProcess::Start(cluster_->dir(), cluster_->endpoint(),
+                             {"lock", "--ttl", "2s", "default/cli/tstp", "--", "sh", "-c",
+                              "echo $$ > '" + pid_file + "'; exec sleep 60"});
+  ASSERT_NE(p, nullptr);
+  const pid_t command_pid = CommandPid(pid_file);
+  ASSERT_GT(command_pid, 0) << "the command never wrote its pid to " << pid_file;
+  auto state = [](pid_t pid) {
+    auto s = dev::ReadProcState(pid);
+    return s ? s->state : '?';
+  };
+  auto both_stopped = [&] { return state(command_pid) == 'T' && state(p->pid()) == 'T'; };
+  p->Signal(SIGTSTP);
+  ASSERT_TRUE(WaitFor(both_stopped, seconds(10)))
+      << "holdfast " << state(p->pid()) << ", command " << state(command_pid);
+  p->Signal(SIGCONT);
+  ASSERT_TRUE(WaitFor([&] { return state(command_pid) == 'S' && state(p->pid()) != 'T'; },
+                      seconds(10)))
+      << "holdfast " << state(p->pid()) << ", command " << state(command_pid);
+  auto d = client_->Describe("default", "cli/tstp");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 1);
+
+  p->Signal(SIGTSTP);
+  ASSERT_TRUE(WaitFor(both_stopped, seconds(10)));
+  std::this_thread::sleep_for(milliseconds(2500));  // past the 2 s session's deadline
+  EXPECT_EQ(state(command_pid), 'T') << "the command ran on while holdfast was stopped";
+  p->Signal(SIGCONT);
+  CliResult r = p->Finish(seconds(30));
+  EXPECT_EQ(r.exit_code, 74) << r.err;
+  EXPECT_NE(r.err.find("lost the hold on default/cli/tstp"), std::string::npos) << r.err;
+  EXPECT_TRUE(Ended(command_pid));
+  KillLeftover(command_pid);
+}
+
+// A command stopped on its own (as one reading the terminal is, by SIGTTIN) acts
+// on a forwarded signal: SIGCONT follows it. It used to stay stopped, the signal
+// pending, and to hold the lock until killed by hand.
+TEST_F(CliTest, AForwardedSignalReachesACommandThatStoppedItself) {
+  const std::string pid_file = Path("stopped-pid");
+  auto p = CliProcess::Start(cluster_->dir(), cluster_->endpoint(),
+                             {"lock", "default/cli/stopped", "--", "sh", "-c",
+                              "echo $$ > '" + pid_file + "'; kill -STOP $$; exec sleep 60"});
+  ASSERT_NE(p, nullptr);
+  const pid_t command_pid = CommandPid(pid_file);
+  ASSERT_GT(command_pid, 0) << "the command never wrote its pid to " << pid_file;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto s = dev::ReadProcState(command_pid);
+        return s && s->state == 'T';
+      },
+      seconds(10)));
+  p->Signal(SIGINT);
+  CliResult r = p->Finish(seconds(20));
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.err;
+  EXPECT_TRUE(Ended(command_pid));
+  auto d = client_->Describe("default", "cli/stopped");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0) << "not released";
   KillLeftover(command_pid);
 }
 
