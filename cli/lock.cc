@@ -131,6 +131,37 @@ absl::StatusOr<LockRequest> Validate(const LockFlags& flags) {
   std::_Exit(exit_code);
 }
 
+// Runs the (blocking) OpenSession on a helper thread so that the main thread
+// keeps answering signals: with no holdfastd answering, the call waits up to the
+// client's rpc timeout. A signal to forward ends the wait at once (the function
+// does not return): a session the call may still open holds nothing and ends
+// with its TTL.
+absl::StatusOr<std::unique_ptr<Session>> OpenSessionInterruptibly(
+    Client& client, const LockRequest& request, const SessionOptions& options,
+    SignalWaiter& waiter) {
+  std::optional<absl::StatusOr<std::unique_ptr<Session>>> result;  // before `done`
+  std::atomic<bool> done{false};
+  std::thread opener([&] {
+    result.emplace(client.OpenSession(request.ref.ns, options));
+    done.store(true, std::memory_order_release);
+    waiter.Wake();
+  });
+  while (!done.load(std::memory_order_acquire)) {
+    auto event = waiter.Wait(std::nullopt);
+    if (event.kind != SignalWaiter::Event::Kind::kSignal) continue;
+    if (event.signal == SIGTSTP) {
+      StopForJobControl(nullptr);
+    } else if (IsForwarded(event.signal)) {
+      PrintMessage(absl::StrCat(SignalName(event.signal), " while opening a session in namespace ",
+                                request.ref.ns, "; ", request.ref.ToString(), " not acquired"));
+      std::fflush(nullptr);
+      std::_Exit(128 + event.signal);
+    }
+  }
+  opener.join();
+  return *std::move(result);
+}
+
 // Runs the (blocking) Acquire on a helper thread so that the main thread keeps
 // answering signals. Returns the hold or the acquire's error. A signal to
 // forward that arrives while the call runs, or the session's loss, ends the
@@ -336,7 +367,7 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
   SessionOptions session_options;
   session_options.ttl = request->ttl;
   session_options.on_lost = [w = waiter->get()](const absl::Status&) { w->Wake(); };
-  auto session = client->OpenSession(request->ref.ns, session_options);
+  auto session = OpenSessionInterruptibly(*client, *request, session_options, **waiter);
   if (!session.ok()) {
     return ReportError(session.status(),
                        absl::StrCat("open a session in namespace ", request->ref.ns));

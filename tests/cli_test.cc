@@ -678,6 +678,25 @@ TEST_F(CliTest, JobControlStopsTheCommandWithHoldfast) {
   KillLeftover(command_pid);
 }
 
+// With no holdfastd answering, opening the session waits up to the client's call
+// timeout (10 s); Ctrl-C ends that wait at once, as it ends the wait for the lock.
+TEST_F(CliTest, ASignalEndsTheWaitForASessionWhenNoHoldfastdAnswers) {
+  const std::string file = Path("no-holdfastd-ran");
+  auto p = CliProcess::Start(cluster_->dir(), "127.0.0.1:1",
+                             {"lock", "default/cli/nobody-home", "--", "touch", file});
+  ASSERT_NE(p, nullptr);
+  std::this_thread::sleep_for(milliseconds(500));  // well into the session's call
+  p->Signal(SIGINT);
+  CliResult r = p->Finish(seconds(20));
+  // (It used to wait out the call and exit 1 with DEADLINE_EXCEEDED.)
+  EXPECT_EQ(r.exit_code, 128 + SIGINT) << r.err;
+  EXPECT_NE(r.err.find("SIGINT while opening a session in namespace default; "
+                       "default/cli/nobody-home not acquired"),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(FileExists(file));
+}
+
 // A command stopped on its own (as one reading the terminal is, by SIGTTIN) acts
 // on a forwarded signal: SIGCONT follows it. It used to stay stopped, the signal
 // pending, and to hold the lock until killed by hand.
