@@ -28,6 +28,7 @@
 #include "dev/prometheus_text.h"
 #include "dev/subprocess.h"
 #include "harness/cluster.h"
+#include "holdfast/v1/session.grpc.pb.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
 
@@ -696,6 +697,63 @@ TEST_F(MetricsTest, SessionsRenewalsAndCloses) {
   EXPECT_EQ(Sample(t, "holdfast_sessions_live", {{"namespace", "default"}}), 1);
   EXPECT_EQ(Sample(t, "holdfast_sessions_opened_total", {{"namespace", "default"}}), 2);
   EXPECT_EQ(Sample(t, "holdfast_sessions_lost_total", {{"namespace", "default"}}), -1);
+}
+
+// A client that sends renewals on a KeepAlive stream and never reads the answers:
+// holdfastd stops reading that stream once 4096 of its requests are unanswered,
+// so what it serves of it is bounded, and HTTP/2 flow control holds the client's
+// sends. (It used to read and serve all of them, its answers piling up in
+// memory.)
+TEST_F(MetricsTest, AKeepAliveStreamWhoseAnswersAreNotReadIsNotReadEither) {
+  auto s = Open(seconds(30));  // a real session: each request is a renewal
+  ASSERT_TRUE(s);
+  auto counted = [&] {
+    return Sample(Scrape(), "holdfast_keepalives_total",
+                  {{"namespace", "default"}, {"result", "renewed"}});
+  };
+  const double before = std::max(0.0, counted());
+  constexpr int kSent = 40000;
+  // A client that takes 64 KiB of answers and no more (no window grown by
+  // gRPC's bandwidth probes), as one that does not read would.
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_HTTP2_BDP_PROBE, 0);
+  args.SetInt(GRPC_ARG_HTTP2_STREAM_LOOKAHEAD_BYTES, 64 * 1024);
+  auto stub = v1::Session::NewStub(grpc::CreateCustomChannel(
+      cluster_->endpoint(), grpc::InsecureChannelCredentials(), args));
+  grpc::ClientContext ctx;
+  auto stream = stub->KeepAlive(&ctx);
+  std::atomic<int> written{0};
+  std::thread writer([&] {
+    v1::KeepAliveRequest ka;
+    ka.set_namespace_("default");
+    ka.set_session_id(s->id());
+    for (int i = 0; i < kSent; ++i) {
+      ka.set_sequence(i + 1);
+      if (!stream->Write(ka)) break;  // cancelled below
+      written.fetch_add(1);
+    }
+  });
+  // Served until holdfastd stops (the count holds still for a second), or all.
+  double served = 0, last = -1;
+  auto until = std::chrono::steady_clock::now() + seconds(60);
+  while (std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(seconds(1));
+    served = counted() - before;
+    if (served == last || served >= kSent) break;
+    last = served;
+  }
+  EXPECT_GT(served, 0);
+  // 4096 unanswered, and what 64 KiB of answers hold (about 2,300): well under
+  // three times the bound. (Before, 17,015 of 40,000 in one run, and counting.)
+  EXPECT_LT(served, 3 * 4096) << "holdfastd served " << served << " of " << written.load()
+                              << " requests whose answers nobody read";
+  ctx.TryCancel();
+  writer.join();
+  // The replica serves others as before.
+  auto other = Open(seconds(10));
+  ASSERT_TRUE(other);
+  auto hold = other->Acquire("after-the-flood");
+  EXPECT_TRUE(hold.ok()) << hold.status();
 }
 
 TEST_F(MetricsTest, AuditorProgressIsExposed) {

@@ -15,6 +15,14 @@ namespace {
 // once, so that a burst of arrivals does not wait for the loop to ask for each.
 constexpr int kHotBacklog = 8;
 
+// A KeepAlive stream reads no further request while this many are being served
+// or answered without the answer written yet (a client that sends without
+// reading): then HTTP/2 flow control holds the client's sends, and a stream
+// costs holdfastd a bounded amount of memory and of etcd calls. Reading resumes
+// once half of them are written. Far above what a client's renewals keep in
+// flight (one per session per ttl/3, answered in an etcd round trip).
+constexpr size_t kMaxUnanswered = 4096;
+
 }  // namespace
 
 // One KeepAlive stream. Requests are read one after another; each is answered
@@ -93,7 +101,7 @@ class SessionService::KeepAliveStream {
   }
 
   void OnRead(bool ok) {
-    bool serve = false, finish = false;
+    bool serve = false, finish = false, read_more = false;
     {
       absl::MutexLock l(&mu_);
       reading_ = false;
@@ -103,17 +111,33 @@ class SessionService::KeepAliveStream {
       } else {
         serve = true;
         ++outstanding_;
+        // Decided here, under the lock: once paused, only ResumeLocked reads on,
+        // so one read at most is ever asked for.
+        if (outstanding_ + writes_.size() >= kMaxUnanswered) read_paused_ = true;
+        read_more = !read_paused_;
       }
     }
     if (finish) FinishStream();
     if (!serve) return MaybeDelete();
     v1::KeepAliveRequest req = req_;
-    ReadNext();  // pipelined: the next request may come before this answer
+    // Pipelined: the next request may come before this answer (unless too many
+    // are unanswered: ResumeLocked reads on).
+    if (read_more) ReadNext();
     Handle(std::move(req));
   }
 
+  // True (and no longer paused) when reading should go on: the unanswered
+  // requests fell to half the bound, or the stream broke (its next read fails
+  // and so ends it).
+  bool ResumeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!read_paused_ || reading_) return false;
+    if (!broken_ && outstanding_ + writes_.size() > kMaxUnanswered / 2) return false;
+    read_paused_ = false;
+    return true;
+  }
+
   void OnWritten(bool ok) {
-    bool more = false, finish = false;
+    bool more = false, finish = false, resume = false;
     {
       absl::MutexLock l(&mu_);
       if (!ok) {
@@ -128,9 +152,11 @@ class SessionService::KeepAliveStream {
         writing_ = false;
         finish = ShouldFinishLocked();
       }
+      resume = !finish && ResumeLocked();
     }
     if (more) stream_.Write(write_buf_, &write_tag_);
     if (finish) FinishStream();
+    if (resume) ReadNext();
   }
 
   void OnFinished(bool) {
@@ -206,7 +232,7 @@ class SessionService::KeepAliveStream {
 
   // From any thread (the engine's callbacks come on the loop or the timer thread).
   void Answer(v1::KeepAliveResponse resp) {
-    bool start = false, finish = false;
+    bool start = false, finish = false, resume = false;
     {
       absl::MutexLock l(&mu_);
       --outstanding_;
@@ -220,9 +246,11 @@ class SessionService::KeepAliveStream {
         }
       }
       finish = !start && ShouldFinishLocked();
+      resume = !finish && ResumeLocked();
     }
     if (start) stream_.Write(write_buf_, &write_tag_);
     if (finish) FinishStream();
+    if (resume) ReadNext();
   }
 
   bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
@@ -246,6 +274,7 @@ class SessionService::KeepAliveStream {
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool reading_ ABSL_GUARDED_BY(mu_) = false;  // a Read is in flight
+  bool read_paused_ ABSL_GUARDED_BY(mu_) = false;  // kMaxUnanswered reached
   // Touched on the loop thread only.
   bool finish_back_ = false;
   bool done_back_ = false;
