@@ -39,9 +39,9 @@ class TimerQueue {
 
   // Ends the queue's thread (after a callback running now) and drops every
   // pending timer, destroying its callback here; later Schedule calls drop theirs
-  // (and return 0). For a shutdown in which what the callbacks use goes next:
-  // holdfastd stops its timers before it destroys its etcd clients. Not from a
-  // callback. Idempotent.
+  // (and return 0), and Cancel of a dropped one returns false: only for an owner
+  // none of whose users waits for a timer to run (the destructor's case). Not
+  // from a callback. Idempotent.
   void Stop();
 
  private:

@@ -103,8 +103,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (req_.wait_ms() > 0) {
       auto self = shared_from_this();
       absl::MutexLock l(&mu_);
-      timer_ = engine_->etcd().timers().ScheduleAfter(
-          std::chrono::milliseconds(req_.wait_ms()), [self] { self->OnWaitDeadline(); });
+      timer_ = engine_->After(std::chrono::milliseconds(req_.wait_ms()),
+                              [self] { self->OnWaitDeadline(); });
     }
     if (BeginStep() && !FastStart()) Read();
   }
@@ -156,7 +156,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     }
     WatchTakeOver();
     auto self = shared_from_this();
-    engine_->etcd().timers().ScheduleAfter(kCancelGrace, [self] {
+    engine_->After(kCancelGrace, [self] {
       self->End(absl::CancelledError("acquire cancelled by the caller"));
     });
   }
@@ -1029,7 +1029,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     auto look_again_soon = [weak, gen](absl::StatusOr<etcd::WatchBatch>) {
       auto self = weak.lock();
       if (!self) return;
-      self->engine_->etcd().timers().ScheduleAfter(kLookAgainAfterDelete, [weak, gen] {
+      self->engine_->After(kLookAgainAfterDelete, [weak, gen] {
         if (auto again = weak.lock()) again->OnWake(gen);
       });
     };
@@ -1065,7 +1065,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (d.wake_at_ms > 0) {
       // A waiter ahead whose own server is gone dies at its deadline: look again then.
       auto in = std::chrono::milliseconds(std::max<int64_t>(d.wake_at_ms - NowUnixMs(), 0) + 1);
-      wake_timer = engine_->etcd().timers().ScheduleAfter(in, [weak, gen] {
+      wake_timer = engine_->After(in, [weak, gen] {
         if (auto self = weak.lock()) self->OnWake(gen);
       });
     }

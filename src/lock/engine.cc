@@ -109,6 +109,21 @@ Deadline Engine::EtcdDeadline(Deadline d) const {
   return std::min(d, etcd::DeadlineIn(options_.etcd_timeout));
 }
 
+void Engine::Stop() {
+  forced_.Stop();
+  commits_.Stop();
+  absl::WriterMutexLock l(&stop_mu_);  // after a timer's work running now
+  stopped_ = true;
+}
+
+TimerQueue::TimerId Engine::After(std::chrono::steady_clock::duration d,
+                                  std::function<void()> fn) {
+  return etcd_->timers().ScheduleAfter(d, [this, fn = std::move(fn)] {
+    absl::ReaderMutexLock l(&stop_mu_);
+    if (!stopped_) fn();
+  });
+}
+
 void Engine::SetGrantBlock(std::string reason) {
   absl::MutexLock l(&block_mu_);
   block_reason_ = std::move(reason);

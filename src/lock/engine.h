@@ -95,14 +95,17 @@ class Engine {
   // `health` (optional, not owned) gates new grants and keepalive answers.
   Engine(etcd::Client* etcd, EngineOptions options, EtcdHealth* health = nullptr);
 
-  // Ends the watch the engine keeps of its own (lock/forced_holds.h) and answers
-  // the enqueues still parked for a release to ride with. Before the etcd client
-  // goes, which is before the engine (its callbacks end with the client's
-  // streams). Idempotent.
-  void Stop() {
-    forced_.Stop();
-    commits_.Stop();
-  }
+  // Ends the watch the engine keeps of its own (lock/forced_holds.h), answers the
+  // enqueues still parked for a release to ride with (and any later one), and
+  // ends the timers of its calls (After): none runs its work after this returns.
+  // Before the etcd client goes, which is before the engine (its callbacks end
+  // with the client's streams). Idempotent.
+  void Stop();
+
+  // Runs `fn` after `d` on the etcd client's timer queue, unless the engine has
+  // been stopped by then (Stop waits for one that is running). For the timers of
+  // acquire calls, which may still be pending when the server stops.
+  TimerQueue::TimerId After(std::chrono::steady_clock::duration d, std::function<void()> fn);
 
   // Waits until every acquire that was cancelled or moved (Cancellable) while
   // queued has ended, taking its waiter out unless the call asked again took it
@@ -233,6 +236,8 @@ class Engine {
                                  const std::string& owner);
   // Acquires cancelled or moved that keep their waiters a moment (AcquireOp::
   // Leave) and have not ended yet (WaitForLeavers).
+  absl::Mutex stop_mu_;
+  bool stopped_ ABSL_GUARDED_BY(stop_mu_) = false;
   absl::Mutex leavers_mu_;
   int leavers_ ABSL_GUARDED_BY(leavers_mu_) = 0;
 };

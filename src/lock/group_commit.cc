@@ -33,6 +33,7 @@ void GroupCommit::Stop() {
   std::map<KeyId, std::deque<Waiting>> riders;
   {
     absl::MutexLock l(&mu_);
+    stopped_ = true;
     riders.swap(riders_);
   }
   for (auto& [key, waiting] : riders) {
@@ -74,8 +75,25 @@ void GroupCommit::Ride(Footprint footprint, pb::TxnRequest txn, etcd::Deadline d
   Member m = MakeMember(std::move(footprint), std::move(txn), d, std::move(done));
   if (ride_observer_) ride_observer_(RideStep::kWaiting);
   bool rode = false;
+  std::vector<Batch> out;
   {
     absl::MutexLock l(&mu_);
+    if (stopped_) {
+      // Stopped: nothing waits for a release any more (its timer could outlive
+      // the etcd client); it is queued now, as one whose bound passed.
+      queue_.push_back(std::move(m));
+      out = TakeLocked();
+    } else {
+      RideLocked(std::move(m), at_most, &rode);
+    }
+  }
+  for (auto& b : out) Send(std::move(b));
+  if (rode && ride_observer_) ride_observer_(RideStep::kRode);
+}
+
+void GroupCommit::RideLocked(Member m, std::chrono::milliseconds at_most, bool* rode_out) {
+  bool rode = false;
+  {
     const KeyId key{m.footprint.ns, m.footprint.lock_key};
     auto& waiting = riders_[key];
     // A release of the key that is queued, not sent yet: join it now (unless
@@ -98,7 +116,7 @@ void GroupCommit::Ride(Footprint footprint, pb::TxnRequest txn, etcd::Deadline d
           etcd_->timers().ScheduleAfter(at_most, [this, key, id] { RiderDue(key, id); });
     }
   }
-  if (rode && ride_observer_) ride_observer_(RideStep::kRode);
+  *rode_out = rode;
 }
 
 void GroupCommit::RiderDue(const KeyId& key, uint64_t id) {

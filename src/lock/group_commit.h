@@ -139,6 +139,10 @@ class GroupCommit {
   bool TakeRiderLocked(Member* host) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A rider's bound passed: it goes as Txn would.
   void RiderDue(const KeyId& key, uint64_t id);
+  // Ride's work while not stopped: joins a queued release of the key, or parks
+  // until the next one (or `at_most`). *rode: it joined one.
+  void RideLocked(Member m, std::chrono::milliseconds at_most, bool* rode)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Takes batches off the queue while transactions may be sent.
   std::vector<Batch> TakeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -152,6 +156,7 @@ class GroupCommit {
   absl::Mutex mu_;
   std::deque<Member> queue_ ABSL_GUARDED_BY(mu_);
   int in_flight_ ABSL_GUARDED_BY(mu_) = 0;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // Stop: no rider parks any more
   std::map<KeyId, std::deque<Waiting>> riders_ ABSL_GUARDED_BY(mu_);
   uint64_t next_rider_ ABSL_GUARDED_BY(mu_) = 0;
 };

@@ -534,15 +534,15 @@ void Server::Shutdown(std::optional<std::chrono::milliseconds> grace_or_config) 
                      "waiters stay queued until taken over or past their deadlines\n");
       }
     }
-    // The engines' pending callbacks end with the etcd clients' streams. Timers
-    // go first: one still pending (a moved wait's grace when shutdown_grace ran
-    // out before it, a deadline) would otherwise run on an engine whose etcd
-    // client is gone.
+    // The engines' pending callbacks end with the etcd clients' streams. Stopped
+    // first, an engine runs no timer of its calls any more (a moved wait's grace
+    // when shutdown_grace ran out before it, a deadline): one would otherwise run
+    // on an etcd client that is gone. (The timer queue itself runs on: the etcd
+    // clients' own reconnects end on it as they are destroyed.)
     for (const auto& c : clusters_->all()) {
       if (c->engine) c->engine->Stop();
+      c->etcd.reset();
     }
-    if (timers_) timers_->Stop();
-    for (const auto& c : clusters_->all()) c->etcd.reset();
     // Only now: the etcd clients' last callbacks may still have reached these.
     for (const auto& c : clusters_->all()) c->op_quota.reset();
   }
