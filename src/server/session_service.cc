@@ -121,23 +121,30 @@ class SessionService::KeepAliveStream {
     if (!serve) return MaybeDelete();
     v1::KeepAliveRequest req = req_;
     // Pipelined: the next request may come before this answer (unless too many
-    // are unanswered: ResumeLocked reads on).
+    // are unanswered: ResumeLocked reads on, from whichever thread sees them fall).
     if (read_more) ReadNext();
     Handle(std::move(req));
   }
 
-  // True (and no longer paused) when reading should go on: the unanswered
-  // requests fell to half the bound, or the stream broke (its next read fails
-  // and so ends it).
-  bool ResumeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!read_paused_ || reading_) return false;
-    if (!broken_ && outstanding_ + writes_.size() > kMaxUnanswered / 2) return false;
+  // Reads on when paused and the unanswered requests fell to half the bound, or
+  // the stream broke (its next read fails and so ends it). The read is asked for
+  // here, under mu_, as ReadNext does: a stream whose finish another thread
+  // decides right after must not be deleted while this one still asks. When
+  // stopping, reads are over instead.
+  void ResumeLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!read_paused_ || reading_) return;
+    if (!broken_ && outstanding_ + writes_.size() > kMaxUnanswered / 2) return;
     read_paused_ = false;
-    return true;
+    if (stopping_) {
+      reads_done_ = true;
+      return;
+    }
+    reading_ = true;
+    stream_.Read(&req_, &read_tag_);
   }
 
   void OnWritten(bool ok) {
-    bool more = false, finish = false, resume = false;
+    bool more = false, finish = false;
     {
       absl::MutexLock l(&mu_);
       if (!ok) {
@@ -150,13 +157,12 @@ class SessionService::KeepAliveStream {
         more = true;
       } else {
         writing_ = false;
-        finish = ShouldFinishLocked();
       }
-      resume = !finish && ResumeLocked();
+      ResumeLocked();
+      if (!more) finish = ShouldFinishLocked();
     }
     if (more) stream_.Write(write_buf_, &write_tag_);
     if (finish) FinishStream();
-    if (resume) ReadNext();
   }
 
   void OnFinished(bool) {
@@ -232,7 +238,7 @@ class SessionService::KeepAliveStream {
 
   // From any thread (the engine's callbacks come on the loop or the timer thread).
   void Answer(v1::KeepAliveResponse resp) {
-    bool start = false, finish = false, resume = false;
+    bool start = false, finish = false;
     {
       absl::MutexLock l(&mu_);
       --outstanding_;
@@ -245,12 +251,11 @@ class SessionService::KeepAliveStream {
           start = true;
         }
       }
+      ResumeLocked();
       finish = !start && ShouldFinishLocked();
-      resume = !finish && ResumeLocked();
     }
     if (start) stream_.Write(write_buf_, &write_tag_);
     if (finish) FinishStream();
-    if (resume) ReadNext();
   }
 
   bool ShouldFinishLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
