@@ -128,7 +128,7 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Bundle>> Authenticator::Bund
 absl::Status Authenticator::VerifyDomain(const std::string& domain, absl::string_view pem,
                                          absl::string_view chain) const {
   auto bundle = BundleOf(domain);
-  if (!bundle.ok()) return absl::UnauthenticatedError(bundle.status().message());
+  if (!bundle.ok()) return absl::UnavailableError(bundle.status().message());
   if (*bundle == nullptr) return absl::OkStatus();
   auto certs = ReadCertificates(chain.empty() ? pem : chain);
   auto leaf = ReadCertificates(pem);
@@ -162,8 +162,11 @@ absl::StatusOr<lock::Caller> Authenticator::CallerOfCertificate(absl::string_vie
     absl::ReaderMutexLock l(&mu_);
     if (auto it = by_pem_.find(key); it != by_pem_.end()) return it->second;
   }
-  absl::StatusOr<lock::Caller> caller = Parse(pem, chain);
-  if (key.size() > kMaxCachedPemBytes || options_.max_cached_certificates == 0) return caller;
+  bool cacheable = true;
+  absl::StatusOr<lock::Caller> caller = Parse(pem, chain, &cacheable);
+  if (!cacheable || key.size() > kMaxCachedPemBytes || options_.max_cached_certificates == 0) {
+    return caller;
+  }
   absl::MutexLock l(&mu_);
   if (by_pem_.size() >= options_.max_cached_certificates) by_pem_.clear();
   by_pem_.emplace(key, caller);
@@ -176,7 +179,8 @@ size_t Authenticator::cached_certificates() const {
 }
 
 absl::StatusOr<lock::Caller> Authenticator::Parse(absl::string_view pem,
-                                                  absl::string_view chain) const {
+                                                  absl::string_view chain,
+                                                  bool* cacheable) const {
   auto uris = UriSans(pem);
   if (!uris.ok()) return uris.status();
   if (uris->size() != 1) {
@@ -200,6 +204,9 @@ absl::StatusOr<lock::Caller> Authenticator::Parse(absl::string_view pem,
         "needs a path"));
   }
   if (auto s = VerifyDomain(id->trust_domain, pem, chain); !s.ok()) {
+    // A bundle that cannot be read now (mid-rotation, say) decides nothing for
+    // good: the answer is not kept.
+    if (s.code() == absl::StatusCode::kUnavailable) *cacheable = false;
     return absl::UnauthenticatedError(absl::StrCat(id->ToString(), ": ", s.message()));
   }
   lock::Caller caller{id->ToString(), false};

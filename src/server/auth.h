@@ -74,9 +74,12 @@ class Authenticator {
 
  private:
   struct Bundle;
-  absl::StatusOr<lock::Caller> Parse(absl::string_view pem, absl::string_view chain) const;
+  // *cacheable: false when the answer depends on more than the certificate (a
+  // bundle that could not be read).
+  absl::StatusOr<lock::Caller> Parse(absl::string_view pem, absl::string_view chain,
+                                     bool* cacheable) const;
   // OK when `chain` (or `pem` alone) leads to a CA of `domain`'s bundle, or the
-  // domain has none.
+  // domain has none; UNAVAILABLE when the bundle cannot be read.
   absl::Status VerifyDomain(const std::string& domain, absl::string_view pem,
                             absl::string_view chain) const;
   // The domain's bundle, read again if its file changed.
