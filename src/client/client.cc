@@ -1,5 +1,8 @@
 #include "holdfast/client.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <random>
 #include <thread>
@@ -100,17 +103,23 @@ std::optional<std::chrono::milliseconds> RetryAfter(const absl::Status& s) {
 }
 
 namespace {
-// host:port whose host is 127.0.0.0/8, ::1 or localhost (an optional dns:///,
-// ipv4: or ipv6: scheme first).
+// host:port whose host is an address of 127.0.0.0/8, ::1 or localhost (an
+// optional dns:///, ipv4: or ipv6: scheme first). Addresses are parsed as such:
+// a name such as 127.example.org is no loopback address.
 bool IsLoopbackEndpoint(std::string_view e) {
   for (std::string_view scheme : {"dns:///", "ipv4:", "ipv6:"}) {
     if (e.starts_with(scheme)) e.remove_prefix(scheme.size());
   }
-  std::string_view host = e.substr(0, e.rfind(':'));
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
+  std::string_view view = e.substr(0, e.rfind(':'));
+  if (view.size() >= 2 && view.front() == '[' && view.back() == ']') {
+    view = view.substr(1, view.size() - 2);
   }
-  return host.starts_with("127.") || host == "::1" || host == "localhost";
+  const std::string host(view);
+  if (host == "localhost") return true;
+  in_addr v4{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return ::inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 }  // namespace
 
@@ -702,7 +711,11 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
                                resp.hold().on_quorum_loss() == v1::ON_QUORUM_LOSS_OPEN,
                                resp.hold().token()),
                resp.hold());
-    if (absl::Status released = stale.Release(); !released.ok()) {
+    // FAILED_PRECONDITION / NOT_FOUND: it is not held any more (gone since the
+    // answer): asked for anew all the same.
+    absl::Status released = stale.Release();
+    if (!released.ok() && released.code() != absl::StatusCode::kFailedPrecondition &&
+        released.code() != absl::StatusCode::kNotFound) {
       return absl::UnavailableError(absl::StrCat(
           "\"", lock_key, "\" is still held by this session with token ", resp.hold().token(),
           ", a hold lost while etcd could not confirm renewals; releasing it failed (",

@@ -336,7 +336,8 @@ TEST(EndpointListTest, AnEmptyListOrAMalformedEndpointIsRefusedBeforeAnyCall) {
 // there, so whatever answers plaintext elsewhere is not it.
 TEST(EndpointListTest, PlaintextGoesOnlyToLoopbackUnlessAllowed) {
   ClientOptions o;
-  for (const std::string& remote : {"10.0.0.5:7420", "holdfast.example.org:7420"}) {
+  for (const std::string& remote :
+       {"10.0.0.5:7420", "holdfast.example.org:7420", "127.example.org:7420"}) {
     o.endpoints = {"127.0.0.1:7420", remote};
     auto c = Client::Connect(o);
     ASSERT_FALSE(c.ok()) << remote;

@@ -1,5 +1,8 @@
 #include "server/config.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+
 #include <algorithm>
 #include <fstream>
 #include <set>
@@ -61,12 +64,17 @@ absl::Status ReadBool(const YAML::Node& n, const std::string& name, bool* out) {
   return absl::OkStatus();
 }
 
-// 127.0.0.0/8, ::1 and localhost: nobody but this machine is on the path.
+// 127.0.0.0/8, ::1 and localhost: nobody but this machine is on the path. An
+// address is parsed as one (a name such as 127.example.org is no address).
 bool IsLoopbackHost(std::string host) {
   if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
     host = host.substr(1, host.size() - 2);
   }
-  return host.rfind("127.", 0) == 0 || host == "::1" || host == "localhost";
+  if (host == "localhost") return true;
+  in_addr v4{};
+  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
+  in6_addr v6{};
+  return ::inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 absl::Status ReadString(const YAML::Node& n, const std::string& name, std::string* out) {

@@ -131,6 +131,8 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       // Plaintext to etcd off this machine only when asked for by name.
       {"insecure: true\netcd: {endpoints: [127.0.0.1:2379, 10.0.0.5:2379]}",
        "etcd endpoint 10.0.0.5:2379 is not a loopback address and etcd.tls is not set"},
+      {"insecure: true\netcd: {endpoints: [127.example.org:2379]}",
+       "etcd endpoint 127.example.org:2379 is not a loopback address"},
       {"insecure: true\netcd: {endpoints: [etcd.internal:2379]}",
        "set etcd.tls (or etcd.plaintext: true where the path is protected otherwise)"},
       {"insecure: true\nclusters: [{name: a, endpoints: [10.0.0.5:2379]}]",
