@@ -384,9 +384,15 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
     ReleaseAndClose(*hold, **session, *request);
     return 128 + signal_received;
   }
-  if (hold->lost()) {
+  // Past the session's deadline (holdfast was stopped, Ctrl-Z, while the grant
+  // came): the lock may be someone else's already, whatever the keepalive pump
+  // has not said yet.
+  const bool past_deadline = std::chrono::steady_clock::now() >= (*session)->deadline();
+  if (hold->lost() || past_deadline) {
     PrintMessage(absl::StrCat("the session was lost as ", request->ref.ToString(),
-                              " was granted (", hold->lost_reason().ToString(),
+                              " was granted (",
+                              hold->lost() ? hold->lost_reason().ToString()
+                                           : "its deadline passed while holdfast was stopped",
                               "); the command was not run"));
     // A way out without the lock: closed within kCloseOnExit, not the call
     // timeout ~Session would wait (holdfastd may be gone). Closed first, the
