@@ -1,8 +1,5 @@
 #include "holdfast/client.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-
 #include <algorithm>
 #include <random>
 #include <thread>
@@ -20,6 +17,7 @@
 
 #include "client/internal.h"
 #include "common/grpc_status.h"
+#include "common/loopback.h"
 #include "common/names.h"
 
 namespace holdfast {
@@ -101,27 +99,6 @@ std::optional<std::chrono::milliseconds> RetryAfter(const absl::Status& s) {
   if (!payload || !absl::SimpleAtoi(std::string(*payload), &ms) || ms < 0) return std::nullopt;
   return std::chrono::milliseconds(ms);
 }
-
-namespace {
-// host:port whose host is an address of 127.0.0.0/8, ::1 or localhost (an
-// optional dns:///, ipv4: or ipv6: scheme first). Addresses are parsed as such:
-// a name such as 127.example.org is no loopback address.
-bool IsLoopbackEndpoint(std::string_view e) {
-  for (std::string_view scheme : {"dns:///", "ipv4:", "ipv6:"}) {
-    if (e.starts_with(scheme)) e.remove_prefix(scheme.size());
-  }
-  std::string_view view = e.substr(0, e.rfind(':'));
-  if (view.size() >= 2 && view.front() == '[' && view.back() == ']') {
-    view = view.substr(1, view.size() - 2);
-  }
-  const std::string host(view);
-  if (host == "localhost") return true;
-  in_addr v4{};
-  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  return ::inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
-}
-}  // namespace
 
 namespace internal {
 
@@ -787,7 +764,7 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
           "holdfastd endpoint \"", absl::CEscape(e),
           "\" is not host:port (an empty one, or spaces, commas or control characters in it)"));
     }
-    if (options.ca_file.empty() && !options.allow_plaintext && !IsLoopbackEndpoint(e)) {
+    if (options.ca_file.empty() && !options.allow_plaintext && !net::IsLoopbackEndpoint(e)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "holdfastd endpoint ", e, " is not a loopback address and no CA bundle is given: "
           "plaintext there would trust whatever answers (holdfastd serves plaintext only on "

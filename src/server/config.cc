@@ -1,8 +1,5 @@
 #include "server/config.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-
 #include <algorithm>
 #include <fstream>
 #include <set>
@@ -13,6 +10,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "common/duration.h"
+#include "common/loopback.h"
 #include "common/names.h"
 #include "common/spiffe.h"
 
@@ -62,19 +60,6 @@ absl::Status ReadBool(const YAML::Node& n, const std::string& name, bool* out) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", name, " must be true or false"));
   }
   return absl::OkStatus();
-}
-
-// 127.0.0.0/8, ::1 and localhost: nobody but this machine is on the path. An
-// address is parsed as one (a name such as 127.example.org is no address).
-bool IsLoopbackHost(std::string host) {
-  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-    host = host.substr(1, host.size() - 2);
-  }
-  if (host == "localhost") return true;
-  in_addr v4{};
-  if (::inet_pton(AF_INET, host.c_str(), &v4) == 1) return (ntohl(v4.s_addr) >> 24) == 127;
-  in6_addr v6{};
-  return ::inet_pton(AF_INET6, host.c_str(), &v6) == 1 && IN6_IS_ADDR_LOOPBACK(&v6);
 }
 
 absl::Status ReadString(const YAML::Node& n, const std::string& name, std::string* out) {
@@ -485,7 +470,7 @@ absl::Status ValidateConfig(const Config& c) {
   for (const auto& cc : EffectiveClusters(c)) {
     if (!cc.ca_file.empty() || cc.plaintext) continue;
     for (const auto& e : cc.endpoints) {
-      if (IsLoopbackHost(e.substr(0, e.rfind(':')))) continue;
+      if (net::IsLoopbackEndpoint(e)) continue;
       const std::string what = c.clusters.empty() ? "etcd" : absl::StrCat("cluster \"", cc.name, "\"");
       const std::string key = c.clusters.empty() ? "etcd." : "clusters[].";
       return absl::InvalidArgumentError(absl::StrCat(
