@@ -86,6 +86,7 @@ struct SetFlags {
   std::optional<int64_t> op_rate_quota;
   std::vector<std::string> members;
   bool clear_members = false;
+  bool end_sessions_of_removed = false;
   OutputFormat output = OutputFormat::kTable;
 };
 
@@ -99,6 +100,13 @@ int RunSet(const GlobalOptions& global, const SetFlags& flags) {
     return ReportUsageError(absl::InvalidArgumentError("--member and --clear-members conflict"));
   }
   if (flags.clear_members || !flags.members.empty()) request.set_set_members(true);
+  if (flags.end_sessions_of_removed) {
+    if (!request.set_members()) {
+      return ReportUsageError(absl::InvalidArgumentError(
+          "--end-sessions-of-removed goes with --member or --clear-members"));
+    }
+    request.set_end_sessions_of_removed(true);
+  }
   for (const auto& m : flags.members) {
     if (auto s = spiffe::ValidatePattern(m); !s.ok()) return ReportUsageError(s);
     request.add_members(m);
@@ -120,6 +128,9 @@ void AddSet(CLI::App* ns, CommandContext& ctx) {
   cmd->add_option("--member", flags->members, "replace the members with these patterns");
   cmd->add_flag("--clear-members", flags->clear_members,
                 "remove every member (every authenticated identity may use it)");
+  cmd->add_flag("--end-sessions-of-removed", flags->end_sessions_of_removed,
+                "end the live sessions of identities the new members leave out (without it, "
+                "such sessions make the change fail)");
   AddOutputOption(cmd, &flags->output);
   SetAction(cmd, ctx, flags, RunSet);
 }

@@ -267,6 +267,14 @@ TEST_F(CliTest, NamespaceCreateGetListDelete) {
   EXPECT_EQ(classes.classes(0).mode(), v1::LOCK_MODE_SHARED);
   EXPECT_EQ(classes.classes(0).ttl_max_ms(), 600'000);
 
+  // New members, ending the sessions they leave out (none here: the CLI is an admin).
+  r = Run({"ns", "set", "cli-team", "--member", "spiffe://holdfast.dev/team/*",
+           "--end-sessions-of-removed", "-o", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ns = ParseJson<v1::Namespace>(r.out);
+  ASSERT_EQ(ns.members_size(), 1) << r.out;
+  EXPECT_EQ(ns.members(0), "spiffe://holdfast.dev/team/*");
+
   r = Run({"ns", "delete", "cli-team"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   r = Run({"ns", "get", "cli-team"});
@@ -285,6 +293,12 @@ TEST_F(CliTest, BadInputIsRefusedBeforeReachingTheServer) {
   r = Run({"ns", "create", "cli-bad-mode", "--mode", "Q"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--mode"), std::string::npos) << r.err;
+
+  r = Run({"ns", "set", "default", "--end-sessions-of-removed"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--end-sessions-of-removed goes with --member or --clear-members"),
+            std::string::npos)
+      << r.err;
 
   auto after = client_->ListNamespaces();
   ASSERT_TRUE(after.ok()) << after.status();

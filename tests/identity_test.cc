@@ -1,6 +1,7 @@
 // Identity and tenancy over real mTLS (ARCHITECTURE §9): certificates from a test
 // CA carry SPIFFE IDs; holdfastd refuses what the SVID rules and the namespace
 // policy refuse, and a session serves only the identity that opened it.
+#include <atomic>
 #include <fstream>
 #include <future>
 #include <thread>
@@ -265,6 +266,119 @@ TEST_F(IdentityTest, NamespacePolicyAdmitsMembersAndAdminsOnly) {
   bad.mutable_namespace_()->set_name("bad");
   bad.mutable_namespace_()->add_members("team/*");
   EXPECT_EQ((*admin)->CreateNamespace(bad).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// Taking an identity out of a namespace's members: refused while that identity
+// has live sessions there (the error names it; nothing changes), unless the
+// change is asked to end them: then their leases go with their holds, the other
+// members' and the admins' sessions stay, and the removed identity's own calls
+// are refused.
+TEST_F(IdentityTest, RemovingAMemberEndsItsSessionsOnlyWhenAskedTo) {
+  auto admin = std::move(*cluster_->NewClient());
+  v1::CreateNamespaceRequest create;
+  create.mutable_namespace_()->set_name("team");
+  create.mutable_namespace_()->add_members("spiffe://test.holdfast/team/alice");
+  create.mutable_namespace_()->add_members("spiffe://test.holdfast/team/bob");
+  ASSERT_TRUE(admin->CreateNamespace(create).ok());
+  auto alice_client = As("alice");
+  auto alice = std::move(*alice_client->OpenSession("team"));
+  auto alice_hold = alice->Acquire("db");
+  ASSERT_TRUE(alice_hold.ok()) << alice_hold.status();
+  auto bob_client = As("bob");
+  auto bob = std::move(*bob_client->OpenSession("team"));
+  auto bob_hold = bob->Acquire("queue");
+  ASSERT_TRUE(bob_hold.ok()) << bob_hold.status();
+  auto admins = std::move(*admin->OpenSession("team"));  // admins are no members
+
+  v1::UpdateNamespaceRequest only_bob;
+  only_bob.set_name("team");
+  only_bob.set_set_members(true);
+  only_bob.add_members("spiffe://test.holdfast/team/bob");
+  int64_t rev = Revision();
+  auto refused = admin->UpdateNamespace(only_bob);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                "1 live session of namespace \"team\" belong to identities the new members do "
+                "not admit (spiffe://test.holdfast/team/alice)"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_NE(refused.status().message().find("--end-sessions-of-removed"), std::string::npos);
+  // The flag alone, without a new list, is refused too.
+  v1::UpdateNamespaceRequest flag_alone;
+  flag_alone.set_name("team");
+  flag_alone.set_end_sessions_of_removed(true);
+  auto bad = admin->UpdateNamespace(flag_alone);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
+  EXPECT_EQ(Revision(), rev);
+  EXPECT_EQ((*admin->GetNamespace("team")).members_size(), 2);
+  EXPECT_TRUE(alice->Acquire("db2").ok());  // alice is still a member
+
+  only_bob.set_end_sessions_of_removed(true);
+  auto changed = admin->UpdateNamespace(only_bob);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  ASSERT_EQ(changed->members_size(), 1);
+  EXPECT_EQ(changed->members(0), "spiffe://test.holdfast/team/bob");
+  // Alice's session, holds and all, is gone from etcd at once.
+  pb::RangeRequest r;
+  r.set_key(keyspace::SessionKey("team", alice->id()));
+  EXPECT_EQ(cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)))->kvs_size(), 0);
+  r.set_key(keyspace::HoldPrefix("team", ""));
+  r.set_range_end(keyspace::PrefixEnd(keyspace::HoldPrefix("team", "")));
+  auto holds = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(holds.ok());
+  ASSERT_EQ(holds->kvs_size(), 1);  // bob's
+  EXPECT_EQ(keyspace::ParseHoldKey(holds->kvs(0).key())->lease, bob->id());
+  // Alice's library hears it at its next renewal; bob's and the admin's sessions live on.
+  for (int i = 0; i < 200 && !alice_hold->lost(); ++i) std::this_thread::sleep_for(milliseconds(25));
+  EXPECT_TRUE(alice_hold->lost());
+  EXPECT_FALSE(bob_hold->lost());
+  EXPECT_TRUE(bob->Acquire("db").ok());  // alice's key is free
+  EXPECT_TRUE(admins->Acquire("other").ok());
+  auto again = alice_client->OpenSession("team");
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kPermissionDenied) << again.status();
+}
+
+// Sessions opened while the members change: once the change that takes an
+// identity out returns, no session of that identity is left in the namespace,
+// however the opens and the change interleave.
+TEST_F(IdentityTest, ASessionOpenedDuringAMemberRemovalIsNotMissed) {
+  auto admin = std::move(*cluster_->NewClient());
+  auto alice_client = As("alice");
+  for (int round = 0; round < 10; ++round) {
+    const std::string ns = absl::StrCat("race-", round);
+    v1::CreateNamespaceRequest create;
+    create.mutable_namespace_()->set_name(ns);
+    create.mutable_namespace_()->add_members("spiffe://test.holdfast/team/alice");
+    ASSERT_TRUE(admin->CreateNamespace(create).ok());
+    std::atomic<int> opened{0};
+    std::vector<std::thread> openers;
+    std::vector<std::vector<std::unique_ptr<Session>>> kept(2);
+    for (int t = 0; t < 2; ++t) {
+      openers.emplace_back([&, t] {
+        for (;;) {
+          auto s = alice_client->OpenSession(ns);
+          if (!s.ok()) return;  // refused: the change is in
+          kept[t].push_back(std::move(*s));
+          ++opened;
+        }
+      });
+    }
+    while (opened.load() < 2 + round) std::this_thread::sleep_for(milliseconds(1));
+    v1::UpdateNamespaceRequest only_bob;
+    only_bob.set_name(ns);
+    only_bob.set_set_members(true);
+    only_bob.add_members("spiffe://test.holdfast/team/bob");
+    only_bob.set_end_sessions_of_removed(true);
+    auto changed = admin->UpdateNamespace(only_bob);
+    ASSERT_TRUE(changed.ok()) << changed.status();
+    pb::RangeRequest r;
+    r.set_key(keyspace::SessionPrefix(ns));
+    r.set_range_end(keyspace::PrefixEnd(keyspace::SessionPrefix(ns)));
+    auto left = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    ASSERT_TRUE(left.ok());
+    EXPECT_EQ(left->kvs_size(), 0) << "round " << round;
+    for (auto& t : openers) t.join();
+  }
 }
 
 // Production config: holdfastd reaches etcd over TLS with a client certificate,

@@ -244,6 +244,11 @@ absl::StatusOr<pb::LeaseGrantResponse> Client::LeaseGrantSync(pb::LeaseGrantRequ
   return Await<pb::LeaseGrantResponse>(
       [&](auto cb) { LeaseGrant(std::move(req), d, std::move(cb)); });
 }
+absl::StatusOr<pb::LeaseRevokeResponse> Client::LeaseRevokeSync(pb::LeaseRevokeRequest req,
+                                                                Deadline d) {
+  return Await<pb::LeaseRevokeResponse>(
+      [&](auto cb) { LeaseRevoke(std::move(req), d, std::move(cb)); });
+}
 absl::StatusOr<pb::StatusResponse> Client::StatusSync(Deadline d) {
   return Await<pb::StatusResponse>([&](auto cb) { Status(d, std::move(cb)); });
 }

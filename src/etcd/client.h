@@ -131,6 +131,7 @@ class Client {
   absl::StatusOr<pb::DeleteRangeResponse> DeleteRangeSync(pb::DeleteRangeRequest req, Deadline d);
   absl::StatusOr<pb::TxnResponse> TxnSync(pb::TxnRequest req, Deadline d);
   absl::StatusOr<pb::LeaseGrantResponse> LeaseGrantSync(pb::LeaseGrantRequest req, Deadline d);
+  absl::StatusOr<pb::LeaseRevokeResponse> LeaseRevokeSync(pb::LeaseRevokeRequest req, Deadline d);
   absl::StatusOr<pb::StatusResponse> StatusSync(Deadline d);
 
   // etcd cluster id from the most recent response header (0 before any).

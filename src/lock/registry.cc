@@ -1,7 +1,10 @@
 #include "lock/registry.h"
 
+#include <set>
+
 #include "absl/strings/str_cat.h"
 #include "common/spiffe.h"
+#include "lock/engine.h"
 #include "lock/keyspace.h"
 #include "lock/txn_util.h"
 #include "lock/records.pb.h"
@@ -198,8 +201,9 @@ absl::StatusOr<std::vector<v1::Namespace>> Registry::ListNamespaces(etcd::Deadli
   return out;
 }
 
-absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(const v1::UpdateNamespaceRequest& req,
-                                                        etcd::Deadline d) {
+absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
+    const v1::UpdateNamespaceRequest& req, etcd::Deadline d,
+    const std::function<bool(const std::string&)>& is_admin) {
   if (auto s = keyspace::ValidateNamespaceName(req.name()); !s.ok()) return s;
   if ((req.has_held_lease_quota() && req.held_lease_quota() < 0) ||
       (req.has_op_rate_quota() && req.op_rate_quota() < 0)) {
@@ -211,30 +215,120 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(const v1::UpdateNamespac
       return absl::InvalidArgumentError(absl::StrCat("member pattern: ", s.message()));
     }
   }
-  pb::RangeRequest r;
-  r.set_key(keyspace::NamespaceKey(req.name()));
-  auto read = etcd_->RangeSync(r, d);
-  if (!read.ok()) return read.status();
-  if (read->kvs_size() == 0) return NamespaceNotFound(req.name());
-  records::NamespaceRecord rec;
-  if (!rec.ParseFromString(read->kvs(0).value())) {
-    return absl::DataLossError(absl::StrCat("corrupt namespace record for ", req.name()));
+  if (req.end_sessions_of_removed() && !req.set_members()) {
+    return absl::InvalidArgumentError(
+        "end_sessions_of_removed needs a new member list (set_members)");
   }
-  if (req.has_held_lease_quota()) rec.set_held_lease_quota(req.held_lease_quota());
-  if (req.has_op_rate_quota()) rec.set_op_rate_quota(req.op_rate_quota());
-  if (req.set_members()) *rec.mutable_members() = req.members();
-  // Guarded by the record read: a concurrent update makes this one fail, not lost.
-  pb::TxnRequest txn;
-  AddCompare(&txn, keyspace::NamespaceKey(req.name()), pb::Compare::MOD, pb::Compare::EQUAL)
-      ->set_mod_revision(read->kvs(0).mod_revision());
-  auto* put = txn.add_success()->mutable_request_put();
-  put->set_key(keyspace::NamespaceKey(req.name()));
-  put->set_value(rec.SerializeAsString());
-  auto t = etcd_->TxnSync(std::move(txn), d);
-  if (!t.ok()) return t.status();
-  if (!t->succeeded()) return absl::AbortedError("the namespace changed meanwhile; try again");
-  mvccpb::KeyValue kv = read->kvs(0);
-  return NamespaceFromRecord(req.name(), kv, rec);
+  const std::string sessions = keyspace::SessionPrefix(req.name());
+  auto add_session_read = [&](pb::TxnRequest* txn) {
+    auto* rs = txn->add_success()->mutable_request_range();
+    rs->set_key(sessions);
+    rs->set_range_end(keyspace::PrefixEnd(sessions));
+  };
+  // The live sessions (lease, owner) of a read that `members` leaves out.
+  auto left_out = [&](const pb::RangeResponse& read,
+                      const google::protobuf::RepeatedPtrField<std::string>& members) {
+    std::vector<std::pair<int64_t, std::string>> out;
+    for (const auto& kv : read.kvs()) {
+      auto lease = keyspace::ParseSessionKey(kv.key(), req.name());
+      records::SessionRecord s;
+      if (!lease || !s.ParseFromString(kv.value())) continue;
+      const Caller owner{s.identity(), is_admin && is_admin(s.identity())};
+      if (!CheckMember(owner, req.name(), members).ok()) out.emplace_back(*lease, s.identity());
+    }
+    return out;
+  };
+  // A few rounds when refusing is the answer to sessions left out: a session
+  // opened between the read and the write (under the old list, so perhaps by an
+  // identity the new one leaves out) makes the write fail and the check run again.
+  for (int attempt = 0;; ++attempt) {
+    pb::TxnRequest read_txn;
+    read_txn.add_success()->mutable_request_range()->set_key(keyspace::NamespaceKey(req.name()));
+    if (req.set_members()) add_session_read(&read_txn);
+    auto read = etcd_->TxnSync(std::move(read_txn), d);
+    if (!read.ok()) return read.status();
+    const auto& ns_range = read->responses(0).response_range();
+    if (ns_range.kvs_size() == 0) return NamespaceNotFound(req.name());
+    records::NamespaceRecord rec;
+    if (!rec.ParseFromString(ns_range.kvs(0).value())) {
+      return absl::DataLossError(absl::StrCat("corrupt namespace record for ", req.name()));
+    }
+    if (req.has_held_lease_quota()) rec.set_held_lease_quota(req.held_lease_quota());
+    if (req.has_op_rate_quota()) rec.set_op_rate_quota(req.op_rate_quota());
+    const bool check_sessions = req.set_members() && !req.end_sessions_of_removed();
+    if (req.set_members()) *rec.mutable_members() = req.members();
+    if (check_sessions) {
+      auto removed = left_out(read->responses(1).response_range(), rec.members());
+      if (!removed.empty()) {
+        std::set<std::string> owners;
+        for (const auto& r : removed) owners.insert(r.second);
+        std::string named;
+        int shown = 0;
+        for (const auto& o : owners) {
+          if (shown++ == 5) {
+            absl::StrAppend(&named, ", and ", owners.size() - 5, " more");
+            break;
+          }
+          absl::StrAppend(&named, named.empty() ? "" : ", ", o);
+        }
+        return absl::FailedPreconditionError(absl::StrCat(
+            removed.size(), " live session", removed.size() == 1 ? "" : "s",
+            " of namespace \"", req.name(), "\" belong to identities the new members do not "
+            "admit (", named, "); end them with the change (holdfast ns set "
+            "--end-sessions-of-removed), or close them first"));
+      }
+    }
+    // Guarded by the record read: a concurrent update makes this one fail, not lost.
+    pb::TxnRequest txn;
+    AddCompare(&txn, keyspace::NamespaceKey(req.name()), pb::Compare::MOD, pb::Compare::EQUAL)
+        ->set_mod_revision(ns_range.kvs(0).mod_revision());
+    if (check_sessions) {
+      auto* none_since = AddCompare(&txn, sessions, pb::Compare::CREATE, pb::Compare::LESS);
+      none_since->set_create_revision(read->header().revision() + 1);
+      none_since->set_range_end(keyspace::PrefixEnd(sessions));
+    }
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(keyspace::NamespaceKey(req.name()));
+    put->set_value(rec.SerializeAsString());
+    // Sessions are opened only inside the namespace record they read (a compare
+    // on it): every one opened after this write was admitted by the new list, so
+    // the sessions read with the write are all the list can leave out.
+    if (req.end_sessions_of_removed()) add_session_read(&txn);
+    txn.add_failure()->mutable_request_range()->set_key(keyspace::NamespaceKey(req.name()));
+    auto t = etcd_->TxnSync(std::move(txn), d);
+    if (!t.ok()) return t.status();
+    if (!t->succeeded()) {
+      const auto& now = t->responses(0).response_range();
+      const bool ns_changed =
+          now.kvs_size() == 0 || now.kvs(0).mod_revision() != ns_range.kvs(0).mod_revision();
+      if (ns_changed) return absl::AbortedError("the namespace changed meanwhile; try again");
+      if (attempt == 9) {
+        return absl::AbortedError(absl::StrCat(
+            "sessions kept opening in namespace \"", req.name(), "\" while its members were "
+            "checked; try again, or pass end_sessions_of_removed"));
+      }
+      continue;  // a session was opened meanwhile: check again
+    }
+    if (req.end_sessions_of_removed()) {
+      std::string failed;
+      for (const auto& [lease, owner] : left_out(t->responses(1).response_range(), rec.members())) {
+        pb::LeaseRevokeRequest rr;
+        rr.set_id(lease);
+        auto x = etcd_->LeaseRevokeSync(rr, d);
+        if (!x.ok() && x.status().code() != absl::StatusCode::kNotFound) {
+          absl::StrAppend(&failed, failed.empty() ? "" : "; ", "session ", lease, " of ", owner,
+                          ": ", x.status().message());
+        }
+      }
+      if (!failed.empty()) {
+        return absl::UnavailableError(absl::StrCat(
+            "the new members of namespace \"", req.name(), "\" are in place, but ending the "
+            "sessions they leave out failed (", failed, "); run the same command again"));
+      }
+    }
+    mvccpb::KeyValue kv = ns_range.kvs(0);
+    return NamespaceFromRecord(req.name(), kv, rec);
+  }
 }
 
 absl::Status Registry::DeleteNamespace(const std::string& name, etcd::Deadline d) {

@@ -5,6 +5,7 @@
 // guarded transactions, so concurrent admins cannot create duplicates.
 #pragma once
 
+#include <functional>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -25,8 +26,16 @@ class Registry {
                                                 const std::string& also_absent = "");
   absl::StatusOr<v1::Namespace> GetNamespace(const std::string& name, etcd::Deadline d);
   absl::StatusOr<std::vector<v1::Namespace>> ListNamespaces(etcd::Deadline d);
-  absl::StatusOr<v1::Namespace> UpdateNamespace(const v1::UpdateNamespaceRequest& req,
-                                                etcd::Deadline d);
+  // With set_members: the live sessions whose owner the new list does not admit
+  // (nor `is_admin`) make it FAILED_PRECONDITION, changing nothing, unless
+  // end_sessions_of_removed is set; then the list is written and their leases are
+  // revoked (UNAVAILABLE if a revocation failed: the list stays, and the same
+  // call again ends the rest). A refusal's write is guarded by "no session opened
+  // since the read", and the sessions to end are read in the write's own commit,
+  // so a session opened under the old list meanwhile is never missed.
+  absl::StatusOr<v1::Namespace> UpdateNamespace(
+      const v1::UpdateNamespaceRequest& req, etcd::Deadline d,
+      const std::function<bool(const std::string&)>& is_admin = {});
   // FAILED_PRECONDITION while the namespace has live sessions.
   absl::Status DeleteNamespace(const std::string& name, etcd::Deadline d);
 

@@ -176,7 +176,9 @@ grpc::Status AdminService::UpdateNamespace(grpc::ServerContext* ctx,
                                            v1::Namespace* resp) {
   HF_ADMIN_ONLY(ctx);
   if (auto s = NotRehoming(req->name()); !s.ok()) return ToGrpcStatus(s);
-  auto n = RegistryOf(req->name()).UpdateNamespace(*req, RpcDeadline(*ctx, kUnaryCap));
+  auto n = RegistryOf(req->name()).UpdateNamespace(
+      *req, RpcDeadline(*ctx, kUnaryCap),
+      [this](const std::string& identity) { return auth_->IsAdmin(identity); });
   if (n.ok()) AddPlacement(&*n);
   return Reply(std::move(n), resp);
 }

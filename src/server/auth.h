@@ -71,6 +71,9 @@ class Authenticator {
   size_t cached_certificates() const;
   // PERMISSION_DENIED unless the caller is an admin.
   static absl::Status RequireAdmin(const lock::Caller& caller);
+  // Whether `identity` (a SPIFFE ID) matches one of the admin patterns; in
+  // insecure mode, whether it is the dev identity.
+  bool IsAdmin(const std::string& identity) const;
 
  private:
   struct Bundle;
