@@ -256,8 +256,11 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
         !s.ok()) {
       return s;
     }
-    if (c.epoch_check_interval < std::chrono::milliseconds(100)) {
-      return absl::InvalidArgumentError("config: epochs.check_interval must be >= 100ms");
+    // Longer leaves a restored cluster granting old tokens that long.
+    if (c.epoch_check_interval < std::chrono::milliseconds(100) ||
+        c.epoch_check_interval > std::chrono::minutes(1)) {
+      return absl::InvalidArgumentError(
+          "config: epochs.check_interval must be between 100ms and 1m");
     }
   }
   if (auto audit = root["audit"]) {
@@ -328,16 +331,20 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
         !s.ok()) {
       return s;
     }
-    if (c.max_waiters_per_key < 1) {
-      return absl::InvalidArgumentError("config: limits.max_waiters_per_key must be >= 1");
+    // A queue is read whole when a release decides on etcd's answer: a longer
+    // one makes each such read megabytes.
+    if (c.max_waiters_per_key < 1 || c.max_waiters_per_key > 100'000) {
+      return absl::InvalidArgumentError(
+          "config: limits.max_waiters_per_key must be between 1 and 100000");
     }
     if (auto s = ReadInt(limits["max_holds_per_session"], "limits.max_holds_per_session",
                          &c.max_holds_per_session);
         !s.ok()) {
       return s;
     }
-    if (c.max_holds_per_session < 1) {
-      return absl::InvalidArgumentError("config: limits.max_holds_per_session must be >= 1");
+    if (c.max_holds_per_session < 1 || c.max_holds_per_session > 100'000) {
+      return absl::InvalidArgumentError(
+          "config: limits.max_holds_per_session must be between 1 and 100000");
     }
   }
   return c;
@@ -395,16 +402,28 @@ absl::Status ValidateConfig(const Config& c) {
   for (const auto& e : c.etcd_endpoints) {
     if (auto s = host_port("etcd endpoint", e); !s.ok()) return s;
   }
-  if (c.etcd_timeout < std::chrono::milliseconds(100)) {
-    return absl::InvalidArgumentError("config: etcd.timeout must be at least 100ms");
+  // Upper bounds below: past them a value is more likely a mistaken unit than a
+  // wish, and each costs something real (a call stalled that long, a crashed
+  // holder's locks held that long, a message or a stream count that much memory).
+  if (c.etcd_timeout < std::chrono::milliseconds(100) || c.etcd_timeout > std::chrono::minutes(1)) {
+    return absl::InvalidArgumentError("config: etcd.timeout must be between 100ms and 1m");
   }
   if (c.session_ttl_min < std::chrono::seconds(1) || c.session_ttl_min > c.session_ttl_max) {
     return absl::InvalidArgumentError(
         "config: need 1s <= sessions.ttl_min <= sessions.ttl_max");
   }
-  if (c.max_message_bytes < 4096 || c.max_concurrent_streams < 1) {
+  if (c.session_ttl_max > std::chrono::hours(7 * 24)) {
     return absl::InvalidArgumentError(
-        "config: limits.max_message_bytes must be >= 4096 and max_concurrent_streams >= 1");
+        "config: sessions.ttl_max must be at most 7d (a crashed holder keeps its locks that "
+        "long)");
+  }
+  if (c.max_message_bytes < 4096 || c.max_message_bytes > 16 * 1024 * 1024) {
+    return absl::InvalidArgumentError(
+        "config: limits.max_message_bytes must be between 4096 and 16777216 (16 MiB)");
+  }
+  if (c.max_concurrent_streams < 1 || c.max_concurrent_streams > 100'000) {
+    return absl::InvalidArgumentError(
+        "config: limits.max_concurrent_streams must be between 1 and 100000");
   }
   if (c.audit_compaction_keep_revisions < 100 || c.audit_lag_warn_revisions < 1) {
     return absl::InvalidArgumentError(
@@ -432,6 +451,17 @@ absl::Status ValidateConfig(const Config& c) {
     return absl::InvalidArgumentError(
         "config: audit.leader_ttl must be >= 2s, compaction_interval >= 1s, "
         "force_request_ttl >= 10s");
+  }
+  // A dead auditor's lease outlives it this long (no audit meanwhile); etcd's
+  // history grows this long between compactions; a force-release request stays
+  // approvable this long (an old request approved by a second admin who no longer
+  // knows its context).
+  if (c.audit_leader_ttl > std::chrono::minutes(5) ||
+      c.audit_compaction_interval > std::chrono::hours(24) ||
+      c.force_request_ttl > std::chrono::hours(24)) {
+    return absl::InvalidArgumentError(
+        "config: audit.leader_ttl must be at most 5m, compaction_interval at most 24h, "
+        "force_request_ttl at most 24h");
   }
   if (!c.clusters.empty()) {
     std::set<std::string> seen;

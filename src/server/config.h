@@ -3,7 +3,7 @@
 //   listen: 127.0.0.1:7420          # gRPC API
 //   etcd:                           # one etcd cluster (or `clusters:`, not both)
 //     endpoints: [127.0.0.1:2379]   # members of the cluster
-//     timeout: 5s                   # upper bound of one etcd round trip
+//     timeout: 5s                   # upper bound of one etcd round trip (100ms..1m)
 //     tls:                          # holdfastd -> etcd over TLS with a client certificate
 //       ca_file: /etc/holdfast/etcd-ca.pem
 //       cert_file: /etc/holdfast/etcd-client.pem
@@ -22,7 +22,7 @@
 //       endpoints: [10.0.1.1:2379]
 //   sessions:
 //     ttl_min: 1s                   # bounds on session TTLs (classes narrow them)
-//     ttl_max: 24h
+//     ttl_max: 24h                  # at most 7d
 //   acquire:
 //     max_wait: 1h                  # at most 24h
 //     ride_with_release: 5ms        # an enqueue behind other waiters waits this long for
@@ -48,11 +48,13 @@
 //   audit:                          # ARCHITECTURE §7-8
 //     store: sqlite:holdfast-audit.db   # or postgresql://user@host/db; "none": no audit
 //                                   #   (development only: nothing is recorded)
-//     compaction_interval: 5m       # holdfastd compacts etcd (auto-compaction stays off)
+//     compaction_interval: 5m       # holdfastd compacts etcd (auto-compaction stays off;
+//                                   #   1s..24h)
 //     compaction_keep_revisions: 10000  # ... never past audit cursor - this
 //     lag_warn_revisions: 100000    # backlog that is logged loudly
-//     leader_ttl: 10s               # the auditor's lease: fail-over time
+//     leader_ttl: 10s               # the auditor's lease: fail-over time (2s..5m)
 //     force_request_ttl: 15m        # how long a force-release request waits for approval
+//                                   #   (10s..24h)
 //     flush_interval: 50ms          # one audit store transaction per this, at most,
 //                                   #   while events keep coming (0s..1s; 0s: at once)
 //     max_buffered_events: 50000    # events held in memory until recorded; beyond, the
@@ -61,16 +63,16 @@
 //                                   #   (0s: kept forever; else at least 1h, e.g. 90d)
 //   epochs:                         # ARCHITECTURE §6, docs/operations.md
 //     auto_advance_on_restore: false  # advance by itself when a restore is detected
-//     check_interval: 2s            # how often the restore guard looks
+//     check_interval: 2s            # how often the restore guard looks (100ms..1m)
 //   metrics:
 //     listen: 127.0.0.1:9420        # Prometheus text at GET /metrics, plain HTTP without
 //                                   #   auth (empty or absent: off); flag --metrics-listen
 //   limits:
-//     max_message_bytes: 65536
-//     max_concurrent_streams: 1000  # per connection
-//     max_waiters_per_key: 1000     # a longer queue is refused (RESOURCE_EXHAUSTED)
+//     max_message_bytes: 65536      # 4096..16777216
+//     max_concurrent_streams: 1000  # per connection (1..100000)
+//     max_waiters_per_key: 1000     # a longer queue is refused (RESOURCE_EXHAUSTED; 1..100000)
 //     max_holds_per_session: 1000   # lock keys one session holds or waits for at once;
-//                                   #   one more is refused (RESOURCE_EXHAUSTED)
+//                                   #   one more is refused (RESOURCE_EXHAUSTED; 1..100000)
 //
 // Unknown keys are errors (a typo must not silently keep a default).
 #pragma once
