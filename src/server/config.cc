@@ -484,9 +484,9 @@ absl::Status ValidateConfig(const Config& c) {
           return s;
         }
       }
-      if (cc.timeout < std::chrono::milliseconds(100)) {
+      if (cc.timeout < std::chrono::milliseconds(100) || cc.timeout > std::chrono::minutes(1)) {
         return absl::InvalidArgumentError(
-            absl::StrCat("config: cluster \"", cc.name, "\": timeout must be >= 100ms"));
+            absl::StrCat("config: cluster \"", cc.name, "\": timeout must be between 100ms and 1m"));
       }
       if (cc.control) ++controls;
     }

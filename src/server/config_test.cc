@@ -145,6 +145,8 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
        "unknown key \"clusters[0].zone\""},
       {"insecure: true\nclusters: [{name: A, endpoints: [h:1]}]", "cluster name \"A\" is invalid"},
       {"insecure: true\nclusters: [{name: a}]", "cluster \"a\" has no endpoints"},
+      {"insecure: true\nclusters: [{name: a, control: true, endpoints: [127.0.0.1:1], timeout: 2m}]",
+       "cluster \"a\": timeout must be between 100ms and 1m"},
       {"insecure: true\nclusters: [{name: a, endpoints: [h]}]", "is not host:port"},
       {"insecure: true\nclusters: [{name: a, endpoints: [h:1]}, {name: a, endpoints: [h:2]}]",
        "cluster \"a\" is listed twice"},
