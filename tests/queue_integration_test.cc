@@ -20,6 +20,8 @@
 #include "harness/cluster.h"
 #include "holdfast/v1/lock.grpc.pb.h"
 #include "lock/keyspace.h"
+#include "lock/snapshot.h"
+#include "lock/engine.h"
 #include "lock/records.pb.h"
 
 namespace holdfast {
@@ -160,6 +162,65 @@ TEST_F(QueueTest, AWaiterLeftBesideItsSessionsHoldIsRemovedByTheRelease) {
   auto left = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
   ASSERT_TRUE(left.ok());
   EXPECT_EQ(left->kvs_size(), 0) << "the stray waiter is still queued";
+}
+
+// A waiter dead when a release read the queue, taken over in place with a later
+// deadline (a retried acquire) before the release commits, is alive: the release
+// must not remove it. The release's transaction, as the engine builds it from
+// that read, is committed on real etcd after the take-over.
+TEST_F(QueueTest, ADeadWaiterRevivedInPlaceIsNotRemovedByARelease) {
+  auto a = Open();
+  auto hold = a->Acquire("revived");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  auto b = Open();
+  auto put_waiter = [&](int64_t deadline_ms) {
+    records::WaiterRecord w;
+    w.set_deadline_unix_ms(deadline_ms);
+    w.set_identity("spiffe://holdfast.dev/dev");
+    pb::PutRequest put;
+    put.set_key(keyspace::WaitKey("default", "revived", b->id()));
+    put.set_value(w.SerializeAsString());
+    put.set_lease(b->id());
+    return cluster_->etcd_client().PutSync(put, etcd::DeadlineIn(seconds(5)));
+  };
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  ASSERT_TRUE(put_waiter(now_ms - 1000).ok());  // dead
+
+  auto build = [&] {
+    pb::TxnRequest read;
+    lock::AddSnapshotReads("default", a->id(), "revived", read.mutable_success());
+    auto r = cluster_->etcd_client().TxnSync(read, etcd::DeadlineIn(seconds(5)));
+    EXPECT_TRUE(r.ok()) << r.status();
+    auto snap = lock::ParseSnapshot(r->header(), r->responses());
+    EXPECT_TRUE(snap.ok()) << snap.status();
+    EXPECT_EQ(snap->waiters.size(), 1u);
+    pb::TxnRequest txn;
+    auto result = lock::Engine::AddHandOver(*snap, "default", "revived", a->id(),
+                                            /*grants_allowed=*/true, /*remove_dead=*/true,
+                                            now_ms, &txn);
+    EXPECT_EQ(result.gone, std::vector<int64_t>{b->id()});  // planned as dead
+    EXPECT_TRUE(result.granted.empty());
+    return txn;
+  };
+  auto waiter_left = [&] {
+    pb::RangeRequest r;
+    r.set_key(keyspace::WaitKey("default", "revived", b->id()));
+    return cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)))->kvs_size();
+  };
+
+  pb::TxnRequest stale = build();
+  ASSERT_TRUE(put_waiter(now_ms + 60'000).ok());  // taken over in place: alive
+  auto t = cluster_->etcd_client().TxnSync(stale, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_FALSE(t->succeeded()) << "a live waiter was removed as dead";
+  EXPECT_EQ(waiter_left(), 1);
+
+  // Dead as read and still dead at the commit: removed.
+  ASSERT_TRUE(put_waiter(now_ms - 1000).ok());
+  auto fresh = cluster_->etcd_client().TxnSync(build(), etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(fresh.ok()) << fresh.status();
+  EXPECT_TRUE(fresh->succeeded());
+  EXPECT_EQ(waiter_left(), 0);
 }
 
 TEST_F(QueueTest, TwentyWaitersAreGrantedInQueueOrder) {

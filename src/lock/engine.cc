@@ -736,7 +736,13 @@ Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::s
   HandOverResult out;
   auto plan = queue::PlanHandOver(snap, releasing, now_ms);
   if (remove_dead) {
+    // Each guarded by its record as read: a retried acquire may have taken the
+    // waiter over in place with a later deadline since (then it is not dead, and
+    // the compare failing sends the release to a re-read).
     for (const WaiterEntry* dead : plan.dead) {
+      AddCompare(txn, keyspace::WaitKey(ns, key, dead->lease), pb::Compare::MOD,
+                 pb::Compare::EQUAL)
+          ->set_mod_revision(dead->mod_revision);
       txn->add_success()->mutable_request_delete_range()->set_key(
           keyspace::WaitKey(ns, key, dead->lease));
       txn->add_success()->mutable_request_delete_range()->set_key(

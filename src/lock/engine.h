@@ -158,6 +158,19 @@ class Engine {
   // Deadline of one etcd call under the caller's deadline `d`.
   Deadline EtcdDeadline(Deadline d) const;
 
+  struct HandOverResult {
+    bool guarded = false;          // "no hold created since the snapshot" is compared
+    std::vector<int64_t> gone;     // waiters (leases) the transaction deletes
+    std::vector<int64_t> granted;  // of those, the ones handed the key, in order
+  };
+  // Adds the hand-over to the head of the queue to a release transaction (and,
+  // with `remove_dead`, the removal of dead and stray waiters passed on the way,
+  // each guarded by its record as read). Touches nothing but `txn`: public for tests.
+  static HandOverResult AddHandOver(const KeySnapshot& snap, const std::string& ns,
+                                    const std::string& key, int64_t releasing,
+                                    bool grants_allowed, bool remove_dead, int64_t now_ms,
+                                    etcdserverpb::TxnRequest* txn);
+
  private:
   friend class AcquireOp;
   // What an open carries from its namespace read to its commit.
@@ -196,16 +209,6 @@ class Engine {
   bool PlanOnViews(const v1::ReleaseRequest& req, ReleasePlan* plan);
   void ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
                   std::optional<ReleasePlan> plan, Done<v1::ReleaseResponse> done);
-  struct HandOverResult {
-    bool guarded = false;          // "no hold created since the snapshot" is compared
-    std::vector<int64_t> gone;     // waiters (leases) the transaction deletes
-    std::vector<int64_t> granted;  // of those, the ones handed the key, in order
-  };
-  // Adds the hand-over to the head of the queue to a release transaction.
-  static HandOverResult AddHandOver(const KeySnapshot& snap, const std::string& ns,
-                                    const std::string& key, int64_t releasing,
-                                    bool grants_allowed, bool remove_dead, int64_t now_ms,
-                                    etcdserverpb::TxnRequest* txn);
 
   // OK, or UNAVAILABLE while etcd has no quorum (no new grants then).
   absl::Status EtcdStatus() const;
