@@ -1,19 +1,24 @@
 // `holdfast audit [--ns NS] [--key KEY] [--type T] [--identity ID] [--since TIME]
-//  [--follow] [-o json]`: the audit trail (Admin API, admins only), in revision
-// order. `-o json` prints JSON lines with cluster_id, revision, type, namespace,
-// lock_key, session_id, spiffe_id, token, unprotected and time (RFC 3339, UTC).
+//  [--cluster ID] [--limit N] [--follow] [-o json]`: the audit trail (Admin API,
+// admins only), in revision order (ties by namespace, key, session, cluster),
+// fetched `--limit` events a page. `-o json` prints JSON lines with cluster_id,
+// revision, type, namespace, lock_key, session_id, spiffe_id, token, unprotected
+// and time (RFC 3339, UTC).
 // `--since` takes an RFC 3339 time (2026-11-29T10:00:00Z) or a duration back from
 // now (15m, 2h). `--follow` keeps printing new events (polling every second) until
-// interrupted.
+// interrupted, each etcd cluster's in its own revision order.
 //
 // `holdfast audit status`: where the auditor is (leader, cursor, lag, compaction).
 #include <chrono>
-#include <climits>
 #include <iostream>
+#include <map>
+#include <set>
 #include <sstream>
 #include <thread>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "cli/common.h"
@@ -30,6 +35,7 @@ struct AuditFlags {
   std::string type;
   std::string identity;
   std::string since;
+  std::string cluster;
   bool follow = false;
   int limit = 1000;
   OutputFormat output = OutputFormat::kTable;
@@ -65,6 +71,12 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
   req.set_lock_key(flags.key);
   req.set_type(flags.type);
   req.set_spiffe_id(flags.identity);
+  if (uint64_t id = 0; !flags.cluster.empty() && !absl::SimpleAtoi(flags.cluster, &id)) {
+    return ReportUsageError(absl::InvalidArgumentError(absl::StrCat(
+        "--cluster \"", flags.cluster,
+        "\" is not a decimal etcd cluster id (`holdfast audit status` lists them)")));
+  }
+  req.set_cluster_id(flags.cluster);
   if (flags.limit < 1 || flags.limit > 10000) {
     return ReportUsageError(absl::InvalidArgumentError("--limit must be 1..10000"));
   }
@@ -87,6 +99,7 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
   bool header_printed = false;
   // Prints the rows gathered so far (the header only once).
   auto flush_table = [&] {
+    if (flags.output == OutputFormat::kJson) return;
     if (table.empty() && header_printed) return;
     std::ostringstream out;
     table.Print(out);
@@ -95,35 +108,78 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
     header_printed = true;
     table = Table(header);
   };
-  while (true) {
-    auto r = client->QueryAudit(req);
-    if (!r.ok()) return ReportError(r.status(), "audit");
-    const auto& events = r->events();
-    const bool full = events.size() == static_cast<int>(req.limit());
-    // Pages end on whole revisions: on a full page the last revision's events
-    // are held back and fetched whole with the next page (unless the page is
-    // one revision only).
-    int64_t stop_at = INT64_MAX;
-    if (full && events[0].revision() != events[events.size() - 1].revision()) {
-      stop_at = events[events.size() - 1].revision();
+  auto print = [&](const v1::AuditEvent& e) {
+    if (flags.output == OutputFormat::kJson) {
+      PrintJsonLine(e);
+    } else {
+      table.AddRow({absl::StrCat(e.revision()),
+                    e.type() + (e.unprotected() ? " (unprotected)" : ""),
+                    e.namespace_(), e.lock_key(), absl::StrCat(e.session_id()), e.spiffe_id(),
+                    absl::StrCat(e.token()), FormatUnixMillis(e.time_unix_ms())});
     }
-    for (const auto& e : events) {
-      if (e.revision() >= stop_at) break;
-      req.set_after_revision(std::max(req.after_revision(), e.revision()));
-      if (flags.output == OutputFormat::kJson) {
-        PrintJsonLine(e);
-      } else {
-        table.AddRow({absl::StrCat(e.revision()),
-                      e.type() + (e.unprotected() ? " (unprotected)" : ""), e.namespace_(),
-                      e.lock_key(), absl::StrCat(e.session_id()), e.spiffe_id(),
-                      absl::StrCat(e.token()), FormatUnixMillis(e.time_unix_ms())});
+  };
+  // The last event printed of each cluster: where following it goes on.
+  std::map<std::string, v1::AuditEvent> last_of;
+  // Prints every event `q` matches, a page at a time: each page starts after the
+  // last event of the one before, so a revision with more events than a page
+  // is printed whole and nothing twice.
+  auto drain = [&](v1::QueryAuditRequest q) -> absl::Status {
+    while (true) {
+      auto r = client->QueryAudit(q);
+      if (!r.ok()) return r.status();
+      for (const auto& e : r->events()) {
+        print(e);
+        last_of[e.cluster_id()] = e;
+      }
+      if (r->events_size() < q.limit()) return absl::OkStatus();
+      *q.mutable_after() = r->events(r->events_size() - 1);
+    }
+  };
+  if (auto s = drain(req); !s.ok()) return ReportError(s, "audit");
+  flush_table();
+  std::cout.flush();
+  if (!flags.follow) return kExitOk;
+  // Following: each etcd cluster's events are recorded in its own revision
+  // order, unrelated to another's, so each cluster is followed from its own
+  // last event. Clusters are those the server has audited (asked on every
+  // poll, so one audited later is picked up) and those already seen. A
+  // holdfastd that cannot be reached or is stopping (a restart, a rolling
+  // upgrade) is waited out, said once on stderr; any other error ends it.
+  bool retrying = false;
+  while (true) {
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+    std::set<std::string> clusters;
+    if (!flags.cluster.empty()) {
+      clusters.insert(flags.cluster);
+    } else {
+      for (const auto& [id, e] : last_of) clusters.insert(id);
+      if (auto st = client->GetAuditStatus(); st.ok()) {
+        clusters.insert(st->audited_cluster_ids().begin(), st->audited_cluster_ids().end());
       }
     }
-    if (full) continue;
-    if (flags.output != OutputFormat::kJson) flush_table();
+    absl::Status polled;
+    for (const std::string& id : clusters) {
+      v1::QueryAuditRequest q = req;
+      q.set_cluster_id(id);
+      if (auto it = last_of.find(id); it != last_of.end()) *q.mutable_after() = it->second;
+      polled = drain(q);
+      if (!polled.ok()) break;
+    }
+    if (!polled.ok()) {
+      if (!Unreachable(polled) && polled.code() != absl::StatusCode::kUnavailable) {
+        return ReportError(polled, "audit");
+      }
+      if (!retrying) {
+        flush_table();
+        PrintMessage(absl::StrCat("audit: ", polled.message(), "; retrying every second"));
+      }
+      retrying = true;
+      continue;
+    }
+    if (retrying) PrintMessage("audit: following again");
+    retrying = false;
+    flush_table();
     std::cout.flush();
-    if (!flags.follow) return kExitOk;
-    std::this_thread::sleep_for(std::chrono::seconds(1));
   }
 }
 
@@ -155,6 +211,9 @@ int RunStatus(const GlobalOptions& global, const StatusFlags& flags) {
                                  ? absl::StrCat(st->retention_ms() / 86'400'000, "d")
                                  : FormatMillis(st->retention_ms())},
                {"pruned_events", absl::StrCat(st->pruned_events())},
+               {"audited_clusters", st->audited_cluster_ids().empty()
+                                        ? std::string("-")
+                                        : absl::StrJoin(st->audited_cluster_ids(), ", ")},
                {"last_error", OrDash(st->last_error())}},
               std::cout);
   return kExitOk;
@@ -170,6 +229,7 @@ void RegisterAuditCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("--type", flags->type, "grant | release | expire | force");
   cmd->add_option("--identity", flags->identity, "only holds of this SPIFFE ID");
   cmd->add_option("--since", flags->since, "RFC 3339 time, or a duration back from now (15m)");
+  cmd->add_option("--cluster", flags->cluster, "only this etcd cluster (decimal id)");
   cmd->add_flag("--follow,-f", flags->follow, "keep printing new events");
   cmd->add_option("--limit", flags->limit, "rows per page (1..10000)")->capture_default_str();
   AddOutputOption(cmd, &flags->output);

@@ -150,6 +150,10 @@ struct Q {
     q.after_revision = v;
     return *this;
   }
+  Q& after_event(const AuditEvent& e) {
+    q.after_event = AuditEventKey{e.revision, e.ns, e.lock_key, e.session_id, e.cluster_id};
+    return *this;
+  }
   Q& limit(int v) {
     q.limit = v;
     return *this;
@@ -171,7 +175,11 @@ std::vector<AuditEvent> Reference(std::vector<AuditEvent> all, const AuditQuery&
            (!q.lock_key.empty() && e.lock_key != q.lock_key) || (q.type && e.type != *q.type) ||
            (!q.spiffe_id.empty() && e.spiffe_id != q.spiffe_id) ||
            (q.since_unix_ms != 0 && e.time_unix_ms < q.since_unix_ms) ||
-           (q.after_revision != 0 && e.revision <= q.after_revision);
+           (q.after_revision != 0 && e.revision <= q.after_revision) ||
+           (q.after_event &&
+            OrderKey(e) <= std::make_tuple(q.after_event->revision, q.after_event->ns,
+                                           q.after_event->lock_key, q.after_event->session_id,
+                                           static_cast<int64_t>(q.after_event->cluster_id)));
   });
   std::sort(all.begin(), all.end(),
             [](const AuditEvent& a, const AuditEvent& b) { return OrderKey(a) < OrderKey(b); });
@@ -642,6 +650,53 @@ TEST_P(AuditStoreContract, CursorsArePerClusterAndMoveWithEmptyBatches) {
   EXPECT_EQ(CursorOf(kClusterHigh), 5);
 }
 
+TEST_P(AuditStoreContract, ClustersListsEveryAuditedClusterInIdOrder) {
+  auto none = store_->Clusters();
+  ASSERT_TRUE(none.ok()) << none.status();
+  EXPECT_TRUE(none->empty());
+  ASSERT_TRUE(store_->Record(kClusterHigh, 5, {}, {}).ok());
+  ASSERT_TRUE(store_->Record(kClusterA, 100, {}, {}).ok());
+  ASSERT_TRUE(store_->Record(kClusterA, 120, {}, {}).ok());
+  auto both = store_->Clusters();
+  ASSERT_TRUE(both.ok()) << both.status();
+  EXPECT_EQ(*both, (std::vector<uint64_t>{kClusterA, kClusterHigh}));
+}
+
+TEST_P(AuditStoreContract, PagingByTheLastEventVisitsEveryEventOnce) {
+  // Revision 300 holds more events than a page (one lease's expiry ending many
+  // holds); a reader paging by revision alone would skip the rest of it.
+  std::vector<AuditEvent> of_a, of_high, all;
+  for (int i = 0; i < 11; ++i) {
+    of_a.push_back(Event(kClusterA, 300, "ns", "k" + std::to_string(i), 9, EventType::kExpire));
+  }
+  for (int i = 0; i < 4; ++i) {
+    of_a.push_back(Event(kClusterA, 301 + i, "ns", "k", 10 + i, EventType::kGrant));
+    of_high.push_back(
+        Event(kClusterHigh, 300, "ns", "k" + std::to_string(i), 9, EventType::kExpire));
+  }
+  ASSERT_TRUE(store_->Record(kClusterA, 400, of_a, {}).ok());
+  ASSERT_TRUE(store_->Record(kClusterHigh, 400, of_high, {}).ok());
+  all = of_a;
+  all.insert(all.end(), of_high.begin(), of_high.end());
+
+  for (std::optional<uint64_t> cluster : {std::optional<uint64_t>{}, std::optional(kClusterA)}) {
+    std::vector<AuditEvent> seen;
+    AuditQuery q = Q().limit(3);
+    q.cluster_id = cluster;
+    for (int page = 0; page < 100; ++page) {
+      auto got = store_->Query(q);
+      ASSERT_TRUE(got.ok()) << got.status();
+      if (got->empty()) break;
+      EXPECT_LE(got->size(), 3u);
+      seen.insert(seen.end(), got->begin(), got->end());
+      const AuditEvent& last = got->back();
+      q.after_event = AuditEventKey{last.revision, last.ns, last.lock_key, last.session_id,
+                                           last.cluster_id};
+    }
+    EXPECT_EQ(seen, Sorted(cluster ? of_a : all)) << (cluster ? "cluster A" : "every cluster");
+  }
+}
+
 TEST_P(AuditStoreContract, BatchIsAtomic) {
   std::vector<AuditEvent> first = {Event(kClusterA, 10, "ns", "a", 1, EventType::kGrant)};
   ASSERT_TRUE(store_->Record(kClusterA, 10, first, {}).ok());
@@ -720,6 +775,8 @@ TEST_P(AuditStoreContract, EveryQueryFilterAndTheLimit) {
       {"identity", Q().spiffe("spiffe://t/bob")},
       {"since", Q().since(all[25].time_unix_ms)},
       {"after revision", Q().after(all[17].revision)},
+      {"after an event", Q().after_event(Sorted(all)[17])},
+      {"after an event of the high cluster", Q().after_event(Sorted(all)[2])},
       {"limit", Q().limit(3)},
       {"limit 0 means 1", Q().limit(0)},
       {"negative limit means 1", Q().limit(-7)},
@@ -730,6 +787,10 @@ TEST_P(AuditStoreContract, EveryQueryFilterAndTheLimit) {
                                  .spiffe("spiffe://t/alice")
                                  .since(all[3].time_unix_ms)
                                  .after(all[3].revision)},
+      {"after an event, with filters", Q().cluster(kClusterA)
+                                           .ns("default")
+                                           .after_event(Sorted(all)[9])
+                                           .limit(4)},
   };
   for (const Case& c : cases) {
     std::vector<AuditEvent> expected = Reference(all, c.q);
@@ -746,7 +807,8 @@ TEST_P(AuditStoreContract, EveryQueryFilterAndTheLimit) {
   // Filters that match nothing.
   for (const AuditQuery& q :
        std::vector<AuditQuery>{Q().ns("nope"), Q().key("nope"), Q().spiffe("spiffe://t/nobody"),
-                               Q().cluster(42), Q().after(all.back().revision)}) {
+                               Q().cluster(42), Q().after(all.back().revision),
+                               Q().after_event(Sorted(all).back())}) {
     auto got = store_->Query(q);
     ASSERT_TRUE(got.ok()) << got.status();
     EXPECT_TRUE(got->empty());

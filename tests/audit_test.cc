@@ -193,6 +193,56 @@ TEST(AuditTest, EveryGrantReleaseAndExpiryIsRecordedExactlyOnce) {
   EXPECT_EQ(too_many.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_NE(too_many.status().message().find("out of range (1..10000)"), std::string::npos)
       << too_many.status();
+
+  // Paging one event a page, each page after the last event of the one before,
+  // visits every event once, in order, across the revisions that hold two (the
+  // hand-over, the lease expiry).
+  std::vector<std::string> all, paged;
+  auto text = [](const v1::AuditEvent& e) {
+    return absl::StrCat(e.revision(), " ", e.type(), " ", e.lock_key(), " ", e.session_id());
+  };
+  for (const auto& e : events) all.push_back(text(e));
+  v1::QueryAuditRequest page = InNamespace("default");
+  page.set_limit(1);
+  for (int i = 0; i <= expected; ++i) {
+    auto r = client->QueryAudit(page);
+    ASSERT_TRUE(r.ok()) << r.status();
+    if (r->events_size() == 0) break;
+    ASSERT_EQ(r->events_size(), 1);
+    paged.push_back(text(r->events(0)));
+    *page.mutable_after() = r->events(0);
+  }
+  EXPECT_EQ(paged, all);
+
+  // The cluster filter: every event is this cluster's, none another's.
+  v1::QueryAuditRequest by_cluster = InNamespace("default");
+  by_cluster.set_cluster_id(events[0].cluster_id());
+  auto mine = client->QueryAudit(by_cluster);
+  ASSERT_TRUE(mine.ok()) << mine.status();
+  EXPECT_EQ(mine->events_size(), expected);
+  by_cluster.set_cluster_id("42");
+  auto other = client->QueryAudit(by_cluster);
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_EQ(other->events_size(), 0);
+  auto status = client->GetAuditStatus();
+  ASSERT_TRUE(status.ok()) << status.status();
+  EXPECT_EQ(std::vector<std::string>(status->audited_cluster_ids().begin(),
+                                     status->audited_cluster_ids().end()),
+            std::vector<std::string>{events[0].cluster_id()});
+
+  // Malformed cluster ids are refused, saying which field.
+  by_cluster.set_cluster_id("x");
+  auto bad_cluster = client->QueryAudit(by_cluster);
+  EXPECT_EQ(bad_cluster.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(bad_cluster.status().message(), "cluster_id \"x\" is not a decimal etcd cluster id");
+  v1::QueryAuditRequest bad_after = InNamespace("default");
+  bad_after.mutable_after()->set_revision(1);
+  bad_after.mutable_after()->set_cluster_id("-1");
+  auto bad_page = client->QueryAudit(bad_after);
+  EXPECT_EQ(bad_page.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(bad_page.status().message().find("after.cluster_id \"-1\" is not a decimal"),
+            std::string::npos)
+      << bad_page.status();
 }
 
 TEST(AuditTest, AnotherReplicaTakesOverFromTheCursorAndCompactionNeverPassesIt) {

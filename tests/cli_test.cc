@@ -397,6 +397,25 @@ TEST_F(CliTest, AuditPrintsJsonLinesInRevisionOrder) {
   r = Run({"audit", "--ns", "default", "--key", "cli/audited", "--type", "grant", "-o", "json"});
   EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 2) << r.out;
 
+  // Paged one event at a time, the same lines.
+  r = Run({"audit", "--ns", "default", "--key", "cli/audited", "--limit", "1", "-o", "json"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(r.out, '\n', absl::SkipEmpty())), lines);
+  // Only this cluster: all of them; another cluster: none.
+  std::string cluster_id = lines[0].substr(lines[0].find("\"cluster_id\":\"") + 14);
+  cluster_id = cluster_id.substr(0, cluster_id.find('"'));
+  ASSERT_FALSE(cluster_id.empty()) << lines[0];
+  r = Run({"audit", "--ns", "default", "--key", "cli/audited", "--cluster", cluster_id, "-o",
+           "json"});
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 4) << r.out << r.err;
+  r = Run({"audit", "--ns", "default", "--key", "cli/audited", "--cluster", "42", "-o", "json"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out, "");
+  r = Run({"audit", "--cluster", "x"});
+  EXPECT_EQ(r.exit_code, 2);  // usage
+  EXPECT_NE(r.err.find("--cluster \"x\" is not a decimal etcd cluster id"), std::string::npos)
+      << r.err;
+
   r = Run({"audit", "--type", "bogus"});
   EXPECT_EQ(r.exit_code, 2);  // usage
   EXPECT_NE(r.err.find("use grant, release, expire or force"), std::string::npos) << r.err;
@@ -414,6 +433,58 @@ TEST_F(CliTest, AuditPrintsJsonLinesInRevisionOrder) {
   }
   EXPECT_EQ(status["retention"], "forever") << r.out;
   EXPECT_EQ(status["pruned_events"], "0") << r.out;
+  EXPECT_EQ(status["audited_clusters"], cluster_id) << r.out;
+}
+
+TEST_F(CliTest, AuditFollowPrintsNewEventsOnceEachAcrossPages) {
+  auto follow = CliProcess::Start(cluster_->dir(), cluster_->endpoint(),
+                                  {"audit", "--follow", "--ns", "default", "--key",
+                                   "cli/followed", "--limit", "1", "-o", "json"});
+  ASSERT_NE(follow, nullptr);
+  // A hand-over: A's release and B's grant share one revision, which a page
+  // of one event has to split.
+  auto a = client_->OpenSession("default");
+  auto b = client_->OpenSession("default");
+  ASSERT_TRUE(a.ok() && b.ok());
+  auto h = (*a)->Acquire("cli/followed");
+  ASSERT_TRUE(h.ok()) << h.status();
+  absl::StatusOr<Hold> bh = absl::UnknownError("not run");
+  std::thread waiter(
+      [&] { bh = (*b)->Acquire("cli/followed", testing::Waiting(std::chrono::seconds(30))); });
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto d = client_->Describe("default", "cli/followed");
+        return d.ok() && d->waiters_size() == 1;
+      },
+      std::chrono::seconds(30)));
+  ASSERT_TRUE(h->Release().ok());
+  waiter.join();
+  ASSERT_TRUE(bh.ok()) << bh.status();
+  ASSERT_TRUE(bh->Release().ok());
+
+  std::vector<std::string> lines;
+  WaitFor(
+      [&] {
+        lines = absl::StrSplit(follow->Output(), '\n', absl::SkipEmpty());
+        return lines.size() >= 4;
+      },
+      std::chrono::seconds(60));
+  // Long enough for more polls: nothing is printed twice.
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));
+  follow->Signal(SIGTERM);
+  CliResult r = follow->Finish();
+  lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 4u) << r.out << r.err;
+  auto has = [](const std::string& line, const std::string& type, int64_t session) {
+    return line.find("\"type\":\"" + type + "\"") != std::string::npos &&
+           line.find(absl::StrCat("\"session_id\":", session)) != std::string::npos;
+  };
+  EXPECT_TRUE(has(lines[0], "grant", (*a)->id())) << lines[0];
+  // Same revision: release of A and grant of B, in either order.
+  EXPECT_TRUE((has(lines[1], "release", (*a)->id()) && has(lines[2], "grant", (*b)->id())) ||
+              (has(lines[1], "grant", (*b)->id()) && has(lines[2], "release", (*a)->id())))
+      << lines[1] << "\n" << lines[2];
+  EXPECT_TRUE(has(lines[3], "release", (*b)->id())) << lines[3];
 }
 
 TEST_F(CliTest, EpochShowsTheRecordAndHistoryAndAdvanceChecksItsReason) {
@@ -511,6 +582,39 @@ TEST(CliReachTest, HoldfastdsOwnUnavailableComesWithoutTheHint) {
   EXPECT_NE(r.err.find("UNAVAILABLE"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("no connection to holdfastd"), std::string::npos) << r.err;
   EXPECT_EQ(r.err.find("is holdfastd running"), std::string::npos) << r.err;
+}
+
+// `audit --follow` outlives a holdfastd restart longer than the call timeout
+// (10 s): it says so once, then goes on from the last event it printed.
+TEST(CliReachTest, AuditFollowWaitsOutAHoldfastdRestart) {
+  auto cluster = TestCluster::Start();
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  ASSERT_TRUE((*cluster)->CreateNamespace("default").ok());
+  const std::string dir = (*cluster)->dir();
+  const std::string endpoint = (*cluster)->endpoint();
+  auto follow = CliProcess::Start(dir, endpoint,
+                                  {"audit", "--follow", "--key", "cli/restarted", "-o", "json"});
+  ASSERT_NE(follow, nullptr);
+  auto lock = [&] {
+    auto p = CliProcess::Start(dir, endpoint, {"lock", "default/cli/restarted", "--", "true"});
+    return p ? p->Finish().exit_code : -1;
+  };
+  auto lines = [&] {
+    std::string out = follow->Output();
+    return std::count(out.begin(), out.end(), '\n');
+  };
+  ASSERT_EQ(lock(), 0);
+  ASSERT_TRUE(WaitFor([&] { return lines() >= 2; }, seconds(60))) << follow->Output();
+  (*cluster)->holdfastd().Stop();
+  std::this_thread::sleep_for(seconds(12));
+  ASSERT_TRUE((*cluster)->holdfastd().Restart().ok());
+  ASSERT_EQ(lock(), 0);
+  EXPECT_TRUE(WaitFor([&] { return lines() >= 4; }, seconds(60))) << follow->Output();
+  follow->Signal(SIGTERM);
+  CliResult r = follow->Finish();
+  EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 4) << r.out;
+  EXPECT_NE(r.err.find("retrying every second"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("following again"), std::string::npos) << r.err;
 }
 
 // A --wait that ends because holdfastd went away is an error (1), not "held

@@ -432,6 +432,7 @@ class RecordLandsAfterTheRow final : public audit::AuditStore {
     return inner_->Record(c, r, e, f);
   }
   absl::StatusOr<std::optional<int64_t>> Cursor(uint64_t c) override { return inner_->Cursor(c); }
+  absl::StatusOr<std::vector<uint64_t>> Clusters() override { return inner_->Clusters(); }
   absl::Status RewindCursor(uint64_t c, int64_t r) override { return inner_->RewindCursor(c, r); }
   absl::StatusOr<Pruned> Prune(int64_t before, int max) override { return inner_->Prune(before, max); }
   absl::StatusOr<std::vector<audit::AuditEvent>> Query(const audit::AuditQuery& q) override {

@@ -7,6 +7,7 @@
 // is INTERNAL with the server's message.
 #include <libpq-fe.h>
 
+#include <algorithm>
 #include <memory>
 #include <string>
 #include <utility>
@@ -86,6 +87,7 @@ class PostgresStore final : public AuditStore {
                       const std::vector<AuditEvent>& events,
                       const std::vector<ForceReleaseRow>& forces) override;
   absl::StatusOr<std::optional<int64_t>> Cursor(uint64_t cluster_id) override;
+  absl::StatusOr<std::vector<uint64_t>> Clusters() override;
   absl::Status RewindCursor(uint64_t cluster_id, int64_t revision) override;
   absl::StatusOr<Pruned> Prune(int64_t before_unix_ms, int max_events) override;
   absl::StatusOr<std::vector<AuditEvent>> Query(const AuditQuery& q) override;
@@ -366,6 +368,22 @@ absl::StatusOr<std::optional<int64_t>> PostgresStore::Cursor(uint64_t cluster_id
     }
     return absl::OkStatus();
   }));
+  return out;
+}
+
+absl::StatusOr<std::vector<uint64_t>> PostgresStore::Clusters() {
+  absl::MutexLock l(&mu_);
+  std::vector<uint64_t> out;
+  HF_RETURN_IF_ERROR(RunBoundedLockHeld([&]() -> absl::Status {
+    HF_ASSIGN_OR_RETURN(Result r, ExecLockHeld("SELECT cluster_id FROM audit_cursor"));
+    out.clear();
+    for (int i = 0; i < r.rows(); ++i) {
+      HF_ASSIGN_OR_RETURN(int64_t id, r.Int(i, 0));
+      out.push_back(ClusterFromSql(id));
+    }
+    return absl::OkStatus();
+  }));
+  std::sort(out.begin(), out.end());
   return out;
 }
 

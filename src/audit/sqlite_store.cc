@@ -5,6 +5,7 @@
 // StoreOptions::lock_wait) instead of failing half way.
 #include <sqlite3.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 #include <string>
@@ -120,6 +121,7 @@ class SqliteStore final : public AuditStore {
                       const std::vector<AuditEvent>& events,
                       const std::vector<ForceReleaseRow>& forces) override;
   absl::StatusOr<std::optional<int64_t>> Cursor(uint64_t cluster_id) override;
+  absl::StatusOr<std::vector<uint64_t>> Clusters() override;
   absl::Status RewindCursor(uint64_t cluster_id, int64_t revision) override;
   absl::StatusOr<Pruned> Prune(int64_t before_unix_ms, int max_events) override;
   absl::StatusOr<std::vector<AuditEvent>> Query(const AuditQuery& q) override;
@@ -370,6 +372,19 @@ absl::Status SqliteStore::Record(uint64_t cluster_id, int64_t cursor_revision,
 absl::StatusOr<std::optional<int64_t>> SqliteStore::Cursor(uint64_t cluster_id) {
   absl::MutexLock l(&mu_);
   return CursorLockHeld(cluster_id);
+}
+
+absl::StatusOr<std::vector<uint64_t>> SqliteStore::Clusters() {
+  absl::MutexLock l(&mu_);
+  HF_ASSIGN_OR_RETURN(Statement select, PrepareLockHeld("SELECT cluster_id FROM audit_cursor"));
+  std::vector<uint64_t> out;
+  while (true) {
+    HF_ASSIGN_OR_RETURN(bool row, select.Step());
+    if (!row) break;
+    out.push_back(ClusterFromSql(select.ColumnInt(0)));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
 }
 
 absl::Status SqliteStore::RewindCursor(uint64_t cluster_id, int64_t revision) {

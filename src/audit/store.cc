@@ -202,6 +202,24 @@ BuiltQuery BuildEventQuery(const AuditQuery& q, char placeholder) {
   if (!q.spiffe_id.empty()) add("spiffe_id =", q.spiffe_id);
   if (q.since_unix_ms != 0) add("time_unix_ms >=", q.since_unix_ms);
   if (q.after_revision != 0) add("revision >", q.after_revision);
+  if (q.after_event) {
+    // A row value compares column by column, as ORDER BY below does. The plain
+    // revision bound beside it lets a store that does not seek on a row value
+    // still seek the primary key (cluster_id, revision, ...): a follower's poll
+    // reads from its place on, not the cluster's whole trail.
+    const AuditEventKey& k = *q.after_event;
+    add("revision >=", k.revision);
+    std::vector<SqlParam> values = {k.revision, k.ns, k.lock_key, k.session_id,
+                                    ClusterToSql(k.cluster_id)};
+    absl::StrAppend(&out.sql, glue, "(revision, namespace, lock_key, session_id, cluster_id) > (");
+    for (size_t i = 0; i < values.size(); ++i) {
+      out.params.push_back(std::move(values[i]));
+      absl::StrAppend(&out.sql, i == 0 ? "" : ", ", std::string(1, placeholder),
+                      out.params.size());
+    }
+    absl::StrAppend(&out.sql, ")");
+    glue = " AND ";
+  }
   // cluster_id last only makes the order total when several clusters answer.
   absl::StrAppend(&out.sql, " ORDER BY revision, namespace, lock_key, session_id, cluster_id");
   out.params.push_back(int64_t{ClampLimit(q.limit)});

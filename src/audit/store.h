@@ -87,8 +87,18 @@ struct EpochRow {
   std::string actor;   // SPIFFE ID of the admin (or "holdfastd" for automatic ones)
 };
 
+// Where an event stands in a query's order (keyset paging).
+struct AuditEventKey {
+  int64_t revision = 0;
+  std::string ns;
+  std::string lock_key;
+  int64_t session_id = 0;
+  uint64_t cluster_id = 0;
+};
+
 // Filters of a query; empty / unset fields match everything. Results come in
-// (revision, namespace, lock_key, session_id) order.
+// (revision, namespace, lock_key, session_id, cluster_id) order, strings as
+// bytes, cluster ids as signed 64-bit integers (their SQL form).
 struct AuditQuery {
   std::optional<uint64_t> cluster_id;
   std::string ns;
@@ -96,7 +106,10 @@ struct AuditQuery {
   std::optional<EventType> type;
   std::string spiffe_id;
   int64_t since_unix_ms = 0;    // time_unix_ms >= since
-  int64_t after_revision = 0;   // revision > after (for --follow paging)
+  int64_t after_revision = 0;   // revision > after
+  // Only events after this one in the order above: the last event of a page gives
+  // the next page, even inside a revision with more events than a page holds.
+  std::optional<AuditEventKey> after_event;
   int limit = 1000;             // at most this many rows (1..10000)
 };
 
@@ -119,6 +132,8 @@ class AuditStore {
   // The cluster's cursor: last revision whose events are all recorded; nullopt if
   // this cluster was never audited.
   virtual absl::StatusOr<std::optional<int64_t>> Cursor(uint64_t cluster_id) = 0;
+  // Every cluster that has a cursor (was ever audited), in ascending id order.
+  virtual absl::StatusOr<std::vector<uint64_t>> Clusters() = 0;
 
   // Moves the cluster's cursor back to `revision` (no-op if it is already at or
   // below it). Only for an etcd cluster whose revisions went backwards (restored

@@ -2,6 +2,7 @@
 
 #include <map>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "etcd/errors.h"
 #include "lock/keyspace.h"
@@ -348,6 +349,24 @@ grpc::Status AdminService::QueryAudit(grpc::ServerContext* ctx, const v1::QueryA
   q.spiffe_id = req->spiffe_id();
   q.since_unix_ms = req->since_unix_ms();
   q.after_revision = req->after_revision();
+  if (!req->cluster_id().empty()) {
+    uint64_t id = 0;
+    if (!absl::SimpleAtoi(req->cluster_id(), &id)) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "cluster_id \"", req->cluster_id(), "\" is not a decimal etcd cluster id")));
+    }
+    q.cluster_id = id;
+  }
+  if (req->has_after()) {
+    const v1::AuditEvent& a = req->after();
+    audit::AuditEventKey k{a.revision(), a.namespace_(), a.lock_key(), a.session_id(), 0};
+    if (!absl::SimpleAtoi(a.cluster_id(), &k.cluster_id)) {
+      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
+          "after.cluster_id \"", a.cluster_id(),
+          "\" is not a decimal etcd cluster id (pass the last event of the previous page)")));
+    }
+    q.after_event = std::move(k);
+  }
   if (req->limit() < 0 || req->limit() > 10000) {
     return ToGrpcStatus(absl::InvalidArgumentError(
         absl::StrCat("limit ", req->limit(), " is out of range (1..10000)")));

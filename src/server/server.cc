@@ -455,6 +455,13 @@ v1::AuditStatus Server::AuditStatus() const {
   if (audit_store_) {
     out.set_store(config_.audit_store.rfind("sqlite:", 0) == 0 ? "sqlite" : "postgresql");
     out.set_retention_ms(config_.audit_retention.count());
+    // A follower of the trail keeps its place per cluster (revisions of two
+    // clusters are unrelated); a failed read leaves the list empty and says so.
+    if (auto ids = audit_store_->Clusters(); ids.ok()) {
+      for (uint64_t id : *ids) out.add_audited_cluster_ids(absl::StrCat(id));
+    } else {
+      out.set_last_error(absl::StrCat("listing audited clusters: ", ids.status().message()));
+    }
   }
   const Cluster& control = clusters_->control();
   if (const audit::Auditor* auditor = control_auditor_.load()) {
@@ -464,7 +471,7 @@ v1::AuditStatus Server::AuditStatus() const {
     out.set_cursor(st.cursor);
     out.set_compacted_revision(st.compacted_revision);
     out.set_pruned_events(st.pruned_events);
-    out.set_last_error(st.last_error);
+    if (!st.last_error.empty()) out.set_last_error(st.last_error);
   }
   etcdserverpb::RangeRequest r;
   r.set_key(keyspace::AuditorKey());
