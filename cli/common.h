@@ -54,6 +54,9 @@ struct GlobalOptions {
 struct CommandContext {
   GlobalOptions global;
   std::function<int()> action;
+  // The arguments as given (argv[1..]), for what CLI11 does not tell: whether
+  // `--` was among them.
+  std::vector<std::string> args;
 };
 
 // Each adds one subcommand (with its own subcommands) to `app`. `ctx` must

@@ -16,6 +16,7 @@
 #include <signal.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdio>
 #include <cstdlib>
@@ -54,6 +55,9 @@ constexpr int kForwardedSignals[] = {SIGINT, SIGTERM, SIGHUP, SIGQUIT};
 struct LockFlags {
   std::string lock;
   std::vector<std::string> command;
+  // `--` was given: without it CLI11 would take CMD's own options that share
+  // a name with holdfast's (`make --wait 5`) as holdfast's, silently.
+  bool separated = false;
   std::string ttl = "15s";
   std::string wait = "0";
   std::string grace = "5s";
@@ -113,6 +117,12 @@ absl::StatusOr<LockRequest> Validate(const LockFlags& flags) {
   }
   if (flags.command.empty()) {
     return absl::InvalidArgumentError("no command given: holdfast lock NS/KEY -- CMD [ARGS...]");
+  }
+  if (!flags.separated) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "put the command after --: holdfast lock [OPTIONS] ", flags.lock, " -- ",
+        flags.command[0], " ... (without --, the command's own options could be taken "
+        "for holdfast's)"));
   }
   r.acquire.wait = *wait;
   r.acquire.shared = flags.shared;
@@ -435,6 +445,9 @@ void RegisterLockCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_option("lock", flags->lock, "NS/KEY: namespace, '/', lock key")->required();
   cmd->add_option("command", flags->command, "the command to run (after --) and its arguments")
       ->required();
+  cmd->parse_complete_callback([flags, &ctx] {
+    flags->separated = std::find(ctx.args.begin(), ctx.args.end(), "--") != ctx.args.end();
+  });
   SetAction(cmd, ctx, flags, RunLock);
 }
 

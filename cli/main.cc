@@ -68,6 +68,7 @@ int main(int argc, char** argv) {
   // started through dev::Subprocess get the default disposition back.
   ::signal(SIGPIPE, SIG_IGN);
   CommandContext ctx;
+  ctx.args.assign(argv + 1, argv + argc);
   CLI::App app("holdfast: distributed locks with fencing tokens, on etcd", "holdfast");
   BuildApp(app, ctx);
   if (int code = Parse(app, argc, argv); code >= 0) return code;

@@ -311,6 +311,16 @@ TEST_F(CliTest, BadInputIsRefusedBeforeReachingTheServer) {
   r = Run({"lock", "--ttl", "10", "default/cli/bad", "--", "touch", file});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("--ttl"), std::string::npos) << r.err;
+  // Without `--`, the command's own --wait would be taken for holdfast's.
+  r = Run({"lock", "default/cli/bad", "touch", file, "--wait", "5s"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("put the command after --: holdfast lock [OPTIONS] default/cli/bad -- "
+                       "touch ..."),
+            std::string::npos)
+      << r.err;
+  auto bad = client_->Describe("default", "cli/bad");
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_EQ(bad->holders_size(), 0);
   r = Run({"holders", "default/"});
   EXPECT_EQ(r.exit_code, 2);
   r = Run({"ns", "list", "-o", "yaml"});
