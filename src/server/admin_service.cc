@@ -17,6 +17,18 @@ grpc::Status Reply(absl::StatusOr<T> r, R* resp) {
   if (r.ok()) *resp = std::move(*r);
   return ToGrpcStatus(r.status());
 }
+
+// An etcd cluster id as the API carries it (a decimal string of the uint64);
+// `field` and `hint` go into the error.
+absl::StatusOr<uint64_t> ParseClusterId(absl::string_view field, const std::string& text,
+                                        absl::string_view hint = "") {
+  uint64_t id = 0;
+  if (!absl::SimpleAtoi(text, &id)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " \"", text, "\" is not a decimal etcd cluster id", hint));
+  }
+  return id;
+}
 }  // namespace
 
 void AdminService::Serve(RpcServer* rpc) {
@@ -350,22 +362,17 @@ grpc::Status AdminService::QueryAudit(grpc::ServerContext* ctx, const v1::QueryA
   q.since_unix_ms = req->since_unix_ms();
   q.after_revision = req->after_revision();
   if (!req->cluster_id().empty()) {
-    uint64_t id = 0;
-    if (!absl::SimpleAtoi(req->cluster_id(), &id)) {
-      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-          "cluster_id \"", req->cluster_id(), "\" is not a decimal etcd cluster id")));
-    }
-    q.cluster_id = id;
+    auto id = ParseClusterId("cluster_id", req->cluster_id());
+    if (!id.ok()) return ToGrpcStatus(id.status());
+    q.cluster_id = *id;
   }
   if (req->has_after()) {
     const v1::AuditEvent& a = req->after();
-    audit::AuditEventKey k{a.revision(), a.namespace_(), a.lock_key(), a.session_id(), 0};
-    if (!absl::SimpleAtoi(a.cluster_id(), &k.cluster_id)) {
-      return ToGrpcStatus(absl::InvalidArgumentError(absl::StrCat(
-          "after.cluster_id \"", a.cluster_id(),
-          "\" is not a decimal etcd cluster id (pass the last event of the previous page)")));
-    }
-    q.after_event = std::move(k);
+    auto id = ParseClusterId("after.cluster_id", a.cluster_id(),
+                             " (pass the last event of the previous page)");
+    if (!id.ok()) return ToGrpcStatus(id.status());
+    q.after_event = audit::AuditEventKey{a.revision(), a.namespace_(), a.lock_key(),
+                                         a.session_id(), *id};
   }
   if (req->limit() < 0 || req->limit() > 10000) {
     return ToGrpcStatus(absl::InvalidArgumentError(
