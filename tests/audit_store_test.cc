@@ -119,6 +119,11 @@ ForceReleaseRow Force(uint64_t cluster, int64_t revision, std::string request_id
   return f;
 }
 
+// Where `e` stands in a query's order: what `after_event` takes.
+AuditEventKey KeyOf(const AuditEvent& e) {
+  return AuditEventKey{e.revision, e.ns, e.lock_key, e.session_id, e.cluster_id};
+}
+
 // Builds an AuditQuery one filter at a time: Q().ns("x").key("y").
 struct Q {
   AuditQuery q;
@@ -151,7 +156,7 @@ struct Q {
     return *this;
   }
   Q& after_event(const AuditEvent& e) {
-    q.after_event = AuditEventKey{e.revision, e.ns, e.lock_key, e.session_id, e.cluster_id};
+    q.after_event = KeyOf(e);
     return *this;
   }
   Q& limit(int v) {
@@ -689,9 +694,7 @@ TEST_P(AuditStoreContract, PagingByTheLastEventVisitsEveryEventOnce) {
       if (got->empty()) break;
       EXPECT_LE(got->size(), 3u);
       seen.insert(seen.end(), got->begin(), got->end());
-      const AuditEvent& last = got->back();
-      q.after_event = AuditEventKey{last.revision, last.ns, last.lock_key, last.session_id,
-                                           last.cluster_id};
+      q.after_event = KeyOf(got->back());
     }
     EXPECT_EQ(seen, Sorted(cluster ? of_a : all)) << (cluster ? "cluster A" : "every cluster");
   }
