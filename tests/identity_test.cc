@@ -250,11 +250,15 @@ TEST_F(IdentityTest, NamespacePolicyAdmitsMembersAndAdminsOnly) {
   int64_t rev = Revision();
   auto bob = As("bob")->OpenSession("team");
   EXPECT_EQ(bob.status().code(), absl::StatusCode::kPermissionDenied) << bob.status();
-  EXPECT_NE(bob.status().message().find("is not a member of namespace \"team\""), std::string::npos);
+  EXPECT_NE(bob.status().message().find("spiffe://test.holdfast/team/bob may not use namespace "
+                                        "\"team\": it does not exist, or it does not list "
+                                        "this identity as a member"),
+            std::string::npos)
+      << bob.status();
   auto d = As("bob")->Describe("team", "k");
   EXPECT_EQ(d.status().code(), absl::StatusCode::kPermissionDenied);
   auto unknown = As("bob")->OpenSession("nope");
-  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(unknown.status().code(), absl::StatusCode::kPermissionDenied);
   // The Admin API is for admins.
   auto not_admin = As("alice")->ListNamespaces();
   EXPECT_EQ(not_admin.status().code(), absl::StatusCode::kPermissionDenied);
@@ -273,6 +277,110 @@ TEST_F(IdentityTest, NamespacePolicyAdmitsMembersAndAdminsOnly) {
 // change is asked to end them: then their leases go with their holds, the other
 // members' and the admins' sessions stay, and the removed identity's own calls
 // are refused.
+// A caller learns nothing of a namespace it may not use, not even whether it
+// exists: every call naming one is answered alike for a namespace that exists and
+// one that does not (the same code, the same message but for the name). Admins,
+// who may use every namespace, are told that one does not exist.
+TEST_F(IdentityTest, NamespacesACallerMayNotUseLookTheSameWhetherTheyExistOrNot) {
+  auto admin = cluster_->NewClient();
+  v1::CreateNamespaceRequest req;
+  req.mutable_namespace_()->set_name("team");
+  req.mutable_namespace_()->add_members("spiffe://test.holdfast/team/alice");
+  ASSERT_TRUE((*admin)->CreateNamespace(req).ok());
+  auto alice = As("alice");
+  auto session = alice->OpenSession("team");
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto hold = (*session)->Acquire("k");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  const int64_t rev = Revision();
+
+  auto channel = RawChannel("bob");
+  auto lock_stub = v1::Lock::NewStub(channel);
+  auto session_stub = v1::Session::NewStub(channel);
+  // Each call bob can make naming `ns`: its code and its message with the name
+  // taken out.
+  auto answers = [&](const std::string& ns) {
+    std::vector<std::pair<grpc::StatusCode, std::string>> out;
+    auto note = [&](const std::string& call, const grpc::Status& s) {
+      std::string msg = s.error_message();
+      const std::string quoted = "\"" + ns + "\"";
+      for (size_t at; (at = msg.find(quoted)) != std::string::npos;) msg.replace(at, quoted.size(), "NS");
+      out.emplace_back(s.error_code(), call + ": " + msg);
+    };
+    {
+      grpc::ClientContext ctx;
+      v1::OpenSessionRequest open;
+      open.set_namespace_(ns);
+      open.set_ttl_ms(10000);
+      v1::OpenSessionResponse resp;
+      note("open", session_stub->Open(&ctx, open, &resp));
+    }
+    {
+      grpc::ClientContext ctx;
+      v1::AcquireRequest acq;
+      acq.set_namespace_(ns);
+      acq.set_session_id((*session)->id() + 1);  // no such session
+      acq.set_lock_key("k");
+      v1::AcquireResponse resp;
+      note("acquire", lock_stub->Acquire(&ctx, acq, &resp));
+    }
+    {
+      // A session that does not exist: the release reads the key to say why
+      // nothing was released, and must not say more than the other calls.
+      grpc::ClientContext ctx;
+      v1::ReleaseRequest rel;
+      rel.set_namespace_(ns);
+      rel.set_session_id((*session)->id() + 1);
+      rel.set_lock_key("k");
+      rel.set_token(hold->token());
+      v1::ReleaseResponse resp;
+      note("release", lock_stub->Release(&ctx, rel, &resp));
+    }
+    {
+      grpc::ClientContext ctx;
+      v1::CheckTokenRequest check;
+      check.set_namespace_(ns);
+      check.set_lock_key("k");
+      check.set_token(hold->token());
+      v1::CheckTokenResponse resp;
+      note("check", lock_stub->CheckToken(&ctx, check, &resp));
+    }
+    {
+      grpc::ClientContext ctx;
+      v1::DescribeRequest describe;
+      describe.set_namespace_(ns);
+      describe.set_lock_key("k");
+      v1::DescribeResponse resp;
+      note("describe", lock_stub->Describe(&ctx, describe, &resp));
+    }
+    return out;
+  };
+  const auto existing = answers("team");
+  const auto missing = answers("nope");
+  ASSERT_EQ(existing.size(), 5u);
+  EXPECT_EQ(existing, missing);
+  for (const auto& [code, msg] : existing) {
+    EXPECT_EQ(code, grpc::StatusCode::PERMISSION_DENIED) << msg;
+    EXPECT_NE(msg.find("spiffe://test.holdfast/team/bob may not use namespace NS: it does not "
+                       "exist, or it does not list this identity as a member"),
+              std::string::npos)
+        << msg;
+  }
+  EXPECT_EQ(Revision(), rev);  // nothing changed
+  auto still = alice->Describe("team", "k");
+  ASSERT_TRUE(still.ok()) << still.status();
+  ASSERT_EQ(still->holders_size(), 1);
+  EXPECT_EQ(still->holders(0).token(), hold->token());
+
+  // An admin is told plainly.
+  auto told = (*admin)->OpenSession("nope");
+  EXPECT_EQ(told.status().code(), absl::StatusCode::kNotFound) << told.status();
+  EXPECT_NE(told.status().message().find("namespace \"nope\" does not exist"), std::string::npos)
+      << told.status();
+  auto described = (*admin)->Describe("nope", "k");
+  EXPECT_EQ(described.status().code(), absl::StatusCode::kNotFound) << described.status();
+}
+
 TEST_F(IdentityTest, RemovingAMemberEndsItsSessionsOnlyWhenAskedTo) {
   auto admin = std::move(*cluster_->NewClient());
   v1::CreateNamespaceRequest create;

@@ -411,7 +411,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       if (h.lease == req_.session_id() && own_session) own_hold = &h;
     }
     if (!snap.namespace_exists) {
-      return Fail(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
+      return Fail(NoSuchNamespace(caller_, ns));
     }
     NoteLabels(ns, "");
     if (auto s = CheckMember(caller_, ns, snap.ns_record.members()); !s.ok()) {

@@ -66,6 +66,13 @@ void ReportRenewal(EngineObserver& observer, std::string_view ns,
   observer.OnRenewed(end);
 }
 
+// One answer for "not a member" and "no such namespace", so that a caller learns
+// nothing of namespaces it may not use, not even whether they exist.
+absl::Status NotUsable(const Caller& caller, const std::string& ns) {
+  return absl::PermissionDeniedError(
+      absl::StrCat(caller.identity, " may not use namespace \"", ns,
+                   "\": it does not exist, or it does not list this identity as a member"));
+}
 }  // namespace
 
 absl::Status CheckMember(const Caller& caller, const std::string& ns,
@@ -74,8 +81,12 @@ absl::Status CheckMember(const Caller& caller, const std::string& ns,
   for (const auto& pattern : members) {
     if (spiffe::Matches(caller.identity, pattern)) return absl::OkStatus();
   }
-  return absl::PermissionDeniedError(absl::StrCat(
-      caller.identity, " is not a member of namespace \"", ns, "\""));
+  return NotUsable(caller, ns);
+}
+
+absl::Status NoSuchNamespace(const Caller& caller, const std::string& ns) {
+  if (!caller.admin) return NotUsable(caller, ns);
+  return absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist"));
 }
 
 namespace {
@@ -184,9 +195,7 @@ void Engine::OpenSessionAttempt(const Caller& caller, const v1::OpenSessionReque
                                                done](absl::StatusOr<pb::TxnResponse> r) {
     if (!r.ok()) return done(r.status());
     const auto& ns_range = r->responses(0).response_range();
-    if (ns_range.kvs_size() == 0) {
-      return done(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
-    }
+    if (ns_range.kvs_size() == 0) return done(NoSuchNamespace(caller, ns));
     records::NamespaceRecord rec;
     if (!rec.ParseFromString(ns_range.kvs(0).value())) {
       return done(absl::DataLossError("corrupt namespace record in etcd"));
@@ -291,7 +300,7 @@ void Engine::CommitSession(const SessionOpen& open, int64_t lease, int attempts_
         const auto& now = t->responses(0).response_range();
         if (now.kvs_size() == 0) {
           RevokeQuietly(lease);
-          return done(absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist")));
+          return done(NoSuchNamespace(open.caller, ns));
         }
         if (now.kvs(0).mod_revision() != open.ns_mod_revision) {
           // Its quota, policy or home changed: start again from the new record.
@@ -517,15 +526,15 @@ void Engine::Release(const Caller& caller, const v1::ReleaseRequest& req, Deadli
   // Only the session's owner may release its holds.
   if (auto known = CheckKnownSession(caller, req.namespace_(), req.session_id())) {
     if (!known->ok()) return done(*known);
-    return ReleaseAttempt(req, d, /*attempts_left=*/5, std::move(done));
+    return ReleaseAttempt(caller, req, d, /*attempts_left=*/5, std::move(done));
   }
   VerifySession(caller, req.namespace_(), req.session_id(), d,
-                [this, req, d, done](absl::StatusOr<bool> ok) {
+                [this, caller, req, d, done](absl::StatusOr<bool> ok) {
                   if (!ok.ok() && ok.status().code() != absl::StatusCode::kNotFound) {
                     return done(ok.status());
                   }
                   // A session that is gone holds nothing: the release explains.
-                  ReleaseAttempt(req, d, /*attempts_left=*/5, done);
+                  ReleaseAttempt(caller, req, d, /*attempts_left=*/5, done);
                 });
 }
 
@@ -544,12 +553,14 @@ void Engine::Release(const Caller& caller, const v1::ReleaseRequest& req, Deadli
 // A release planned on a view never removes dead waiters (their records may be
 // stale there) and hands the key only to waiters the view's read saw, so it grants
 // exactly what the same plan on a fresh read would.
-void Engine::ReleaseAttempt(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
-                            Done<v1::ReleaseResponse> done) {
+void Engine::ReleaseAttempt(const Caller& caller, const v1::ReleaseRequest& req, Deadline d,
+                            int attempts_left, Done<v1::ReleaseResponse> done) {
   ReleasePlan plan;
   plan.now_ms = NowUnixMs();
-  if (PlanOnViews(req, &plan)) return ReleaseTxn(req, d, attempts_left, std::move(plan), done);
-  ReleaseTxn(req, d, attempts_left, std::nullopt, std::move(done));
+  if (PlanOnViews(req, &plan)) {
+    return ReleaseTxn(caller, req, d, attempts_left, std::move(plan), done);
+  }
+  ReleaseTxn(caller, req, d, attempts_left, std::nullopt, std::move(done));
 }
 
 bool Engine::PlanOnViews(const v1::ReleaseRequest& req, ReleasePlan* plan) {
@@ -596,7 +607,8 @@ bool Engine::PlanOnViews(const v1::ReleaseRequest& req, ReleasePlan* plan) {
   return true;
 }
 
-void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
+void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Deadline d,
+                        int attempts_left,
                         std::optional<ReleasePlan> plan, Done<v1::ReleaseResponse> done) {
   const std::string ns = req.namespace_(), key = req.lock_key();
   const int64_t session = req.session_id(), tok = req.token();
@@ -669,7 +681,8 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
                    std::move(planned.holds), std::move(planned.waiters)};
   }
   commits_.Txn({ns, key, session, /*release=*/true}, std::move(txn), EtcdDeadline(d),
-             [this, req, d, attempts_left, ns, key, session, tok, handed = std::move(handed),
+             [this, caller, req, d, attempts_left, ns, key, session, tok,
+              handed = std::move(handed),
               handover = std::move(handover), base = std::move(base),
               done](absl::StatusOr<pb::TxnResponse> t) {
                if (!t.ok()) return done(t.status());
@@ -699,29 +712,34 @@ void Engine::ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_
                if (!snap.ok()) return done(snap.status());
                epochs_.Observe(snap->epoch);
                views_.ObserveKey(ns, key, *snap);
-               if (!snap->namespace_exists) {
-                 return done(absl::NotFoundError(
-                     absl::StrCat("namespace \"", ns, "\" does not exist")));
-               }
+               if (!snap->namespace_exists) return done(NoSuchNamespace(caller, ns));
+               std::optional<int64_t> current_token;  // the session's hold of the key
                for (const auto& h : snap->holds) {
                  if (h.lease != session) continue;
                  auto current = token::Make(h.record.epoch(), h.create_revision);
-                 int64_t current_token = current.ok() ? *current : 0;
-                 if (current_token == tok) {
-                   // Still ours: waiters are queued, or the views, the epoch cache
-                   // or the queue changed under us. Decide on this snapshot.
-                   if (attempts_left <= 1) {
-                     return done(absl::AbortedError(absl::StrCat(
-                         "release of \"", key, "\" kept racing with the queue; try again")));
-                   }
-                   ReleasePlan next;
-                   next.snap = std::move(*snap);
-                   next.now_ms = NowUnixMs();
-                   return ReleaseTxn(req, d, attempts_left - 1, std::move(next), done);
+                 current_token = current.ok() ? *current : 0;
+               }
+               if (current_token == tok) {
+                 // Still ours: waiters are queued, or the views, the epoch cache or
+                 // the queue changed under us. Decide on this snapshot.
+                 if (attempts_left <= 1) {
+                   return done(absl::AbortedError(absl::StrCat(
+                       "release of \"", key, "\" kept racing with the queue; try again")));
                  }
+                 ReleasePlan next;
+                 next.snap = std::move(*snap);
+                 next.now_ms = NowUnixMs();
+                 return ReleaseTxn(caller, req, d, attempts_left - 1, std::move(next), done);
+               }
+               // Why nothing was released is told to members only (the session may
+               // be gone: then nothing showed the caller to be one).
+               if (auto s = CheckMember(caller, ns, snap->ns_record.members()); !s.ok()) {
+                 return done(s);
+               }
+               if (current_token) {
                  return done(absl::FailedPreconditionError(absl::StrCat(
                      "stale token ", tok, ": the current hold of \"", key, "\" by session ",
-                     session, " has token ", current_token, "; nothing released")));
+                     session, " has token ", *current_token, "; nothing released")));
                }
                done(absl::FailedPreconditionError(
                    absl::StrCat("stale token ", tok, ": session ", session,
@@ -809,18 +827,20 @@ Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::s
 
 namespace {
 // Reads every hold of a key (and the namespace and epoch) at one revision.
-void ReadHolds(Engine* engine, const std::string& ns, const std::string& key, Deadline d,
-               Done<KeySnapshot> done) {
+// Refused (and told nothing of the namespace) unless `caller` may use it.
+void ReadHolds(Engine* engine, const Caller& caller, const std::string& ns,
+               const std::string& key, Deadline d, Done<KeySnapshot> done) {
   pb::TxnRequest txn;
   AddSnapshotReads(ns, /*session=*/0, key, txn.mutable_success());
   engine->etcd().Txn(std::move(txn), engine->EtcdDeadline(d),
-                     [ns, done](absl::StatusOr<pb::TxnResponse> t) {
+                     [caller, ns, done](absl::StatusOr<pb::TxnResponse> t) {
                        if (!t.ok()) return done(t.status());
                        auto snap = ParseSnapshot(t->header(), t->responses());
                        if (!snap.ok()) return done(snap.status());
-                       if (!snap->namespace_exists) {
-                         return done(absl::NotFoundError(
-                             absl::StrCat("namespace \"", ns, "\" does not exist")));
+                       if (!snap->namespace_exists) return done(NoSuchNamespace(caller, ns));
+                       if (auto s = CheckMember(caller, ns, snap->ns_record.members());
+                           !s.ok()) {
+                         return done(s);
                        }
                        done(std::move(*snap));
                      });
@@ -831,13 +851,9 @@ void Engine::CheckToken(const Caller& caller, const v1::CheckTokenRequest& req, 
                         Done<v1::CheckTokenResponse> done) {
   if (auto s = keyspace::ValidateNamespaceName(req.namespace_()); !s.ok()) return done(s);
   if (auto s = keyspace::ValidateLockKey(req.lock_key()); !s.ok()) return done(s);
-  ReadHolds(this, req.namespace_(), req.lock_key(), d,
-            [caller, ns = req.namespace_(), tok = req.token(), key = req.lock_key(),
-             done](absl::StatusOr<KeySnapshot> snap) {
+  ReadHolds(this, caller, req.namespace_(), req.lock_key(), d,
+            [tok = req.token(), key = req.lock_key(), done](absl::StatusOr<KeySnapshot> snap) {
               if (!snap.ok()) return done(snap.status());
-              if (auto s = CheckMember(caller, ns, snap->ns_record.members()); !s.ok()) {
-                return done(s);
-              }
               v1::CheckTokenResponse out;
               for (const auto& h : snap->holds) {
                 int64_t t = MakeHoldInfo(key, h).token();
@@ -852,13 +868,9 @@ void Engine::Describe(const Caller& caller, const v1::DescribeRequest& req, Dead
                       Done<v1::DescribeResponse> done) {
   if (auto s = keyspace::ValidateNamespaceName(req.namespace_()); !s.ok()) return done(s);
   if (auto s = keyspace::ValidateLockKey(req.lock_key()); !s.ok()) return done(s);
-  ReadHolds(this, req.namespace_(), req.lock_key(), d,
-            [caller, ns = req.namespace_(), key = req.lock_key(),
-             done](absl::StatusOr<KeySnapshot> snap) {
+  ReadHolds(this, caller, req.namespace_(), req.lock_key(), d,
+            [key = req.lock_key(), done](absl::StatusOr<KeySnapshot> snap) {
               if (!snap.ok()) return done(snap.status());
-              if (auto s = CheckMember(caller, ns, snap->ns_record.members()); !s.ok()) {
-                return done(s);
-              }
               v1::DescribeResponse out;
               for (const auto& h : snap->holds) {
                 *out.add_holders() = MakeHoldInfo(key, h, snap->classes);

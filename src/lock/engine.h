@@ -45,6 +45,10 @@ struct Caller {
 // are `members` (empty: every authenticated caller).
 absl::Status CheckMember(const Caller& caller, const std::string& ns,
                          const google::protobuf::RepeatedPtrField<std::string>& members);
+// What a caller is told of a namespace that does not exist: an admin, NOT_FOUND;
+// anyone else, the very PERMISSION_DENIED that CheckMember gives a non-member, so
+// that namespace names cannot be probed (ARCHITECTURE.md, "Identity").
+absl::Status NoSuchNamespace(const Caller& caller, const std::string& ns);
 
 struct EngineOptions {
   // Upper bound of one etcd round trip.
@@ -202,13 +206,15 @@ class Engine {
     int64_t classes_revision = 0;
     KeyView key;  // planned on the views: the view's revisions (its lists are in `snap`)
   };
-  void ReleaseAttempt(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
-                      Done<v1::ReleaseResponse> done);
+  // `caller` decides only what a failed release may tell (CheckMember).
+  void ReleaseAttempt(const Caller& caller, const v1::ReleaseRequest& req, Deadline d,
+                      int attempts_left, Done<v1::ReleaseResponse> done);
   // A plan on the views when they show the caller's hold and waiters to hand the
   // key to (and nothing that only a fresh read may decide).
   bool PlanOnViews(const v1::ReleaseRequest& req, ReleasePlan* plan);
-  void ReleaseTxn(const v1::ReleaseRequest& req, Deadline d, int attempts_left,
-                  std::optional<ReleasePlan> plan, Done<v1::ReleaseResponse> done);
+  void ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Deadline d,
+                  int attempts_left, std::optional<ReleasePlan> plan,
+                  Done<v1::ReleaseResponse> done);
 
   // OK, or UNAVAILABLE while etcd has no quorum (no new grants then).
   absl::Status EtcdStatus() const;
