@@ -200,6 +200,10 @@ int RunStatus(const GlobalOptions& global, const StatusFlags& flags) {
   }
   PrintFields({{"enabled", st->enabled() ? "yes" : "no (audit.store: none)"},
                {"store", OrDash(st->store())},
+               {"durability", st->store_durability_raised_from().empty()
+                                  ? OrDash(st->store_durability())
+                                  : absl::StrCat(st->store_durability(), " (raised by holdfastd from ",
+                                                 st->store_durability_raised_from(), ")")},
                {"auditor", OrDash(st->leader())},
                {"cluster_id", OrDash(st->cluster_id())},
                {"cursor", st->this_replica_leads() ? absl::StrCat(st->cursor()) : "- (another replica leads)"},

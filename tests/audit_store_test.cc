@@ -371,6 +371,41 @@ class AuditStoreContract : public testing::TestWithParam<Backend> {
 INSTANTIATE_TEST_SUITE_P(Backends, AuditStoreContract,
                          testing::Values(Backend::kSqlite, Backend::kPostgres), BackendTestName);
 
+// Each backend says what its commits wait for, read from the database. SQLite runs
+// with synchronous=FULL. PostgreSQL's `off` (this test server's own setting, for
+// speed) is raised to `on` in each of the store's transactions; any other setting is
+// left as configured.
+TEST_P(AuditStoreContract, CommitsWaitForTheDiskWhateverTheServersDefault) {
+  auto d = store_->CommitDurability();
+  ASSERT_TRUE(d.ok()) << d.status();
+  std::vector<AuditEvent> batch = {Event(kClusterA, 10, "ns", "k", 1, EventType::kGrant)};
+  ASSERT_TRUE(store_->Record(kClusterA, 10, batch, {}).ok());
+  EXPECT_EQ(All().size(), 1u);
+  if (GetParam() == Backend::kSqlite) {
+    EXPECT_EQ(d->setting, "synchronous=FULL");
+    EXPECT_EQ(d->raised_from, "");
+    return;
+  }
+  // What a connection of its own gets from this server.
+  EXPECT_EQ(Scalar("SELECT COUNT(*) FROM pg_settings WHERE name = 'synchronous_commit' "
+                   "AND setting = 'off'"),
+            1);
+  EXPECT_EQ(d->setting, "synchronous_commit=on");
+  EXPECT_EQ(d->raised_from, "synchronous_commit=off");
+  for (const std::string kept : {"on", "local", "remote_write", "remote_apply"}) {
+    auto other = OpenPostgresStore(
+        absl::StrCat(location_, " options='-c synchronous_commit=", kept, "'"));
+    ASSERT_TRUE(other.ok()) << other.status();
+    auto k = (*other)->CommitDurability();
+    ASSERT_TRUE(k.ok()) << k.status();
+    EXPECT_EQ(k->setting, "synchronous_commit=" + kept);
+    EXPECT_EQ(k->raised_from, "");
+    batch = {Event(kClusterA, 10, "ns", kept, 1, EventType::kGrant)};
+    ASSERT_TRUE((*other)->Record(kClusterA, 10, batch, {}).ok());
+  }
+  EXPECT_EQ(All().size(), 5u);
+}
+
 TEST_P(AuditStoreContract, MigrationsAppliedOnOpenAndReopeningIsANoOp) {
   auto version = store_->SchemaVersion();
   ASSERT_TRUE(version.ok()) << version.status();

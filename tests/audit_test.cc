@@ -229,6 +229,8 @@ TEST(AuditTest, EveryGrantReleaseAndExpiryIsRecordedExactlyOnce) {
   EXPECT_EQ(std::vector<std::string>(status->audited_cluster_ids().begin(),
                                      status->audited_cluster_ids().end()),
             std::vector<std::string>{events[0].cluster_id()});
+  EXPECT_EQ(status->store_durability(), "synchronous=FULL");  // the SQLite store
+  EXPECT_EQ(status->store_durability_raised_from(), "");
 
   // Malformed cluster ids are refused, saying which field.
   by_cluster.set_cluster_id("x");

@@ -443,6 +443,8 @@ TEST_F(CliTest, AuditPrintsJsonLinesInRevisionOrder) {
   }
   EXPECT_EQ(status["retention"], "forever") << r.out;
   EXPECT_EQ(status["pruned_events"], "0") << r.out;
+  EXPECT_EQ(status["store"], "sqlite") << r.out;
+  EXPECT_EQ(status["durability"], "synchronous=FULL") << r.out;
   EXPECT_EQ(status["audited_clusters"], cluster_id) << r.out;
 }
 

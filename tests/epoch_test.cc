@@ -444,6 +444,7 @@ class RecordLandsAfterTheRow final : public audit::AuditStore {
   absl::StatusOr<int32_t> MaxEpoch() override { return inner_->MaxEpoch(); }
   absl::StatusOr<std::vector<audit::EpochRow>> Epochs() override { return inner_->Epochs(); }
   absl::StatusOr<int> SchemaVersion() override { return inner_->SchemaVersion(); }
+  absl::StatusOr<Durability> CommitDurability() override { return inner_->CommitDurability(); }
 
  private:
   audit::AuditStore* const inner_;

@@ -903,6 +903,16 @@ TEST_F(PostgresStoreTest, AStoreThatIsDownShowsItsBacklog) {
   CyclesWhileTheStoreIsDown(15, nullptr);
 }
 
+// The test server runs with synchronous_commit = off; holdfastd's own
+// transactions run with on, and the status says so.
+TEST_F(PostgresStoreTest, TheStatusSaysWhatTheTrailsCommitsWaitFor) {
+  auto st = client_->GetAuditStatus();
+  ASSERT_TRUE(st.ok()) << st.status();
+  EXPECT_EQ(st->store(), "postgresql");
+  EXPECT_EQ(st->store_durability(), "synchronous_commit=on");
+  EXPECT_EQ(st->store_durability_raised_from(), "synchronous_commit=off");
+}
+
 // holdfastd does not hold an unbounded backlog in memory while the store is down:
 // at audit.max_buffered_events its watch ends, the lag goes on growing from the
 // revisions its etcd client sees, and all is recorded once the store is back.

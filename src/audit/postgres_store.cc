@@ -96,11 +96,17 @@ class PostgresStore final : public AuditStore {
   absl::StatusOr<int32_t> MaxEpoch() override;
   absl::StatusOr<std::vector<EpochRow>> Epochs() override;
   absl::StatusOr<int> SchemaVersion() override;
+  absl::StatusOr<Durability> CommitDurability() override;
 
  private:
+  // Each bounded transaction also raises synchronous_commit from off (its
+  // default for this session: the server's, database's or role's) to on, for
+  // itself only (set_config's is_local), in the same round trip as the BEGIN.
   PostgresStore(PGconn* conn, const StoreOptions& options)
-      : begin_bounded_(absl::StrCat("BEGIN; SET LOCAL lock_timeout = ",
-                                    options.lock_wait.count())),
+      : begin_bounded_(absl::StrCat(
+            "BEGIN; SET LOCAL lock_timeout = ", options.lock_wait.count(),
+            "; SELECT set_config('synchronous_commit', 'on', true) "
+            "WHERE current_setting('synchronous_commit') = 'off'")),
         conn_(conn) {}
 
   // The canonical code for a failed call (see the file comment).
@@ -134,7 +140,8 @@ class PostgresStore final : public AuditStore {
   absl::Status MigrateLockHeld() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex mu_;
-  const std::string begin_bounded_;  // BEGIN and the transaction's lock_timeout
+  // BEGIN, the transaction's lock_timeout and synchronous_commit
+  const std::string begin_bounded_;
   PGconn* const conn_ ABSL_PT_GUARDED_BY(mu_);
 };
 
@@ -572,6 +579,26 @@ absl::StatusOr<int> PostgresStore::SchemaVersion() {
                         ExecLockHeld("SELECT COALESCE(MAX(version), 0) FROM schema_migrations"));
     HF_ASSIGN_OR_RETURN(int64_t v, r.Int(0, 0));
     out = static_cast<int>(v);
+    return absl::OkStatus();
+  }));
+  return out;
+}
+
+absl::StatusOr<AuditStore::Durability> PostgresStore::CommitDurability() {
+  absl::MutexLock l(&mu_);
+  Durability out;
+  HF_RETURN_IF_ERROR(RunBoundedLockHeld([&]() -> absl::Status {
+    // Inside the transaction: `setting` is what it runs with, `reset_val` what
+    // the session would have had without the BEGIN's raise.
+    HF_ASSIGN_OR_RETURN(Result r, ExecLockHeld("SELECT setting, reset_val FROM pg_settings "
+                                               "WHERE name = 'synchronous_commit'"));
+    if (PQntuples(r.get()) != 1) {
+      return absl::InternalError("postgres audit store: no synchronous_commit in pg_settings");
+    }
+    const std::string setting = PQgetvalue(r.get(), 0, 0);
+    const std::string base = PQgetvalue(r.get(), 0, 1);
+    out.setting = absl::StrCat("synchronous_commit=", setting);
+    if (base != setting) out.raised_from = absl::StrCat("synchronous_commit=", base);
     return absl::OkStatus();
   }));
   return out;

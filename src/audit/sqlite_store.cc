@@ -130,6 +130,7 @@ class SqliteStore final : public AuditStore {
   absl::StatusOr<int32_t> MaxEpoch() override;
   absl::StatusOr<std::vector<EpochRow>> Epochs() override;
   absl::StatusOr<int> SchemaVersion() override;
+  absl::StatusOr<Durability> CommitDurability() override;
 
  private:
   explicit SqliteStore(sqlite3* db) : db_(db) {}
@@ -550,6 +551,19 @@ absl::StatusOr<int> SqliteStore::SchemaVersion() {
   HF_ASSIGN_OR_RETURN(bool row, select.Step());
   if (!row) return absl::InternalError("sqlite audit store: MAX(version) returned no row");
   return static_cast<int>(select.ColumnInt(0));
+}
+
+absl::StatusOr<AuditStore::Durability> SqliteStore::CommitDurability() {
+  absl::MutexLock l(&mu_);
+  HF_ASSIGN_OR_RETURN(Statement pragma, PrepareLockHeld("PRAGMA synchronous"));
+  HF_ASSIGN_OR_RETURN(bool row, pragma.Step());
+  if (!row) return absl::InternalError("sqlite audit store: PRAGMA synchronous returned no row");
+  static constexpr const char* kNames[] = {"OFF", "NORMAL", "FULL", "EXTRA"};
+  const int64_t level = pragma.ColumnInt(0);
+  Durability out;
+  out.setting = absl::StrCat("synchronous=", level >= 0 && level < 4 ? kNames[level]
+                                                                    : absl::StrCat(level));
+  return out;
 }
 
 }  // namespace

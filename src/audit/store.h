@@ -175,6 +175,18 @@ class AuditStore {
 
   // The schema version this store is at (the highest migration applied).
   virtual absl::StatusOr<int> SchemaVersion() = 0;
+
+  // What a commit of this store waits for before it counts as done, read from the
+  // database: SQLite's `synchronous` (FULL: flushed to disk), or the
+  // `synchronous_commit` PostgreSQL runs this store's transactions with. Each
+  // transaction raises `off` (the role's, the database's or the server's setting)
+  // to `on`, so a crash of PostgreSQL cannot lose events holdfastd saw committed;
+  // any other setting (local, remote_write, remote_apply) is left as configured.
+  struct Durability {
+    std::string setting;  // "synchronous=FULL", "synchronous_commit=on", ...
+    std::string raised_from;  // the setting it would have had, when raised; else ""
+  };
+  virtual absl::StatusOr<Durability> CommitDurability() = 0;
 };
 
 struct StoreOptions {

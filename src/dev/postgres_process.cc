@@ -174,6 +174,8 @@ absl::Status PostgresProcess::Launch() {
   so.argv = AsServerUser({options_.bin_dir + "/postgres", "-D", dir_ + "/data", "-k",
                           dir_ + "/sock", "-h", "127.0.0.1", "-p", absl::StrCat(options_.port),
                           // Test data is thrown away: durability buys nothing here.
+                          // (holdfastd raises synchronous_commit to on in its own
+                          // transactions; with fsync off that costs nothing.)
                           "-c", "fsync=off", "-c", "synchronous_commit=off", "-c",
                           "full_page_writes=off", "-c", "shared_buffers=16MB", "-c",
                           "max_connections=50", "-c", "logging_collector=off"});

@@ -142,6 +142,13 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
                           absl::StrCat("audit store: ", store.status().message()));
     }
     audit_store_ = std::move(*store);
+    if (auto d = audit_store_->CommitDurability(); d.ok() && !d->raised_from.empty()) {
+      std::fprintf(stderr,
+                   "holdfastd: WARNING: the audit store's %s would let a crash of PostgreSQL "
+                   "lose events holdfastd saw committed; holdfastd runs its transactions with "
+                   "%s.\n",
+                   d->raised_from.c_str(), d->setting.c_str());
+    }
   } else {
     std::fprintf(stderr,
                  "holdfastd: WARNING: audit.store is \"none\": grants, releases and forces are "
@@ -461,6 +468,12 @@ v1::AuditStatus Server::AuditStatus() const {
       for (uint64_t id : *ids) out.add_audited_cluster_ids(absl::StrCat(id));
     } else {
       out.set_last_error(absl::StrCat("listing audited clusters: ", ids.status().message()));
+    }
+    if (auto d = audit_store_->CommitDurability(); d.ok()) {
+      out.set_store_durability(d->setting);
+      out.set_store_durability_raised_from(d->raised_from);
+    } else if (out.last_error().empty()) {
+      out.set_last_error(absl::StrCat("reading the store's durability: ", d.status().message()));
     }
   }
   const Cluster& control = clusters_->control();
