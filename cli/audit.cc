@@ -153,7 +153,9 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
       clusters.insert(flags.cluster);
     } else {
       for (const auto& [id, e] : last_of) clusters.insert(id);
-      if (auto st = client->GetAuditStatus(); st.ok()) {
+      v1::GetAuditStatusRequest just_clusters;
+      just_clusters.set_clusters_only(true);
+      if (auto st = client->GetAuditStatus(just_clusters); st.ok()) {
         clusters.insert(st->audited_cluster_ids().begin(), st->audited_cluster_ids().end());
       }
     }

@@ -231,6 +231,19 @@ TEST(AuditTest, EveryGrantReleaseAndExpiryIsRecordedExactlyOnce) {
             std::vector<std::string>{events[0].cluster_id()});
   EXPECT_EQ(status->store_durability(), "synchronous=FULL");  // the SQLite store
   EXPECT_EQ(status->store_durability_raised_from(), "");
+  EXPECT_GT(status->etcd_revision(), 0);
+  // What `holdfast audit --follow` asks on every poll: the clusters alone.
+  v1::GetAuditStatusRequest just_clusters;
+  just_clusters.set_clusters_only(true);
+  auto clusters = client->GetAuditStatus(just_clusters);
+  ASSERT_TRUE(clusters.ok()) << clusters.status();
+  EXPECT_TRUE(clusters->enabled());
+  EXPECT_EQ(clusters->store(), "sqlite");
+  EXPECT_EQ(std::vector<std::string>(clusters->audited_cluster_ids().begin(),
+                                     clusters->audited_cluster_ids().end()),
+            std::vector<std::string>{events[0].cluster_id()});
+  EXPECT_EQ(clusters->etcd_revision(), 0);  // no etcd call
+  EXPECT_EQ(clusters->store_durability(), "");
 
   // Malformed cluster ids are refused, saying which field.
   by_cluster.set_cluster_id("x");

@@ -265,7 +265,7 @@ class Client {
 
   // --- Audit and force-release (admin) ---
   absl::StatusOr<v1::QueryAuditResponse> QueryAudit(const v1::QueryAuditRequest& req);
-  absl::StatusOr<v1::AuditStatus> GetAuditStatus();
+  absl::StatusOr<v1::AuditStatus> GetAuditStatus(const v1::GetAuditStatusRequest& req = {});
   absl::StatusOr<v1::ForceRequest> RequestForceRelease(const v1::RequestForceReleaseRequest& req);
   absl::StatusOr<v1::ApproveForceReleaseResponse> ApproveForceRelease(
       const v1::ApproveForceReleaseRequest& req);

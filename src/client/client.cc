@@ -911,9 +911,9 @@ absl::StatusOr<v1::QueryAuditResponse> Client::QueryAudit(const v1::QueryAuditRe
   return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::QueryAudit, req);
 }
 
-absl::StatusOr<v1::AuditStatus> Client::GetAuditStatus() {
+absl::StatusOr<v1::AuditStatus> Client::GetAuditStatus(const v1::GetAuditStatusRequest& req) {
   return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::GetAuditStatus,
-              v1::GetAuditStatusRequest());
+              req);
 }
 
 absl::StatusOr<v1::ForceRequest> Client::RequestForceRelease(

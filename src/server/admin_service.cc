@@ -409,7 +409,7 @@ grpc::Status AdminService::GetAuditStatus(grpc::ServerContext* ctx,
                                           const v1::GetAuditStatusRequest* req,
                                           v1::AuditStatus* resp) {
   HF_ADMIN_ONLY(ctx);
-  if (audit_status_) *resp = audit_status_();
+  if (audit_status_) *resp = audit_status_(*req);
   return grpc::Status::OK;
 }
 

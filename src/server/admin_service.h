@@ -55,7 +55,8 @@ class AdminService {
 
   // The audit store (null: audit off) and the auditor's status. Set once,
   // before serving.
-  void SetAudit(audit::AuditStore* store, std::function<v1::AuditStatus()> status) {
+  void SetAudit(audit::AuditStore* store,
+                std::function<v1::AuditStatus(const v1::GetAuditStatusRequest&)> status) {
     audit_store_ = store;
     audit_status_ = std::move(status);
   }
@@ -106,7 +107,7 @@ class AdminService {
   ClusterSet* const clusters_;
   const Authenticator* const auth_;
   audit::AuditStore* audit_store_ = nullptr;
-  std::function<v1::AuditStatus()> audit_status_;
+  std::function<v1::AuditStatus(const v1::GetAuditStatusRequest&)> audit_status_;
   std::function<std::string(const std::string&)> restore_reason_;
   std::function<void()> on_advanced_;
   Rehomer* rehomer_ = nullptr;

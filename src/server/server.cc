@@ -202,7 +202,9 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   session_service_ = std::make_unique<SessionService>(clusters_.get(), auth_.get());
   lock_service_ = std::make_unique<LockService>(clusters_.get(), auth_.get());
   admin_service_ = std::make_unique<AdminService>(clusters_.get(), auth_.get());
-  admin_service_->SetAudit(audit_store_.get(), [this] { return AuditStatus(); });
+  admin_service_->SetAudit(audit_store_.get(), [this](const v1::GetAuditStatusRequest& req) {
+    return AuditStatus(req);
+  });
   admin_service_->SetEpochs([this](const std::string& cluster) { return RestoreReason(cluster); },
                             [this] { GuardEpochsOnce(); });
   Rehomer::Options rh;
@@ -456,7 +458,7 @@ std::shared_ptr<grpc::ServerCredentials> Server::Credentials() const {
   return grpc::experimental::TlsServerCredentials(options);
 }
 
-v1::AuditStatus Server::AuditStatus() const {
+v1::AuditStatus Server::AuditStatus(const v1::GetAuditStatusRequest& req) const {
   v1::AuditStatus out;
   out.set_enabled(audit_store_ != nullptr);
   if (audit_store_) {
@@ -469,6 +471,7 @@ v1::AuditStatus Server::AuditStatus() const {
     } else {
       out.set_last_error(absl::StrCat("listing audited clusters: ", ids.status().message()));
     }
+    if (req.clusters_only()) return out;
     if (auto d = audit_store_->CommitDurability(); d.ok()) {
       out.set_store_durability(d->setting);
       out.set_store_durability_raised_from(d->raised_from);

@@ -78,8 +78,9 @@ class Server {
   // Serving status of grpc.health.v1: every cluster healthy; the Lock service
   // also needs no restore pending anywhere.
   void UpdateHealth();
-  // What GetAuditStatus answers (blocks on etcd; Admin's pool only).
-  v1::AuditStatus AuditStatus() const;
+  // What GetAuditStatus answers (blocks on etcd and the store; Admin's pool only;
+  // with req.clusters_only, one store read).
+  v1::AuditStatus AuditStatus(const v1::GetAuditStatusRequest& req) const;
   // mTLS with client certificates required (or plaintext when insecure).
   std::shared_ptr<grpc::ServerCredentials> Credentials() const;
   // TLS with a client certificate to one etcd cluster (etcd --client-cert-auth).
