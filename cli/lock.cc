@@ -11,9 +11,19 @@
 // under a lock nobody renews; when holdfast is continued, CMD's group is
 // continued too, after a SIGTERM if the session's deadline passed meanwhile.
 //
+// Started in the foreground of its terminal, holdfast lends the terminal to
+// CMD's group while CMD runs, as a shell does for a job (ForegroundTerminal):
+// CMD may read it (a prompt, an editor, psql) and gets Ctrl-C and Ctrl-Z
+// itself. CMD stopped that way (or by reading the terminal once holdfast was
+// sent to the background) stops holdfast too, so the shell sees its job stop;
+// `fg` continues both and lends the terminal again.
+//
 // The main thread waits for everything (signals, CMD's exit, the session's
 // lost signal, the end of the acquire call) through one SignalWaiter.
+#include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
+#include <termios.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -74,12 +84,54 @@ struct LockRequest {
   std::vector<std::string> command;
 };
 
+// The controlling terminal, when holdfast's process group is its foreground group
+// (started from an interactive shell, not with `&`). While CMD runs, CMD's group
+// is the foreground group instead, so CMD can read the terminal and is sent the
+// terminal's signals (a background group reading it would be stopped, SIGTTIN).
+// holdfast runs with SIGTTOU blocked (SignalWaiter), so that it may write to the
+// terminal and take it back from the background without being stopped.
+class ForegroundTerminal {
+ public:
+  static std::unique_ptr<ForegroundTerminal> IfForeground() {
+    const int fd = ::open("/dev/tty", O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) return nullptr;  // no controlling terminal
+    if (::tcgetpgrp(fd) != ::getpgrp()) {
+      ::close(fd);
+      return nullptr;
+    }
+    return std::unique_ptr<ForegroundTerminal>(new ForegroundTerminal(fd));
+  }
+  ~ForegroundTerminal() { ::close(fd_); }
+  ForegroundTerminal(const ForegroundTerminal&) = delete;
+  ForegroundTerminal& operator=(const ForegroundTerminal&) = delete;
+
+  // Makes `group` the foreground group, if holdfast's group is it now (continued
+  // with `bg`, holdfast must not take the terminal from the shell).
+  void LendTo(pid_t group) {
+    if (::tcgetpgrp(fd_) == ::getpgrp()) ::tcsetpgrp(fd_, group);
+  }
+  // Makes holdfast's group the foreground group again, if `group` has it.
+  void TakeBackFrom(pid_t group) {
+    if (::tcgetpgrp(fd_) == group) ::tcsetpgrp(fd_, ::getpgrp());
+  }
+
+ private:
+  explicit ForegroundTerminal(int fd) : fd_(fd) {}
+  const int fd_;
+};
+
 // Job control: SIGTSTP (Ctrl-Z) stops holdfast as it would by default, after
 // CMD's group (SIGSTOP, which CMD cannot ignore: it must not run on while
 // nobody renews its lock). Returns once holdfast has been continued.
 void StopForJobControl(dev::Subprocess* child) {
   if (child != nullptr) child->Signal(SIGSTOP);
   ::kill(::getpid(), SIGSTOP);
+}
+
+// Whether `pid` is stopped now (not only was, since the last notice).
+bool StoppedNow(pid_t pid) {
+  auto state = dev::ReadProcState(pid);
+  return state && state->state == 'T';
 }
 
 bool IsForwarded(int sig) {
@@ -276,7 +328,8 @@ struct CommandOutcome {
 // running.) When CMD exits with the hold kept, what it left running in its group
 // is not touched: that is CMD's to manage, and it runs without the lock.
 CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const Hold& hold,
-                         const LockRequest& request, SignalWaiter& waiter) {
+                         const LockRequest& request, SignalWaiter& waiter,
+                         ForegroundTerminal* terminal) {
   using Clock = std::chrono::steady_clock;
   std::optional<Clock::time_point> kill_at;  // set once the loss is handled
   bool killed = false;
@@ -292,6 +345,23 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
                               "); stopping the command: SIGTERM, SIGKILL after ",
                               request.grace.count(), "ms"));
   };
+  // Stops CMD's group and holdfast (job control), and continues both once
+  // holdfast is continued.
+  auto stop_with_command = [&] {
+    if (terminal) terminal->TakeBackFrom(child.pid());
+    StopForJobControl(&child);
+    // Continued. Nothing renewed the session while holdfast was stopped: past
+    // its deadline the lock may be someone else's, so CMD gets its SIGTERM
+    // before it runs again (the keepalive pump may not have said so yet).
+    if (!kill_at && (hold.lost() || Clock::now() >= session.deadline())) {
+      stop_command(hold.lost() ? hold.lost_reason().ToString()
+                               : "holdfast was stopped past the session's deadline");
+    }
+    while (child.TakeStop()) {
+    }  // the stop holdfast made: not one to follow
+    if (terminal) terminal->LendTo(child.pid());
+    child.Signal(SIGCONT);
+  };
   // Exited(), not Running(): CMD is reaped only at the end, so that its pid, the
   // group's id, stays taken while the rest of its group is signalled.
   while (!child.Exited()) {
@@ -303,15 +373,13 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
     }
     auto event = waiter.Wait(timeout);
     if (event.kind == SignalWaiter::Event::Kind::kSignal && event.signal == SIGTSTP) {
-      StopForJobControl(&child);
-      // Continued. Nothing renewed the session while holdfast was stopped: past
-      // its deadline the lock may be someone else's, so CMD gets its SIGTERM
-      // before it runs again (the keepalive pump may not have said so yet).
-      if (!kill_at && (hold.lost() || Clock::now() >= session.deadline())) {
-        stop_command(hold.lost() ? hold.lost_reason().ToString()
-                                 : "holdfast was stopped past the session's deadline");
-      }
-      child.Signal(SIGCONT);
+      stop_with_command();
+    } else if (terminal && !kill_at && child.TakeStop() && StoppedNow(child.pid())) {
+      // CMD stopped on its own in a terminal: Ctrl-Z (the terminal's SIGTSTP goes
+      // to its foreground group, CMD's), or a read of it from the background.
+      // holdfast stops too, so that its shell sees the job stop and takes the
+      // terminal back; `fg` continues holdfast, which continues CMD.
+      stop_with_command();
     } else if (event.kind == SignalWaiter::Event::Kind::kSignal && IsForwarded(event.signal)) {
       child.Signal(event.signal);
       child.Signal(SIGCONT);
@@ -368,6 +436,9 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
   std::vector<int> signals(std::begin(kForwardedSignals), std::end(kForwardedSignals));
   signals.push_back(SIGCHLD);
   signals.push_back(SIGTSTP);
+  // Blocked, never waited for: holdfast writes to its terminal and takes it back
+  // from CMD (ForegroundTerminal) from the background without being stopped.
+  signals.push_back(SIGTTOU);
   auto waiter = SignalWaiter::Create(signals);
   if (!waiter.ok()) return ReportError(waiter.status());
 
@@ -417,13 +488,36 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
     ReleaseAndClose(*hold, **session, *request);
     return code;
   }
-  CommandOutcome outcome = Supervise(**child, **session, *hold, *request, **waiter);
+  // Lent to CMD at once: it may read the terminal from its first instruction (a
+  // read before this is stopped, SIGTTIN, and continued here).
+  std::unique_ptr<ForegroundTerminal> terminal = ForegroundTerminal::IfForeground();
+  if (terminal) {
+    terminal->LendTo((*child)->pid());
+    while ((*child)->TakeStop()) {
+    }  // not a stop to follow
+    (*child)->Signal(SIGCONT);
+  }
+  CommandOutcome outcome =
+      Supervise(**child, **session, *hold, *request, **waiter, terminal.get());
+  if (terminal) terminal->TakeBackFrom((*child)->pid());
   if (outcome.hold_lost) {
     // Lost mostly because holdfastd stopped answering: do not wait for it.
     (void)(*session)->Close(kCloseOnExit);
     return kExitHoldLost;
   }
   ReleaseAndClose(*hold, **session, *request);
+  if (terminal && (*child)->killed_by() == SIGINT) {
+    // Ctrl-C went to CMD alone (it had the terminal). A shell running holdfast
+    // from a script stops the script only if holdfast dies of SIGINT too
+    // (exiting 130 says "handled"), as it would have had it received the Ctrl-C.
+    std::fflush(nullptr);
+    ::signal(SIGINT, SIG_DFL);
+    sigset_t sigint;
+    sigemptyset(&sigint);
+    sigaddset(&sigint, SIGINT);
+    ::pthread_sigmask(SIG_UNBLOCK, &sigint, nullptr);
+    ::raise(SIGINT);
+  }
   return outcome.exit_code;
 }
 

@@ -1,9 +1,12 @@
 // Integration tests of the `holdfast` CLI: the built binary runs as a real
 // process against real etcd and holdfastd processes (TestCluster).
 #include <fcntl.h>
+#include <poll.h>
+#include <pty.h>
 #include <signal.h>
 #include <sys/stat.h>
 #include <sys/types.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -22,6 +25,7 @@
 #include <vector>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
@@ -805,6 +809,188 @@ TEST_F(CliTest, JobControlStopsTheCommandWithHoldfast) {
   EXPECT_EQ(r.exit_code, 74) << r.err;
   EXPECT_NE(r.err.find("lost the hold on default/cli/tstp"), std::string::npos) << r.err;
   EXPECT_TRUE(Ended(command_pid));
+  KillLeftover(command_pid);
+}
+
+// holdfast run as an interactive shell runs a job: the session leader of a
+// terminal of its own (a pty), its group the terminal's foreground group. The
+// test types into the terminal and reads what it shows.
+class TerminalProcess {
+ public:
+  static std::unique_ptr<TerminalProcess> Start(const std::string& endpoint,
+                                                const std::string& dir,
+                                                const std::vector<std::string>& args) {
+    std::vector<std::string> argv = {BinDir() + "/holdfast", "--endpoint", endpoint};
+    argv.insert(argv.end(), args.begin(), args.end());
+    std::vector<std::string> env;
+    for (char** e = environ; *e != nullptr; ++e) {
+      if (!absl::StartsWith(*e, "HOLDFAST_DEV_DIR=")) env.push_back(*e);
+    }
+    env.push_back("HOLDFAST_DEV_DIR=" + dir + "/no-dev-dir");
+    // Built before the fork: the child may only exec.
+    std::vector<char*> cargv, cenv;
+    for (auto& a : argv) cargv.push_back(a.data());
+    cargv.push_back(nullptr);
+    for (auto& e : env) cenv.push_back(e.data());
+    cenv.push_back(nullptr);
+    int master = -1;
+    const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
+    if (pid == 0) {
+      ::execve(cargv[0], cargv.data(), cenv.data());
+      ::_exit(127);
+    }
+    EXPECT_GT(pid, 0) << std::strerror(errno);
+    if (pid <= 0) return nullptr;
+    auto p = std::unique_ptr<TerminalProcess>(new TerminalProcess());
+    p->pid_ = pid;
+    p->master_ = master;
+    return p;
+  }
+  ~TerminalProcess() {
+    if (!exit_code_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    ::close(master_);
+  }
+
+  pid_t pid() const { return pid_; }
+  void Type(const std::string& text) {
+    EXPECT_EQ(::write(master_, text.data(), text.size()), static_cast<ssize_t>(text.size()));
+  }
+  // Reads what the terminal shows until it has shown `want` (true), or until
+  // `timeout` (a liveness bound) passes.
+  bool Shows(const std::string& want, milliseconds timeout = seconds(30)) {
+    auto until = std::chrono::steady_clock::now() + timeout;
+    while (shown_.find(want) == std::string::npos) {
+      if (std::chrono::steady_clock::now() >= until) return false;
+      ReadFor(milliseconds(50));
+    }
+    return true;
+  }
+  const std::string& shown() const { return shown_; }
+  // After Wait(): the signal holdfast died of (0: it exited).
+  int killed_by() const { return killed_by_; }
+  // The exit code (128 + signal when killed), reading the terminal meanwhile;
+  // nullopt if it did not exit within `timeout`.
+  std::optional<int> Wait(milliseconds timeout = seconds(30)) {
+    auto until = std::chrono::steady_clock::now() + timeout;
+    while (!exit_code_ && std::chrono::steady_clock::now() < until) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) {
+        exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+        killed_by_ = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
+      } else {
+        ReadFor(milliseconds(20));
+      }
+    }
+    return exit_code_;
+  }
+
+ private:
+  TerminalProcess() = default;
+  void ReadFor(milliseconds timeout) {
+    pollfd p{master_, POLLIN, 0};
+    if (::poll(&p, 1, static_cast<int>(timeout.count())) <= 0) return;
+    char buf[4096];
+    const ssize_t n = ::read(master_, buf, sizeof buf);
+    if (n > 0) {
+      shown_.append(buf, static_cast<size_t>(n));
+    } else {
+      std::this_thread::sleep_for(timeout);  // EIO: the terminal's last process is gone
+    }
+  }
+
+  pid_t pid_ = -1;
+  int master_ = -1;
+  std::string shown_;
+  std::optional<int> exit_code_;
+  int killed_by_ = 0;
+};
+
+// Started in the foreground of a terminal, holdfast lends it to the command: a
+// command that asks a question reads the answer. (It used to run in a background
+// group of the terminal, so its read stopped it, SIGTTIN, holding the lock.)
+TEST_F(CliTest, TheCommandReadsTheTerminalHoldfastWasStartedIn) {
+  const std::string pid_file = Path("tty-pid");
+  auto p = TerminalProcess::Start(
+      cluster_->endpoint(), cluster_->dir(),
+      {"lock", "default/cli/tty", "--", "sh", "-c",
+       "echo $$ > '" + pid_file + "'; printf 'proceed? '; read answer; echo \"got:$answer\""});
+  ASSERT_NE(p, nullptr);
+  const pid_t command_pid = CommandPid(pid_file);
+  ASSERT_GT(command_pid, 0) << p->shown();
+  ASSERT_TRUE(p->Shows("proceed? ")) << p->shown();
+  auto d = client_->Describe("default", "cli/tty");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 1);
+  p->Type("yes\n");
+  EXPECT_TRUE(p->Shows("got:yes")) << p->shown() << " (command state "
+                                   << (dev::ReadProcState(command_pid)
+                                           ? dev::ReadProcState(command_pid)->state
+                                           : '?')
+                                   << ")";
+  EXPECT_EQ(p->Wait(), 0) << p->shown();
+  d = client_->Describe("default", "cli/tty");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0) << "not released";
+  KillLeftover(command_pid);
+}
+
+// Ctrl-Z typed in the terminal goes to the command (the foreground group): the
+// command stops, and holdfast stops with it, as the shell's job; continued, holdfast
+// lends the terminal to the command again and continues it.
+TEST_F(CliTest, CtrlZInTheTerminalStopsTheCommandAndHoldfast) {
+  const std::string pid_file = Path("tty-tstp-pid");
+  auto p = TerminalProcess::Start(
+      cluster_->endpoint(), cluster_->dir(),
+      {"lock", "default/cli/tty-tstp", "--", "sh", "-c",
+       "echo $$ > '" + pid_file + "'; printf 'proceed? '; read answer; echo \"got:$answer\""});
+  ASSERT_NE(p, nullptr);
+  const pid_t command_pid = CommandPid(pid_file);
+  ASSERT_GT(command_pid, 0) << p->shown();
+  ASSERT_TRUE(p->Shows("proceed? ")) << p->shown();
+  auto state = [](pid_t pid) {
+    auto s = dev::ReadProcState(pid);
+    return s ? s->state : '?';
+  };
+  p->Type("\x1a");  // Ctrl-Z
+  EXPECT_TRUE(WaitFor([&] { return state(command_pid) == 'T' && state(p->pid()) == 'T'; },
+                      seconds(10)))
+      << "holdfast " << state(p->pid()) << ", command " << state(command_pid);
+  ::kill(p->pid(), SIGCONT);  // `fg`
+  EXPECT_TRUE(WaitFor([&] { return state(command_pid) != 'T' && state(p->pid()) != 'T'; },
+                      seconds(10)))
+      << "holdfast " << state(p->pid()) << ", command " << state(command_pid);
+  p->Type("yes\n");
+  EXPECT_TRUE(p->Shows("got:yes")) << p->shown();
+  EXPECT_EQ(p->Wait(), 0) << p->shown();
+  auto d = client_->Describe("default", "cli/tty-tstp");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0) << "not released";
+  KillLeftover(command_pid);
+}
+
+// Ctrl-C typed in the terminal goes to the command; holdfast releases and then dies
+// of SIGINT itself, so that a shell script running it stops as it would had
+// holdfast received the Ctrl-C (an exit code of 130 would tell it "handled").
+TEST_F(CliTest, CtrlCInTheTerminalEndsTheCommandAndThenHoldfastBySigint) {
+  const std::string pid_file = Path("tty-int-pid");
+  auto p = TerminalProcess::Start(
+      cluster_->endpoint(), cluster_->dir(),
+      {"lock", "default/cli/tty-int", "--", "sh", "-c",
+       "echo $$ > '" + pid_file + "'; printf 'proceed? '; read answer; echo \"got:$answer\""});
+  ASSERT_NE(p, nullptr);
+  const pid_t command_pid = CommandPid(pid_file);
+  ASSERT_GT(command_pid, 0) << p->shown();
+  ASSERT_TRUE(p->Shows("proceed? ")) << p->shown();
+  p->Type("\x03");  // Ctrl-C
+  EXPECT_EQ(p->Wait(), 128 + SIGINT) << p->shown();
+  EXPECT_EQ(p->killed_by(), SIGINT) << p->shown();
+  EXPECT_EQ(p->shown().find("got:"), std::string::npos) << p->shown();
+  auto d = client_->Describe("default", "cli/tty-int");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0) << "not released";
   KillLeftover(command_pid);
 }
 

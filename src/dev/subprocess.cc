@@ -141,6 +141,7 @@ bool Subprocess::Running() {
   pid_t r = ::waitpid(pid_, &status, WNOHANG);
   if (r == pid_) {
     exit_status_ = DecodeWaitStatus(status);
+    if (WIFSIGNALED(status)) killed_by_ = WTERMSIG(status);
     return false;
   }
   return r == 0;
@@ -153,6 +154,7 @@ std::optional<int> Subprocess::Wait(std::optional<std::chrono::milliseconds> tim
     while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
     }
     exit_status_ = DecodeWaitStatus(status);
+    if (WIFSIGNALED(status)) killed_by_ = WTERMSIG(status);
     return exit_status_;
   }
   auto until = std::chrono::steady_clock::now() + *timeout;
@@ -179,6 +181,13 @@ bool Subprocess::Exited() {
     return errno == ECHILD;  // reaped elsewhere: gone
   }
   return info.si_pid == pid_;
+}
+
+bool Subprocess::TakeStop() {
+  if (exit_status_) return false;
+  siginfo_t info{};
+  if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WSTOPPED | WNOHANG) != 0) return false;
+  return info.si_pid == pid_ && info.si_code == CLD_STOPPED;
 }
 
 std::optional<ProcState> ReadProcState(pid_t pid) {

@@ -60,9 +60,14 @@ class Subprocess {
   // Wait() reaps it, its pid, and so its process group's id, cannot be given to
   // another process.
   bool Exited();
+  // True if the child stopped (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU) since the last
+  // call: takes the stop's notice (waitid WSTOPPED), once per stop.
+  bool TakeStop();
   // Waits for exit; returns the exit code, or 128 + signal when killed.
   // nullopt when `timeout` passed first.
   std::optional<int> Wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
+  // The signal that killed the child, once reaped; 0 if it exited.
+  int killed_by() const { return killed_by_; }
   // Sends `sig` to the child's process group (or the child alone).
   void Signal(int sig);
   // With a process group of its own: whether a live process of the group other
@@ -82,6 +87,7 @@ class Subprocess {
   pid_t pid_;
   SpawnOptions options_;
   std::optional<int> exit_status_;
+  int killed_by_ = 0;
 };
 
 // What /proc/PID/stat says of a process: its state letter ('R', 'S', 'Z'...) and
