@@ -908,27 +908,43 @@ class TerminalProcess {
   int killed_by_ = 0;
 };
 
+// A process's state letter from /proc ('T': stopped; '?': gone).
+char StateOf(pid_t pid) {
+  auto s = dev::ReadProcState(pid);
+  return s ? s->state : '?';
+}
+
+// `holdfast lock default/cli/KEY` on a terminal of its own, its command asking a
+// question ("proceed? ") and echoing the answer ("got:ANSWER"); returned once the
+// question shows, with the command's pid (null and 0 when it did not show).
+std::pair<std::unique_ptr<TerminalProcess>, pid_t> LockAndAsk(TestCluster& cluster,
+                                                              const std::string& key) {
+  const std::string pid_file = cluster.dir() + "/" + key + "-pid";
+  auto p = TerminalProcess::Start(
+      cluster.endpoint(), cluster.dir(),
+      {"lock", "default/cli/" + key, "--", "sh", "-c",
+       "echo $$ > '" + pid_file + "'; printf 'proceed? '; read answer; echo \"got:$answer\""});
+  if (p == nullptr) return {nullptr, 0};
+  const pid_t command_pid = CommandPid(pid_file);
+  if (command_pid <= 0 || !p->Shows("proceed? ")) {
+    ADD_FAILURE() << "the command did not ask: " << p->shown();
+    return {std::move(p), 0};
+  }
+  return {std::move(p), command_pid};
+}
+
 // Started in the foreground of a terminal, holdfast lends it to the command: a
 // command that asks a question reads the answer. (It used to run in a background
 // group of the terminal, so its read stopped it, SIGTTIN, holding the lock.)
 TEST_F(CliTest, TheCommandReadsTheTerminalHoldfastWasStartedIn) {
-  const std::string pid_file = Path("tty-pid");
-  auto p = TerminalProcess::Start(
-      cluster_->endpoint(), cluster_->dir(),
-      {"lock", "default/cli/tty", "--", "sh", "-c",
-       "echo $$ > '" + pid_file + "'; printf 'proceed? '; read answer; echo \"got:$answer\""});
+  auto [p, command_pid] = LockAndAsk(*cluster_, "tty");
   ASSERT_NE(p, nullptr);
-  const pid_t command_pid = CommandPid(pid_file);
   ASSERT_GT(command_pid, 0) << p->shown();
-  ASSERT_TRUE(p->Shows("proceed? ")) << p->shown();
   auto d = client_->Describe("default", "cli/tty");
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->holders_size(), 1);
   p->Type("yes\n");
-  EXPECT_TRUE(p->Shows("got:yes")) << p->shown() << " (command state "
-                                   << (dev::ReadProcState(command_pid)
-                                           ? dev::ReadProcState(command_pid)->state
-                                           : '?')
+  EXPECT_TRUE(p->Shows("got:yes")) << p->shown() << " (command state " << StateOf(command_pid)
                                    << ")";
   EXPECT_EQ(p->Wait(), 0) << p->shown();
   d = client_->Describe("default", "cli/tty");
@@ -941,19 +957,10 @@ TEST_F(CliTest, TheCommandReadsTheTerminalHoldfastWasStartedIn) {
 // command stops, and holdfast stops with it, as the shell's job; continued, holdfast
 // lends the terminal to the command again and continues it.
 TEST_F(CliTest, CtrlZInTheTerminalStopsTheCommandAndHoldfast) {
-  const std::string pid_file = Path("tty-tstp-pid");
-  auto p = TerminalProcess::Start(
-      cluster_->endpoint(), cluster_->dir(),
-      {"lock", "default/cli/tty-tstp", "--", "sh", "-c",
-       "echo $$ > '" + pid_file + "'; printf 'proceed? '; read answer; echo \"got:$answer\""});
+  auto [p, command_pid] = LockAndAsk(*cluster_, "tty-tstp");
   ASSERT_NE(p, nullptr);
-  const pid_t command_pid = CommandPid(pid_file);
   ASSERT_GT(command_pid, 0) << p->shown();
-  ASSERT_TRUE(p->Shows("proceed? ")) << p->shown();
-  auto state = [](pid_t pid) {
-    auto s = dev::ReadProcState(pid);
-    return s ? s->state : '?';
-  };
+  auto state = StateOf;
   p->Type("\x1a");  // Ctrl-Z
   EXPECT_TRUE(WaitFor([&] { return state(command_pid) == 'T' && state(p->pid()) == 'T'; },
                       seconds(10)))
@@ -975,15 +982,9 @@ TEST_F(CliTest, CtrlZInTheTerminalStopsTheCommandAndHoldfast) {
 // of SIGINT itself, so that a shell script running it stops as it would had
 // holdfast received the Ctrl-C (an exit code of 130 would tell it "handled").
 TEST_F(CliTest, CtrlCInTheTerminalEndsTheCommandAndThenHoldfastBySigint) {
-  const std::string pid_file = Path("tty-int-pid");
-  auto p = TerminalProcess::Start(
-      cluster_->endpoint(), cluster_->dir(),
-      {"lock", "default/cli/tty-int", "--", "sh", "-c",
-       "echo $$ > '" + pid_file + "'; printf 'proceed? '; read answer; echo \"got:$answer\""});
+  auto [p, command_pid] = LockAndAsk(*cluster_, "tty-int");
   ASSERT_NE(p, nullptr);
-  const pid_t command_pid = CommandPid(pid_file);
   ASSERT_GT(command_pid, 0) << p->shown();
-  ASSERT_TRUE(p->Shows("proceed? ")) << p->shown();
   p->Type("\x03");  // Ctrl-C
   EXPECT_EQ(p->Wait(), 128 + SIGINT) << p->shown();
   EXPECT_EQ(p->killed_by(), SIGINT) << p->shown();
