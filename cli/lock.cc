@@ -11,12 +11,15 @@
 // under a lock nobody renews; when holdfast is continued, CMD's group is
 // continued too, after a SIGTERM if the session's deadline passed meanwhile.
 //
-// Started in the foreground of its terminal, holdfast lends the terminal to
-// CMD's group while CMD runs, as a shell does for a job (ForegroundTerminal):
-// CMD may read it (a prompt, an editor, psql) and gets Ctrl-C and Ctrl-Z
-// itself. CMD stopped that way (or by reading the terminal once holdfast was
-// sent to the background) stops holdfast too, so the shell sees its job stop;
-// `fg` continues both and lends the terminal again.
+// Run by an interactive shell as a job of its own, holdfast lends the terminal to
+// CMD's group whenever its own group is the foreground one, as a shell does for a
+// job (JobTerminal): CMD may read it (a prompt, an editor, psql) and gets Ctrl-C
+// and Ctrl-Z itself. CMD stopped that way (or by reading the terminal while
+// holdfast is in the background) stops holdfast too, so the shell sees its job
+// stop; `fg` continues both and lends the terminal again, as does `fg` of a
+// holdfast that was running in the background. Anywhere else (no terminal, a
+// pipeline, a script's `&`, a session of its own) holdfast keeps its terminal and
+// CMD runs in a background group of it, where a read of the terminal stops it.
 //
 // The main thread waits for everything (signals, CMD's exit, the session's
 // lost signal, the end of the acquire call) through one SignalWaiter.
@@ -84,29 +87,41 @@ struct LockRequest {
   std::vector<std::string> command;
 };
 
-// The controlling terminal, when holdfast's process group is its foreground group
-// (started from an interactive shell, not with `&`). While CMD runs, CMD's group
-// is the foreground group instead, so CMD can read the terminal and is sent the
-// terminal's signals (a background group reading it would be stopped, SIGTTIN).
+// The controlling terminal, when holdfast is a job of its own of an interactive
+// shell. While CMD runs, CMD's group is the terminal's foreground group whenever
+// holdfast's group would be, so CMD can read the terminal and is sent the
+// terminal's signals (a background group reading it is stopped, SIGTTIN).
 // holdfast runs with SIGTTOU blocked (SignalWaiter), so that it may write to the
 // terminal and take it back from the background without being stopped.
-class ForegroundTerminal {
+//
+// Lent only when lending cannot harm another process:
+//  - holdfast's parent is in holdfast's session and another process group: a
+//    job-control shell made holdfast's group. Not a script's `&` job, which shares
+//    the script's group, and not the leader of a session of its own (`ssh -t host
+//    holdfast lock ...`), whose stop no shell would see or continue;
+//  - no other process is in holdfast's group: not `holdfast lock k -- make | less`,
+//    where `less` would read the terminal from the then-background group and so
+//    stop holdfast (SIGTTIN), leaving the lock unrenewed under a running CMD.
+// (A process joining holdfast's group after the check is not seen.)
+class JobTerminal {
  public:
-  static std::unique_ptr<ForegroundTerminal> IfForeground() {
-    const int fd = ::open("/dev/tty", O_RDWR | O_NOCTTY | O_CLOEXEC);
-    if (fd < 0) return nullptr;  // no controlling terminal
-    if (::tcgetpgrp(fd) != ::getpgrp()) {
-      ::close(fd);
+  static std::unique_ptr<JobTerminal> IfOwnJob() {
+    const pid_t group = ::getpgrp();
+    const pid_t parent = ::getppid();
+    if (::getsid(parent) != ::getsid(0) || ::getpgid(parent) == group ||
+        dev::GroupHasOtherLiveMember(group, ::getpid())) {
       return nullptr;
     }
-    return std::unique_ptr<ForegroundTerminal>(new ForegroundTerminal(fd));
+    const int fd = ::open("/dev/tty", O_RDWR | O_NOCTTY | O_CLOEXEC);
+    if (fd < 0) return nullptr;  // no controlling terminal
+    return std::unique_ptr<JobTerminal>(new JobTerminal(fd));
   }
-  ~ForegroundTerminal() { ::close(fd_); }
-  ForegroundTerminal(const ForegroundTerminal&) = delete;
-  ForegroundTerminal& operator=(const ForegroundTerminal&) = delete;
+  ~JobTerminal() { ::close(fd_); }
+  JobTerminal(const JobTerminal&) = delete;
+  JobTerminal& operator=(const JobTerminal&) = delete;
 
-  // Makes `group` the foreground group, if holdfast's group is it now (continued
-  // with `bg`, holdfast must not take the terminal from the shell).
+  // Makes `group` the foreground group, if holdfast's group is it now (in the
+  // background, holdfast must not take the terminal from the shell).
   void LendTo(pid_t group) {
     if (::tcgetpgrp(fd_) == ::getpgrp()) ::tcsetpgrp(fd_, group);
   }
@@ -116,7 +131,7 @@ class ForegroundTerminal {
   }
 
  private:
-  explicit ForegroundTerminal(int fd) : fd_(fd) {}
+  explicit JobTerminal(int fd) : fd_(fd) {}
   const int fd_;
 };
 
@@ -329,7 +344,7 @@ struct CommandOutcome {
 // is not touched: that is CMD's to manage, and it runs without the lock.
 CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const Hold& hold,
                          const LockRequest& request, SignalWaiter& waiter,
-                         ForegroundTerminal* terminal) {
+                         JobTerminal* terminal) {
   using Clock = std::chrono::steady_clock;
   std::optional<Clock::time_point> kill_at;  // set once the loss is handled
   bool killed = false;
@@ -372,21 +387,27 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
                          std::chrono::ceil<milliseconds>(*kill_at - Clock::now()));
     }
     auto event = waiter.Wait(timeout);
-    if (event.kind == SignalWaiter::Event::Kind::kSignal && event.signal == SIGTSTP) {
+    const bool signalled = event.kind == SignalWaiter::Event::Kind::kSignal;
+    if (signalled && event.signal == SIGTSTP) {
       stop_with_command();
-    } else if (terminal && !kill_at && child.TakeStop() && StoppedNow(child.pid())) {
-      // CMD stopped on its own in a terminal: Ctrl-Z (the terminal's SIGTSTP goes
-      // to its foreground group, CMD's), or a read of it from the background.
-      // holdfast stops too, so that its shell sees the job stop and takes the
-      // terminal back; `fg` continues holdfast, which continues CMD.
-      stop_with_command();
-    } else if (event.kind == SignalWaiter::Event::Kind::kSignal && IsForwarded(event.signal)) {
+    } else if (signalled && IsForwarded(event.signal)) {
       child.Signal(event.signal);
       child.Signal(SIGCONT);
     } else if (event.kind == SignalWaiter::Event::Kind::kTimeout && kill_at && !killed &&
                Clock::now() >= *kill_at && !child.Exited()) {
       child.Signal(SIGKILL);
       killed = true;
+    } else if (signalled && event.signal == SIGCONT) {
+      // `fg` of holdfast running in the background (`bg`, or started with `&`):
+      // the terminal is holdfast's group's now, and so CMD's.
+      if (terminal) terminal->LendTo(child.pid());
+    } else if (terminal && !kill_at && child.TakeStop() && StoppedNow(child.pid())) {
+      // (SIGCHLD, or a wake-up.) CMD stopped on its own in a terminal: Ctrl-Z (the
+      // terminal's SIGTSTP goes to its foreground group, CMD's), or a read of it
+      // from the background. holdfast stops too, so that its shell sees the job
+      // stop and takes the terminal back; `fg` continues holdfast, which lends
+      // the terminal to CMD and continues it.
+      stop_with_command();
     }
   }
   if (kill_at && !killed) {
@@ -437,8 +458,11 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
   signals.push_back(SIGCHLD);
   signals.push_back(SIGTSTP);
   // Blocked, never waited for: holdfast writes to its terminal and takes it back
-  // from CMD (ForegroundTerminal) from the background without being stopped.
+  // from CMD (JobTerminal) from the background without being stopped.
   signals.push_back(SIGTTOU);
+  // Continues holdfast all the same (blocking does not hold that back); seen, it
+  // tells holdfast that the shell may have given it the terminal (`fg`).
+  signals.push_back(SIGCONT);
   auto waiter = SignalWaiter::Create(signals);
   if (!waiter.ok()) return ReportError(waiter.status());
 
@@ -490,7 +514,7 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
   }
   // Lent to CMD at once: it may read the terminal from its first instruction (a
   // read before this is stopped, SIGTTIN, and continued here).
-  std::unique_ptr<ForegroundTerminal> terminal = ForegroundTerminal::IfForeground();
+  std::unique_ptr<JobTerminal> terminal = JobTerminal::IfOwnJob();
   if (terminal) {
     terminal->LendTo((*child)->pid());
     while ((*child)->TakeStop()) {

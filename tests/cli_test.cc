@@ -812,14 +812,71 @@ TEST_F(CliTest, JobControlStopsTheCommandWithHoldfast) {
   KillLeftover(command_pid);
 }
 
-// holdfast run as an interactive shell runs a job: the session leader of a
-// terminal of its own (a pty), its group the terminal's foreground group. The
-// test types into the terminal and reads what it shows.
+// How the test's stand-in for an interactive shell runs holdfast on a terminal
+// of its own (a pty).
+enum class Job {
+  kForeground,     // a job: a process group of its own, the terminal's foreground
+  kBackground,     // a job started with `&`: a group of its own, in the background
+  kWithGroupMate,  // foreground, with another process in its group (a pipeline)
+  kSessionLeader,  // no shell: holdfast leads the terminal's session (`ssh -t host ...`)
+};
+
+// The forkpty child: the terminal's session leader and a job-control shell with
+// one job, holdfast. It writes holdfast's pid to `report_fd`, then a 'T' each
+// time the job stops, when it takes the terminal back, as a shell does; on 'f'
+// (`fg`) it gives the terminal to the job and continues it, on 'b' (`bg`)
+// continues it alone. It exits as holdfast exits (dies of the same signal). Only
+// async-signal-safe calls: the test process has threads.
+[[noreturn]] void RunShell(Job job, char** argv, char** envp, int report_fd, int control_fd) {
+  ::signal(SIGTTOU, SIG_IGN);  // it hands the terminal around from any group
+  const pid_t shell_group = ::getpgrp();
+  const pid_t holdfast = ::fork();
+  if (holdfast == 0) {
+    ::setpgid(0, 0);
+    if (job != Job::kBackground) ::tcsetpgrp(STDIN_FILENO, ::getpid());
+    ::signal(SIGTTOU, SIG_DFL);
+    ::execve(argv[0], argv, envp);
+    ::_exit(127);
+  }
+  ::setpgid(holdfast, holdfast);
+  if (job != Job::kBackground) ::tcsetpgrp(STDIN_FILENO, holdfast);
+  if (job == Job::kWithGroupMate && ::fork() == 0) {
+    ::setpgid(0, holdfast);
+    for (;;) ::pause();
+  }
+  (void)!::write(report_fd, &holdfast, sizeof holdfast);
+  for (;;) {
+    pollfd p{control_fd, POLLIN, 0};
+    if (::poll(&p, 1, 20) > 0) {
+      char c = 0;
+      if (::read(control_fd, &c, 1) != 1) control_fd = -1;  // the test is gone
+      if (c == 'f') ::tcsetpgrp(STDIN_FILENO, holdfast);
+      if (c == 'f' || c == 'b') ::kill(-holdfast, SIGCONT);
+    }
+    int status = 0;
+    if (::waitpid(holdfast, &status, WNOHANG | WUNTRACED) != holdfast) continue;
+    if (WIFSTOPPED(status)) {
+      ::tcsetpgrp(STDIN_FILENO, shell_group);
+      (void)!::write(report_fd, "T", 1);
+      continue;
+    }
+    if (job == Job::kWithGroupMate) ::kill(-holdfast, SIGKILL);  // the mate
+    if (WIFSIGNALED(status)) {
+      ::signal(WTERMSIG(status), SIG_DFL);
+      ::kill(::getpid(), WTERMSIG(status));
+    }
+    ::_exit(WIFEXITED(status) ? WEXITSTATUS(status) : 1);
+  }
+}
+
+// holdfast on a terminal of its own, as run by RunShell (or alone, as the
+// session's leader). The test types into the terminal and reads what it shows.
 class TerminalProcess {
  public:
   static std::unique_ptr<TerminalProcess> Start(const std::string& endpoint,
                                                 const std::string& dir,
-                                                const std::vector<std::string>& args) {
+                                                const std::vector<std::string>& args,
+                                                Job job = Job::kForeground) {
     std::vector<std::string> argv = {BinDir() + "/holdfast", "--endpoint", endpoint};
     argv.insert(argv.end(), args.begin(), args.end());
     std::vector<std::string> env;
@@ -833,28 +890,66 @@ class TerminalProcess {
     cargv.push_back(nullptr);
     for (auto& e : env) cenv.push_back(e.data());
     cenv.push_back(nullptr);
+    int report[2], control[2];
+    if (::pipe2(report, O_CLOEXEC) != 0 || ::pipe2(control, O_CLOEXEC) != 0) {
+      ADD_FAILURE() << "pipe2: " << std::strerror(errno);
+      return nullptr;
+    }
     int master = -1;
     const pid_t pid = ::forkpty(&master, nullptr, nullptr, nullptr);
     if (pid == 0) {
-      ::execve(cargv[0], cargv.data(), cenv.data());
-      ::_exit(127);
+      if (job == Job::kSessionLeader) {
+        ::execve(cargv[0], cargv.data(), cenv.data());
+        ::_exit(127);
+      }
+      RunShell(job, cargv.data(), cenv.data(), report[1], control[0]);
     }
+    ::close(report[1]);
+    ::close(control[0]);
     EXPECT_GT(pid, 0) << std::strerror(errno);
-    if (pid <= 0) return nullptr;
+    if (pid <= 0) {
+      ::close(report[0]);
+      ::close(control[1]);
+      return nullptr;
+    }
     auto p = std::unique_ptr<TerminalProcess>(new TerminalProcess());
-    p->pid_ = pid;
+    p->pid_ = p->holdfast_ = pid;
     p->master_ = master;
+    p->control_ = control[1];
+    if (job != Job::kSessionLeader &&
+        ::read(report[0], &p->holdfast_, sizeof p->holdfast_) != sizeof p->holdfast_) {
+      ADD_FAILURE() << "the shell did not start holdfast";
+    }
+    p->report_ = report[0];
     return p;
   }
   ~TerminalProcess() {
     if (!exit_code_) {
+      ::kill(holdfast_, SIGKILL);
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
     }
     ::close(master_);
+    ::close(control_);
+    ::close(report_);
   }
 
-  pid_t pid() const { return pid_; }
+  pid_t pid() const { return holdfast_; }
+  // The terminal's foreground group (-1 when unknown).
+  pid_t ForegroundGroup() const {
+    auto s = dev::ReadProcState(pid_);
+    return s ? s->terminal_group : -1;
+  }
+  // Whether the shell saw its job (holdfast) stop, once per stop, within `timeout`.
+  bool JobStopped(milliseconds timeout = seconds(10)) {
+    pollfd p{report_, POLLIN, 0};
+    char c = 0;
+    return ::poll(&p, 1, static_cast<int>(timeout.count())) > 0 && ::read(report_, &c, 1) == 1 &&
+           c == 'T';
+  }
+  // The shell's `fg` and `bg` of holdfast.
+  void Fg() { EXPECT_EQ(::write(control_, "f", 1), 1); }
+  void Bg() { EXPECT_EQ(::write(control_, "b", 1), 1); }
   void Type(const std::string& text) {
     EXPECT_EQ(::write(master_, text.data(), text.size()), static_cast<ssize_t>(text.size()));
   }
@@ -901,8 +996,11 @@ class TerminalProcess {
     }
   }
 
-  pid_t pid_ = -1;
+  pid_t pid_ = -1;       // the forkpty child: the shell, or holdfast as session leader
+  pid_t holdfast_ = -1;
   int master_ = -1;
+  int control_ = -1;
+  int report_ = -1;
   std::string shown_;
   std::optional<int> exit_code_;
   int killed_by_ = 0;
@@ -914,28 +1012,34 @@ char StateOf(pid_t pid) {
   return s ? s->state : '?';
 }
 
-// `holdfast lock default/cli/KEY` on a terminal of its own, its command asking a
-// question ("proceed? ") and echoing the answer ("got:ANSWER"); returned once the
-// question shows, with the command's pid (null and 0 when it did not show).
-std::pair<std::unique_ptr<TerminalProcess>, pid_t> LockAndAsk(TestCluster& cluster,
-                                                              const std::string& key) {
+// `holdfast lock default/cli/KEY` on a terminal of its own, its command running
+// `before_asking` (shell code), then asking a question ("proceed? ") and echoing
+// the answer ("got:ANSWER"). Returned with the command's pid (null and 0 when it
+// did not start) once the command runs, and when `before_asking` is empty and
+// the job is in the foreground, once the question shows.
+std::pair<std::unique_ptr<TerminalProcess>, pid_t> LockAndAsk(
+    TestCluster& cluster, const std::string& key, Job job = Job::kForeground,
+    const std::string& before_asking = "") {
   const std::string pid_file = cluster.dir() + "/" + key + "-pid";
-  auto p = TerminalProcess::Start(
-      cluster.endpoint(), cluster.dir(),
-      {"lock", "default/cli/" + key, "--", "sh", "-c",
-       "echo $$ > '" + pid_file + "'; printf 'proceed? '; read answer; echo \"got:$answer\""});
+  auto p = TerminalProcess::Start(cluster.endpoint(), cluster.dir(),
+                                  {"lock", "default/cli/" + key, "--", "sh", "-c",
+                                   "echo $$ > '" + pid_file + "'; " + before_asking +
+                                       "printf 'proceed? '; read answer; echo \"got:$answer\""},
+                                  job);
   if (p == nullptr) return {nullptr, 0};
   const pid_t command_pid = CommandPid(pid_file);
-  if (command_pid <= 0 || !p->Shows("proceed? ")) {
+  const bool asks_at_once = before_asking.empty() && job != Job::kBackground;
+  if (command_pid <= 0 || (asks_at_once && !p->Shows("proceed? "))) {
     ADD_FAILURE() << "the command did not ask: " << p->shown();
     return {std::move(p), 0};
   }
   return {std::move(p), command_pid};
 }
 
-// Started in the foreground of a terminal, holdfast lends it to the command: a
-// command that asks a question reads the answer. (It used to run in a background
-// group of the terminal, so its read stopped it, SIGTTIN, holding the lock.)
+// Run by a shell as a job in the foreground, holdfast lends the terminal to the
+// command: a command that asks a question reads the answer. (It used to run in a
+// background group of the terminal, so its read stopped it, SIGTTIN, holding the
+// lock.)
 TEST_F(CliTest, TheCommandReadsTheTerminalHoldfastWasStartedIn) {
   auto [p, command_pid] = LockAndAsk(*cluster_, "tty");
   ASSERT_NE(p, nullptr);
@@ -943,6 +1047,7 @@ TEST_F(CliTest, TheCommandReadsTheTerminalHoldfastWasStartedIn) {
   auto d = client_->Describe("default", "cli/tty");
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->holders_size(), 1);
+  EXPECT_EQ(p->ForegroundGroup(), command_pid);
   p->Type("yes\n");
   EXPECT_TRUE(p->Shows("got:yes")) << p->shown() << " (command state " << StateOf(command_pid)
                                    << ")";
@@ -954,27 +1059,79 @@ TEST_F(CliTest, TheCommandReadsTheTerminalHoldfastWasStartedIn) {
 }
 
 // Ctrl-Z typed in the terminal goes to the command (the foreground group): the
-// command stops, and holdfast stops with it, as the shell's job; continued, holdfast
-// lends the terminal to the command again and continues it.
+// command stops, and holdfast stops with it, as the shell's job; `fg` continues
+// holdfast, which lends the terminal to the command again and continues it.
 TEST_F(CliTest, CtrlZInTheTerminalStopsTheCommandAndHoldfast) {
   auto [p, command_pid] = LockAndAsk(*cluster_, "tty-tstp");
   ASSERT_NE(p, nullptr);
   ASSERT_GT(command_pid, 0) << p->shown();
   auto state = StateOf;
   p->Type("\x1a");  // Ctrl-Z
+  EXPECT_TRUE(p->JobStopped()) << "the shell did not see its job stop";
   EXPECT_TRUE(WaitFor([&] { return state(command_pid) == 'T' && state(p->pid()) == 'T'; },
                       seconds(10)))
       << "holdfast " << state(p->pid()) << ", command " << state(command_pid);
-  ::kill(p->pid(), SIGCONT);  // `fg`
+  p->Fg();
   EXPECT_TRUE(WaitFor([&] { return state(command_pid) != 'T' && state(p->pid()) != 'T'; },
                       seconds(10)))
       << "holdfast " << state(p->pid()) << ", command " << state(command_pid);
+  EXPECT_TRUE(WaitFor([&] { return p->ForegroundGroup() == command_pid; }, seconds(10)));
   p->Type("yes\n");
   EXPECT_TRUE(p->Shows("got:yes")) << p->shown();
   EXPECT_EQ(p->Wait(), 0) << p->shown();
   auto d = client_->Describe("default", "cli/tty-tstp");
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->holders_size(), 0) << "not released";
+  KillLeftover(command_pid);
+}
+
+// After Ctrl-Z and `bg`, the command runs on in the background; its read of the
+// terminal stops it, and holdfast with it, as any background job; `fg` lends the
+// terminal again.
+TEST_F(CliTest, AfterBgAReadOfTheTerminalStopsTheJobUntilFg) {
+  auto [p, command_pid] = LockAndAsk(*cluster_, "tty-bg");
+  ASSERT_NE(p, nullptr);
+  ASSERT_GT(command_pid, 0) << p->shown();
+  auto both_stopped = [&] { return StateOf(command_pid) == 'T' && StateOf(p->pid()) == 'T'; };
+  p->Type("\x1a");  // Ctrl-Z
+  ASSERT_TRUE(p->JobStopped());
+  ASSERT_TRUE(WaitFor(both_stopped, seconds(10)));
+  p->Bg();  // the command's `read` runs on in the background, and is stopped (SIGTTIN)
+  EXPECT_TRUE(p->JobStopped()) << "holdfast " << StateOf(p->pid()) << ", command "
+                               << StateOf(command_pid);
+  EXPECT_TRUE(WaitFor(both_stopped, seconds(10)))
+      << "holdfast " << StateOf(p->pid()) << ", command " << StateOf(command_pid);
+  EXPECT_NE(p->ForegroundGroup(), command_pid);
+  p->Fg();
+  EXPECT_TRUE(WaitFor([&] { return p->ForegroundGroup() == command_pid; }, seconds(10)));
+  p->Type("yes\n");
+  EXPECT_TRUE(p->Shows("got:yes")) << p->shown();
+  EXPECT_EQ(p->Wait(), 0) << p->shown();
+  KillLeftover(command_pid);
+}
+
+// Started with `&`, holdfast leaves the terminal to the shell; `fg` of it while
+// the command runs lends the terminal to the command, which can then read it.
+TEST_F(CliTest, StartedInTheBackgroundHoldfastLendsTheTerminalOnFg) {
+  const std::string go = Path("tty-fg-go");
+  auto [p, command_pid] = LockAndAsk(*cluster_, "tty-fg", Job::kBackground,
+                                     "until [ -e '" + go + "' ]; do sleep 0.05; done; ");
+  ASSERT_NE(p, nullptr);
+  ASSERT_GT(command_pid, 0) << p->shown();
+  auto d = client_->Describe("default", "cli/tty-fg");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 1);
+  EXPECT_NE(p->ForegroundGroup(), command_pid) << "taken from the shell";
+  EXPECT_NE(p->ForegroundGroup(), p->pid()) << "taken from the shell";
+  p->Fg();
+  EXPECT_TRUE(WaitFor([&] { return p->ForegroundGroup() == command_pid; }, seconds(10)))
+      << p->ForegroundGroup();
+  std::ofstream(go).put('\n');
+  EXPECT_TRUE(p->Shows("proceed? ")) << p->shown();
+  p->Type("yes\n");
+  EXPECT_TRUE(p->Shows("got:yes")) << p->shown() << " (command state " << StateOf(command_pid)
+                                   << ")";
+  EXPECT_EQ(p->Wait(), 0) << p->shown();
   KillLeftover(command_pid);
 }
 
@@ -985,6 +1142,7 @@ TEST_F(CliTest, CtrlCInTheTerminalEndsTheCommandAndThenHoldfastBySigint) {
   auto [p, command_pid] = LockAndAsk(*cluster_, "tty-int");
   ASSERT_NE(p, nullptr);
   ASSERT_GT(command_pid, 0) << p->shown();
+  ASSERT_EQ(p->ForegroundGroup(), command_pid) << "the terminal was not lent";
   p->Type("\x03");  // Ctrl-C
   EXPECT_EQ(p->Wait(), 128 + SIGINT) << p->shown();
   EXPECT_EQ(p->killed_by(), SIGINT) << p->shown();
@@ -994,6 +1152,42 @@ TEST_F(CliTest, CtrlCInTheTerminalEndsTheCommandAndThenHoldfastBySigint) {
   EXPECT_EQ(d->holders_size(), 0) << "not released";
   KillLeftover(command_pid);
 }
+
+// Where lending the terminal could stop holdfast with no shell to continue it
+// (the session's leader), or stop it through a process of its group (a pipeline
+// mate reading the terminal from the background), holdfast keeps the terminal:
+// the command runs in a background group of it, where its read stops it alone,
+// the lock held; Ctrl-C goes to holdfast, which passes it on and exits 130.
+class CliTerminalKeptTest : public CliTest, public ::testing::WithParamInterface<Job> {};
+
+TEST_P(CliTerminalKeptTest, TheCommandsReadStopsItAloneAndCtrlCIsForwarded) {
+  const std::string key = GetParam() == Job::kSessionLeader ? "tty-leader" : "tty-mate";
+  auto [p, command_pid] = LockAndAsk(*cluster_, key, GetParam());
+  ASSERT_NE(p, nullptr);
+  ASSERT_GT(command_pid, 0) << p->shown();
+  EXPECT_TRUE(WaitFor([&] { return StateOf(command_pid) == 'T'; }, seconds(10)))
+      << "command " << StateOf(command_pid);
+  EXPECT_EQ(p->ForegroundGroup(), p->pid()) << "lent";
+  std::this_thread::sleep_for(milliseconds(300));  // a stop to mirror would be seen by now
+  EXPECT_NE(StateOf(p->pid()), 'T') << "holdfast stopped with its command";
+  auto d = client_->Describe("default", "cli/" + key);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 1);
+  p->Type("\x03");  // Ctrl-C, to holdfast's group
+  EXPECT_EQ(p->Wait(), 128 + SIGINT) << p->shown();
+  EXPECT_EQ(p->killed_by(), 0) << "holdfast died of the signal it had to pass on";
+  d = client_->Describe("default", "cli/" + key);
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0) << "not released";
+  KillLeftover(command_pid);
+}
+
+INSTANTIATE_TEST_SUITE_P(NotAJobOfItsOwn, CliTerminalKeptTest,
+                         ::testing::Values(Job::kSessionLeader, Job::kWithGroupMate),
+                         [](const auto& info) {
+                           return info.param == Job::kSessionLeader ? "SessionLeader"
+                                                                    : "PipelineMate";
+                         });
 
 // With no holdfastd answering, opening the session waits up to the client's call
 // timeout (10 s); Ctrl-C ends that wait at once, as it ends the wait for the lock.

@@ -191,29 +191,35 @@ bool Subprocess::TakeStop() {
 }
 
 std::optional<ProcState> ReadProcState(pid_t pid) {
-  // "PID (COMM) STATE PPID PGRP ...": COMM may hold anything, so the fields are
-  // read after its last ')'.
+  // "PID (COMM) STATE PPID PGRP SESSION TTY_NR TPGID ...": COMM may hold
+  // anything, so the fields are read after its last ')'.
   std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
   std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t paren = stat.rfind(')');
   if (paren == std::string::npos) return std::nullopt;
   std::istringstream fields(stat.substr(paren + 1));
   ProcState out;
-  pid_t ppid = 0;
-  if (!(fields >> out.state >> ppid >> out.pgrp)) return std::nullopt;
+  pid_t ppid = 0, session = 0;
+  int tty = 0;
+  if (!(fields >> out.state >> ppid >> out.pgrp >> session >> tty >> out.terminal_group)) {
+    return std::nullopt;
+  }
   return out;
 }
 
-bool Subprocess::GroupAlive() const {
-  if (!options_.new_process_group) return false;
+bool GroupHasOtherLiveMember(pid_t pgrp, pid_t except) {
   std::error_code ec;
   for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
     pid_t pid = 0;
-    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid) || pid == pid_) continue;
+    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid) || pid == except) continue;
     auto p = ReadProcState(pid);  // nullopt: gone meanwhile
-    if (p && p->pgrp == pid_ && p->state != 'Z' && p->state != 'X') return true;
+    if (p && p->pgrp == pgrp && p->state != 'Z' && p->state != 'X') return true;
   }
   return false;
+}
+
+bool Subprocess::GroupAlive() const {
+  return options_.new_process_group && GroupHasOtherLiveMember(pid_, pid_);
 }
 
 void Subprocess::SignalGroup(int sig) {

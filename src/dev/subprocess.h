@@ -90,13 +90,20 @@ class Subprocess {
   int killed_by_ = 0;
 };
 
-// What /proc/PID/stat says of a process: its state letter ('R', 'S', 'Z'...) and
-// process group. nullopt when there is no such process (Linux only).
+// What /proc/PID/stat says of a process: its state letter ('R', 'S', 'Z'...),
+// process group, and its controlling terminal's foreground group (-1: none).
+// nullopt when there is no such process (Linux only).
 struct ProcState {
   char state = 0;
   pid_t pgrp = 0;
+  pid_t terminal_group = -1;
 };
 std::optional<ProcState> ReadProcState(pid_t pid);
+
+// Whether a live process (zombies do not count) other than `except` is in
+// process group `pgrp` (Linux: reads /proc; a process starting meanwhile may be
+// missed).
+bool GroupHasOtherLiveMember(pid_t pgrp, pid_t except);
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then
 // closed). Errors: INTERNAL.
