@@ -471,7 +471,7 @@ v1::AuditStatus Server::AuditStatus(const v1::GetAuditStatusRequest& req) const 
     } else {
       out.set_last_error(absl::StrCat("listing audited clusters: ", ids.status().message()));
     }
-    if (req.clusters_only()) return out;
+    if (req.clusters_only()) return out;  // (with retention_ms, and last_error if any)
     if (auto d = audit_store_->CommitDurability(); d.ok()) {
       out.set_store_durability(d->setting);
       out.set_store_durability_raised_from(d->raised_from);
@@ -479,6 +479,7 @@ v1::AuditStatus Server::AuditStatus(const v1::GetAuditStatusRequest& req) const 
       out.set_last_error(absl::StrCat("reading the store's durability: ", d.status().message()));
     }
   }
+  if (req.clusters_only()) return out;  // audit off: `enabled` says all
   const Cluster& control = clusters_->control();
   if (const audit::Auditor* auditor = control_auditor_.load()) {
     auto st = auditor->status();
