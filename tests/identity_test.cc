@@ -272,11 +272,6 @@ TEST_F(IdentityTest, NamespacePolicyAdmitsMembersAndAdminsOnly) {
   EXPECT_EQ((*admin)->CreateNamespace(bad).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
-// Taking an identity out of a namespace's members: refused while that identity
-// has live sessions there (the error names it; nothing changes), unless the
-// change is asked to end them: then their leases go with their holds, the other
-// members' and the admins' sessions stay, and the removed identity's own calls
-// are refused.
 // A caller learns nothing of a namespace it may not use, not even whether it
 // exists: every call naming one is answered alike for a namespace that exists and
 // one that does not (the same code, the same message but for the name). Admins,
@@ -381,6 +376,11 @@ TEST_F(IdentityTest, NamespacesACallerMayNotUseLookTheSameWhetherTheyExistOrNot)
   EXPECT_EQ(described.status().code(), absl::StatusCode::kNotFound) << described.status();
 }
 
+// Taking an identity out of a namespace's members: refused while that identity
+// has live sessions there (the error names it; nothing changes), unless the
+// change is asked to end them: then their leases go with their holds, the other
+// members' and the admins' sessions stay, and the removed identity's own calls
+// are refused.
 TEST_F(IdentityTest, RemovingAMemberEndsItsSessionsOnlyWhenAskedTo) {
   auto admin = std::move(*cluster_->NewClient());
   v1::CreateNamespaceRequest create;
