@@ -331,6 +331,34 @@ TEST_F(IdentityTest, NamespacesACallerMayNotUseLookTheSameWhetherTheyExistOrNot)
       v1::ReleaseResponse resp;
       note("release", lock_stub->Release(&ctx, rel, &resp));
     }
+    // Naming alice's session (whose id bob may have guessed), and one that does
+    // not exist: answered alike too, where the namespace does not exist.
+    for (const int64_t id : {(*session)->id(), (*session)->id() + 1}) {
+      const std::string which = id == (*session)->id() ? " (alice's)" : " (none)";
+      {
+        grpc::ClientContext ctx;
+        v1::ReleaseRequest rel;
+        rel.set_namespace_(ns);
+        rel.set_session_id(id);
+        rel.set_lock_key("k");
+        rel.set_token(hold->token());
+        v1::ReleaseResponse resp;
+        note("release" + which, lock_stub->Release(&ctx, rel, &resp));
+      }
+      {
+        grpc::ClientContext ctx;
+        v1::CloseSessionRequest close;
+        close.set_namespace_(ns);
+        close.set_session_id(id);
+        v1::CloseSessionResponse resp;
+        note("close" + which, session_stub->Close(&ctx, close, &resp));
+      }
+      // A keepalive is answered on its stream: lost, with the reason.
+      auto answer = KeepAliveOnce(session_stub.get(), ns, id);
+      note("keepalive" + which,
+           answer.lost() ? grpc::Status(grpc::StatusCode::PERMISSION_DENIED, answer.reason())
+                         : grpc::Status(grpc::StatusCode::UNKNOWN, "not lost"));
+    }
     {
       grpc::ClientContext ctx;
       v1::CheckTokenRequest check;
@@ -352,7 +380,7 @@ TEST_F(IdentityTest, NamespacesACallerMayNotUseLookTheSameWhetherTheyExistOrNot)
   };
   const auto existing = answers("team");
   const auto missing = answers("nope");
-  ASSERT_EQ(existing.size(), 5u);
+  ASSERT_EQ(existing.size(), 11u);
   EXPECT_EQ(existing, missing);
   for (const auto& [code, msg] : existing) {
     EXPECT_EQ(code, grpc::StatusCode::PERMISSION_DENIED) << msg;

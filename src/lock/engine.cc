@@ -376,9 +376,26 @@ std::optional<absl::Status> Engine::CheckKnownSession(const Caller& caller, cons
   // Seen here in this namespace (opened here, most often). A session that ended
   // since is told so by what follows: its renewal finds the lease gone.
   auto owner = owners_.IsOwner(session, ns, caller.identity);
-  if (!owner) return std::nullopt;
-  if (!*owner) return NotOwner(caller, session);
+  if (!owner || !*owner) return std::nullopt;
   return absl::OkStatus();
+}
+
+void Engine::AnswerIfMember(const Caller& caller, const std::string& ns, absl::Status answer,
+                            Deadline d, std::function<void(absl::Status)> done) {
+  if (caller.admin) return done(std::move(answer));
+  pb::RangeRequest r;
+  r.set_key(keyspace::NamespaceKey(ns));
+  etcd_->Range(r, EtcdDeadline(d), [caller, ns, answer = std::move(answer),
+                                     done = std::move(done)](absl::StatusOr<pb::RangeResponse> resp) {
+    if (!resp.ok()) return done(resp.status());
+    if (resp->kvs_size() == 0) return done(NoSuchNamespace(caller, ns));
+    records::NamespaceRecord rec;
+    if (!rec.ParseFromString(resp->kvs(0).value())) {
+      return done(absl::DataLossError("corrupt namespace record in etcd"));
+    }
+    if (auto s = CheckMember(caller, ns, rec.members()); !s.ok()) return done(s);
+    done(answer);
+  });
 }
 
 void Engine::VerifySession(const Caller& caller, const std::string& ns, int64_t session,
@@ -390,11 +407,14 @@ void Engine::VerifySession(const Caller& caller, const std::string& ns, int64_t 
   }
   pb::RangeRequest r;
   r.set_key(keyspace::SessionKey(ns, session));
-  etcd_->Range(r, EtcdDeadline(d), [this, caller, ns, session,
+  etcd_->Range(r, EtcdDeadline(d), [this, caller, ns, session, d,
                                      done](absl::StatusOr<pb::RangeResponse> resp) {
     if (!resp.ok()) return done(resp.status());
+    auto refuse = [&](absl::Status why) {
+      AnswerIfMember(caller, ns, std::move(why), d, [done](absl::Status s) { done(s); });
+    };
     if (resp->kvs_size() == 0) {
-      return done(absl::NotFoundError(
+      return refuse(absl::NotFoundError(
           absl::StrCat("session ", session, " not found in namespace \"", ns,
                        "\" (it expired or was closed)")));
     }
@@ -403,7 +423,7 @@ void Engine::VerifySession(const Caller& caller, const std::string& ns, int64_t 
       return done(absl::DataLossError("corrupt session record in etcd"));
     }
     owners_.Remember(session, ns, rec.identity());
-    if (auto s = CheckOwner(caller, session, rec.identity()); !s.ok()) return done(s);
+    if (auto s = CheckOwner(caller, session, rec.identity()); !s.ok()) return refuse(s);
     done(true);
   });
 }
@@ -478,12 +498,20 @@ void Engine::CloseSession(const Caller& caller, const v1::CloseSessionRequest& r
   etcd_->Range(r, EtcdDeadline(d), [this, caller, ns, lease, d,
                                      done](absl::StatusOr<pb::RangeResponse> resp) {
     if (!resp.ok()) return done(resp.status());
-    if (resp->kvs_size() == 0) return done(v1::CloseSessionResponse());  // already gone
+    // A session gone, or another identity's: told as such only to a caller who
+    // may use the namespace (AnswerIfMember).
+    auto answer = [done](absl::Status s) {
+      if (!s.ok()) return done(s);
+      done(v1::CloseSessionResponse());  // already gone
+    };
+    if (resp->kvs_size() == 0) return AnswerIfMember(caller, ns, absl::OkStatus(), d, answer);
     records::SessionRecord rec;
     if (!rec.ParseFromString(resp->kvs(0).value())) {
       return done(absl::DataLossError("corrupt session record in etcd"));
     }
-    if (auto s = CheckOwner(caller, lease, rec.identity()); !s.ok()) return done(s);
+    if (auto s = CheckOwner(caller, lease, rec.identity()); !s.ok()) {
+      return AnswerIfMember(caller, ns, s, d, answer);
+    }
     auto revoke = [this, ns, lease, d, done] {
       views_.Forget(lease);
       pb::LeaseRevokeRequest rr;

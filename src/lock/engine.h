@@ -133,11 +133,15 @@ class Engine {
   void OpenSession(const Caller& caller, const v1::OpenSessionRequest& req, Deadline d,
                    Done<v1::OpenSessionResponse> done);
   // The check VerifySession makes of a session this replica has seen in `ns`
-  // (lock/session_owners.h), without a read: OK, or PERMISSION_DENIED for another
-  // identity; nullopt when only a read can tell.
+  // (lock/session_owners.h), without a read: OK when it is the caller's; nullopt
+  // when only reads can tell (also when it is another identity's: whether the
+  // caller may be told so depends on its membership, AnswerIfMember).
   std::optional<absl::Status> CheckKnownSession(const Caller& caller, const std::string& ns,
                                                 int64_t session);
-  // Checks that `session` is a live session of `ns` (before renewing it on a stream).
+  // Checks that `session` is a live session of `ns` owned by the caller (before
+  // renewing it on a stream). Errors: NOT_FOUND (no such session) and
+  // PERMISSION_DENIED (another identity's) to a caller who may use `ns`; to one
+  // who may not, the PERMISSION_DENIED of a namespace it may not use, either way.
   void VerifySession(const Caller& caller, const std::string& ns, int64_t session, Deadline d,
                      Done<bool> done);
   // Renews the session's lease once. Never fails: etcd errors are reported in the
@@ -243,6 +247,13 @@ class Engine {
   // PERMISSION_DENIED unless the session belongs to the caller.
   static absl::Status CheckOwner(const Caller& caller, int64_t session,
                                  const std::string& owner);
+  // Passes `answer` (what a call naming a session in `ns` found: none, or
+  // another identity's) to `done` if the caller may use `ns`; else the
+  // PERMISSION_DENIED every call naming a namespace it may not use gets, so that
+  // a session id does not tell a non-member whether the namespace exists.
+  // Admins are answered at once; anyone else costs a read of the namespace.
+  void AnswerIfMember(const Caller& caller, const std::string& ns, absl::Status answer,
+                      Deadline d, std::function<void(absl::Status)> done);
   // Acquires cancelled or moved that keep their waiters a moment (AcquireOp::
   // Leave) and have not ended yet (WaitForLeavers).
   absl::Mutex stop_mu_;
