@@ -12,12 +12,14 @@
 // continued too, after a SIGTERM if the session's deadline passed meanwhile.
 //
 // Run by an interactive shell as a job of its own, holdfast lends the terminal to
-// CMD's group whenever its own group is the foreground one, as a shell does for a
-// job (JobTerminal): CMD may read it (a prompt, an editor, psql) and gets Ctrl-C
+// CMD's group when the shell gives its own group the terminal, as a shell does
+// for a job (JobTerminal): CMD may read it (a prompt, an editor, psql) and gets Ctrl-C
 // and Ctrl-Z itself. CMD stopped that way (or by reading the terminal while
 // holdfast is in the background) stops holdfast too, so the shell sees its job
-// stop; `fg` continues both and lends the terminal again, as does `fg` of a
-// holdfast that was running in the background. Anywhere else (no terminal, a
+// stop; `fg` continues both and lends the terminal again. (`fg` of a holdfast
+// running in the background lends at once only if the shell sends it SIGCONT;
+// bash and zsh do not, so CMD's next read stops the job and a second `fg`
+// lends.) Anywhere else (no terminal, a
 // pipeline, a script's `&`, a session of its own) holdfast keeps its terminal and
 // CMD runs in a background group of it, where a read of the terminal stops it.
 //
@@ -398,8 +400,9 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
       child.Signal(SIGKILL);
       killed = true;
     } else if (signalled && event.signal == SIGCONT) {
-      // `fg` of holdfast running in the background (`bg`, or started with `&`):
-      // the terminal is holdfast's group's now, and so CMD's.
+      // `fg` of holdfast running in the background (`bg`, or started with `&`),
+      // from a shell that continues a running job too: the terminal is
+      // holdfast's group's now, and so CMD's.
       if (terminal) terminal->LendTo(child.pid());
     } else if (terminal && !kill_at && child.TakeStop() && StoppedNow(child.pid())) {
       // (SIGCHLD, or a wake-up.) CMD stopped on its own in a terminal: Ctrl-Z (the

@@ -1111,7 +1111,9 @@ TEST_F(CliTest, AfterBgAReadOfTheTerminalStopsTheJobUntilFg) {
 }
 
 // Started with `&`, holdfast leaves the terminal to the shell; `fg` of it while
-// the command runs lends the terminal to the command, which can then read it.
+// the command runs, from a shell that sends a running job SIGCONT too (RunShell
+// does; bash and zsh do not), lends the terminal to the command, which can then
+// read it.
 TEST_F(CliTest, StartedInTheBackgroundHoldfastLendsTheTerminalOnFg) {
   const std::string go = Path("tty-fg-go");
   auto [p, command_pid] = LockAndAsk(*cluster_, "tty-fg", Job::kBackground,
