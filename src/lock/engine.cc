@@ -371,13 +371,11 @@ void Engine::CommitSession(const SessionOpen& open, int64_t lease, int attempts_
   });
 }
 
-std::optional<absl::Status> Engine::CheckKnownSession(const Caller& caller, const std::string& ns,
-                                                      int64_t session) {
+bool Engine::IsKnownOwnSession(const Caller& caller, const std::string& ns, int64_t session) {
   // Seen here in this namespace (opened here, most often). A session that ended
   // since is told so by what follows: its renewal finds the lease gone.
   auto owner = owners_.IsOwner(session, ns, caller.identity);
-  if (!owner || !*owner) return std::nullopt;
-  return absl::OkStatus();
+  return owner && *owner;
 }
 
 void Engine::AnswerIfMember(const Caller& caller, const std::string& ns, absl::Status answer,
@@ -401,10 +399,7 @@ void Engine::AnswerIfMember(const Caller& caller, const std::string& ns, absl::S
 void Engine::VerifySession(const Caller& caller, const std::string& ns, int64_t session,
                            Deadline d, Done<bool> done) {
   if (auto s = ValidateSessionRef(ns, session); !s.ok()) return done(s);
-  if (auto known = CheckKnownSession(caller, ns, session)) {
-    if (!known->ok()) return done(*known);
-    return done(true);
-  }
+  if (IsKnownOwnSession(caller, ns, session)) return done(true);
   pb::RangeRequest r;
   r.set_key(keyspace::SessionKey(ns, session));
   etcd_->Range(r, EtcdDeadline(d), [this, caller, ns, session, d,
@@ -552,8 +547,7 @@ void Engine::Release(const Caller& caller, const v1::ReleaseRequest& req, Deadli
     return done(absl::InvalidArgumentError(absl::StrCat("token ", req.token(), " is invalid")));
   }
   // Only the session's owner may release its holds.
-  if (auto known = CheckKnownSession(caller, req.namespace_(), req.session_id())) {
-    if (!known->ok()) return done(*known);
+  if (IsKnownOwnSession(caller, req.namespace_(), req.session_id())) {
     return ReleaseAttempt(caller, req, d, /*attempts_left=*/5, std::move(done));
   }
   VerifySession(caller, req.namespace_(), req.session_id(), d,

@@ -132,12 +132,11 @@ class Engine {
 
   void OpenSession(const Caller& caller, const v1::OpenSessionRequest& req, Deadline d,
                    Done<v1::OpenSessionResponse> done);
-  // The check VerifySession makes of a session this replica has seen in `ns`
-  // (lock/session_owners.h), without a read: OK when it is the caller's; nullopt
-  // when only reads can tell (also when it is another identity's: whether the
-  // caller may be told so depends on its membership, AnswerIfMember).
-  std::optional<absl::Status> CheckKnownSession(const Caller& caller, const std::string& ns,
-                                                int64_t session);
+  // The check VerifySession makes first, without a read: whether this replica
+  // has seen `session` in `ns` as the caller's (lock/session_owners.h). False
+  // when only reads can tell (also for another identity's: whether the caller
+  // may be told so depends on its membership, AnswerIfMember).
+  bool IsKnownOwnSession(const Caller& caller, const std::string& ns, int64_t session);
   // Checks that `session` is a live session of `ns` owned by the caller (before
   // renewing it on a stream). Errors: NOT_FOUND (no such session) and
   // PERMISSION_DENIED (another identity's) to a caller who may use `ns`; to one

@@ -203,8 +203,7 @@ class SessionService::KeepAliveStream {
     lock::Engine* engine = service_->router_->RouteFor(req.namespace_()).engine;
     auto deadline = lock::Deadline(std::chrono::system_clock::now() +
                                    engine->options().etcd_timeout);
-    if (auto known = engine->CheckKnownSession(caller_, req.namespace_(), req.session_id())) {
-      if (!known->ok()) return Refuse(req, *known);
+    if (engine->IsKnownOwnSession(caller_, req.namespace_(), req.session_id())) {
       return Renew(engine, std::move(req), deadline);
     }
     engine->VerifySession(caller_, req.namespace_(), req.session_id(), deadline,
