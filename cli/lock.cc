@@ -16,12 +16,14 @@
 // for a job (JobTerminal): CMD may read it (a prompt, an editor, psql) and gets Ctrl-C
 // and Ctrl-Z itself. CMD stopped that way (or by reading the terminal while
 // holdfast is in the background) stops holdfast too, so the shell sees its job
-// stop; `fg` continues both and lends the terminal again. (`fg` of a holdfast
-// running in the background lends at once only if the shell sends it SIGCONT;
-// bash and zsh do not, so CMD's next read stops the job and a second `fg`
-// lends.) Anywhere else (no terminal, a
-// pipeline, a script's `&`, a session of its own) holdfast keeps its terminal and
-// CMD runs in a background group of it, where a read of the terminal stops it.
+// stop; `fg` continues both and lends the terminal again. `fg` of a holdfast
+// running in the background (after `bg`, or started with `&`) lends it when the
+// shell continues the job (SIGCONT), or else (bash and zsh only give a running
+// job the terminal) when CMD next reads or sets the terminal: CMD, stopped for it
+// (SIGTTIN, SIGTTOU) while holdfast's group has the terminal, is lent it and
+// continued. Anywhere else (no terminal, a pipeline, a script's `&`, a session of
+// its own) holdfast keeps its terminal and CMD runs in a background group of it,
+// where a read of the terminal stops it.
 //
 // The main thread waits for everything (signals, CMD's exit, the session's
 // lost signal, the end of the acquire call) through one SignalWaiter.
@@ -122,10 +124,12 @@ class JobTerminal {
   JobTerminal(const JobTerminal&) = delete;
   JobTerminal& operator=(const JobTerminal&) = delete;
 
+  // Whether holdfast's group is the foreground group now.
+  bool HeldByOwnGroup() const { return ::tcgetpgrp(fd_) == ::getpgrp(); }
   // Makes `group` the foreground group, if holdfast's group is it now (in the
   // background, holdfast must not take the terminal from the shell).
   void LendTo(pid_t group) {
-    if (::tcgetpgrp(fd_) == ::getpgrp()) ::tcsetpgrp(fd_, group);
+    if (HeldByOwnGroup()) ::tcsetpgrp(fd_, group);
   }
   // Makes holdfast's group the foreground group again, if `group` has it.
   void TakeBackFrom(pid_t group) {
@@ -404,13 +408,24 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
       // from a shell that continues a running job too: the terminal is
       // holdfast's group's now, and so CMD's.
       if (terminal) terminal->LendTo(child.pid());
-    } else if (terminal && !kill_at && child.TakeStop() && StoppedNow(child.pid())) {
-      // (SIGCHLD, or a wake-up.) CMD stopped on its own in a terminal: Ctrl-Z (the
-      // terminal's SIGTSTP goes to its foreground group, CMD's), or a read of it
-      // from the background. holdfast stops too, so that its shell sees the job
-      // stop and takes the terminal back; `fg` continues holdfast, which lends
-      // the terminal to CMD and continues it.
-      stop_with_command();
+    } else if (terminal && !kill_at) {
+      // (SIGCHLD, or a wake-up.) Did CMD stop on its own in a terminal?
+      const int stop = child.TakeStop();
+      if (stop == 0 || !StoppedNow(child.pid())) continue;
+      if ((stop == SIGTTIN || stop == SIGTTOU) && terminal->HeldByOwnGroup()) {
+        // CMD read or set the terminal from the background, yet the job is in
+        // the foreground: `fg` of holdfast running in the background, from a
+        // shell that gives a running job the terminal without SIGCONT. Lent the
+        // terminal, CMD retries and succeeds.
+        terminal->LendTo(child.pid());
+        child.Signal(SIGCONT);
+      } else {
+        // Ctrl-Z (the terminal's SIGTSTP goes to its foreground group, CMD's),
+        // or a read of the terminal from the background. holdfast stops too, so
+        // that its shell sees the job stop and takes the terminal back; `fg`
+        // continues holdfast, which lends the terminal to CMD and continues it.
+        stop_with_command();
+      }
     }
   }
   if (kill_at && !killed) {

@@ -824,9 +824,11 @@ enum class Job {
 // The forkpty child: the terminal's session leader and a job-control shell with
 // one job, holdfast. It writes holdfast's pid to `report_fd`, then a 'T' each
 // time the job stops, when it takes the terminal back, as a shell does; on 'f'
-// (`fg`) it gives the terminal to the job and continues it, on 'b' (`bg`)
-// continues it alone. It exits as holdfast exits (dies of the same signal). Only
-// async-signal-safe calls: the test process has threads.
+// (`fg`) it gives the terminal to the job and continues it if it is stopped, on
+// 'b' (`bg`) continues it alone if it is stopped, as bash and zsh do; on 'F'
+// (`fg` of a shell that continues a running job too) it gives the terminal and
+// sends SIGCONT either way. It exits as holdfast exits (dies of the same signal).
+// Only async-signal-safe calls: the test process has threads.
 [[noreturn]] void RunShell(Job job, char** argv, char** envp, int report_fd, int control_fd) {
   ::signal(SIGTTOU, SIG_IGN);  // it hands the terminal around from any group
   const pid_t shell_group = ::getpgrp();
@@ -845,17 +847,20 @@ enum class Job {
     for (;;) ::pause();
   }
   (void)!::write(report_fd, &holdfast, sizeof holdfast);
+  bool stopped = false;
   for (;;) {
     pollfd p{control_fd, POLLIN, 0};
     if (::poll(&p, 1, 20) > 0) {
       char c = 0;
       if (::read(control_fd, &c, 1) != 1) control_fd = -1;  // the test is gone
-      if (c == 'f') ::tcsetpgrp(STDIN_FILENO, holdfast);
-      if (c == 'f' || c == 'b') ::kill(-holdfast, SIGCONT);
+      if (c == 'f' || c == 'F') ::tcsetpgrp(STDIN_FILENO, holdfast);
+      if (((c == 'f' || c == 'b') && stopped) || c == 'F') ::kill(-holdfast, SIGCONT);
+      if (c == 'f' || c == 'b' || c == 'F') stopped = false;
     }
     int status = 0;
     if (::waitpid(holdfast, &status, WNOHANG | WUNTRACED) != holdfast) continue;
     if (WIFSTOPPED(status)) {
+      stopped = true;
       ::tcsetpgrp(STDIN_FILENO, shell_group);
       (void)!::write(report_fd, "T", 1);
       continue;
@@ -947,8 +952,10 @@ class TerminalProcess {
     return ::poll(&p, 1, static_cast<int>(timeout.count())) > 0 && ::read(report_, &c, 1) == 1 &&
            c == 'T';
   }
-  // The shell's `fg` and `bg` of holdfast.
+  // The shell's `fg` and `bg` of holdfast; FgWithSigcont(), `fg` of a shell
+  // that continues a running job too.
   void Fg() { EXPECT_EQ(::write(control_, "f", 1), 1); }
+  void FgWithSigcont() { EXPECT_EQ(::write(control_, "F", 1), 1); }
   void Bg() { EXPECT_EQ(::write(control_, "b", 1), 1); }
   void Type(const std::string& text) {
     EXPECT_EQ(::write(master_, text.data(), text.size()), static_cast<ssize_t>(text.size()));
@@ -1111,31 +1118,51 @@ TEST_F(CliTest, AfterBgAReadOfTheTerminalStopsTheJobUntilFg) {
 }
 
 // Started with `&`, holdfast leaves the terminal to the shell; `fg` of it while
-// the command runs, from a shell that sends a running job SIGCONT too (RunShell
-// does; bash and zsh do not), lends the terminal to the command, which can then
-// read it.
-TEST_F(CliTest, StartedInTheBackgroundHoldfastLendsTheTerminalOnFg) {
-  const std::string go = Path("tty-fg-go");
-  auto [p, command_pid] = LockAndAsk(*cluster_, "tty-fg", Job::kBackground,
+// the command runs lends the terminal to the command, which can then read it,
+// with no stop of the job: at once from a shell that sends the running job
+// SIGCONT, else when the command reads the terminal (bash and zsh only give a
+// running job the terminal: the command's read, stopped for it, used to stop the
+// job, and only a second `fg` lent the terminal).
+class CliFgOfARunningJobTest : public CliTest, public ::testing::WithParamInterface<bool> {};
+
+TEST_P(CliFgOfARunningJobTest, LendsTheTerminalToTheCommand) {
+  const bool sigcont = GetParam();
+  const std::string key = sigcont ? "tty-fg-cont" : "tty-fg";
+  const std::string go = Path(key + "-go");
+  auto [p, command_pid] = LockAndAsk(*cluster_, key, Job::kBackground,
                                      "until [ -e '" + go + "' ]; do sleep 0.05; done; ");
   ASSERT_NE(p, nullptr);
   ASSERT_GT(command_pid, 0) << p->shown();
-  auto d = client_->Describe("default", "cli/tty-fg");
+  auto d = client_->Describe("default", "cli/" + key);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->holders_size(), 1);
   EXPECT_NE(p->ForegroundGroup(), command_pid) << "taken from the shell";
   EXPECT_NE(p->ForegroundGroup(), p->pid()) << "taken from the shell";
-  p->Fg();
-  EXPECT_TRUE(WaitFor([&] { return p->ForegroundGroup() == command_pid; }, seconds(10)))
-      << p->ForegroundGroup();
+  if (sigcont) {
+    p->FgWithSigcont();
+    EXPECT_TRUE(WaitFor([&] { return p->ForegroundGroup() == command_pid; }, seconds(10)))
+        << p->ForegroundGroup();
+  } else {
+    p->Fg();
+    EXPECT_TRUE(WaitFor([&] { return p->ForegroundGroup() == p->pid(); }, seconds(10)))
+        << p->ForegroundGroup();
+  }
   std::ofstream(go).put('\n');
   EXPECT_TRUE(p->Shows("proceed? ")) << p->shown();
+  EXPECT_TRUE(WaitFor([&] { return p->ForegroundGroup() == command_pid; }, seconds(10)))
+      << p->ForegroundGroup();
   p->Type("yes\n");
   EXPECT_TRUE(p->Shows("got:yes")) << p->shown() << " (command state " << StateOf(command_pid)
                                    << ")";
   EXPECT_EQ(p->Wait(), 0) << p->shown();
+  EXPECT_FALSE(p->JobStopped(milliseconds(0))) << "the job stopped";
   KillLeftover(command_pid);
 }
+
+INSTANTIATE_TEST_SUITE_P(StartedInTheBackground, CliFgOfARunningJobTest, ::testing::Bool(),
+                         [](const auto& info) {
+                           return info.param ? "ShellSendsSigcont" : "ShellSendsNoSigcont";
+                         });
 
 // Ctrl-C typed in the terminal goes to the command; holdfast releases and then dies
 // of SIGINT itself, so that a shell script running it stops as it would had

@@ -183,11 +183,11 @@ bool Subprocess::Exited() {
   return info.si_pid == pid_;
 }
 
-bool Subprocess::TakeStop() {
-  if (exit_status_) return false;
+int Subprocess::TakeStop() {
+  if (exit_status_) return 0;
   siginfo_t info{};
-  if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WSTOPPED | WNOHANG) != 0) return false;
-  return info.si_pid == pid_ && info.si_code == CLD_STOPPED;
+  if (::waitid(P_PID, static_cast<id_t>(pid_), &info, WSTOPPED | WNOHANG) != 0) return 0;
+  return info.si_pid == pid_ && info.si_code == CLD_STOPPED ? info.si_status : 0;
 }
 
 std::optional<ProcState> ReadProcState(pid_t pid) {

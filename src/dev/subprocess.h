@@ -60,9 +60,10 @@ class Subprocess {
   // Wait() reaps it, its pid, and so its process group's id, cannot be given to
   // another process.
   bool Exited();
-  // True if the child stopped (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU) since the last
-  // call: takes the stop's notice (waitid WSTOPPED), once per stop.
-  bool TakeStop();
+  // The signal that stopped the child (SIGSTOP, SIGTSTP, SIGTTIN, SIGTTOU) if it
+  // stopped since the last call, else 0: takes the stop's notice (waitid
+  // WSTOPPED), once per stop.
+  int TakeStop();
   // Waits for exit; returns the exit code, or 128 + signal when killed.
   // nullopt when `timeout` passed first.
   std::optional<int> Wait(std::optional<std::chrono::milliseconds> timeout = std::nullopt);
