@@ -10,6 +10,9 @@
 // SIGTSTP (Ctrl-Z) stops CMD's group, then holdfast (Stop): nothing runs on
 // under a lock nobody renews; when holdfast is continued, CMD's group is
 // continued too, after a SIGTERM if the session's deadline passed meanwhile.
+// Where no shell could continue holdfast (its process group orphaned: its parent
+// gone, or in another session), nothing is stopped, as the kernel would not stop
+// such a group (ShellCanContinue).
 //
 // Run by an interactive shell as a job of its own, holdfast lends the terminal to
 // CMD's group when the shell gives its own group the terminal, as a shell does
@@ -23,7 +26,8 @@
 // (SIGTTIN, SIGTTOU) while holdfast's group has the terminal, is lent it and
 // continued. Anywhere else (no terminal, a pipeline, a script's `&`, a session of
 // its own) holdfast keeps its terminal and CMD runs in a background group of it,
-// where a read of the terminal stops it.
+// where a read of the terminal stops it; so too once the shell that started
+// holdfast has exited.
 //
 // The main thread waits for everything (signals, CMD's exit, the session's
 // lost signal, the end of the acquire call) through one SignalWaiter.
@@ -91,6 +95,18 @@ struct LockRequest {
   std::vector<std::string> command;
 };
 
+// Whether a job-control shell could continue holdfast were it to stop: its
+// parent is in its session and in another process group, so that holdfast's
+// group is not orphaned. The kernel does not stop an orphaned group for Ctrl-Z or
+// a read of the terminal (POSIX), as nobody would continue it; holdfast's parent
+// is gone, or in another session (`ssh -t host holdfast lock ...`), then. (Judged
+// by holdfast's parent alone: a group mate's parent could keep the group from
+// being orphaned too, and holdfast would then not stop where it might.)
+bool ShellCanContinue() {
+  const pid_t parent = ::getppid();
+  return ::getsid(parent) == ::getsid(0) && ::getpgid(parent) != ::getpgrp();
+}
+
 // The controlling terminal, when holdfast is a job of its own of an interactive
 // shell. While CMD runs, CMD's group is the terminal's foreground group whenever
 // holdfast's group would be, so CMD can read the terminal and is sent the
@@ -110,10 +126,7 @@ struct LockRequest {
 class JobTerminal {
  public:
   static std::unique_ptr<JobTerminal> IfOwnJob() {
-    const pid_t group = ::getpgrp();
-    const pid_t parent = ::getppid();
-    if (::getsid(parent) != ::getsid(0) || ::getpgid(parent) == group ||
-        dev::GroupHasOtherLiveMember(group, ::getpid())) {
+    if (!ShellCanContinue() || dev::GroupHasOtherLiveMember(::getpgrp(), ::getpid())) {
       return nullptr;
     }
     const int fd = ::open("/dev/tty", O_RDWR | O_NOCTTY | O_CLOEXEC);
@@ -143,10 +156,14 @@ class JobTerminal {
 
 // Job control: SIGTSTP (Ctrl-Z) stops holdfast as it would by default, after
 // CMD's group (SIGSTOP, which CMD cannot ignore: it must not run on while
-// nobody renews its lock). Returns once holdfast has been continued.
-void StopForJobControl(dev::Subprocess* child) {
+// nobody renews its lock). Returns true once holdfast has been continued; false
+// at once, stopping nothing, where no shell could continue it (as the kernel
+// ignores Ctrl-Z for an orphaned group).
+bool StopForJobControl(dev::Subprocess* child) {
+  if (!ShellCanContinue()) return false;
   if (child != nullptr) child->Signal(SIGSTOP);
   ::kill(::getpid(), SIGSTOP);
+  return true;
 }
 
 // Whether `pid` is stopped now (not only was, since the last notice).
@@ -340,6 +357,7 @@ int ReportStartError(const absl::Status& status) {
 struct CommandOutcome {
   int exit_code = 0;
   bool hold_lost = false;
+  bool terminal_lent = false;  // to the end: the terminal's Ctrl-C went to CMD
 };
 
 // Waits for CMD to exit, forwarding signals to its group, and stops it when the
@@ -370,7 +388,13 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
   // holdfast is continued.
   auto stop_with_command = [&] {
     if (terminal) terminal->TakeBackFrom(child.pid());
-    StopForJobControl(&child);
+    if (!StopForJobControl(&child)) {
+      // No shell could continue the job any more (its shell exited since CMD
+      // started): holdfast runs on, renewing, and a CMD that stopped itself
+      // stays stopped, as in a terminal holdfast keeps, which it now does.
+      terminal = nullptr;
+      return;
+    }
     // Continued. Nothing renewed the session while holdfast was stopped: past
     // its deadline the lock may be someone else's, so CMD gets its SIGTERM
     // before it runs again (the keepalive pump may not have said so yet).
@@ -442,6 +466,7 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
   CommandOutcome outcome;
   outcome.exit_code = *child.Wait();
   outcome.hold_lost = kill_at.has_value();
+  outcome.terminal_lent = terminal != nullptr;
   if (!outcome.hold_lost && hold.lost()) {
     // Lost at about the time CMD ended: it may have run unprotected at the end.
     PrintMessage(absl::StrCat("lost the hold on ", request.ref.ToString(),
@@ -548,7 +573,7 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
     return kExitHoldLost;
   }
   ReleaseAndClose(*hold, **session, *request);
-  if (terminal && (*child)->killed_by() == SIGINT) {
+  if (outcome.terminal_lent && (*child)->killed_by() == SIGINT) {
     // Ctrl-C went to CMD alone (it had the terminal). A shell running holdfast
     // from a script stops the script only if holdfast dies of SIGINT too
     // (exiting 130 says "handled"), as it would have had it received the Ctrl-C.

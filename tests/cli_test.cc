@@ -819,7 +819,36 @@ enum class Job {
   kBackground,     // a job started with `&`: a group of its own, in the background
   kWithGroupMate,  // foreground, with another process in its group (a pipeline)
   kSessionLeader,  // no shell: holdfast leads the terminal's session (`ssh -t host ...`)
+  kShellExitsLater,  // a job started with `&` by a shell that exits while it runs
 };
+
+// For Job::kShellExitsLater: the forkpty child stays the terminal's session
+// leader and starts a shell (a process group of its own, as a nested shell),
+// which starts holdfast as a job in the background and writes its pid to
+// `report_fd`. On 'x' the shell is killed: holdfast's group is orphaned, its
+// parent now in another session. The session leader then waits to be killed.
+[[noreturn]] void RunShellThatExits(char** argv, char** envp, int report_fd,
+                                    int control_fd) {
+  const pid_t shell = ::fork();
+  if (shell == 0) {
+    ::setpgid(0, 0);
+    const pid_t holdfast = ::fork();
+    if (holdfast == 0) {
+      ::setpgid(0, 0);
+      ::execve(argv[0], argv, envp);
+      ::_exit(127);
+    }
+    ::setpgid(holdfast, holdfast);
+    (void)!::write(report_fd, &holdfast, sizeof holdfast);
+    for (;;) ::pause();
+  }
+  char c = 0;
+  while (::read(control_fd, &c, 1) == 1 && c != 'x') {
+  }
+  ::kill(shell, SIGKILL);
+  ::waitpid(shell, nullptr, 0);
+  for (;;) ::pause();
+}
 
 // The forkpty child: the terminal's session leader and a job-control shell with
 // one job, holdfast. It writes holdfast's pid to `report_fd`, then a 'T' each
@@ -830,6 +859,7 @@ enum class Job {
 // sends SIGCONT either way. It exits as holdfast exits (dies of the same signal).
 // Only async-signal-safe calls: the test process has threads.
 [[noreturn]] void RunShell(Job job, char** argv, char** envp, int report_fd, int control_fd) {
+  if (job == Job::kShellExitsLater) RunShellThatExits(argv, envp, report_fd, control_fd);
   ::signal(SIGTTOU, SIG_IGN);  // it hands the terminal around from any group
   const pid_t shell_group = ::getpgrp();
   const pid_t holdfast = ::fork();
@@ -956,6 +986,8 @@ class TerminalProcess {
   // that continues a running job too.
   void Fg() { EXPECT_EQ(::write(control_, "f", 1), 1); }
   void FgWithSigcont() { EXPECT_EQ(::write(control_, "F", 1), 1); }
+  // Job::kShellExitsLater: the shell that started holdfast exits.
+  void ExitShell() { EXPECT_EQ(::write(control_, "x", 1), 1); }
   void Bg() { EXPECT_EQ(::write(control_, "b", 1), 1); }
   void Type(const std::string& text) {
     EXPECT_EQ(::write(master_, text.data(), text.size()), static_cast<ssize_t>(text.size()));
@@ -1199,6 +1231,14 @@ TEST_P(CliTerminalKeptTest, TheCommandsReadStopsItAloneAndCtrlCIsForwarded) {
   EXPECT_EQ(p->ForegroundGroup(), p->pid()) << "lent";
   std::this_thread::sleep_for(milliseconds(300));  // a stop to mirror would be seen by now
   EXPECT_NE(StateOf(p->pid()), 'T') << "holdfast stopped with its command";
+  if (GetParam() == Job::kSessionLeader) {
+    // No shell could continue holdfast: Ctrl-Z, to its group, stops nothing, as
+    // the kernel would not stop an orphaned group. (It used to stop holdfast, for
+    // good, and the lock lapsed.)
+    p->Type("\x1a");
+    std::this_thread::sleep_for(milliseconds(300));  // a stop would be seen by now
+    EXPECT_NE(StateOf(p->pid()), 'T') << "stopped with nobody to continue it";
+  }
   auto d = client_->Describe("default", "cli/" + key);
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->holders_size(), 1);
@@ -1217,6 +1257,42 @@ INSTANTIATE_TEST_SUITE_P(NotAJobOfItsOwn, CliTerminalKeptTest,
                            return info.param == Job::kSessionLeader ? "SessionLeader"
                                                                     : "PipelineMate";
                          });
+
+// Once the shell that started holdfast has exited (holdfast's group orphaned: no
+// shell could continue it), the command's read of the terminal stops the command
+// alone: holdfast runs on, keeps the lock, and still passes signals on. (It used
+// to stop itself with the command, for good, and the lock lapsed.)
+TEST_F(CliTest, AfterItsShellExitedTheCommandsReadStopsTheCommandAlone) {
+  const std::string go = Path("tty-orphan-go");
+  auto [p, command_pid] = LockAndAsk(*cluster_, "tty-orphan", Job::kShellExitsLater,
+                                     "until [ -e '" + go + "' ]; do sleep 0.05; done; ");
+  ASSERT_NE(p, nullptr);
+  ASSERT_GT(command_pid, 0) << p->shown();
+  auto parent = [&] {
+    auto s = dev::ReadProcState(p->pid());
+    return s ? s->parent : 0;
+  };
+  const pid_t shell = parent();
+  ASSERT_GT(shell, 0);
+  p->ExitShell();
+  ASSERT_TRUE(WaitFor([&] { return parent() != shell; }, seconds(10)));
+  std::ofstream(go).put('\n');
+  EXPECT_TRUE(WaitFor([&] { return StateOf(command_pid) == 'T'; }, seconds(10)))
+      << "command " << StateOf(command_pid);
+  std::this_thread::sleep_for(milliseconds(300));  // a stop to mirror would be seen by now
+  EXPECT_NE(StateOf(p->pid()), 'T') << "holdfast stopped with nobody to continue it";
+  auto d = client_->Describe("default", "cli/tty-orphan");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 1);
+  ASSERT_EQ(::kill(p->pid(), SIGTERM), 0);  // passed on with SIGCONT: the command ends
+  EXPECT_TRUE(WaitFor([&] { char s = StateOf(p->pid()); return s == 'Z' || s == '?'; },
+                      seconds(30)))
+      << "holdfast " << StateOf(p->pid()) << ", command " << StateOf(command_pid);
+  d = client_->Describe("default", "cli/tty-orphan");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0) << "not released";
+  KillLeftover(command_pid);
+}
 
 // With no holdfastd answering, opening the session waits up to the client's call
 // timeout (10 s); Ctrl-C ends that wait at once, as it ends the wait for the lock.

@@ -199,9 +199,9 @@ std::optional<ProcState> ReadProcState(pid_t pid) {
   if (paren == std::string::npos) return std::nullopt;
   std::istringstream fields(stat.substr(paren + 1));
   ProcState out;
-  pid_t ppid = 0, session = 0;
+  pid_t session = 0;
   int tty = 0;
-  if (!(fields >> out.state >> ppid >> out.pgrp >> session >> tty >> out.terminal_group)) {
+  if (!(fields >> out.state >> out.parent >> out.pgrp >> session >> tty >> out.terminal_group)) {
     return std::nullopt;
   }
   return out;

@@ -92,10 +92,11 @@ class Subprocess {
 };
 
 // What /proc/PID/stat says of a process: its state letter ('R', 'S', 'Z'...),
-// process group, and its controlling terminal's foreground group (-1: none).
-// nullopt when there is no such process (Linux only).
+// parent, process group, and its controlling terminal's foreground group (-1:
+// none). nullopt when there is no such process (Linux only).
 struct ProcState {
   char state = 0;
+  pid_t parent = 0;
   pid_t pgrp = 0;
   pid_t terminal_group = -1;
 };
