@@ -190,10 +190,12 @@ int Subprocess::TakeStop() {
   return info.si_pid == pid_ && info.si_code == CLD_STOPPED ? info.si_status : 0;
 }
 
-std::optional<ProcState> ReadProcState(pid_t pid) {
+namespace {
+
+std::optional<ProcState> ReadProcStateFrom(const std::string& proc, pid_t pid) {
   // "PID (COMM) STATE PPID PGRP SESSION TTY_NR TPGID ...": COMM may hold
   // anything, so the fields are read after its last ')'.
-  std::ifstream in(absl::StrCat("/proc/", pid, "/stat"));
+  std::ifstream in(absl::StrCat(proc, "/", pid, "/stat"));
   std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   const size_t paren = stat.rfind(')');
   if (paren == std::string::npos) return std::nullopt;
@@ -207,15 +209,20 @@ std::optional<ProcState> ReadProcState(pid_t pid) {
   return out;
 }
 
-bool GroupHasOtherLiveMember(pid_t pgrp, pid_t except) {
+}  // namespace
+
+std::optional<ProcState> ReadProcState(pid_t pid) { return ReadProcStateFrom("/proc", pid); }
+
+bool GroupHasOtherLiveMember(pid_t pgrp, pid_t except, const std::string& proc) {
   std::error_code ec;
-  for (const auto& entry : std::filesystem::directory_iterator("/proc", ec)) {
+  std::filesystem::directory_iterator it(proc, ec);
+  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
     pid_t pid = 0;
-    if (!absl::SimpleAtoi(entry.path().filename().string(), &pid) || pid == except) continue;
-    auto p = ReadProcState(pid);  // nullopt: gone meanwhile
+    if (!absl::SimpleAtoi(it->path().filename().string(), &pid) || pid == except) continue;
+    auto p = ReadProcStateFrom(proc, pid);  // nullopt: gone meanwhile
     if (p && p->pgrp == pgrp && p->state != 'Z' && p->state != 'X') return true;
   }
-  return false;
+  return static_cast<bool>(ec);
 }
 
 bool Subprocess::GroupAlive() const {

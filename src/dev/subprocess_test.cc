@@ -6,12 +6,16 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <memory>
 #include <string>
 #include <thread>
 
 #include <gtest/gtest.h>
+
+#include "dev/temp_dir.h"
 
 namespace holdfast::dev {
 namespace {
@@ -57,6 +61,33 @@ TEST(SubprocessTest, AnExitedLeaderKeepsItsGroupsIdUntilReaped) {
 
   EXPECT_EQ(child.Wait(), 3);
   EXPECT_EQ(StateOf(leader), 0) << "Wait() reaps the leader";
+}
+
+// GroupHasOtherLiveMember over a made-up /proc: live members count, zombies,
+// the excepted process, other groups and entries that are not processes do not;
+// COMM may hold ") " and spaces. A /proc that cannot be listed answers "a member
+// may be there" (it used to answer "alone", and holdfast lock lent the terminal).
+TEST(SubprocessTest, GroupMembersAreReadFromProcAndAnUnreadableProcIsNotAlone) {
+  auto dir = MakeTempDir("hf-proc");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto process = [&](pid_t pid, const std::string& comm, char state, pid_t pgrp) {
+    std::filesystem::create_directory(*dir + "/" + std::to_string(pid));
+    std::ofstream(*dir + "/" + std::to_string(pid) + "/stat")
+        << pid << " (" << comm << ") " << state << " 1 " << pgrp << " 7 34816 " << pgrp
+        << " 4194560 0 0\n";
+  };
+  process(100, "holdfast", 'S', 100);
+  process(101, "zombie mate", 'Z', 100);
+  process(200, "odd) R 1 100 (name", 'S', 200);
+  std::filesystem::create_directory(*dir + "/self");
+  std::filesystem::create_directory(*dir + "/300");  // gone meanwhile: no stat
+  EXPECT_FALSE(GroupHasOtherLiveMember(100, 100, *dir)) << "a zombie or itself counted";
+  EXPECT_TRUE(GroupHasOtherLiveMember(100, 1, *dir));
+  EXPECT_TRUE(GroupHasOtherLiveMember(200, 100, *dir));
+  process(102, "sleep", 'T', 100);  // a stopped mate is a live one
+  EXPECT_TRUE(GroupHasOtherLiveMember(100, 100, *dir));
+  std::filesystem::remove_all(*dir);
+  EXPECT_TRUE(GroupHasOtherLiveMember(100, 100, *dir)) << "an unreadable /proc said alone";
 }
 
 TEST(SubprocessTest, ExitedIsFalseWhileTheChildRuns) {
