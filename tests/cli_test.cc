@@ -4,6 +4,7 @@
 #include <poll.h>
 #include <pty.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <sys/wait.h>
@@ -872,9 +873,16 @@ enum class Job {
   }
   ::setpgid(holdfast, holdfast);
   if (job != Job::kBackground) ::tcsetpgrp(STDIN_FILENO, holdfast);
-  if (job == Job::kWithGroupMate && ::fork() == 0) {
-    ::setpgid(0, holdfast);
-    for (;;) ::pause();
+  if (job == Job::kWithGroupMate) {
+    const pid_t shell = ::getpid();
+    const pid_t mate = ::fork();
+    if (mate == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // not left paused when the shell is killed
+      if (::getppid() != shell) ::_exit(0);
+      ::setpgid(0, holdfast);
+      for (;;) ::pause();
+    }
+    ::setpgid(mate, holdfast);  // by both, as shells do: whichever runs first
   }
   (void)!::write(report_fd, &holdfast, sizeof holdfast);
   bool stopped = false;
