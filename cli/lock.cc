@@ -10,9 +10,9 @@
 // SIGTSTP (Ctrl-Z) stops CMD's group, then holdfast (Stop): nothing runs on
 // under a lock nobody renews; when holdfast is continued, CMD's group is
 // continued too, after a SIGTERM if the session's deadline passed meanwhile.
-// Where no shell could continue holdfast (its process group orphaned: its parent
-// gone, or in another session), nothing is stopped, as the kernel would not stop
-// such a group (ShellCanContinue).
+// Where no shell could continue holdfast (its process group orphaned: a session
+// of its own, or its shell gone), nothing is stopped, as the kernel would not
+// stop such a group (ShellCanContinue).
 //
 // Run by an interactive shell as a job of its own, holdfast lends the terminal to
 // CMD's group when the shell gives its own group the terminal, as a shell does
@@ -26,8 +26,8 @@
 // (SIGTTIN, SIGTTOU) while holdfast's group has the terminal, is lent it and
 // continued. Anywhere else (no terminal, a pipeline, a script's `&`, a session of
 // its own) holdfast keeps its terminal and CMD runs in a background group of it,
-// where a read of the terminal stops it; so too once the shell that started
-// holdfast has exited.
+// where a read of the terminal stops it; so too from CMD's first stop after the
+// shell that started holdfast exited.
 //
 // The main thread waits for everything (signals, CMD's exit, the session's
 // lost signal, the end of the acquire call) through one SignalWaiter.
@@ -96,16 +96,13 @@ struct LockRequest {
 };
 
 // Whether a job-control shell could continue holdfast were it to stop: its
-// parent is in its session and in another process group, so that holdfast's
-// group is not orphaned. The kernel does not stop an orphaned group for Ctrl-Z or
-// a read of the terminal (POSIX), as nobody would continue it; holdfast's parent
-// is gone, or in another session (`ssh -t host holdfast lock ...`), then. (Judged
-// by holdfast's parent alone: a group mate's parent could keep the group from
-// being orphaned too, and holdfast would then not stop where it might.)
-bool ShellCanContinue() {
-  const pid_t parent = ::getppid();
-  return ::getsid(parent) == ::getsid(0) && ::getpgid(parent) != ::getpgrp();
-}
+// process group is not orphaned, a member's parent being in its session and
+// another group (holdfast's own, when a shell made holdfast's group; the
+// script's, when a script started holdfast). The kernel does not stop an orphaned
+// group for Ctrl-Z or a read of the terminal (POSIX), as nobody would continue
+// it: holdfast leading a session of its own (`ssh -t host holdfast lock ...`), or
+// after the shell that started it exited.
+bool ShellCanContinue() { return !dev::GroupOrphaned(::getpgrp(), ::getsid(0)); }
 
 // The controlling terminal, when holdfast is a job of its own of an interactive
 // shell. While CMD runs, CMD's group is the terminal's foreground group whenever
@@ -126,7 +123,9 @@ bool ShellCanContinue() {
 class JobTerminal {
  public:
   static std::unique_ptr<JobTerminal> IfOwnJob() {
-    if (!ShellCanContinue() || dev::GroupHasOtherLiveMember(::getpgrp(), ::getpid())) {
+    const pid_t parent = ::getppid();
+    if (::getsid(parent) != ::getsid(0) || ::getpgid(parent) == ::getpgrp() ||
+        dev::GroupHasOtherLiveMember(::getpgrp(), ::getpid())) {
       return nullptr;
     }
     const int fd = ::open("/dev/tty", O_RDWR | O_NOCTTY | O_CLOEXEC);
@@ -140,9 +139,11 @@ class JobTerminal {
   // Whether holdfast's group is the foreground group now.
   bool HeldByOwnGroup() const { return ::tcgetpgrp(fd_) == ::getpgrp(); }
   // Makes `group` the foreground group, if holdfast's group is it now (in the
-  // background, holdfast must not take the terminal from the shell).
-  void LendTo(pid_t group) {
+  // background, holdfast must not take the terminal from the shell). Returns
+  // whether `group` is the foreground group now.
+  bool LendTo(pid_t group) {
     if (HeldByOwnGroup()) ::tcsetpgrp(fd_, group);
+    return ::tcgetpgrp(fd_) == group;
   }
   // Makes holdfast's group the foreground group again, if `group` has it.
   void TakeBackFrom(pid_t group) {
@@ -158,7 +159,10 @@ class JobTerminal {
 // CMD's group (SIGSTOP, which CMD cannot ignore: it must not run on while
 // nobody renews its lock). Returns true once holdfast has been continued; false
 // at once, stopping nothing, where no shell could continue it (as the kernel
-// ignores Ctrl-Z for an orphaned group).
+// ignores Ctrl-Z for an orphaned group). A shell that exits while holdfast is
+// stopped orphans a stopped group, which the kernel sends SIGHUP and SIGCONT:
+// holdfast continues and passes the SIGHUP on to CMD. (One that exits in the few
+// system calls between the check and the stop leaves holdfast stopped.)
 bool StopForJobControl(dev::Subprocess* child) {
   if (!ShellCanContinue()) return false;
   if (child != nullptr) child->Signal(SIGSTOP);
@@ -389,10 +393,7 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
   auto stop_with_command = [&] {
     if (terminal) terminal->TakeBackFrom(child.pid());
     if (!StopForJobControl(&child)) {
-      // No shell could continue the job any more (its shell exited since CMD
-      // started): holdfast runs on, renewing, and a CMD that stopped itself
-      // stays stopped, as in a terminal holdfast keeps, which it now does.
-      terminal = nullptr;
+      terminal = nullptr;  // the shell exited since the caller's check: as there
       return;
     }
     // Continued. Nothing renewed the session while holdfast was stopped: past
@@ -419,7 +420,8 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
     auto event = waiter.Wait(timeout);
     const bool signalled = event.kind == SignalWaiter::Event::Kind::kSignal;
     if (signalled && event.signal == SIGTSTP) {
-      stop_with_command();
+      // Ignored where no shell could continue holdfast, as the kernel would.
+      if (ShellCanContinue()) stop_with_command();
     } else if (signalled && IsForwarded(event.signal)) {
       child.Signal(event.signal);
       child.Signal(SIGCONT);
@@ -436,19 +438,25 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
       // (SIGCHLD, or a wake-up.) Did CMD stop on its own in a terminal?
       const int stop = child.TakeStop();
       if (stop == 0 || !StoppedNow(child.pid())) continue;
-      if ((stop == SIGTTIN || stop == SIGTTOU) && terminal->HeldByOwnGroup()) {
+      if ((stop == SIGTTIN || stop == SIGTTOU) && terminal->LendTo(child.pid())) {
         // CMD read or set the terminal from the background, yet the job is in
         // the foreground: `fg` of holdfast running in the background, from a
         // shell that gives a running job the terminal without SIGCONT. Lent the
         // terminal, CMD retries and succeeds.
-        terminal->LendTo(child.pid());
         child.Signal(SIGCONT);
-      } else {
+      } else if (ShellCanContinue()) {
         // Ctrl-Z (the terminal's SIGTSTP goes to its foreground group, CMD's),
         // or a read of the terminal from the background. holdfast stops too, so
         // that its shell sees the job stop and takes the terminal back; `fg`
         // continues holdfast, which lends the terminal to CMD and continues it.
         stop_with_command();
+      } else {
+        // No shell could continue the job any more: the one that started
+        // holdfast exited. holdfast runs on, renewing, keeps the terminal from
+        // now on (Ctrl-C reaches it, and it passes it on) and leaves CMD stopped,
+        // as in a terminal it keeps.
+        terminal->TakeBackFrom(child.pid());
+        terminal = nullptr;
       }
     }
   }

@@ -821,6 +821,7 @@ enum class Job {
   kWithGroupMate,  // foreground, with another process in its group (a pipeline)
   kSessionLeader,  // no shell: holdfast leads the terminal's session (`ssh -t host ...`)
   kShellExitsLater,  // a job started with `&` by a shell that exits while it runs
+  kScript,           // run by a script, itself the shell's job: in the script's group
 };
 
 // For Job::kShellExitsLater: the forkpty child stays the terminal's session
@@ -830,8 +831,11 @@ enum class Job {
 // parent now in another session. The session leader then waits to be killed.
 [[noreturn]] void RunShellThatExits(char** argv, char** envp, int report_fd,
                                     int control_fd) {
+  const pid_t leader = ::getpid();
   const pid_t shell = ::fork();
   if (shell == 0) {
+    ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // not left paused when the leader is killed
+    if (::getppid() != leader) ::_exit(0);
     ::setpgid(0, 0);
     const pid_t holdfast = ::fork();
     if (holdfast == 0) {
@@ -922,6 +926,10 @@ class TerminalProcess {
                                                 Job job = Job::kForeground) {
     std::vector<std::string> argv = {BinDir() + "/holdfast", "--endpoint", endpoint};
     argv.insert(argv.end(), args.begin(), args.end());
+    if (job == Job::kScript) {
+      // The script waits for holdfast (it does not exec it: more follows).
+      argv.insert(argv.begin(), {"/bin/sh", "-c", "\"$0\" \"$@\"; exit $?"});
+    }
     std::vector<std::string> env;
     for (char** e = environ; *e != nullptr; ++e) {
       if (!absl::StartsWith(*e, "HOLDFAST_DEV_DIR=")) env.push_back(*e);
@@ -1265,6 +1273,47 @@ INSTANTIATE_TEST_SUITE_P(NotAJobOfItsOwn, CliTerminalKeptTest,
                            return info.param == Job::kSessionLeader ? "SessionLeader"
                                                                     : "PipelineMate";
                          });
+
+// Run by a script that a shell runs as a job, holdfast shares the script's
+// process group and keeps the terminal (not a job of its own). Ctrl-Z, to that
+// group, stops the command and holdfast with the script: the group is not
+// orphaned, the script's parent (the shell) can continue it, and `fg` continues
+// all three. (For a while holdfast judged by its own parent alone, in the same
+// group, and ignored Ctrl-Z there.)
+TEST_F(CliTest, RunByAScriptCtrlZStopsTheCommandHoldfastAndTheScript) {
+  const std::string pid_file = Path("tty-script-pid");
+  const std::string go = Path("tty-script-go");
+  auto p = TerminalProcess::Start(
+      cluster_->endpoint(), cluster_->dir(),
+      {"lock", "default/cli/tty-script", "--", "sh", "-c",
+       "echo $$ > '" + pid_file + "'; until [ -e '" + go + "' ]; do sleep 0.05; done; " +
+           "echo finished"},
+      Job::kScript);
+  ASSERT_NE(p, nullptr);
+  const pid_t command_pid = CommandPid(pid_file);
+  ASSERT_GT(command_pid, 0) << p->shown();
+  auto command = dev::ReadProcState(command_pid);
+  ASSERT_TRUE(command.has_value());
+  const pid_t holdfast = command->parent;
+  ASSERT_NE(holdfast, p->pid()) << "holdfast is the script's child";
+  EXPECT_EQ(p->ForegroundGroup(), p->pid()) << "the script's group has the terminal";
+  p->Type("\x1a");  // Ctrl-Z
+  EXPECT_TRUE(p->JobStopped()) << "the shell did not see the script stop";
+  EXPECT_TRUE(WaitFor([&] { return StateOf(command_pid) == 'T' && StateOf(holdfast) == 'T'; },
+                      seconds(10)))
+      << "holdfast " << StateOf(holdfast) << ", command " << StateOf(command_pid);
+  p->Fg();
+  EXPECT_TRUE(WaitFor([&] { return StateOf(command_pid) != 'T' && StateOf(holdfast) != 'T'; },
+                      seconds(10)))
+      << "holdfast " << StateOf(holdfast) << ", command " << StateOf(command_pid);
+  std::ofstream(go).put('\n');
+  EXPECT_TRUE(p->Shows("finished")) << p->shown();
+  EXPECT_EQ(p->Wait(), 0) << p->shown();
+  auto d = client_->Describe("default", "cli/tty-script");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0) << "not released";
+  KillLeftover(command_pid);
+}
 
 // Once the shell that started holdfast has exited (holdfast's group orphaned: no
 // shell could continue it), the command's read of the terminal stops the command

@@ -201,9 +201,9 @@ std::optional<ProcState> ReadProcStateFrom(const std::string& proc, pid_t pid) {
   if (paren == std::string::npos) return std::nullopt;
   std::istringstream fields(stat.substr(paren + 1));
   ProcState out;
-  pid_t session = 0;
   int tty = 0;
-  if (!(fields >> out.state >> out.parent >> out.pgrp >> session >> tty >> out.terminal_group)) {
+  if (!(fields >> out.state >> out.parent >> out.pgrp >> out.session >> tty >>
+        out.terminal_group)) {
     return std::nullopt;
   }
   return out;
@@ -223,6 +223,20 @@ bool GroupHasOtherLiveMember(pid_t pgrp, pid_t except, const std::string& proc) 
     if (p && p->pgrp == pgrp && p->state != 'Z' && p->state != 'X') return true;
   }
   return static_cast<bool>(ec);
+}
+
+bool GroupOrphaned(pid_t pgrp, pid_t session, const std::string& proc) {
+  std::error_code ec;
+  std::filesystem::directory_iterator it(proc, ec);
+  for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
+    pid_t pid = 0;
+    if (!absl::SimpleAtoi(it->path().filename().string(), &pid)) continue;
+    auto p = ReadProcStateFrom(proc, pid);
+    if (!p || p->pgrp != pgrp || p->state == 'Z' || p->state == 'X') continue;
+    auto parent = ReadProcStateFrom(proc, p->parent);
+    if (parent && parent->pgrp != pgrp && parent->session == session) return false;
+  }
+  return !ec;
 }
 
 bool Subprocess::GroupAlive() const {

@@ -92,12 +92,13 @@ class Subprocess {
 };
 
 // What /proc/PID/stat says of a process: its state letter ('R', 'S', 'Z'...),
-// parent, process group, and its controlling terminal's foreground group (-1:
-// none). nullopt when there is no such process (Linux only).
+// parent, process group, session, and its controlling terminal's foreground group
+// (-1: none). nullopt when there is no such process (Linux only).
 struct ProcState {
   char state = 0;
   pid_t parent = 0;
   pid_t pgrp = 0;
+  pid_t session = 0;
   pid_t terminal_group = -1;
 };
 std::optional<ProcState> ReadProcState(pid_t pid);
@@ -108,6 +109,12 @@ std::optional<ProcState> ReadProcState(pid_t pid);
 // may be there, and both callers are safe when told so (holdfast lock keeps its
 // terminal; a group thought alive gets SIGKILL at the end of its grace).
 bool GroupHasOtherLiveMember(pid_t pgrp, pid_t except, const std::string& proc = "/proc");
+
+// Whether process group `pgrp` of `session` is orphaned (POSIX): no live member
+// has a parent in the same session and another group, so no job-control shell
+// would continue it once stopped, and the kernel does not stop it for Ctrl-Z or a
+// read of the terminal. (Linux: reads `proc`; false when it cannot be listed.)
+bool GroupOrphaned(pid_t pgrp, pid_t session, const std::string& proc = "/proc");
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then
 // closed). Errors: INTERNAL.

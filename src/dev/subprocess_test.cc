@@ -90,6 +90,50 @@ TEST(SubprocessTest, GroupMembersAreReadFromProcAndAnUnreadableProcIsNotAlone) {
   EXPECT_TRUE(GroupHasOtherLiveMember(100, 100, *dir)) << "an unreadable /proc said alone";
 }
 
+// GroupOrphaned as POSIX has it, over a made-up /proc: a group is not orphaned
+// while a live member's parent is in the same session and another group (a
+// shell's job; a script's child in the script's group, through the script), and
+// is once no parent links it so (a session's leader; the shell gone, its members
+// now children of init in another session). A /proc that cannot be listed
+// answers "not orphaned": holdfast lock then stops on Ctrl-Z as it always did.
+TEST(SubprocessTest, AGroupIsOrphanedWhenNoMembersParentLinksItToItsSession) {
+  auto dir = MakeTempDir("hf-proc");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  auto process = [&](pid_t pid, char state, pid_t parent, pid_t pgrp, pid_t session) {
+    std::filesystem::create_directories(*dir + "/" + std::to_string(pid));
+    std::ofstream(*dir + "/" + std::to_string(pid) + "/stat")
+        << pid << " (p" << pid << ") " << state << " " << parent << " " << pgrp << " "
+        << session << " 34816 " << pgrp << " 4194560 0 0\n";
+  };
+  process(1, 'S', 0, 1, 1);        // init
+  process(10, 'S', 1, 10, 10);     // the terminal's session leader, a shell
+  process(20, 'S', 10, 20, 10);    // a script the shell runs as a job
+  process(21, 'S', 20, 20, 10);    // holdfast, in the script's group
+  process(30, 'S', 10, 30, 10);    // holdfast as the shell's job
+  process(40, 'S', 1, 40, 40);     // holdfast leading a session of its own
+  process(50, 'S', 1, 50, 10);     // holdfast whose shell exited
+  process(60, 'Z', 10, 60, 10);    // a zombie does not link its group
+  EXPECT_FALSE(GroupOrphaned(20, 10, *dir));
+  EXPECT_FALSE(GroupOrphaned(30, 10, *dir));
+  EXPECT_TRUE(GroupOrphaned(40, 40, *dir));
+  EXPECT_TRUE(GroupOrphaned(50, 10, *dir));
+  EXPECT_TRUE(GroupOrphaned(60, 10, *dir));
+  process(20, 'S', 1, 20, 10);  // the script's shell exited too
+  EXPECT_TRUE(GroupOrphaned(20, 10, *dir));
+  process(51, 'S', 10, 50, 10);  // a member the shell still parents links the group
+  EXPECT_FALSE(GroupOrphaned(50, 10, *dir));
+  std::filesystem::remove_all(*dir);
+  EXPECT_FALSE(GroupOrphaned(50, 10, *dir)) << "an unreadable /proc said orphaned";
+  // The real /proc: a child in a group of its own, this process its parent.
+  SpawnOptions o;
+  o.argv = {"sleep", "30"};
+  o.new_process_group = true;
+  auto child = Subprocess::Spawn(std::move(o));
+  ASSERT_TRUE(child.ok()) << child.status();
+  EXPECT_FALSE(GroupOrphaned((*child)->pid(), ::getsid(0)));
+  EXPECT_TRUE(GroupOrphaned((*child)->pid(), ::getsid(0) + 1)) << "of another session";
+}
+
 TEST(SubprocessTest, ExitedIsFalseWhileTheChildRuns) {
   SpawnOptions o;
   o.argv = {"sleep", "30"};
