@@ -101,8 +101,18 @@ struct LockRequest {
 // script's, when a script started holdfast). The kernel does not stop an orphaned
 // group for Ctrl-Z or a read of the terminal (POSIX), as nobody would continue
 // it: holdfast leading a session of its own (`ssh -t host holdfast lock ...`), or
-// after the shell that started it exited.
-bool ShellCanContinue() { return !dev::GroupOrphaned(::getpgrp(), ::getsid(0)); }
+// after the shell that started it exited. holdfast's parent is asked first, by
+// system calls (a /proc mounted hidepid may hide a parent of another user); the
+// other members through /proc. A group whose leader is outside holdfast's pid
+// namespace (id 0) cannot be judged, and counts as not orphaned.
+bool ShellCanContinue() {
+  const pid_t parent = ::getppid();
+  const pid_t group = ::getpgrp();
+  if (group == 0 || (::getsid(parent) == ::getsid(0) && ::getpgid(parent) != group)) {
+    return true;
+  }
+  return !dev::GroupOrphaned(group, ::getsid(0));
+}
 
 // The controlling terminal, when holdfast is a job of its own of an interactive
 // shell. While CMD runs, CMD's group is the terminal's foreground group whenever
@@ -393,7 +403,9 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
   auto stop_with_command = [&] {
     if (terminal) terminal->TakeBackFrom(child.pid());
     if (!StopForJobControl(&child)) {
-      terminal = nullptr;  // the shell exited since the caller's check: as there
+      // The shell exited since the caller's check: as in Supervise's branch for
+      // that, holdfast lends the terminal no more.
+      terminal = nullptr;
       return;
     }
     // Continued. Nothing renewed the session while holdfast was stopped: past
@@ -452,9 +464,10 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
         stop_with_command();
       } else {
         // No shell could continue the job any more: the one that started
-        // holdfast exited. holdfast runs on, renewing, keeps the terminal from
-        // now on (Ctrl-C reaches it, and it passes it on) and leaves CMD stopped,
-        // as in a terminal it keeps.
+        // holdfast exited. holdfast runs on, renewing, leaves CMD stopped, and
+        // lends the terminal no more: if CMD's group had it, holdfast's has it
+        // now (Ctrl-C reaches holdfast, which passes it on), as in a terminal
+        // it keeps.
         terminal->TakeBackFrom(child.pid());
         terminal = nullptr;
       }

@@ -821,15 +821,17 @@ enum class Job {
   kWithGroupMate,  // foreground, with another process in its group (a pipeline)
   kSessionLeader,  // no shell: holdfast leads the terminal's session (`ssh -t host ...`)
   kShellExitsLater,  // a job started with `&` by a shell that exits while it runs
+  kForegroundShellExitsLater,  // the same, but a job in the foreground
   kScript,           // run by a script, itself the shell's job: in the script's group
 };
 
-// For Job::kShellExitsLater: the forkpty child stays the terminal's session
+// For Job::k*ShellExitsLater: the forkpty child stays the terminal's session
 // leader and starts a shell (a process group of its own, as a nested shell),
-// which starts holdfast as a job in the background and writes its pid to
-// `report_fd`. On 'x' the shell is killed: holdfast's group is orphaned, its
-// parent now in another session. The session leader then waits to be killed.
-[[noreturn]] void RunShellThatExits(char** argv, char** envp, int report_fd,
+// which starts holdfast as a job, in the background or the foreground, and writes
+// its pid to `report_fd`. On 'x' the shell is killed: holdfast's group is
+// orphaned, its parent now in another session. The session leader then waits to
+// be killed.
+[[noreturn]] void RunShellThatExits(bool foreground, char** argv, char** envp, int report_fd,
                                     int control_fd) {
   const pid_t leader = ::getpid();
   const pid_t shell = ::fork();
@@ -837,13 +839,17 @@ enum class Job {
     ::prctl(PR_SET_PDEATHSIG, SIGKILL);  // not left paused when the leader is killed
     if (::getppid() != leader) ::_exit(0);
     ::setpgid(0, 0);
+    ::signal(SIGTTOU, SIG_IGN);  // it gives the terminal away from the background
     const pid_t holdfast = ::fork();
     if (holdfast == 0) {
       ::setpgid(0, 0);
+      if (foreground) ::tcsetpgrp(STDIN_FILENO, ::getpid());
+      ::signal(SIGTTOU, SIG_DFL);
       ::execve(argv[0], argv, envp);
       ::_exit(127);
     }
     ::setpgid(holdfast, holdfast);
+    if (foreground) ::tcsetpgrp(STDIN_FILENO, holdfast);
     (void)!::write(report_fd, &holdfast, sizeof holdfast);
     for (;;) ::pause();
   }
@@ -864,7 +870,10 @@ enum class Job {
 // sends SIGCONT either way. It exits as holdfast exits (dies of the same signal).
 // Only async-signal-safe calls: the test process has threads.
 [[noreturn]] void RunShell(Job job, char** argv, char** envp, int report_fd, int control_fd) {
-  if (job == Job::kShellExitsLater) RunShellThatExits(argv, envp, report_fd, control_fd);
+  if (job == Job::kShellExitsLater || job == Job::kForegroundShellExitsLater) {
+    RunShellThatExits(job == Job::kForegroundShellExitsLater, argv, envp, report_fd,
+                      control_fd);
+  }
   ::signal(SIGTTOU, SIG_IGN);  // it hands the terminal around from any group
   const pid_t shell_group = ::getpgrp();
   const pid_t holdfast = ::fork();
@@ -1346,6 +1355,40 @@ TEST_F(CliTest, AfterItsShellExitedTheCommandsReadStopsTheCommandAlone) {
                       seconds(30)))
       << "holdfast " << StateOf(p->pid()) << ", command " << StateOf(command_pid);
   d = client_->Describe("default", "cli/tty-orphan");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0) << "not released";
+  KillLeftover(command_pid);
+}
+
+// Once the shell that ran holdfast as a job in the foreground has exited, a
+// Ctrl-Z sent to holdfast stops nothing (no shell could continue it) and leaves
+// the terminal to the command, which goes on reading it. (A Ctrl-Z to be ignored
+// used to take the terminal from the command first.)
+TEST_F(CliTest, AfterItsShellExitedCtrlZStopsNothingAndTheCommandKeepsTheTerminal) {
+  auto [p, command_pid] = LockAndAsk(*cluster_, "tty-orphan-fg", Job::kForegroundShellExitsLater);
+  ASSERT_NE(p, nullptr);
+  ASSERT_GT(command_pid, 0) << p->shown();
+  ASSERT_EQ(p->ForegroundGroup(), command_pid) << "the terminal was not lent";
+  auto parent = [&] {
+    auto s = dev::ReadProcState(p->pid());
+    return s ? s->parent : 0;
+  };
+  const pid_t shell = parent();
+  ASSERT_GT(shell, 0);
+  p->ExitShell();
+  ASSERT_TRUE(WaitFor([&] { return parent() != shell; }, seconds(10)));
+  ASSERT_EQ(::kill(p->pid(), SIGTSTP), 0);
+  std::this_thread::sleep_for(milliseconds(300));  // a stop would be seen by now
+  EXPECT_NE(StateOf(p->pid()), 'T') << "holdfast stopped with nobody to continue it";
+  EXPECT_NE(StateOf(command_pid), 'T') << "the command stopped";
+  EXPECT_EQ(p->ForegroundGroup(), command_pid) << "the terminal was taken from the command";
+  p->Type("yes\n");
+  EXPECT_TRUE(p->Shows("got:yes")) << p->shown() << " (command state " << StateOf(command_pid)
+                                   << ")";
+  EXPECT_TRUE(WaitFor([&] { char s = StateOf(p->pid()); return s == 'Z' || s == '?'; },
+                      seconds(30)))
+      << "holdfast " << StateOf(p->pid());
+  auto d = client_->Describe("default", "cli/tty-orphan-fg");
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->holders_size(), 0) << "not released";
   KillLeftover(command_pid);

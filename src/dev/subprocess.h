@@ -113,7 +113,10 @@ bool GroupHasOtherLiveMember(pid_t pgrp, pid_t except, const std::string& proc =
 // Whether process group `pgrp` of `session` is orphaned (POSIX): no live member
 // has a parent in the same session and another group, so no job-control shell
 // would continue it once stopped, and the kernel does not stop it for Ctrl-Z or a
-// read of the terminal. (Linux: reads `proc`; false when it cannot be listed.)
+// read of the terminal. (Linux: reads `proc`; false when it cannot be listed. A
+// member or parent /proc hides, hidepid, counts as absent, and so leans to
+// "orphaned"; unlike the kernel, a member whose parent is init in init's session
+// links the group, and a zombie leader with live threads does not.)
 bool GroupOrphaned(pid_t pgrp, pid_t session, const std::string& proc = "/proc");
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then
