@@ -549,7 +549,10 @@ TEST(EtcdTlsTest, HoldfastdTalksToEtcdWithAClientCertificate) {
 TEST(AuthenticatorTest, TakesTheSpiffeIdFromTheCertificate) {
   auto ca = dev::MakeCa("ca");
   ASSERT_TRUE(ca.ok());
-  server::Authenticator auth({false, "", {"acme.org"}, {"spiffe://acme.org/ops/*"}});
+  server::Authenticator::Options ao;
+  ao.trust_domains = {"acme.org"};
+  ao.admin_ids = {"spiffe://acme.org/ops/*"};
+  server::Authenticator auth(ao);
   dev::LeafOptions o;
   o.uris = {"spiffe://acme.org/ops/oncall"};
   o.dns = {"ignored.example"};
@@ -583,8 +586,9 @@ TEST(AuthenticatorTest, EachTrustDomainsIdsMustChainToItsOwnBundle) {
   const std::string partner_file = dir.path() + "/partner.pem";
   ASSERT_TRUE(dev::WriteFileAtomically(acme_file, acme_ca->cert, 0644).ok());
   ASSERT_TRUE(dev::WriteFileAtomically(partner_file, partner_ca->cert, 0644).ok());
-  server::Authenticator::Options ao{false, "", {"acme.org", "partner.org"},
-                                    {"spiffe://acme.org/ops/*"}};
+  server::Authenticator::Options ao;
+  ao.trust_domains = {"acme.org", "partner.org"};
+  ao.admin_ids = {"spiffe://acme.org/ops/*"};
   ao.trust_bundles = {{"acme.org", acme_file}, {"partner.org", partner_file}};
   server::Authenticator auth(ao);
   ASSERT_TRUE(auth.Load().ok());
@@ -630,7 +634,10 @@ TEST(AuthenticatorTest, EachTrustDomainsIdsMustChainToItsOwnBundle) {
 TEST(AuthenticatorTest, ABareTrustDomainIsNoCaller) {
   auto ca = dev::MakeCa("ca");
   ASSERT_TRUE(ca.ok());
-  server::Authenticator auth({false, "", {"acme.org"}, {"spiffe://acme.org/*"}});
+  server::Authenticator::Options ao;
+  ao.trust_domains = {"acme.org"};
+  ao.admin_ids = {"spiffe://acme.org/*"};
+  server::Authenticator auth(ao);
   dev::LeafOptions o;
   o.uris = {"spiffe://acme.org"};
   auto refused = auth.CallerOfCertificate(dev::MakeLeaf(*ca, o)->cert);
@@ -647,7 +654,9 @@ TEST(AuthenticatorTest, ABareTrustDomainIsNoCaller) {
 TEST(AuthenticatorTest, KeepsEachCertificatesAnswerWithinItsBound) {
   auto ca = dev::MakeCa("ca");
   ASSERT_TRUE(ca.ok());
-  server::Authenticator::Options ao{false, "", {"acme.org"}, {"spiffe://acme.org/ops/*"}};
+  server::Authenticator::Options ao;
+  ao.trust_domains = {"acme.org"};
+  ao.admin_ids = {"spiffe://acme.org/ops/*"};
   ao.max_cached_certificates = 2;
   server::Authenticator auth(ao);
   dev::LeafOptions o;

@@ -728,7 +728,9 @@ TEST_F(LockTest, HeldLeaseQuotaIsExactForOpensRacingAQuotaChange) {
   }
   ASSERT_EQ(slot_of.size(), 5u);
   for (auto& s : five) {
-    if (slot_of[s->id()] < 3) ASSERT_TRUE(s->Close().ok());
+    if (slot_of[s->id()] < 3) {
+      ASSERT_TRUE(s->Close().ok());
+    }
   }
   ASSERT_EQ(KeysUnder(keyspace::SessionPrefix("lowered")), 2);
   auto opened = race("lowered", 12);
