@@ -24,6 +24,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "dev/certs.h"
+#include "dev/http_get.h"
 #include "dev/postgres_process.h"
 #include "dev/prometheus_text.h"
 #include "dev/subprocess.h"
@@ -40,44 +42,7 @@ namespace pb = ::etcdserverpb;
 using std::chrono::milliseconds;
 using std::chrono::seconds;
 
-struct HttpAnswer {
-  std::string status_line, headers, body;
-};
-
-// GET http://127.0.0.1:port/path with a plain socket (HTTP/1.0: the server
-// closes the connection after the answer).
-absl::StatusOr<HttpAnswer> HttpGet(int port, const std::string& path) {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  if (fd < 0) return absl::InternalError("socket");
-  timeval timeout{10, 0};  // a bound on a hung server, not a synchronisation
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    close(fd);
-    return absl::UnavailableError(absl::StrCat("connect to port ", port, " failed"));
-  }
-  const std::string request =
-      absl::StrCat("GET ", path, " HTTP/1.0\r\nHost: 127.0.0.1:", port, "\r\n\r\n");
-  if (write(fd, request.data(), request.size()) != static_cast<ssize_t>(request.size())) {
-    close(fd);
-    return absl::UnavailableError("short write");
-  }
-  std::string raw;
-  char buf[16384];
-  for (ssize_t n; (n = read(fd, buf, sizeof(buf))) > 0;) raw.append(buf, n);
-  close(fd);
-  const auto head_end = raw.find("\r\n\r\n");
-  if (head_end == std::string::npos) return absl::DataLossError("no HTTP header: " + raw);
-  HttpAnswer a;
-  const std::string head = raw.substr(0, head_end);
-  a.status_line = head.substr(0, head.find("\r\n"));
-  a.headers = head;
-  a.body = raw.substr(head_end + 4);
-  return a;
-}
+using dev::HttpGet;
 
 // The value of the first sample `name` whose labels include all of `labels`
 // (label values are compared exactly); -1 when there is none.
@@ -1113,6 +1078,99 @@ TEST(MetricsFlagTest, MetricsListenFlagServesTextFormat) {
   EXPECT_NE(a->body.find("# TYPE holdfast_keepalive_interval_ttl_ratio histogram"),
             std::string::npos);
   EXPECT_EQ(a->body.find("holdfast_grants_total"), std::string::npos);
+}
+
+// holdfastd serving mTLS serves its metrics over HTTPS: the scraper presents a
+// client certificate of the CA the API trusts, and must be one of
+// metrics.readers or an admin. Others get 403 and no metric; no certificate, or
+// one of another CA, gets no answer at all.
+TEST(MetricsTlsTest, OnlyReadersAndAdminsScrapeAndOthersLearnNothing) {
+  auto port = dev::PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  testing::TestCluster::Options o;
+  o.tls = true;
+  o.extra_config = absl::StrCat("metrics:\n  listen: 127.0.0.1:", *port,
+                                "\n  readers: [spiffe://test.holdfast/monitoring/*]\n");
+  auto cluster = testing::TestCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  testing::TestCluster& c = **cluster;
+  ASSERT_TRUE(c.MakeIdentity("prometheus", "spiffe://test.holdfast/monitoring/prometheus").ok());
+  ASSERT_TRUE(c.MakeIdentity("app", "spiffe://test.holdfast/payments/api").ok());
+  ASSERT_TRUE(c.MakeIdentity("forged", "spiffe://test.holdfast/monitoring/prometheus",
+                             /*other_ca=*/true)
+                  .ok());
+  ASSERT_TRUE(c.MakeIdentity("elsewhere", "spiffe://other.domain/monitoring/prometheus").ok());
+  ASSERT_TRUE(c.CreateNamespace("payments").ok());
+
+  auto as = [&](const std::string& name) -> absl::StatusOr<dev::HttpAnswer> {
+    dev::HttpsClient tls;
+    auto ca = dev::ReadPem(c.certs_dir(), "ca");
+    if (!ca.ok()) return ca.status();
+    tls.ca_pem = ca->cert;
+    if (!name.empty()) {
+      auto id = dev::ReadPem(c.certs_dir(), name);
+      if (!id.ok()) return id.status();
+      tls.cert_pem = id->cert;
+      tls.key_pem = id->key;
+    }
+    return HttpGet(*port, "/metrics", tls);
+  };
+
+  for (const std::string name : {"prometheus", "admin"}) {
+    auto a = as(name);
+    ASSERT_TRUE(a.ok()) << name << ": " << a.status();
+    EXPECT_EQ(a->code, 200) << name << ": " << a->status_line << "\n" << a->body;
+    EXPECT_NE(a->body.find("# TYPE holdfast_etcd_request_duration_seconds histogram"),
+              std::string::npos)
+        << name;
+  }
+
+  // A caller of the API that is not a reader: the reason, and no metric.
+  auto app = as("app");
+  ASSERT_TRUE(app.ok()) << app.status();
+  EXPECT_EQ(app->code, 403);
+  EXPECT_EQ(app->body,
+            "spiffe://test.holdfast/payments/api may not read metrics: it matches neither "
+            "metrics.readers nor admin_ids\n");
+  // A trust domain holdfastd does not accept: refused as the API refuses it.
+  auto elsewhere = as("elsewhere");
+  ASSERT_TRUE(elsewhere.ok()) << elsewhere.status();
+  EXPECT_EQ(elsewhere->code, 403);
+  EXPECT_NE(elsewhere->body.find("other.domain"), std::string::npos) << elsewhere->body;
+  EXPECT_EQ(elsewhere->body.find("holdfast_"), std::string::npos) << elsewhere->body;
+
+  // No client certificate, one of another CA, or plain HTTP: no answer.
+  auto none = as("");
+  ASSERT_FALSE(none.ok()) << none->status_line;
+  EXPECT_NE(none.status().message().find("certificate required"), std::string::npos)
+      << none.status();
+  auto forged = as("forged");
+  ASSERT_FALSE(forged.ok()) << forged->status_line;
+  EXPECT_NE(forged.status().message().find("unknown ca"), std::string::npos) << forged.status();
+  auto plain = HttpGet(*port, "/metrics");
+  EXPECT_FALSE(plain.ok() && plain->code == 200) << plain->body;
+}
+
+// metrics.plaintext: true serves plain HTTP to anyone though the API is mTLS
+// (a scrape path protected otherwise), and says so at start.
+TEST(MetricsTlsTest, PlaintextServesPlainHttpAndWarns) {
+  auto port = dev::PickFreePort();
+  ASSERT_TRUE(port.ok()) << port.status();
+  testing::TestCluster::Options o;
+  o.tls = true;
+  o.extra_config =
+      absl::StrCat("metrics:\n  listen: 127.0.0.1:", *port, "\n  plaintext: true\n");
+  auto cluster = testing::TestCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto a = HttpGet(*port, "/metrics");
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->code, 200) << a->status_line;
+  std::ifstream log((*cluster)->dir() + "/holdfastd-0.log");
+  std::stringstream text;
+  text << log.rdbuf();
+  EXPECT_NE(text.str().find("metrics.plaintext: serving metrics on 127.0.0.1:"),
+            std::string::npos)
+      << text.str();
 }
 
 }  // namespace

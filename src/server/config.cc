@@ -312,8 +312,24 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
   }
   if (auto metrics = root["metrics"]) {
     if (!metrics.IsMap()) return absl::InvalidArgumentError("config: metrics must be a map");
-    if (auto s = Unknown(metrics, "metrics.", {"listen"}); !s.ok()) return s;
+    if (auto s = Unknown(metrics, "metrics.", {"listen", "readers", "plaintext"}); !s.ok()) {
+      return s;
+    }
     if (auto s = ReadString(metrics["listen"], "metrics.listen", &c.metrics_listen); !s.ok()) {
+      return s;
+    }
+    if (auto readers = metrics["readers"]) {
+      if (!readers.IsSequence()) {
+        return absl::InvalidArgumentError("config: metrics.readers must be a list");
+      }
+      for (const auto& r : readers) {
+        std::string pattern;
+        if (auto s = ReadString(r, "metrics.readers[]", &pattern); !s.ok()) return s;
+        c.metrics_readers.push_back(std::move(pattern));
+      }
+    }
+    if (auto s = ReadBool(metrics["plaintext"], "metrics.plaintext", &c.metrics_plaintext);
+        !s.ok()) {
       return s;
     }
   }
@@ -517,6 +533,18 @@ absl::Status ValidateConfig(const Config& c) {
     if (auto s = spiffe::ValidatePattern(a); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("config: admin_ids: ", s.message()));
     }
+  }
+  for (const auto& r : c.metrics_readers) {
+    if (auto s = spiffe::ValidatePattern(r); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("config: metrics.readers: ", s.message()));
+    }
+  }
+  // readers would be ignored where metrics are served over plain HTTP to anyone.
+  if (!c.metrics_readers.empty() && (c.insecure || c.metrics_plaintext)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: metrics.readers needs metrics over HTTPS, but ",
+        c.insecure ? "insecure: true" : "metrics.plaintext: true",
+        " serves them over plain HTTP to anyone; remove one or the other"));
   }
   if (c.insecure) {
     const std::string host = c.listen.substr(0, c.listen.rfind(':'));

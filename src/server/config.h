@@ -65,8 +65,16 @@
 //     auto_advance_on_restore: false  # advance by itself when a restore is detected
 //     check_interval: 2s            # how often the restore guard looks (100ms..1m)
 //   metrics:
-//     listen: 127.0.0.1:9420        # Prometheus text at GET /metrics, plain HTTP without
-//                                   #   auth (empty or absent: off); flag --metrics-listen
+//     listen: 127.0.0.1:9420        # Prometheus text at GET /metrics (empty or absent:
+//                                   #   off); flag --metrics-listen. With tls (not
+//                                   #   insecure): HTTPS with the server's certificate,
+//                                   #   a client certificate required and checked as the
+//                                   #   API checks callers (tls.*), and read only by
+//                                   #   readers and admin_ids (others get 403)
+//     readers: [spiffe://acme.org/monitoring/prometheus]   # SPIFFE ID patterns
+//     plaintext: false              # true: plain HTTP to anyone though holdfastd serves
+//                                   #   mTLS (a scrape path protected otherwise); the
+//                                   #   metrics name namespaces and classes
 //   limits:
 //     max_message_bytes: 65536      # 4096..16777216
 //     max_concurrent_streams: 1000  # per connection (1..100000)
@@ -137,6 +145,8 @@ struct Config {
   int max_waiters_per_key = 1000;
   int max_holds_per_session = 1000;
   std::string metrics_listen;  // host:port; empty: no metrics endpoint
+  std::vector<std::string> metrics_readers;  // SPIFFE ID patterns, besides admin_ids
+  bool metrics_plaintext = false;            // plain HTTP though not insecure
   std::chrono::milliseconds shutdown_grace{5000};
   // `clusters:`; empty: the one cluster of the `etcd:` fields above.
   std::vector<ClusterConfig> clusters;

@@ -32,7 +32,7 @@ limits: {max_message_bytes: 8192, max_concurrent_streams: 50}
 audit: {store: "postgresql://h/db", compaction_interval: 30s, compaction_keep_revisions: 500,
         lag_warn_revisions: 7, leader_ttl: 4s, force_request_ttl: 5m, flush_interval: 200ms,
         max_buffered_events: 2000, retention: 90d}
-metrics: {listen: 0.0.0.0:9420}
+metrics: {listen: 0.0.0.0:9420, readers: [spiffe://acme.org/monitoring/*]}
 shutdown_grace: 30s
 )");
   ASSERT_TRUE(c.ok()) << c.status();
@@ -55,6 +55,8 @@ shutdown_grace: 30s
   EXPECT_EQ(c->audit_max_buffered_events, 2000);
   EXPECT_EQ(c->audit_retention, std::chrono::hours(24 * 90));
   EXPECT_EQ(c->metrics_listen, "0.0.0.0:9420");
+  EXPECT_EQ(c->metrics_readers, std::vector<std::string>{"spiffe://acme.org/monitoring/*"});
+  EXPECT_FALSE(c->metrics_plaintext);
   EXPECT_EQ(c->shutdown_grace, std::chrono::seconds(30));
 }
 
@@ -95,6 +97,18 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\nmetrics: {listen: [a]}", "metrics.listen must be a string"},
       {"insecure: true\nmetrics: {listen: 9420}", "metrics.listen \"9420\" is not host:port"},
       {"insecure: true\nmetrics: {listen: \"localhost:metrics\"}", "has a bad port"},
+      {"insecure: true\nmetrics: {readers: spiffe://a.org/x}", "metrics.readers must be a list"},
+      {"insecure: true\nmetrics: {readers: [[a]]}", "metrics.readers[] must be a string"},
+      {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [acme.org]}\n"
+       "metrics: {readers: [prometheus]}",
+       "config: metrics.readers: "},
+      {"insecure: true\nmetrics: {plaintext: sometimes}", "metrics.plaintext must be true or false"},
+      {"insecure: true\nmetrics: {listen: 127.0.0.1:9420, readers: [spiffe://a.org/p]}",
+       "config: metrics.readers needs metrics over HTTPS, but insecure: true serves them over "
+       "plain HTTP to anyone; remove one or the other"},
+      {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [acme.org]}\n"
+       "metrics: {listen: 10.0.0.1:9420, plaintext: true, readers: [spiffe://acme.org/p]}",
+       "but metrics.plaintext: true serves them"},
       {"insecure: true\nepochs: {auto_advance_on_restore: maybe}", "true or false"},
       {"insecure: true\nepochs: {check_interval: 1ms}", "check_interval must be between 100ms"},
       {"insecure: true\nlimits: {max_waiters_per_key: 0}",

@@ -38,7 +38,8 @@ int main(int argc, char** argv) {
   std::string metrics_listen;
   auto* metrics_flag = app.add_option(
       "--metrics-listen", metrics_listen,
-      "serve Prometheus metrics over HTTP at host:port/metrics (\"\": off)");
+      "serve Prometheus metrics at host:port/metrics: HTTPS to metrics.readers and "
+      "admin_ids when serving mTLS, else (insecure, metrics.plaintext) HTTP (\"\": off)");
   bool insecure = false;
   app.add_flag("--insecure", insecure,
                "serve without TLS (loopback addresses only; every caller is the dev identity)");

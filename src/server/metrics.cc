@@ -2,13 +2,11 @@
 
 #include <algorithm>
 #include <cstdio>
-#include <exception>
 #include <map>
 #include <vector>
 
 #include <prometheus/collectable.h>
 #include <prometheus/counter.h>
-#include <prometheus/exposer.h>
 #include <prometheus/gauge.h>
 #include <prometheus/histogram.h>
 #include <prometheus/registry.h>
@@ -189,31 +187,33 @@ Metrics::Metrics(Clock now)
 
 Metrics::~Metrics() { StopServing(); }
 
-absl::Status Metrics::Serve(const std::string& listen) {
+absl::Status Metrics::Serve(const std::string& listen,
+                            std::optional<MetricsEndpoint::Tls> tls) {
   absl::MutexLock l(&serve_mu_);
-  if (exposer_) return absl::FailedPreconditionError("metrics: already serving");
-  // civetweb reports a port it cannot bind by throwing: this is the boundary.
-  try {
-    exposer_ = std::make_unique<prometheus::Exposer>(listen, /*num_threads=*/2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("metrics: cannot listen on ", listen, ": ", e.what()));
-  }
-  exposer_->RegisterCollectable(scrape_);
-  auto ports = exposer_->GetListeningPorts();
-  port_ = ports.empty() ? 0 : ports.front();
-  std::fprintf(stderr, "holdfastd: metrics on http://%s/metrics\n", listen.c_str());
+  if (endpoint_) return absl::FailedPreconditionError("metrics: already serving");
+  const bool https = tls.has_value();
+  MetricsEndpoint::Options o;
+  o.listen = listen;
+  o.tls = std::move(tls);
+  o.render = [this] { return Render(); };
+  auto endpoint = MetricsEndpoint::Start(std::move(o));
+  if (!endpoint.ok()) return endpoint.status();
+  endpoint_ = *std::move(endpoint);
+  port_ = endpoint_->port();
+  std::fprintf(stderr, "holdfastd: metrics on %s://%s/metrics%s\n", https ? "https" : "http",
+               listen.c_str(),
+               https ? " (client certificates of metrics.readers and admin_ids)" : "");
   return absl::OkStatus();
 }
 
 void Metrics::StopServing() {
-  std::unique_ptr<prometheus::Exposer> exposer;
+  std::unique_ptr<MetricsEndpoint> endpoint;
   {
     absl::MutexLock l(&serve_mu_);
-    exposer = std::move(exposer_);
+    endpoint = std::move(endpoint_);
     port_ = 0;
   }
-  exposer.reset();  // joins the HTTP threads: no scrape runs after this
+  endpoint.reset();  // joins the HTTP threads: no scrape runs after this
 }
 
 void Metrics::SetWatchSource(std::function<WatchCounts()> source) {

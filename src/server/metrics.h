@@ -1,5 +1,7 @@
-// holdfastd's Prometheus metrics (prometheus-cpp), served as text over plain
-// HTTP at GET /metrics (config `metrics.listen`, flag --metrics-listen). Every
+// holdfastd's Prometheus metrics (prometheus-cpp), served as text at GET
+// /metrics (config `metrics.listen`, flag --metrics-listen): over HTTPS to the
+// client certificates `metrics.readers` and `admin_ids` name when holdfastd
+// serves mTLS, else over plain HTTP (server/metrics_endpoint.h). Every
 // metric, its labels and what it counts is listed in the README (Operations,
 // Metrics); this header says where each one is measured.
 //
@@ -39,10 +41,10 @@
 #include "audit/auditor.h"
 #include "etcd/client.h"
 #include "lock/observer.h"
+#include "server/metrics_endpoint.h"
 
 namespace prometheus {
 class Counter;
-class Exposer;
 class Gauge;
 class Histogram;
 class Registry;
@@ -61,9 +63,12 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
   Metrics(const Metrics&) = delete;
   Metrics& operator=(const Metrics&) = delete;
 
-  // Serves GET /metrics on `listen` (host:port) over plain HTTP, on two threads
-  // of its own. Errors: UNAVAILABLE when it cannot listen there.
-  absl::Status Serve(const std::string& listen);
+  // Serves GET /metrics on `listen` (host:port), on threads of its own: over TLS
+  // to the peers `tls->authorize` admits, or over plain HTTP to anyone when `tls`
+  // is none. Errors: UNAVAILABLE when it cannot listen there; INVALID_ARGUMENT
+  // naming a TLS file that cannot be used.
+  absl::Status Serve(const std::string& listen,
+                     std::optional<MetricsEndpoint::Tls> tls = std::nullopt);
   // Stops serving; no scrape runs once it returns. Idempotent.
   void StopServing();
   // The port bound by Serve (0 when not serving).
@@ -144,7 +149,7 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
 
   // Lock order: serve_mu_ before mu_.
   absl::Mutex serve_mu_;
-  std::unique_ptr<prometheus::Exposer> exposer_ ABSL_GUARDED_BY(serve_mu_);
+  std::unique_ptr<MetricsEndpoint> endpoint_ ABSL_GUARDED_BY(serve_mu_);
   std::atomic<int> port_{0};
 
   absl::Mutex mu_;

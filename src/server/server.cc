@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/spiffe.h"
 #include "lock/keyspace.h"
 
 namespace holdfast::server {
@@ -124,10 +125,24 @@ absl::StatusOr<std::unique_ptr<Cluster>> Server::StartCluster(
 }
 
 absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
+  Authenticator::Options ao;
+  ao.insecure = config_.insecure;
+  ao.dev_identity = config_.dev_identity;
+  ao.trust_domains = config_.trust_domains;
+  ao.admin_ids = config_.admin_ids;
+  ao.trust_bundles = config_.trust_bundles;
+  auth_ = std::make_unique<Authenticator>(ao);
+  if (auto s = auth_->Load(); !s.ok()) return s;
+  if (config_.metrics_listen.empty() &&
+      (!config_.metrics_readers.empty() || config_.metrics_plaintext)) {
+    std::fprintf(stderr,
+                 "holdfastd: WARNING: metrics.readers and metrics.plaintext do nothing without "
+                 "metrics.listen (or --metrics-listen): no metrics are served\n");
+  }
   if (!config_.metrics_listen.empty()) {
     // First, so that the etcd calls of the start-up are seen too.
     metrics_ = std::make_unique<Metrics>();
-    if (auto s = metrics_->Serve(config_.metrics_listen); !s.ok()) return s;
+    if (auto s = metrics_->Serve(config_.metrics_listen, MetricsTls()); !s.ok()) return s;
   }
   timers_ = std::make_shared<TimerQueue>();
   // The server's queue is made first: the etcd clients run on its loop from their
@@ -176,14 +191,6 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   clusters_ = std::make_unique<ClusterSet>(std::move(clusters), std::move(placements));
   Cluster& control = clusters_->control();
 
-  Authenticator::Options ao;
-  ao.insecure = config_.insecure;
-  ao.dev_identity = config_.dev_identity;
-  ao.trust_domains = config_.trust_domains;
-  ao.admin_ids = config_.admin_ids;
-  ao.trust_bundles = config_.trust_bundles;
-  auth_ = std::make_unique<Authenticator>(ao);
-  if (auto s = auth_->Load(); !s.ok()) return s;
   // op_rate_quota: this replica joins the replica set (on the control cluster),
   // through which replicas share each namespace's quota by their published
   // demand (rate_limit.h). Each cluster's quota cache reads the namespaces it homes.
@@ -436,6 +443,46 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Server::EtcdCredential
     o.pem_private_key = *key;
   }
   return grpc::SslCredentials(o);
+}
+
+std::optional<MetricsEndpoint::Tls> Server::MetricsTls() const {
+  if (config_.insecure || config_.metrics_plaintext) {
+    if (!config_.insecure) {
+      std::fprintf(stderr,
+                   "holdfastd: WARNING: metrics.plaintext: serving metrics on %s over plain "
+                   "HTTP to anyone who can reach it; they name namespaces and classes\n",
+                   config_.metrics_listen.c_str());
+    }
+    return std::nullopt;
+  }
+  if (config_.metrics_readers.empty()) {
+    // Before metrics.readers existed, metrics were plain HTTP to anyone: a
+    // Prometheus set up then is refused now, and this says why.
+    std::fprintf(stderr,
+                 "holdfastd: metrics: HTTPS on %s with a client certificate required; "
+                 "metrics.readers is empty, so only admin_ids may read them\n",
+                 config_.metrics_listen.c_str());
+  }
+  MetricsEndpoint::Tls tls;
+  tls.ca_file = config_.tls_ca_file;
+  tls.cert_file = config_.tls_cert_file;
+  tls.key_file = config_.tls_key_file;
+  tls.refresh = config_.tls_refresh;
+  // The reader is authenticated as an API caller is (trust domains, bundles),
+  // then must be one of metrics.readers or an admin.
+  tls.authorize = [auth = auth_.get(), readers = config_.metrics_readers](
+                      const std::string& leaf, const std::string& chain) -> absl::Status {
+    auto caller = auth->CallerOfCertificate(leaf, chain);
+    if (!caller.ok()) return caller.status();
+    if (auth->IsAdmin(caller->identity)) return absl::OkStatus();
+    for (const auto& pattern : readers) {
+      if (spiffe::Matches(caller->identity, pattern)) return absl::OkStatus();
+    }
+    return absl::PermissionDeniedError(
+        absl::StrCat(caller->identity, " may not read metrics: it matches neither "
+                     "metrics.readers nor admin_ids"));
+  };
+  return tls;
 }
 
 std::shared_ptr<grpc::ServerCredentials> Server::Credentials() const {

@@ -81,6 +81,9 @@ class Server {
   // What GetAuditStatus answers (blocks on etcd and the store; Admin's pool only;
   // with req.clusters_only, one store read).
   v1::AuditStatus AuditStatus(const v1::GetAuditStatusRequest& req) const;
+  // How metrics are served: TLS to readers and admins, unless insecure or
+  // metrics.plaintext (none: plain HTTP).
+  std::optional<MetricsEndpoint::Tls> MetricsTls() const;
   // mTLS with client certificates required (or plaintext when insecure).
   std::shared_ptr<grpc::ServerCredentials> Credentials() const;
   // TLS with a client certificate to one etcd cluster (etcd --client-cert-auth).
