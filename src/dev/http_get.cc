@@ -16,20 +16,12 @@
 
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
+#include "common/openssl_error.h"
 
 namespace holdfast::dev {
 namespace {
 
-std::string OpenSslError() {
-  std::string out;
-  for (unsigned long e; (e = ERR_get_error()) != 0;) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof(buf));
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out.empty() ? "no OpenSSL error (the peer closed)" : out;
-}
+std::string OpenSslError() { return TakeOpenSslErrors("no OpenSSL error (the peer closed)"); }
 
 // Loads PEM text into the context: the client's certificate and key, or CAs.
 bool UseCertAndKey(SSL_CTX* ctx, const std::string& cert_pem, const std::string& key_pem) {

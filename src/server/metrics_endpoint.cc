@@ -30,6 +30,7 @@
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
+#include "common/openssl_error.h"
 
 namespace holdfast::server {
 namespace {
@@ -38,16 +39,7 @@ using Clock = std::chrono::steady_clock;
 
 constexpr size_t kMaxHeadBytes = 8 * 1024;
 
-std::string OpenSslError() {
-  std::string out;
-  for (unsigned long e; (e = ERR_get_error()) != 0;) {
-    char buf[256];
-    ERR_error_string_n(e, buf, sizeof(buf));
-    if (!out.empty()) out += "; ";
-    out += buf;
-  }
-  return out.empty() ? "unknown OpenSSL error" : out;
-}
+std::string OpenSslError() { return TakeOpenSslErrors("unknown OpenSSL error"); }
 
 struct SslCtxFree {
   void operator()(SSL_CTX* c) const { SSL_CTX_free(c); }
