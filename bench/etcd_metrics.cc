@@ -1,18 +1,13 @@
 #include "bench/etcd_metrics.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
-#include <sys/socket.h>
-#include <sys/time.h>
-#include <unistd.h>
-
-#include <cstdlib>
+#include <utility>
 
 #include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "dev/http_get.h"
 
 namespace holdfast::bench {
 
@@ -21,38 +16,16 @@ namespace {
 constexpr char kCounter[] = "grpc_server_msg_received_total{";
 constexpr char kMethodLabel[] = "grpc_method=\"";
 constexpr char kGcCount[] = "go_gc_duration_seconds_count ";
-constexpr size_t kMaxPageBytes = 8 << 20;
 
-// GET http://<endpoint>/metrics (HTTP/1.0: the server closes when done).
+// GET http://<endpoint>/metrics.
 absl::StatusOr<std::string> FetchMetrics(const std::string& endpoint) {
-  auto colon = endpoint.rfind(':');
-  std::string host = endpoint.substr(0, colon);
-  if (host == "localhost") host = "127.0.0.1";
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(std::atoi(endpoint.c_str() + colon + 1));
-  if (colon == std::string::npos || inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
-    return absl::InvalidArgumentError(absl::StrCat("not an IPv4 host:port: ", endpoint));
+  auto a = dev::HttpGet(endpoint, "/metrics");
+  if (!a.ok()) return a.status();
+  if (a->code != 200) {
+    return absl::UnavailableError(
+        absl::StrCat("no metrics from ", endpoint, ": ", a->status_line));
   }
-  int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::UnavailableError("socket failed");
-  timeval tv{2, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
-  std::string page;
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0) {
-    std::string req = absl::StrCat("GET /metrics HTTP/1.0\r\nHost: ", host, "\r\n\r\n");
-    if (::write(fd, req.data(), req.size()) == static_cast<ssize_t>(req.size())) {
-      char buf[16384];
-      ssize_t n;
-      while (page.size() < kMaxPageBytes && (n = ::read(fd, buf, sizeof buf)) > 0) {
-        page.append(buf, n);
-      }
-    }
-  }
-  ::close(fd);
-  if (page.empty()) return absl::UnavailableError(absl::StrCat("no metrics from ", endpoint));
-  return page;
+  return std::move(a->body);
 }
 
 }  // namespace

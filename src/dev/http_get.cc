@@ -15,6 +15,7 @@
 #include <memory>
 
 #include "absl/cleanup/cleanup.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/openssl_error.h"
 
@@ -81,10 +82,9 @@ class NoSigpipe {
   bool was_pending_ = false;
 };
 
-}  // namespace
-
-absl::StatusOr<HttpAnswer> HttpExchange(int port, const std::string& request,
-                                        const std::optional<HttpsClient>& tls) {
+// To `ip` (IPv4, network order) and `port`.
+absl::StatusOr<HttpAnswer> Exchange(in_addr ip, int port, const std::string& request,
+                                    const std::optional<HttpsClient>& tls) {
   NoSigpipe no_sigpipe;
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
   if (fd < 0) return absl::InternalError("socket");
@@ -95,9 +95,11 @@ absl::StatusOr<HttpAnswer> HttpExchange(int port, const std::string& request,
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_addr = ip;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
-    return absl::UnavailableError(absl::StrCat("connect to port ", port, " failed"));
+    char host[INET_ADDRSTRLEN] = "?";
+    inet_ntop(AF_INET, &ip, host, sizeof(host));
+    return absl::UnavailableError(absl::StrCat("connect to ", host, ":", port, " failed"));
   }
 
   std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(nullptr, SSL_CTX_free);
@@ -172,6 +174,31 @@ absl::StatusOr<HttpAnswer> HttpExchange(int port, const std::string& request,
   }
   a.code = std::atoi(a.status_line.c_str() + space + 1);
   return a;
+}
+
+}  // namespace
+
+absl::StatusOr<HttpAnswer> HttpExchange(int port, const std::string& request,
+                                        const std::optional<HttpsClient>& tls) {
+  in_addr loopback{};
+  loopback.s_addr = htonl(INADDR_LOOPBACK);
+  return Exchange(loopback, port, request, tls);
+}
+
+absl::StatusOr<HttpAnswer> HttpGet(const std::string& host_port, const std::string& path) {
+  const auto colon = host_port.rfind(':');
+  std::string host = host_port.substr(0, colon == std::string::npos ? 0 : colon);
+  if (host == "localhost") host = "127.0.0.1";
+  in_addr ip{};
+  int port = 0;
+  if (colon == std::string::npos || inet_pton(AF_INET, host.c_str(), &ip) != 1 ||
+      !absl::SimpleAtoi(host_port.substr(colon + 1), &port) || port <= 0 || port > 65535) {
+    return absl::InvalidArgumentError(absl::StrCat("not an IPv4 host:port: ", host_port));
+  }
+  return Exchange(ip, port,
+                  absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: ", host_port,
+                               "\r\nConnection: close\r\n\r\n"),
+                  std::nullopt);
 }
 
 absl::StatusOr<HttpAnswer> HttpGet(int port, const std::string& path,

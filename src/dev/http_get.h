@@ -1,6 +1,7 @@
 // A one-request HTTP/1.1 client over plain TCP or TLS, for tests of holdfastd's
-// metrics endpoint: it sends the request, reads to the server's close, and splits
-// the answer. Never used by holdfastd.
+// metrics endpoint and for holdfast-bench's reads of etcd's: it sends the
+// request, reads to the server's close, and splits the answer. Never used by
+// holdfastd.
 //
 // Thread-safe (no shared state).
 #pragma once
@@ -38,5 +39,10 @@ absl::StatusOr<HttpAnswer> HttpExchange(int port, const std::string& request,
 // GET `path` (with Host and Connection: close).
 absl::StatusOr<HttpAnswer> HttpGet(int port, const std::string& path,
                                    const std::optional<HttpsClient>& tls = std::nullopt);
+
+// GET `path` over plain HTTP from `host_port`: an IPv4 address (or localhost)
+// and a port, as etcd's --listen-metrics-urls gives them. INVALID_ARGUMENT for
+// anything else.
+absl::StatusOr<HttpAnswer> HttpGet(const std::string& host_port, const std::string& path);
 
 }  // namespace holdfast::dev

@@ -140,6 +140,19 @@ TEST_F(PlainEndpointTest, AnswersGetAndHeadOfMetricsAndRefusesEverythingElse) {
     }
   }
   EXPECT_EQ(renders_.load(), 4) << "a refused request renders nothing";
+
+  // What holdfast-bench scrapes etcd with: an IPv4 host:port, or localhost.
+  for (const std::string host : {"127.0.0.1", "localhost"}) {
+    auto by_host = dev::HttpGet(absl::StrCat(host, ":", endpoint_->port()), "/metrics");
+    ASSERT_TRUE(by_host.ok()) << by_host.status();
+    EXPECT_EQ(by_host->body, kBody);
+  }
+  for (const std::string bad : {"example.org:80", "127.0.0.1", "127.0.0.1:x", "[::1]:80"}) {
+    auto refused = dev::HttpGet(bad, "/metrics");
+    ASSERT_FALSE(refused.ok()) << bad;
+    EXPECT_EQ(refused.status().message(), "not an IPv4 host:port: " + bad);
+  }
+  EXPECT_EQ(renders_.load(), 6);
 }
 
 TEST_F(PlainEndpointTest, ASilentClientHoldsAWorkerOnlyUntilItsDeadline) {
