@@ -384,6 +384,84 @@ TEST_F(EpochTest, HoldsGrantedBeforeAnAdvanceAreReleasedAndHandedOverAtTheNewEpo
   EXPECT_TRUE(handed->Release().ok());
 }
 
+// A hand-over planned before etcd was restored (or replaced) and committed after
+// it lands on a cluster other than the one whose epoch record minted its token,
+// and that token may repeat one issued before. The waiter is not answered as
+// granted: its hold is deleted and its acquire fails, naming both clusters. The
+// commit is made here by hand, as a replica whose plan went stale would make it:
+// the holder's hold and the waiter's queue entry deleted, the waiter's hold put
+// with the record of a cluster that is not this one.
+TEST_F(EpochTest, AHandOverCommittedOnAnotherClusterThanItsEpochsIsNotGranted) {
+  Start();
+  auto holder = client_->OpenSession("default");
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  auto held = (*holder)->Acquire("stale/handover");
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto other = cluster_->NewClient();
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto waiter = (*other)->OpenSession("default");
+  ASSERT_TRUE(waiter.ok()) << waiter.status();
+  absl::StatusOr<Hold> handed = absl::UnknownError("not yet");
+  std::thread waiting(
+      [&] { handed = (*waiter)->Acquire("stale/handover", testing::Waiting(seconds(60))); });
+  absl::Cleanup join = [&] { waiting.join(); };
+  bool queued = false;
+  for (int i = 0; i < 300 && !queued; ++i) {
+    auto d = client_->Describe("default", "stale/handover");
+    queued = d.ok() && d->waiters_size() == 1;
+    if (!queued) std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_TRUE(queued) << "the waiter never queued";
+
+  const uint64_t here = ObservedClusterId();
+  ASSERT_NE(here, 0u);
+  const uint64_t elsewhere = here + 1;
+  const int64_t w = (*waiter)->id();
+  pb::RangeRequest read_hold;
+  read_hold.set_key(keyspace::HoldKey("default", "stale/handover", (*holder)->id()));
+  auto hold = cluster_->etcd_client().RangeSync(read_hold, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(hold.ok() && hold->kvs_size() == 1) << hold.status();
+  records::HoldRecord rec;
+  ASSERT_TRUE(rec.ParseFromString(hold->kvs(0).value()));
+  EXPECT_EQ(rec.etcd_cluster_id(), here) << "a grant records its epoch record's cluster";
+  rec.set_etcd_cluster_id(elsewhere);
+  pb::TxnRequest stale;
+  stale.add_success()->mutable_request_delete_range()->set_key(read_hold.key());
+  stale.add_success()->mutable_request_delete_range()->set_key(
+      keyspace::ClaimKey("default", "stale/handover", (*holder)->id()));
+  stale.add_success()->mutable_request_delete_range()->set_key(
+      keyspace::WaitKey("default", "stale/handover", w));
+  auto* put = stale.add_success()->mutable_request_put();
+  put->set_key(keyspace::HoldKey("default", "stale/handover", w));
+  put->set_value(rec.SerializeAsString());
+  put->set_lease(w);
+  auto committed = cluster_->etcd_client().TxnSync(stale, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(committed.ok() && committed->succeeded()) << committed.status();
+
+  std::move(join).Invoke();
+  ASSERT_FALSE(handed.ok()) << "granted token " << handed->token();
+  EXPECT_EQ(handed.status().code(), absl::StatusCode::kFailedPrecondition) << handed.status();
+  EXPECT_TRUE(absl::StrContains(
+      handed.status().message(),
+      absl::StrCat("\"stale/handover\" was handed over on etcd cluster ", here,
+                   ", not on the cluster of the epoch record its token was minted under (",
+                   elsewhere, ", epoch 1)")))
+      << handed.status();
+  // The hold is deleted (after the answer, so looked for a while).
+  bool gone = false;
+  for (int i = 0; i < 100 && !gone; ++i) {
+    auto d = client_->Describe("default", "stale/handover");
+    gone = d.ok() && d->holders_size() == 0 && d->waiters_size() == 0;
+    if (!gone) std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_TRUE(gone) << "the hold of the refused hand-over is still there";
+  // The key is free for a grant of this cluster.
+  auto again = (*waiter)->Acquire("stale/handover");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GT(again->token(), held->token());
+  EXPECT_TRUE(again->Release().ok());
+}
+
 // An advance cut short between its history row and the record (holdfastd died)
 // leaves the history above the record: grants are refused with a reason that
 // names that case too, and the next advance goes past the row.

@@ -257,6 +257,7 @@ void WatchHub::OnGroupBatch(const GroupRange& range, WatchId etcd_id,
       for (auto& [id, m] : g.members) {
         WatchBatch mine;
         mine.header_revision = batch->header_revision;
+        mine.cluster_id = batch->cluster_id;
         for (const auto& e : batch->events) {
           if (Matches(m.spec, e)) mine.events.push_back(e);
         }
@@ -300,6 +301,7 @@ void WatchHub::OnResponse(Stream* s, const pb::WatchResponse& resp) {
       if (resp.events_size() == 0) return;  // progress notification
       WatchBatch batch;
       batch.header_revision = resp.header().revision();
+      batch.cluster_id = resp.header().cluster_id();
       batch.events.assign(resp.events().begin(), resp.events().end());
       w.next_revision = resp.events(resp.events_size() - 1).kv().mod_revision() + 1;
       delivery = std::move(batch);

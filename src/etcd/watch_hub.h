@@ -43,6 +43,7 @@ struct WatchSpec {
 struct WatchBatch {
   std::vector<mvccpb::Event> events;
   int64_t header_revision = 0;
+  uint64_t cluster_id = 0;  // of the cluster that sent it (its header's)
 };
 
 using WatchCallback = std::function<void(absl::StatusOr<WatchBatch>)>;

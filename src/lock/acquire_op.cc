@@ -816,7 +816,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     read_revision_ = sv->claims_revision;
     AddNewClaim(&txn);
     claims_before_ = sv->claims;
-    records::HoldRecord rec = NewHold(*cls, epoch->record.epoch());
+    records::HoldRecord rec = NewHold(*cls, epoch->record);
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(keyspace::HoldKey(ns, key, lease));
     put->set_value(rec.SerializeAsString());
@@ -833,13 +833,14 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     return true;
   }
 
-  records::HoldRecord NewHold(const ClassEntry& cls, int32_t epoch) const {
+  records::HoldRecord NewHold(const ClassEntry& cls, const records::EpochRecord& epoch) const {
     records::HoldRecord rec;
     rec.set_class_id(cls.class_id);
     rec.set_shared(req_.shared());
     rec.set_holder_meta(req_.holder_meta());
     rec.set_identity(caller_.identity);
-    rec.set_epoch(epoch);
+    rec.set_epoch(epoch.epoch());
+    rec.set_etcd_cluster_id(epoch.etcd_cluster_id());
     rec.set_granted_at_unix_ms(NowUnixMs());
     rec.set_advisory(cls.record.enforcement() == v1::ENFORCEMENT_ADVISORY);
     return rec;
@@ -893,7 +894,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       txn.add_success()->mutable_request_delete_range()->set_key(
           keyspace::ClaimKey(ns, key, dead->lease));
     }
-    records::HoldRecord rec = NewHold(cls, snap.epoch->record.epoch());
+    records::HoldRecord rec = NewHold(cls, snap.epoch->record);
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(keyspace::HoldKey(ns, key, lease));
     put->set_value(rec.SerializeAsString());
@@ -1057,8 +1058,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     // ... and a release on this replica says so at once (lock/local_waiters.h).
     const uint64_t local = engine_->local_waiters_.Add(
         keyspace::HoldKey(ns, key, req_.session_id()), snap.revision,
-        [weak, gen](int64_t create_revision, const records::HoldRecord& rec) {
-          if (auto self = weak.lock()) self->HandedOver(gen, create_revision, rec);
+        [weak, gen](int64_t create_revision, const records::HoldRecord& rec, uint64_t cluster) {
+          if (auto self = weak.lock()) self->HandedOver(gen, create_revision, rec, cluster);
         });
     // The own waiter deleted with no hold put: found dead by another server, or the
     // namespace deleted.
@@ -1101,7 +1102,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     // Handed the key by a release here after the read, before the entry above.
     if (auto h = engine_->local_waiters_.Recent(keyspace::HoldKey(ns, key, req_.session_id()),
                                                 snap.revision)) {
-      HandedOver(gen, h->first, h->second);
+      HandedOver(gen, h->revision, h->rec, h->cluster_id);
     }
   }
 
@@ -1115,12 +1116,21 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (kv == nullptr) return;
     records::HoldRecord rec;
     if (!rec.ParseFromString(kv->value())) return OnWake(gen);
-    HandedOver(gen, kv->create_revision(), rec);
+    HandedOver(gen, kv->create_revision(), rec, batch->cluster_id);
   }
 
-  // The own hold, put by a hand-over at `create_revision` (seen by the watch or
-  // told by a release on this replica, whichever comes first).
-  void HandedOver(uint64_t gen, int64_t create_revision, const records::HoldRecord& rec) {
+  // The own hold, put by a hand-over at `create_revision` in a commit of etcd
+  // cluster `cluster` (seen by the watch or told by a release on this replica,
+  // whichever comes first).
+  //
+  // A hand-over committed on another cluster than the one whose epoch record it
+  // minted its token under was planned before etcd was restored or replaced and
+  // committed after: its revision, and so its token, may repeat one issued
+  // before. As an acquire's own grant (OnGrantDone), it is not answered as
+  // granted: the hold is deleted and the call fails. (The releasing replica knows
+  // it too, but a waiter on another replica hears of the hold from its watch.)
+  void HandedOver(uint64_t gen, int64_t create_revision, const records::HoldRecord& rec,
+                  uint64_t cluster) {
     std::vector<ClassEntry> classes;
     {
       absl::MutexLock l(&mu_);
@@ -1132,6 +1142,15 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       classes = wait_classes_;
     }
     StopWaiting();
+    if (rec.etcd_cluster_id() != 0 && cluster != 0 && rec.etcd_cluster_id() != cluster) {
+      Undo(create_revision);
+      return Finish(absl::FailedPreconditionError(absl::StrCat(
+          "\"", req_.lock_key(), "\" was handed over on etcd cluster ", cluster,
+          ", not on the cluster of the epoch record its token was minted under (",
+          rec.etcd_cluster_id(), ", epoch ", rec.epoch(),
+          "): etcd was restored or replaced under the release, and the token could repeat "
+          "one issued before; not granted (the hold is deleted)")));
+    }
     Granted(MakeHoldInfo(req_.lock_key(), HoldEntry{req_.session_id(), create_revision, rec},
                          classes));
   }

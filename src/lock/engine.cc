@@ -611,8 +611,9 @@ bool Engine::PlanOnViews(const v1::ReleaseRequest& req, ReleasePlan* plan) {
   s.waiters = std::move(kv->waiters);
   // A view read from another cluster than the one answering now (etcd restored
   // under a new cluster id, and this replica's views not read since) could pass
-  // every compare of a hand-over on the restored keys, and the hand-over's grant
-  // has no check after its commit: the read path's header decides instead.
+  // every compare of a hand-over on the restored keys: the read path's header
+  // decides instead. (A hand-over that lands on another cluster all the same is
+  // refused by its waiter after the commit: AcquireOp::HandedOver.)
   if (!GrantBlock().ok() || nsv->cluster_id != etcd_->last_cluster_id() ||
       !CheckEpoch(epoch, nsv->cluster_id).ok() ||
       ResolveClass(s.classes, req.lock_key()) == nullptr) {
@@ -712,7 +713,7 @@ void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Dea
                  const int64_t rev = t->header().revision();
                  const int handed_over = static_cast<int>(handed.size());
                  for (const auto& [hold_key, rec] : handed) {
-                   local_waiters_.HandedOver(hold_key, rev, rec);
+                   local_waiters_.HandedOver(hold_key, rev, rec, t->header().cluster_id());
                  }
                  if (base) {
                    std::vector<HoldEntry> granted;
@@ -835,6 +836,7 @@ Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::s
     rec.set_holder_meta(w->record.holder_meta());
     rec.set_identity(w->record.identity());
     rec.set_epoch(snap.epoch->record.epoch());
+    rec.set_etcd_cluster_id(snap.epoch->record.etcd_cluster_id());
     rec.set_granted_at_unix_ms(now_ms);
     rec.set_advisory(cls->record.enforcement() == v1::ENFORCEMENT_ADVISORY);
     auto* put = txn->add_success()->mutable_request_put();

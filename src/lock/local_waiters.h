@@ -35,8 +35,15 @@ namespace holdfast::lock {
 
 class LocalWaiters {
  public:
-  // Called with the hold's create revision (the releasing commit's) and its record.
-  using Handed = std::function<void(int64_t create_revision, const records::HoldRecord&)>;
+  // Called with the hold's create revision (the releasing commit's), its record,
+  // and the id of the etcd cluster that committed it.
+  using Handed = std::function<void(int64_t create_revision, const records::HoldRecord&,
+                                    uint64_t cluster_id)>;
+  struct Handover {
+    int64_t revision = 0;
+    records::HoldRecord rec;
+    uint64_t cluster_id = 0;
+  };
 
   // A waiter for `hold_key` that read the key at `read_revision`.
   uint64_t Add(const std::string& hold_key, int64_t read_revision, Handed cb) {
@@ -54,15 +61,16 @@ class LocalWaiters {
     by_id_.erase(it);
   }
 
-  // A committed transaction put `hold_key` (a new hold) at `revision`. Returns how
-  // many waiters were told.
-  int HandedOver(const std::string& hold_key, int64_t revision, const records::HoldRecord& rec) {
+  // A committed transaction of cluster `cluster_id` put `hold_key` (a new hold) at
+  // `revision`. Returns how many waiters were told.
+  int HandedOver(const std::string& hold_key, int64_t revision, const records::HoldRecord& rec,
+                 uint64_t cluster_id) {
     std::vector<Handed> told;
     {
       absl::MutexLock l(&mu_);
       auto& kept = recent_[hold_key];
-      if (kept.revision < revision) {
-        kept = Kept{revision, rec, ++seq_};
+      if (kept.handover.revision < revision) {
+        kept = Kept{{revision, rec, cluster_id}, ++seq_};
         order_.emplace_back(hold_key, kept.seq);
         while (order_.size() > kRecent) {
           // Only the newest entry of a key counts: older ones are stale.
@@ -78,17 +86,16 @@ class LocalWaiters {
         if (it->second.read_revision < revision) told.push_back(it->second.cb);
       }
     }
-    for (auto& cb : told) cb(revision, rec);
+    for (auto& cb : told) cb(revision, rec, cluster_id);
     return static_cast<int>(told.size());
   }
 
   // The last hand-over that put `hold_key` after `revision`, if still kept.
-  std::optional<std::pair<int64_t, records::HoldRecord>> Recent(const std::string& hold_key,
-                                                                int64_t revision) {
+  std::optional<Handover> Recent(const std::string& hold_key, int64_t revision) {
     absl::MutexLock l(&mu_);
     auto it = recent_.find(hold_key);
-    if (it == recent_.end() || it->second.revision <= revision) return std::nullopt;
-    return std::make_pair(it->second.revision, it->second.rec);
+    if (it == recent_.end() || it->second.handover.revision <= revision) return std::nullopt;
+    return it->second.handover;
   }
 
   size_t size() {
@@ -109,8 +116,7 @@ class LocalWaiters {
   ByKey by_key_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, ByKey::iterator> by_id_ ABSL_GUARDED_BY(mu_);
   struct Kept {
-    int64_t revision = 0;
-    records::HoldRecord rec;
+    Handover handover;
     uint64_t seq = 0;
   };
   std::map<std::string, Kept> recent_ ABSL_GUARDED_BY(mu_);

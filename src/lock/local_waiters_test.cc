@@ -26,25 +26,26 @@ TEST(LocalWaitersTest, ALateNoticeOfAnOlderHandOverDoesNotAnswerANewerWait) {
   LocalWaiters w;
   std::vector<int64_t> told;
   const uint64_t id =
-      w.Add("h/k/S", 12, [&](int64_t rev, const records::HoldRecord&) { told.push_back(rev); });
-  EXPECT_EQ(w.HandedOver("h/k/S", 10, Hold(1)), 0);
+      w.Add("h/k/S", 12,
+            [&](int64_t rev, const records::HoldRecord&, uint64_t) { told.push_back(rev); });
+  EXPECT_EQ(w.HandedOver("h/k/S", 10, Hold(1), 7), 0);
   EXPECT_TRUE(told.empty());
-  EXPECT_EQ(w.HandedOver("h/k/S", 12, Hold(1)), 0);  // at the read: the read saw it
+  EXPECT_EQ(w.HandedOver("h/k/S", 12, Hold(1), 7), 0);  // at the read: the read saw it
   EXPECT_TRUE(told.empty());
-  EXPECT_EQ(w.HandedOver("h/k/S", 13, Hold(1)), 1);
+  EXPECT_EQ(w.HandedOver("h/k/S", 13, Hold(1), 7), 1);
   EXPECT_EQ(told, std::vector<int64_t>{13});
   w.Remove(id);
   EXPECT_EQ(w.size(), 0u);
-  EXPECT_EQ(w.HandedOver("h/k/S", 14, Hold(1)), 0);
+  EXPECT_EQ(w.HandedOver("h/k/S", 14, Hold(1), 7), 0);
   EXPECT_EQ(told, std::vector<int64_t>{13});
 }
 
 TEST(LocalWaitersTest, EachWaiterIsToldOnlyOfItsOwnHoldKey) {
   LocalWaiters w;
   int a = 0, b = 0;
-  w.Add("h/k/A", 5, [&](int64_t, const records::HoldRecord&) { ++a; });
-  w.Add("h/k/B", 5, [&](int64_t, const records::HoldRecord&) { ++b; });
-  EXPECT_EQ(w.HandedOver("h/k/A", 6, Hold(1)), 1);
+  w.Add("h/k/A", 5, [&](int64_t, const records::HoldRecord&, uint64_t) { ++a; });
+  w.Add("h/k/B", 5, [&](int64_t, const records::HoldRecord&, uint64_t) { ++b; });
+  EXPECT_EQ(w.HandedOver("h/k/A", 6, Hold(1), 7), 1);
   EXPECT_EQ(a, 1);
   EXPECT_EQ(b, 0);
 }
@@ -52,13 +53,14 @@ TEST(LocalWaitersTest, EachWaiterIsToldOnlyOfItsOwnHoldKey) {
 TEST(LocalWaitersTest, RecentAnswersTheNewestHandOverAfterTheRevisionAsked) {
   LocalWaiters w;
   EXPECT_FALSE(w.Recent("h/k/S", 0));
-  w.HandedOver("h/k/S", 10, Hold(1));
-  w.HandedOver("h/k/S", 20, Hold(2));
-  w.HandedOver("h/k/S", 15, Hold(3));  // late and older: does not replace 20
+  w.HandedOver("h/k/S", 10, Hold(1), 7);
+  w.HandedOver("h/k/S", 20, Hold(2), 8);
+  w.HandedOver("h/k/S", 15, Hold(3), 7);  // late and older: does not replace 20
   auto r = w.Recent("h/k/S", 9);
   ASSERT_TRUE(r);
-  EXPECT_EQ(r->first, 20);
-  EXPECT_EQ(r->second.epoch(), 2);
+  EXPECT_EQ(r->revision, 20);
+  EXPECT_EQ(r->rec.epoch(), 2);
+  EXPECT_EQ(r->cluster_id, 8u) << "the committing cluster is kept with it";
   EXPECT_FALSE(w.Recent("h/k/S", 20));
   EXPECT_FALSE(w.Recent("h/k/other", 0));
 }
