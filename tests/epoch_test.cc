@@ -164,6 +164,16 @@ class EpochTest : public ::testing::Test {
     return t;
   }
 
+  // Whether `key` of "default" shows one waiter within 30 s.
+  bool OneWaiterQueued(const std::string& key) {
+    for (int i = 0; i < 300; ++i) {
+      auto d = client_->Describe("default", key);
+      if (d.ok() && d->waiters_size() == 1) return true;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    return false;
+  }
+
   // etcd's cluster id as holdfastd reports it.
   uint64_t ObservedClusterId() {
     uint64_t id = 0;
@@ -334,13 +344,7 @@ TEST_F(EpochTest, HoldsGrantedBeforeAnAdvanceAreReleasedAndHandedOverAtTheNewEpo
   absl::StatusOr<Hold> handed = absl::UnknownError("not yet");
   std::thread waiting([&] { handed = (*waiter)->Acquire("adv/queued", testing::Waiting(seconds(60))); });
   absl::Cleanup join = [&] { waiting.join(); };  // also when an assertion returns early
-  bool queued_behind = false;
-  for (int i = 0; i < 300 && !queued_behind; ++i) {
-    auto d = client_->Describe("default", "adv/queued");
-    queued_behind = d.ok() && d->waiters_size() == 1;
-    if (!queued_behind) std::this_thread::sleep_for(milliseconds(100));
-  }
-  ASSERT_TRUE(queued_behind) << "the waiter never queued";
+  ASSERT_TRUE(OneWaiterQueued("adv/queued")) << "the waiter never queued";
 
   v1::AdvanceEpochRequest req;
   req.set_reason("restore");
@@ -405,13 +409,7 @@ TEST_F(EpochTest, AHandOverCommittedOnAnotherClusterThanItsEpochsIsNotGranted) {
   std::thread waiting(
       [&] { handed = (*waiter)->Acquire("stale/handover", testing::Waiting(seconds(60))); });
   absl::Cleanup join = [&] { waiting.join(); };
-  bool queued = false;
-  for (int i = 0; i < 300 && !queued; ++i) {
-    auto d = client_->Describe("default", "stale/handover");
-    queued = d.ok() && d->waiters_size() == 1;
-    if (!queued) std::this_thread::sleep_for(milliseconds(100));
-  }
-  ASSERT_TRUE(queued) << "the waiter never queued";
+  ASSERT_TRUE(OneWaiterQueued("stale/handover")) << "the waiter never queued";
 
   const uint64_t here = ObservedClusterId();
   ASSERT_NE(here, 0u);
