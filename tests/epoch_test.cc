@@ -385,6 +385,16 @@ TEST_F(EpochTest, HoldsGrantedBeforeAnAdvanceAreReleasedAndHandedOverAtTheNewEpo
   ASSERT_TRUE(handed.ok()) << handed.status();
   EXPECT_EQ(token::EpochOf(handed->token()), 2);
   EXPECT_GT(handed->token(), queued->token());
+  // The hand-over's hold records the cluster of the epoch record it was minted
+  // under, which its waiter checks against the cluster that committed it.
+  pb::RangeRequest read_hold;
+  read_hold.set_key(keyspace::HoldKey("default", "adv/queued", (*waiter)->id()));
+  auto hold = cluster_->etcd_client().RangeSync(read_hold, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(hold.ok() && hold->kvs_size() == 1) << hold.status();
+  records::HoldRecord rec;
+  ASSERT_TRUE(rec.ParseFromString(hold->kvs(0).value()));
+  EXPECT_EQ(rec.epoch(), 2);
+  EXPECT_EQ(rec.etcd_cluster_id(), ObservedClusterId());
   EXPECT_TRUE(handed->Release().ok());
 }
 

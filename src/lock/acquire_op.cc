@@ -313,10 +313,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                             auto snap = ParseSnapshot(t->header(), t->responses());
                             if (snap.ok()) {
                               for (const auto& h : snap->holds) {
-                                if (h.lease == self->req_.session_id()) {
-                                  return self->Granted(MakeHoldInfo(self->req_.lock_key(), h,
-                                                                    snap->classes));
+                                if (h.lease != self->req_.session_id()) continue;
+                                if (auto refused =
+                                        self->HandOverElsewhere(h.record, snap->cluster_id)) {
+                                  return self->UndoThenFail(h.create_revision, *refused);
                                 }
+                                return self->Granted(MakeHoldInfo(self->req_.lock_key(), h,
+                                                                  snap->classes));
                               }
                             }
                           }
@@ -940,10 +943,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     } else if (auto tok = token::Make(rec.epoch(), grant_rev); !tok.ok()) {
       refuse = tok.status();
     }
-    if (!refuse.ok() || end) {
-      Undo(grant_rev);
-      return Finish(!refuse.ok() ? refuse : *end);
-    }
+    if (!refuse.ok() || end) return UndoThenFail(grant_rev, !refuse.ok() ? refuse : *end);
     engine_->observer().OnGranted(req_.namespace_(), rec.class_id(), GrantPath::kAcquire, 1);
     Granted(MakeHoldInfo(req_.lock_key(), entry, classes));
   }
@@ -988,8 +988,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                         });
   }
 
-  // Deletes the hold this call created at `grant_rev`, if it is still that one.
-  void Undo(int64_t grant_rev) {
+  // Deletes the session's hold of the key if it is still the one created at
+  // `grant_rev` (recorded as a release).
+  pb::TxnRequest UndoTxn(int64_t grant_rev) const {
     pb::TxnRequest txn;
     const std::string hold_key =
         keyspace::HoldKey(req_.namespace_(), req_.lock_key(), req_.session_id());
@@ -999,8 +1000,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     txn.add_success()->mutable_request_delete_range()->set_key(
         keyspace::ClaimKey(req_.namespace_(), req_.lock_key(), req_.session_id()));
     AddAuditMark(&txn);  // recorded as a release, not an expiry
-    engine_->etcd().Txn(std::move(txn), etcd::DeadlineIn(engine_->options().etcd_timeout),
-                        [](auto) {});
+    return txn;
   }
 
   // Watches the few keys this waiter depends on, from the read's revision + 1. Each
@@ -1142,17 +1142,60 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       classes = wait_classes_;
     }
     StopWaiting();
-    if (rec.etcd_cluster_id() != 0 && cluster != 0 && rec.etcd_cluster_id() != cluster) {
-      Undo(create_revision);
-      return Finish(absl::FailedPreconditionError(absl::StrCat(
-          "\"", req_.lock_key(), "\" was handed over on etcd cluster ", cluster,
-          ", not on the cluster of the epoch record its token was minted under (",
-          rec.etcd_cluster_id(), ", epoch ", rec.epoch(),
-          "): etcd was restored or replaced under the release, and the token could repeat "
-          "one issued before; not granted (the hold is deleted)")));
+    if (auto refused = HandOverElsewhere(rec, cluster)) {
+      return UndoThenFail(create_revision, *std::move(refused));
     }
     Granted(MakeHoldInfo(req_.lock_key(), HoldEntry{req_.session_id(), create_revision, rec},
                          classes));
+  }
+
+  // Why a hold handed over to this call, committed (or read) on etcd cluster
+  // `cluster`, must not be answered: its record's epoch belongs to another
+  // cluster. (0 on either side: not known, as for records of older versions.)
+  // A watch that resumes on a restored cluster and replays a hand-over committed
+  // before the backup also lands here: refused though its token was sound, on the
+  // safe side.
+  std::optional<absl::Status> HandOverElsewhere(const records::HoldRecord& rec,
+                                                uint64_t cluster) const {
+    if (rec.etcd_cluster_id() == 0 || cluster == 0 || rec.etcd_cluster_id() == cluster) {
+      return std::nullopt;
+    }
+    return absl::FailedPreconditionError(absl::StrCat(
+        "\"", req_.lock_key(), "\" was handed over on etcd cluster ", cluster,
+        ", not on the cluster of the epoch record its token was minted under (",
+        rec.etcd_cluster_id(), ", epoch ", rec.epoch(),
+        "): etcd was restored or replaced under the release, and the token could repeat "
+        "one issued before; not granted (the hold is deleted)"));
+  }
+
+  // Deletes the hold granted or handed over to this call at `grant_rev`, then
+  // fails with `why`. The delete is tried again (every 250 ms, within the call's
+  // deadline) while etcd does not answer: a hold left behind would be the
+  // session's, blocking the key, and a later Acquire of the session would be
+  // answered with it (ReturnOwnHold). If it never commits, the call fails with
+  // `why`'s code all the same (not UNAVAILABLE, which libholdfast would ask again,
+  // to be answered with that hold), saying so.
+  void UndoThenFail(int64_t grant_rev, absl::Status why) {
+    engine_->views_.ForgetKey(req_.namespace_(), req_.lock_key());
+    auto self = shared_from_this();
+    engine_->etcd().Txn(UndoTxn(grant_rev), EtcdDeadline(),
+                        [self, grant_rev, why](absl::StatusOr<pb::TxnResponse> t) {
+                          // Committed: deleted, or no longer that hold.
+                          if (t.ok()) return self->Finish(why);
+                          if (std::chrono::system_clock::now() < self->rpc_deadline_) {
+                            self->engine_->After(std::chrono::milliseconds(250),
+                                                 [self, grant_rev, why] {
+                                                   self->UndoThenFail(grant_rev, why);
+                                                 });
+                            return;
+                          }
+                          self->Finish(absl::Status(
+                              why.code(),
+                              absl::StrCat(why.message(), "; but deleting the hold failed (",
+                                           t.status().message(),
+                                           "): the session holds the key until it releases "
+                                           "it or ends")));
+                        });
   }
 
   void OnWake(uint64_t gen) {
