@@ -164,6 +164,19 @@ class EpochTest : public ::testing::Test {
     return t;
   }
 
+  // The record of `session`'s hold of `key` in "default", read from etcd.
+  absl::StatusOr<records::HoldRecord> HoldRecordOf(const std::string& key, int64_t session) {
+    pb::RangeRequest r;
+    r.set_key(keyspace::HoldKey("default", key, session));
+    auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    if (!got.ok()) return got.status();
+    records::HoldRecord rec;
+    if (got->kvs_size() != 1 || !rec.ParseFromString(got->kvs(0).value())) {
+      return absl::NotFoundError(absl::StrCat("no hold record of session ", session, " on ", key));
+    }
+    return rec;
+  }
+
   // Whether `key` of "default" shows one waiter within 30 s.
   bool OneWaiterQueued(const std::string& key) {
     for (int i = 0; i < 300; ++i) {
@@ -387,14 +400,10 @@ TEST_F(EpochTest, HoldsGrantedBeforeAnAdvanceAreReleasedAndHandedOverAtTheNewEpo
   EXPECT_GT(handed->token(), queued->token());
   // The hand-over's hold records the cluster of the epoch record it was minted
   // under, which its waiter checks against the cluster that committed it.
-  pb::RangeRequest read_hold;
-  read_hold.set_key(keyspace::HoldKey("default", "adv/queued", (*waiter)->id()));
-  auto hold = cluster_->etcd_client().RangeSync(read_hold, etcd::DeadlineIn(seconds(5)));
-  ASSERT_TRUE(hold.ok() && hold->kvs_size() == 1) << hold.status();
-  records::HoldRecord rec;
-  ASSERT_TRUE(rec.ParseFromString(hold->kvs(0).value()));
-  EXPECT_EQ(rec.epoch(), 2);
-  EXPECT_EQ(rec.etcd_cluster_id(), ObservedClusterId());
+  auto rec = HoldRecordOf("adv/queued", (*waiter)->id());
+  ASSERT_TRUE(rec.ok()) << rec.status();
+  EXPECT_EQ(rec->epoch(), 2);
+  EXPECT_EQ(rec->etcd_cluster_id(), ObservedClusterId());
   EXPECT_TRUE(handed->Release().ok());
 }
 
@@ -425,16 +434,14 @@ TEST_F(EpochTest, AHandOverCommittedOnAnotherClusterThanItsEpochsIsNotGranted) {
   ASSERT_NE(here, 0u);
   const uint64_t elsewhere = here + 1;
   const int64_t w = (*waiter)->id();
-  pb::RangeRequest read_hold;
-  read_hold.set_key(keyspace::HoldKey("default", "stale/handover", (*holder)->id()));
-  auto hold = cluster_->etcd_client().RangeSync(read_hold, etcd::DeadlineIn(seconds(5)));
-  ASSERT_TRUE(hold.ok() && hold->kvs_size() == 1) << hold.status();
-  records::HoldRecord rec;
-  ASSERT_TRUE(rec.ParseFromString(hold->kvs(0).value()));
+  auto held_rec = HoldRecordOf("stale/handover", (*holder)->id());
+  ASSERT_TRUE(held_rec.ok()) << held_rec.status();
+  records::HoldRecord rec = *held_rec;
   EXPECT_EQ(rec.etcd_cluster_id(), here) << "a grant records its epoch record's cluster";
   rec.set_etcd_cluster_id(elsewhere);
   pb::TxnRequest stale;
-  stale.add_success()->mutable_request_delete_range()->set_key(read_hold.key());
+  stale.add_success()->mutable_request_delete_range()->set_key(
+      keyspace::HoldKey("default", "stale/handover", (*holder)->id()));
   stale.add_success()->mutable_request_delete_range()->set_key(
       keyspace::ClaimKey("default", "stale/handover", (*holder)->id()));
   stale.add_success()->mutable_request_delete_range()->set_key(
