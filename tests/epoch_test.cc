@@ -3,6 +3,7 @@
 // refuses grants until the epoch is advanced, and every token minted after the
 // advance is above every token the audit store recorded before the restore.
 #include <algorithm>
+#include <csignal>
 #include <atomic>
 #include <functional>
 #include <utility>
@@ -185,6 +186,70 @@ class EpochTest : public ::testing::Test {
       std::this_thread::sleep_for(milliseconds(100));
     }
     return false;
+  }
+
+  // Commits by hand what a release planned before a restore and committed after
+  // it would: `holder`'s hold of `key` (in "default") goes, and `to` gets one with
+  // the holder's record, minted (it says) under the epoch record of etcd cluster
+  // `epoch_cluster`; `to`'s waiter, if any, goes.
+  absl::Status CommitStaleHandOver(const std::string& key, int64_t holder, int64_t to,
+                                   uint64_t epoch_cluster) {
+    auto rec = HoldRecordOf(key, holder);
+    if (!rec.ok()) return rec.status();
+    rec->set_etcd_cluster_id(epoch_cluster);
+    pb::TxnRequest stale;
+    stale.add_success()->mutable_request_delete_range()->set_key(
+        keyspace::HoldKey("default", key, holder));
+    stale.add_success()->mutable_request_delete_range()->set_key(
+        keyspace::ClaimKey("default", key, holder));
+    stale.add_success()->mutable_request_delete_range()->set_key(
+        keyspace::WaitKey("default", key, to));
+    auto* put = stale.add_success()->mutable_request_put();
+    put->set_key(keyspace::HoldKey("default", key, to));
+    put->set_value(rec->SerializeAsString());
+    put->set_lease(to);
+    auto* claim = stale.add_success()->mutable_request_put();
+    claim->set_key(keyspace::ClaimKey("default", key, to));
+    claim->set_lease(to);
+    auto committed = cluster_->etcd_client().TxnSync(stale, etcd::DeadlineIn(seconds(5)));
+    if (!committed.ok()) return committed.status();
+    if (!committed->succeeded()) return absl::InternalError("the hand-over did not commit");
+    return absl::OkStatus();
+  }
+
+  // Raises (or clears) etcd's NOSPACE alarm, as a backend past its quota does:
+  // etcd then refuses every write and serves reads.
+  absl::Status SpaceAlarm(bool on) {
+    auto stub = pb::Maintenance::NewStub(
+        grpc::CreateChannel(cluster_->etcd().endpoint(), grpc::InsecureChannelCredentials()));
+    grpc::ClientContext status_ctx;
+    status_ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
+    pb::StatusResponse status;
+    if (auto s = stub->Status(&status_ctx, pb::StatusRequest(), &status); !s.ok()) {
+      return absl::UnavailableError(s.error_message());
+    }
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
+    pb::AlarmRequest req;
+    req.set_action(on ? pb::AlarmRequest::ACTIVATE : pb::AlarmRequest::DEACTIVATE);
+    req.set_memberid(status.header().member_id());
+    req.set_alarm(pb::NOSPACE);
+    pb::AlarmResponse resp;
+    if (auto s = stub->Alarm(&ctx, req, &resp); !s.ok()) {
+      return absl::UnavailableError(s.error_message());
+    }
+    return absl::OkStatus();
+  }
+
+  // Whether `key` of "default" has neither holds nor waiters within `within`.
+  bool KeyFree(const std::string& key, std::chrono::milliseconds within) {
+    const auto until = std::chrono::steady_clock::now() + within;
+    while (true) {
+      auto d = client_->Describe("default", key);
+      if (d.ok() && d->holders_size() == 0 && d->waiters_size() == 0) return true;
+      if (std::chrono::steady_clock::now() >= until) return false;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
   }
 
   // etcd's cluster id as holdfastd reports it.
@@ -433,25 +498,11 @@ TEST_F(EpochTest, AHandOverCommittedOnAnotherClusterThanItsEpochsIsNotGranted) {
   const uint64_t here = ObservedClusterId();
   ASSERT_NE(here, 0u);
   const uint64_t elsewhere = here + 1;
-  const int64_t w = (*waiter)->id();
   auto held_rec = HoldRecordOf("stale/handover", (*holder)->id());
   ASSERT_TRUE(held_rec.ok()) << held_rec.status();
-  records::HoldRecord rec = *held_rec;
-  EXPECT_EQ(rec.etcd_cluster_id(), here) << "a grant records its epoch record's cluster";
-  rec.set_etcd_cluster_id(elsewhere);
-  pb::TxnRequest stale;
-  stale.add_success()->mutable_request_delete_range()->set_key(
-      keyspace::HoldKey("default", "stale/handover", (*holder)->id()));
-  stale.add_success()->mutable_request_delete_range()->set_key(
-      keyspace::ClaimKey("default", "stale/handover", (*holder)->id()));
-  stale.add_success()->mutable_request_delete_range()->set_key(
-      keyspace::WaitKey("default", "stale/handover", w));
-  auto* put = stale.add_success()->mutable_request_put();
-  put->set_key(keyspace::HoldKey("default", "stale/handover", w));
-  put->set_value(rec.SerializeAsString());
-  put->set_lease(w);
-  auto committed = cluster_->etcd_client().TxnSync(stale, etcd::DeadlineIn(seconds(5)));
-  ASSERT_TRUE(committed.ok() && committed->succeeded()) << committed.status();
+  EXPECT_EQ(held_rec->etcd_cluster_id(), here) << "a grant records its epoch record's cluster";
+  ASSERT_TRUE(
+      CommitStaleHandOver("stale/handover", (*holder)->id(), (*waiter)->id(), elsewhere).ok());
 
   std::move(join).Invoke();
   ASSERT_FALSE(handed.ok()) << "granted token " << handed->token();
@@ -462,16 +513,153 @@ TEST_F(EpochTest, AHandOverCommittedOnAnotherClusterThanItsEpochsIsNotGranted) {
                    ", not on the cluster of the epoch record its token was minted under (",
                    elsewhere, ", epoch 1)")))
       << handed.status();
+  EXPECT_FALSE(absl::StrContains(handed.status().message(), "not committed"))
+      << handed.status();
   // The hold is deleted (after the answer, so looked for a while).
-  bool gone = false;
-  for (int i = 0; i < 100 && !gone; ++i) {
-    auto d = client_->Describe("default", "stale/handover");
-    gone = d.ok() && d->holders_size() == 0 && d->waiters_size() == 0;
-    if (!gone) std::this_thread::sleep_for(milliseconds(100));
-  }
-  EXPECT_TRUE(gone) << "the hold of the refused hand-over is still there";
+  EXPECT_TRUE(KeyFree("stale/handover", seconds(10)))
+      << "the hold of the refused hand-over is still there";
   // The key is free for a grant of this cluster.
   auto again = (*waiter)->Acquire("stale/handover");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GT(again->token(), held->token());
+  EXPECT_TRUE(again->Release().ok());
+}
+
+// Such a hold found by a read, not told of as a hand-over (its session's call
+// had gone, and the session asks again): refused and deleted too, not answered
+// with its token.
+TEST_F(EpochTest, AHoldOfAnotherClustersEpochFoundByAReadIsNotGranted) {
+  Start();
+  auto holder = client_->OpenSession("default");
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  auto held = (*holder)->Acquire("stale/found");
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto session = client_->OpenSession("default");
+  ASSERT_TRUE(session.ok()) << session.status();
+  const uint64_t here = ObservedClusterId();
+  ASSERT_NE(here, 0u);
+  ASSERT_TRUE(
+      CommitStaleHandOver("stale/found", (*holder)->id(), (*session)->id(), here + 1).ok());
+  auto d = client_->Describe("default", "stale/found");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->holders_size(), 1);
+  EXPECT_EQ(d->holders(0).session_id(), (*session)->id());
+
+  auto found = (*session)->Acquire("stale/found");
+  ASSERT_FALSE(found.ok()) << "granted token " << found->token() << " (the old hold's was "
+                           << held->token() << ")";
+  EXPECT_EQ(found.status().code(), absl::StatusCode::kFailedPrecondition) << found.status();
+  EXPECT_TRUE(absl::StrContains(
+      found.status().message(),
+      absl::StrCat("\"stale/found\" is held by this session on etcd cluster ", here,
+                   ", not on the cluster of the epoch record its token was minted under (",
+                   here + 1, ", epoch 1): a hand-over committed after etcd was restored")))
+      << found.status();
+  EXPECT_TRUE(KeyFree("stale/found", seconds(10))) << "the refused hold is still there";
+  auto again = (*session)->Acquire("stale/found");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GT(again->token(), held->token());
+  EXPECT_TRUE(again->Release().ok());
+}
+
+// While etcd refuses the refused hand-over's delete (its space alarm: reads are
+// served, writes refused), the delete is tried again, and the call is answered
+// once it commits.
+TEST_F(EpochTest, TheDeleteOfARefusedHandOverIsTriedAgainUntilEtcdTakesIt) {
+  Start();
+  auto holder = client_->OpenSession("default");
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  auto held = (*holder)->Acquire("stale/retried");
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto other = cluster_->NewClient();
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto waiter = (*other)->OpenSession("default");
+  ASSERT_TRUE(waiter.ok()) << waiter.status();
+  std::atomic<bool> answered{false};
+  absl::StatusOr<Hold> handed = absl::UnknownError("not yet");
+  std::thread waiting([&] {
+    handed = (*waiter)->Acquire("stale/retried", testing::Waiting(seconds(60)));
+    answered = true;
+  });
+  absl::Cleanup join = [&] { waiting.join(); };
+  ASSERT_TRUE(OneWaiterQueued("stale/retried")) << "the waiter never queued";
+
+  // holdfastd hears of the hand-over only once etcd refuses writes.
+  const uint64_t here = ObservedClusterId();
+  cluster_->holdfastd().process()->Signal(SIGSTOP);
+  auto stale = CommitStaleHandOver("stale/retried", (*holder)->id(), (*waiter)->id(), here + 1);
+  auto alarm = SpaceAlarm(true);
+  cluster_->holdfastd().process()->Signal(SIGCONT);
+  ASSERT_TRUE(stale.ok()) << stale;
+  ASSERT_TRUE(alarm.ok()) << alarm;
+  absl::Cleanup disarm = [&] { EXPECT_TRUE(SpaceAlarm(false).ok()); };
+
+  std::this_thread::sleep_for(seconds(2));
+  EXPECT_FALSE(answered.load()) << handed.status();
+  auto d = client_->Describe("default", "stale/retried");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->holders_size(), 1) << "etcd took a write under its space alarm";
+  EXPECT_EQ(d->holders(0).session_id(), (*waiter)->id());
+
+  std::move(disarm).Invoke();
+  std::move(join).Invoke();
+  ASSERT_FALSE(handed.ok()) << "granted token " << handed->token();
+  EXPECT_EQ(handed.status().code(), absl::StatusCode::kFailedPrecondition) << handed.status();
+  EXPECT_TRUE(absl::StrContains(handed.status().message(), "was handed over on etcd cluster"))
+      << handed.status();
+  EXPECT_FALSE(absl::StrContains(handed.status().message(), "not committed"))
+      << handed.status();
+  EXPECT_TRUE(KeyFree("stale/retried", seconds(10)));
+}
+
+// A delete that etcd still refuses near the call's deadline: the call is
+// answered in time, saying so, and the delete goes on after it until etcd takes
+// it; meanwhile the session that asks again is refused the same way.
+TEST_F(EpochTest, TheDeleteOfARefusedHandOverGoesOnAfterTheAnswer) {
+  Start();
+  auto holder = client_->OpenSession("default");
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  auto held = (*holder)->Acquire("stale/after");
+  ASSERT_TRUE(held.ok()) << held.status();
+  ClientOptions o;
+  o.endpoints = {cluster_->endpoint()};
+  o.rpc_timeout = seconds(3);  // the call's deadline: its wait (2 s) + 3 s
+  auto other = Client::Connect(o);
+  ASSERT_TRUE(other.ok()) << other.status();
+  auto waiter = (*other)->OpenSession("default");
+  ASSERT_TRUE(waiter.ok()) << waiter.status();
+  absl::StatusOr<Hold> handed = absl::UnknownError("not yet");
+  std::thread waiting(
+      [&] { handed = (*waiter)->Acquire("stale/after", testing::Waiting(seconds(2))); });
+  absl::Cleanup join = [&] { waiting.join(); };
+  ASSERT_TRUE(OneWaiterQueued("stale/after")) << "the waiter never queued";
+
+  const uint64_t here = ObservedClusterId();
+  cluster_->holdfastd().process()->Signal(SIGSTOP);
+  auto stale = CommitStaleHandOver("stale/after", (*holder)->id(), (*waiter)->id(), here + 1);
+  auto alarm = SpaceAlarm(true);
+  cluster_->holdfastd().process()->Signal(SIGCONT);
+  ASSERT_TRUE(stale.ok()) << stale;
+  ASSERT_TRUE(alarm.ok()) << alarm;
+  absl::Cleanup disarm = [&] { EXPECT_TRUE(SpaceAlarm(false).ok()); };
+
+  std::move(join).Invoke();
+  ASSERT_FALSE(handed.ok()) << "granted token " << handed->token();
+  EXPECT_EQ(handed.status().code(), absl::StatusCode::kFailedPrecondition) << handed.status();
+  EXPECT_TRUE(absl::StrContains(
+      handed.status().message(),
+      "; but deleting the hold has not committed yet (etcd: mvcc: database space "
+      "exceeded): it is tried again until it does, and until then the session holds the key"))
+      << handed.status();
+  auto d = client_->Describe("default", "stale/after");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->holders_size(), 1);
+  EXPECT_EQ(d->holders(0).session_id(), (*waiter)->id());
+
+  std::move(disarm).Invoke();
+  EXPECT_TRUE(KeyFree("stale/after", seconds(15)))
+      << "the delete did not go on after the answer";
+  auto again = (*waiter)->Acquire("stale/after");
   ASSERT_TRUE(again.ok()) << again.status();
   EXPECT_GT(again->token(), held->token());
   EXPECT_TRUE(again->Release().ok());

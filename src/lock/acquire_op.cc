@@ -81,6 +81,9 @@ constexpr int kRideWaitFactor = 40;
 // answered its connection (ClientCore::kConnectGrace, 1 s).
 constexpr std::chrono::milliseconds kCancelGrace{2000};
 
+// The first pause between tries of a refused grant's delete (AcquireOp::UndoThenFail).
+constexpr std::chrono::milliseconds kUndoPause{250};
+
 class AcquireOp : public Cancellable, public std::enable_shared_from_this<AcquireOp> {
  public:
   AcquireOp(Engine* engine, Caller caller, v1::AcquireRequest req, Deadline rpc_deadline,
@@ -314,8 +317,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                             if (snap.ok()) {
                               for (const auto& h : snap->holds) {
                                 if (h.lease != self->req_.session_id()) continue;
-                                if (auto refused =
-                                        self->HandOverElsewhere(h.record, snap->cluster_id)) {
+                                if (auto refused = self->HandOverElsewhere(
+                                        h.record, snap->cluster_id, /*found=*/true)) {
                                   return self->UndoThenFail(h.create_revision, *refused);
                                 }
                                 return self->Granted(MakeHoldInfo(self->req_.lock_key(), h,
@@ -347,9 +350,18 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
 
   // Answers with the session's hold; a waiter of the session left beside it
   // leaves the queue (it would be handed the key by the session's own release).
+  // A hold whose token was minted under another etcd cluster's epoch record than
+  // the one read (a hand-over planned before a restore and committed after it,
+  // found by a read rather than told: HandedOver) is not answered: deleted, and
+  // the call fails. So is a hold restored from a backup onto a cluster with a new
+  // id: nothing tells the two apart, and its token may be below tokens issued
+  // after the backup.
   void ReturnOwnHold(const KeySnapshot& snap, const HoldEntry& hold) {
     for (const auto& w : snap.waiters) {
       if (w.lease == req_.session_id()) LeaveQueue(w.create_revision);
+    }
+    if (auto refused = HandOverElsewhere(hold.record, snap.cluster_id, /*found=*/true)) {
+      return UndoThenFail(hold.create_revision, *std::move(refused));
     }
     Granted(MakeHoldInfo(req_.lock_key(), hold, snap.classes));
   }
@@ -1155,47 +1167,82 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // A watch that resumes on a restored cluster and replays a hand-over committed
   // before the backup also lands here: refused though its token was sound, on the
   // safe side.
-  std::optional<absl::Status> HandOverElsewhere(const records::HoldRecord& rec,
-                                                uint64_t cluster) const {
+  // `found`: the hold was found by a read (ReturnOwnHold), not told of as a
+  // hand-over, so it may as well be one restored from a backup.
+  std::optional<absl::Status> HandOverElsewhere(const records::HoldRecord& rec, uint64_t cluster,
+                                                bool found = false) const {
     if (rec.etcd_cluster_id() == 0 || cluster == 0 || rec.etcd_cluster_id() == cluster) {
       return std::nullopt;
     }
     return absl::FailedPreconditionError(absl::StrCat(
-        "\"", req_.lock_key(), "\" was handed over on etcd cluster ", cluster,
-        ", not on the cluster of the epoch record its token was minted under (",
+        "\"", req_.lock_key(), found ? "\" is held by this session on etcd cluster "
+                                      : "\" was handed over on etcd cluster ",
+        cluster, ", not on the cluster of the epoch record its token was minted under (",
         rec.etcd_cluster_id(), ", epoch ", rec.epoch(),
-        "): etcd was restored or replaced under the release, and the token could repeat "
-        "one issued before; not granted (the hold is deleted)"));
+        found ? "): a hand-over committed after etcd was restored or replaced, or a hold "
+                "restored from a backup, and the token could repeat or trail ones issued "
+                "before; not granted (the hold is deleted)"
+              : "): etcd was restored or replaced under the release, and the token could "
+                "repeat one issued before; not granted (the hold is deleted)"));
   }
 
   // Deletes the hold granted or handed over to this call at `grant_rev`, then
-  // fails with `why`. The delete is tried again (every 250 ms, within the call's
-  // deadline) while etcd does not answer: a hold left behind would be the
-  // session's, blocking the key, and a later Acquire of the session would be
-  // answered with it (ReturnOwnHold). If it never commits, the call fails with
-  // `why`'s code all the same (not UNAVAILABLE, which libholdfast would ask again,
-  // to be answered with that hold), saying so.
+  // fails with `why`. A hold left behind would be the session's, blocking the key
+  // as long as the session lives, though its caller was told it is not granted.
+  // While etcd does not commit the delete, it is tried again every 250 ms, up to
+  // shortly before the call's deadline (a quarter of what was left of it, at most
+  // 1 s, so that the answer still reaches the caller). The call then fails with
+  // `why`'s code all the same (not UNAVAILABLE, which libholdfast would ask again)
+  // saying the delete goes on, and it goes on after the answer (KeepUndoing) until
+  // it commits. A later call of the session that finds the hold meanwhile is
+  // refused the same way (ReturnOwnHold).
   void UndoThenFail(int64_t grant_rev, absl::Status why) {
+    const auto now = std::chrono::system_clock::now();
+    const auto left = std::max<std::chrono::system_clock::duration>(rpc_deadline_ - now, {});
+    UndoThenFail(grant_rev, std::move(why),
+                 rpc_deadline_ - std::min<std::chrono::system_clock::duration>(
+                                     left / 4, std::chrono::seconds(1)));
+  }
+
+  void UndoThenFail(int64_t grant_rev, absl::Status why, Deadline answer_by) {
     engine_->views_.ForgetKey(req_.namespace_(), req_.lock_key());
     auto self = shared_from_this();
-    engine_->etcd().Txn(UndoTxn(grant_rev), EtcdDeadline(),
-                        [self, grant_rev, why](absl::StatusOr<pb::TxnResponse> t) {
-                          // Committed: deleted, or no longer that hold.
-                          if (t.ok()) return self->Finish(why);
-                          if (std::chrono::system_clock::now() < self->rpc_deadline_) {
-                            self->engine_->After(std::chrono::milliseconds(250),
-                                                 [self, grant_rev, why] {
-                                                   self->UndoThenFail(grant_rev, why);
-                                                 });
-                            return;
-                          }
-                          self->Finish(absl::Status(
-                              why.code(),
-                              absl::StrCat(why.message(), "; but deleting the hold failed (",
-                                           t.status().message(),
-                                           "): the session holds the key until it releases "
-                                           "it or ends")));
-                        });
+    engine_->etcd().Txn(
+        UndoTxn(grant_rev), std::min(answer_by, engine_->EtcdDeadline(rpc_deadline_)),
+        [self, grant_rev, why, answer_by](absl::StatusOr<pb::TxnResponse> t) {
+          // Committed: deleted, or no longer that hold.
+          if (t.ok()) return self->Finish(why);
+          if (std::chrono::system_clock::now() + kUndoPause < answer_by) {
+            self->engine_->After(kUndoPause, [self, grant_rev, why, answer_by] {
+              self->UndoThenFail(grant_rev, why, answer_by);
+            });
+            return;
+          }
+          self->Finish(absl::Status(
+              why.code(),
+              absl::StrCat(why.message(), "; but deleting the hold has not committed yet (",
+                           t.status().message(),
+                           "): it is tried again until it does, and until then the session "
+                           "holds the key")));
+          self->KeepUndoing(grant_rev, kUndoPause);
+        });
+  }
+
+  // The delete of UndoThenFail after the call has been answered: tried again,
+  // each pause twice the last, up to 4 s, until it commits (the hold deleted, or
+  // gone with its session already). Not across a restart of holdfastd: the hold
+  // then stays until the session releases it or ends.
+  void KeepUndoing(int64_t grant_rev, std::chrono::milliseconds pause) {
+    auto self = shared_from_this();
+    engine_->After(pause, [self, grant_rev, pause] {
+      self->engine_->etcd().Txn(
+          self->UndoTxn(grant_rev), self->engine_->EtcdDeadline(Deadline::max()),
+          [self, grant_rev, pause](absl::StatusOr<pb::TxnResponse> t) {
+            if (t.ok()) return;
+            self->KeepUndoing(grant_rev,
+                              std::min<std::chrono::milliseconds>(pause * 2, std::chrono::seconds(4)));
+          });
+    });
   }
 
   void OnWake(uint64_t gen) {
