@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <memory>
 
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "audit/classify.h"
@@ -481,11 +480,8 @@ void Auditor::Lead(int64_t lease) {
       if (watch_error.code() == absl::StatusCode::kOutOfRange) {
         // The history from the cursor is gone: say exactly what was lost.
         auto now = etcd_->StatusSync(etcd::DeadlineIn(options_.etcd_timeout));
-        int64_t compacted = 0;
-        // The error message names the compact revision; fall back to now.
-        std::string msg(watch_error.message());
-        auto pos = msg.find_last_of(' ');
-        if (pos != std::string::npos) (void)absl::SimpleAtoi(msg.substr(pos + 1), &compacted);
+        // The error names the compact revision; without it, fall back to now.
+        int64_t compacted = etcd::CompactRevisionOf(watch_error);
         if (compacted <= cursor) compacted = now.ok() ? now->header().revision() : cursor + 1;
         std::fprintf(stderr,
                      "holdfastd: AUDIT GAP: etcd compacted revisions %lld..%lld before they were "

@@ -5,6 +5,8 @@
 #include <utility>
 #include <vector>
 
+#include "absl/strings/cord.h"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "etcd/errors.h"
 
@@ -41,7 +43,26 @@ bool Matches(const WatchSpec& spec, const mvccpb::Event& e) {
   return k >= spec.key && k < spec.range_end;
 }
 
+// Where CompactedError keeps the revision, so that readers need not parse the
+// message.
+constexpr char kCompactRevisionPayload[] = "holdfast.etcd/compact_revision";
+
 }  // namespace
+
+absl::Status CompactedError(int64_t compact_revision) {
+  absl::Status s = absl::OutOfRangeError(absl::StrCat(
+      "etcd: watch start revision was compacted (compact revision ", compact_revision, ")"));
+  s.SetPayload(kCompactRevisionPayload, absl::Cord(absl::StrCat(compact_revision)));
+  return s;
+}
+
+int64_t CompactRevisionOf(const absl::Status& s) {
+  if (s.code() != absl::StatusCode::kOutOfRange) return 0;
+  auto payload = s.GetPayload(kCompactRevisionPayload);
+  int64_t revision = 0;
+  if (!payload || !absl::SimpleAtoi(std::string(*payload), &revision)) return 0;
+  return revision;
+}
 
 WatchHub::WatchHub(Client* client) : client_(client) {}
 
@@ -282,9 +303,7 @@ void WatchHub::OnResponse(Stream* s, const pb::WatchResponse& resp) {
     Watcher& w = it->second;
     if (resp.canceled()) {
       if (resp.compact_revision() > 0) {
-        delivery = absl::OutOfRangeError(
-            absl::StrCat("etcd: watch start revision was compacted (compact revision ",
-                         resp.compact_revision(), ")"));
+        delivery = CompactedError(resp.compact_revision());
       } else {
         delivery = absl::AbortedError(absl::StrCat("etcd: watch cancelled: ",
                                                    resp.cancel_reason()));

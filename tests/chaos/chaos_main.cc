@@ -830,15 +830,9 @@ class ChaosRun {
       }
       etcd.watches().Cancel(id);
       if (error.code() == absl::StatusCode::kOutOfRange && attempt == 0) {
-        // "... (compact revision N)": the history before N is gone.
-        const std::string msg(error.message());
-        const size_t at = msg.rfind("revision ");
-        int64_t compacted = 0;
-        if (at == std::string::npos ||
-            !absl::SimpleAtoi(absl::StripSuffix(msg.substr(at + 9), ")"), &compacted) ||
-            compacted <= from) {
-          return error;
-        }
+        // The history before the compact revision is gone.
+        const int64_t compacted = etcd::CompactRevisionOf(error);
+        if (compacted <= from) return error;
         from = compacted;
         audit_.etcd_note = absl::StrCat("etcd was compacted at revision ", compacted);
         continue;
