@@ -772,6 +772,59 @@ TEST_F(LockTest, HeldLeaseQuotaIsExactUnderConcurrency) {
   EXPECT_EQ(client_->UpdateNamespace(raise).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// A quota beyond the most a namespace may be allowed is refused and changes
+// nothing; one stored before that bound (written by hand here) costs an open no
+// more than a small one: the work is the live sessions', not the quota's.
+TEST_F(LockTest, AHeldLeaseQuotaTooLargeIsRefusedAndAStoredOneCostsOnlyTheLiveSessions) {
+  v1::CreateNamespaceRequest req;
+  req.mutable_namespace_()->set_name("huge");
+  req.mutable_namespace_()->set_held_lease_quota(1'000'000'000'000);
+  int64_t rev = Revision();
+  auto created = client_->CreateNamespace(req);
+  ASSERT_EQ(created.status().code(), absl::StatusCode::kInvalidArgument) << created.status();
+  EXPECT_EQ(created.status().message(),
+            "held_lease_quota 1000000000000 is above 1000000, the most live sessions a "
+            "namespace may be allowed (0 = unlimited)");
+  EXPECT_EQ(Revision(), rev);
+
+  req.mutable_namespace_()->set_held_lease_quota(1'000'000);  // the most
+  ASSERT_TRUE(client_->CreateNamespace(req).ok());
+  v1::UpdateNamespaceRequest raise;
+  raise.set_name("huge");
+  raise.set_held_lease_quota(1'000'001);
+  rev = Revision();
+  auto raised = client_->UpdateNamespace(raise);
+  ASSERT_EQ(raised.status().code(), absl::StatusCode::kInvalidArgument) << raised.status();
+  EXPECT_NE(raised.status().message().find("held_lease_quota 1000001 is above 1000000"),
+            std::string::npos)
+      << raised.status();
+  EXPECT_EQ(Revision(), rev);
+  auto got = client_->GetNamespace("huge");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->held_lease_quota(), 1'000'000);
+
+  // A record with a quota of 10^12 (as no holdfastd writes now).
+  pb::RangeRequest r;
+  r.set_key(keyspace::NamespaceKey("huge"));
+  auto kv = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(kv.ok() && kv->kvs_size() == 1) << kv.status();
+  records::NamespaceRecord rec;
+  ASSERT_TRUE(rec.ParseFromString(kv->kvs(0).value()));
+  rec.set_held_lease_quota(1'000'000'000'000);
+  pb::PutRequest put;
+  put.set_key(keyspace::NamespaceKey("huge"));
+  put.set_value(rec.SerializeAsString());
+  ASSERT_TRUE(cluster_->etcd_client().PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+  std::vector<std::unique_ptr<Session>> open;
+  for (int i = 0; i < 5; ++i) {
+    auto s = client_->OpenSession("huge");
+    ASSERT_TRUE(s.ok()) << s.status();
+    open.push_back(std::move(*s));
+  }
+  EXPECT_EQ(KeysUnder(keyspace::SlotPrefix("huge")), 5);
+  EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("huge")), 5);
+}
+
 // --- failures ----------------------------------------------------------------
 
 TEST_F(LockTest, KilledHolderLosesItsHoldWithinTtlAndAWaiterGetsIt) {

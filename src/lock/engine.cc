@@ -348,26 +348,30 @@ void Engine::CommitSession(const SessionOpen& open, int64_t lease, int attempts_
     const auto& used = t->responses(0).response_range();
     // This open's own lease holds no session key yet.
     const int64_t live = t->responses(1).response_range().count();
-    std::vector<bool> taken(quota, false);
-    int64_t slotted = 0;  // live sessions the slot compares account for
+    // The slots taken, in order; the work is the live sessions', whatever the
+    // quota (a quota of millions must not cost an open millions of steps).
+    std::vector<int64_t> taken;
+    taken.reserve(used.kvs_size());
     for (const auto& kv : used.kvs()) {
       auto index = keyspace::ParseSlotKey(kv.key(), ns);
-      if (index && *index < quota && !taken[*index]) {
-        taken[*index] = true;
-        ++slotted;
-      }
+      if (index && *index >= 0 && *index < quota) taken.push_back(*index);
     }
-    std::vector<int64_t> free;
-    for (int64_t i = 0; i < quota && live < quota; ++i) {
-      if (!taken[i]) free.push_back(i);
-    }
-    if (free.empty()) {
+    std::sort(taken.begin(), taken.end());
+    taken.erase(std::unique(taken.begin(), taken.end()), taken.end());
+    // The live sessions the slot compares account for.
+    const int64_t slotted = static_cast<int64_t>(taken.size());
+    if (live >= quota || slotted >= quota) {
       RevokeQuietly(lease);
       return done(QuotaExhausted(ns, quota));
     }
-    // A random free slot, so concurrent opens rarely race for the same one.
-    commit(free[absl::Uniform<size_t>(absl::BitGen(), 0, free.size())],
-           live > slotted ? t->header().revision() : 0);
+    // A random free slot, so concurrent opens rarely race for the same one: the
+    // rank-th of the free ones, found by stepping over the taken ones below it.
+    int64_t slot = absl::Uniform<int64_t>(absl::BitGen(), 0, quota - slotted);
+    for (int64_t taken_slot : taken) {
+      if (taken_slot > slot) break;
+      ++slot;
+    }
+    commit(slot, live > slotted ? t->header().revision() : 0);
   });
 }
 

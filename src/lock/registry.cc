@@ -18,6 +18,19 @@ namespace {
 constexpr int64_t kTtlFloorMs = 1000;
 constexpr int64_t kTtlCeilingMs = 24 * 3600 * 1000;
 
+// The most live sessions a namespace's held_lease_quota may allow. Each live
+// session of a namespace with a quota keeps a slot key in etcd, which every
+// open of the namespace reads; a figure beyond this is a typo for "unlimited"
+// (0) more likely than a plan.
+constexpr int64_t kMaxHeldLeaseQuota = 1'000'000;
+
+absl::Status CheckHeldLeaseQuota(int64_t quota) {
+  if (quota <= kMaxHeldLeaseQuota) return absl::OkStatus();
+  return absl::InvalidArgumentError(
+      absl::StrCat("held_lease_quota ", quota, " is above ", kMaxHeldLeaseQuota,
+                   ", the most live sessions a namespace may be allowed (0 = unlimited)"));
+}
+
 v1::Namespace NamespaceFromRecord(const std::string& name, const mvccpb::KeyValue& kv,
                                   const records::NamespaceRecord& r) {
   v1::Namespace n;
@@ -100,6 +113,7 @@ absl::StatusOr<v1::Namespace> Registry::CreateNamespace(const v1::CreateNamespac
   if (n.held_lease_quota() < 0 || n.op_rate_quota() < 0) {
     return absl::InvalidArgumentError("quotas must be >= 0 (0 = unlimited)");
   }
+  if (auto s = CheckHeldLeaseQuota(n.held_lease_quota()); !s.ok()) return s;
   if (n.tenant_id().size() > 256 || n.cluster_tier().size() > 63) {
     return absl::InvalidArgumentError("tenant_id (256) or cluster_tier (63 bytes) too long");
   }
@@ -208,6 +222,9 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
   if ((req.has_held_lease_quota() && req.held_lease_quota() < 0) ||
       (req.has_op_rate_quota() && req.op_rate_quota() < 0)) {
     return absl::InvalidArgumentError("quotas must be >= 0 (0 = unlimited)");
+  }
+  if (req.has_held_lease_quota()) {
+    if (auto s = CheckHeldLeaseQuota(req.held_lease_quota()); !s.ok()) return s;
   }
   if (req.members_size() > 1000) return absl::InvalidArgumentError("at most 1000 members");
   for (const auto& m : req.members()) {
