@@ -770,6 +770,45 @@ TEST_F(RehomeTest, TheRunbookCommandsWork) {
 }
 
 // The default config (one etcd cluster, "default"): there is nowhere to go.
+// Two cluster names for one etcd (its endpoint spelled two ways, which the
+// config check cannot see): a rehome between them would clear the "target" and
+// remove the "old home", both the namespace itself. It is refused first.
+TEST_F(RehomeTest, ARehomeBetweenTwoNamesOfOneEtcdIsRefusedAndChangesNothing) {
+  CreateNamespace("pay", "a");
+  const std::string config_path = cluster_->dir() + "/holdfastd.yaml";
+  std::string config;
+  {
+    std::ifstream in(config_path);
+    std::stringstream text;
+    text << in.rdbuf();
+    config = text.str();
+  }
+  const std::string b_endpoint = cluster_->extra_etcd(0).endpoint();
+  const size_t at = config.find(b_endpoint);
+  ASSERT_NE(at, std::string::npos) << config;
+  const std::string a_port = cluster_->etcd().endpoint().substr(
+      cluster_->etcd().endpoint().rfind(':') + 1);
+  config.replace(at, b_endpoint.size(), absl::StrCat("localhost:", a_port));
+  cluster_->holdfastd().Stop();
+  {
+    std::ofstream out(config_path);
+    out << config;
+  }
+  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+
+  const auto before = KeySpace(a());
+  auto r = Rehome("pay", "b");
+  ASSERT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find("clusters \"a\" and \"b\" are one etcd cluster"),
+            std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("nothing changed"), std::string::npos) << r.status();
+  EXPECT_EQ(KeySpace(a()), before);
+  auto got = client_->GetNamespace("pay");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->home_cluster(), "a");
+}
+
 TEST(RehomeOneClusterTest, WithOneClusterRehomeSaysSoAndChangesNothing) {
   auto c = testing::TestCluster::Start();
   ASSERT_TRUE(c.ok()) << c.status();

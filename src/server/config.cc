@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 
@@ -481,6 +482,7 @@ absl::Status ValidateConfig(const Config& c) {
   }
   if (!c.clusters.empty()) {
     std::set<std::string> seen;
+    std::map<std::string, std::string> endpoint_owner;  // endpoint -> cluster
     int controls = 0;
     for (const auto& cc : c.clusters) {
       if (auto s = names::ValidateNamespaceName(cc.name); !s.ok()) {
@@ -498,6 +500,13 @@ absl::Status ValidateConfig(const Config& c) {
       for (const auto& e : cc.endpoints) {
         if (auto s = host_port(absl::StrCat("cluster \"", cc.name, "\" endpoint"), e); !s.ok()) {
           return s;
+        }
+        // One etcd under two names: a rehome between them would delete the
+        // namespace (its copy clears the target, its end removes the old home).
+        if (auto [it, fresh] = endpoint_owner.emplace(e, cc.name); !fresh) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "config: endpoint ", e, " is listed by clusters \"", it->second, "\" and \"",
+              cc.name, "\": each cluster must be its own etcd cluster"));
         }
       }
       if (cc.timeout < std::chrono::milliseconds(100) || cc.timeout > std::chrono::minutes(1)) {

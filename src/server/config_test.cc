@@ -166,6 +166,10 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
        "cluster \"a\" is listed twice"},
       {"insecure: true\nclusters: [{name: a, endpoints: [h:1]}, {name: b, endpoints: [h:2]}]",
        "exactly one of clusters must have control: true (found 0)"},
+      {"insecure: true\nclusters: [{name: a, control: true, endpoints: [h:1, h:2]}, "
+       "{name: b, endpoints: [h:3, h:2]}]",
+       "config: endpoint h:2 is listed by clusters \"a\" and \"b\": each cluster must be its "
+       "own etcd cluster"},
       // Plaintext to etcd off this machine only when asked for by name.
       {"insecure: true\netcd: {endpoints: [127.0.0.1:2379, 10.0.0.5:2379]}",
        "etcd endpoint 10.0.0.5:2379 is not a loopback address and etcd.tls is not set"},

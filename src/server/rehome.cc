@@ -260,6 +260,20 @@ absl::Status Rehomer::Copy(Cluster& from, Cluster& to, const std::string& ns, et
   return absl::OkStatus();
 }
 
+absl::Status Rehomer::Distinct(Cluster& from, Cluster& to, etcd::Deadline d) {
+  auto a = from.etcd->StatusSync(d);
+  if (!a.ok()) return a.status();
+  auto b = to.etcd->StatusSync(d);
+  if (!b.ok()) return b.status();
+  if (a->header().cluster_id() != b->header().cluster_id()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "clusters \"", from.name(), "\" and \"", to.name(), "\" are one etcd cluster (cluster id ",
+      a->header().cluster_id(),
+      "): the config lists its endpoints twice, or the two were made with one "
+      "--initial-cluster-token; a rehome between them would delete the namespace. Fix the "
+      "config (or give each cluster its own token); nothing changed"));
+}
+
 absl::Status Rehomer::Remove(Cluster& c, const std::string& ns, etcd::Deadline d) {
   pb::RangeRequest r;
   r.set_key(keyspace::SessionPrefix(ns));
@@ -404,6 +418,7 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
       return absl::InvalidArgumentError(absl::StrCat(
           "namespace \"", ns, "\" is already homed on cluster \"", home, "\"; nothing changed"));
     }
+    HF_RETURN_IF_ERROR(Distinct(*from, *clusters_->Named(req.to()), Step()));
     records::PlacementRecord rec;
     rec.set_home(home);
     auto* st = rec.mutable_rehome();
@@ -425,6 +440,9 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
         "the rehome of \"", ns, "\" names a cluster this holdfastd does not have (\"", st.from(),
         "\" or \"", st.to(), "\"); fix the config"));
   }
+  // A resumed rehome too: the config may have changed since it began (after the
+  // flip, removing the old home would delete the namespace just the same).
+  HF_RETURN_IF_ERROR(Distinct(*from, *to, Step()));
   out.set_from(st.from());
   out.set_to(st.to());
   // Advances to the next phase: the record first, so a crash resumes from it.

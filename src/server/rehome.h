@@ -95,6 +95,11 @@ class Rehomer {
                                                       const std::string& actor,
                                                       etcd::Deadline d);
   absl::Status Copy(Cluster& from, Cluster& to, const std::string& ns, etcd::Deadline d);
+  // FAILED_PRECONDITION when `from` and `to` answer with one etcd cluster id: two
+  // names for one cluster (or two clusters made with one --initial-cluster-token),
+  // where the copy's clearing of the target and the old home's removal would
+  // delete the namespace itself.
+  absl::Status Distinct(Cluster& from, Cluster& to, etcd::Deadline d);
   // Removes the namespace from `c`: revokes its sessions' leases, deletes its keys.
   absl::Status Remove(Cluster& c, const std::string& ns, etcd::Deadline d);
   // Undoes the drain (and the seal) on `from`.
