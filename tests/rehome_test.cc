@@ -809,6 +809,57 @@ TEST_F(RehomeTest, ARehomeBetweenTwoNamesOfOneEtcdIsRefusedAndChangesNothing) {
   EXPECT_EQ(got->home_cluster(), "a");
 }
 
+// A delete that stopped between the namespace's home and its placement record
+// (here: the home's keys deleted by hand) left a name that could be neither
+// created nor deleted; deleting it again finishes the job.
+TEST_F(RehomeTest, ADeleteThatStoppedHalfWayIsFinishedByDeletingAgain) {
+  CreateNamespace("pay", "b");
+  pb::DeleteRangeRequest home;
+  home.set_key(keyspace::NamespaceKey("pay"));
+  ASSERT_TRUE(b().DeleteRangeSync(home, etcd::DeadlineIn(seconds(5))).ok());
+  home.set_key(keyspace::NamespacePrefix("pay"));
+  home.set_range_end(keyspace::PrefixEnd(keyspace::NamespacePrefix("pay")));
+  ASSERT_TRUE(b().DeleteRangeSync(home, etcd::DeadlineIn(seconds(5))).ok());
+  ASSERT_EQ(KeySpace(a()).count(keyspace::PlacementKey("pay")), 1u);
+
+  auto deleted = client_->DeleteNamespace("pay");
+  ASSERT_TRUE(deleted.ok()) << deleted;
+  EXPECT_EQ(KeySpace(a()).count(keyspace::PlacementKey("pay")), 0u);
+  EXPECT_FALSE(HasKeysOf(KeySpace(b()), "pay"));
+  // The name is free: created again, on the control cluster this time.
+  CreateNamespace("pay", "");
+  auto got = client_->GetNamespace("pay");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->home_cluster(), "a");
+}
+
+// A placement record naming a cluster the config does not list is warned of,
+// and a delete does not take it for a half-done one (the namespace may live on
+// that cluster): NOT_FOUND, the record kept.
+TEST_F(RehomeTest, APlacementOnAClusterTheConfigDoesNotListIsWarnedOfAndKept) {
+  records::PlacementRecord rec;
+  rec.set_home("gone");
+  pb::PutRequest put;
+  put.set_key(keyspace::PlacementKey("ghost"));
+  put.set_value(rec.SerializeAsString());
+  ASSERT_TRUE(a().PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+  const std::string warning =
+      "WARNING: namespace \"ghost\" is homed on cluster \"gone\", which this holdfastd's "
+      "config does not list";
+  std::string log;
+  for (int i = 0; i < 100 && log.find(warning) == std::string::npos; ++i) {
+    std::this_thread::sleep_for(milliseconds(100));
+    std::ifstream in(cluster_->dir() + "/holdfastd-0.log");
+    std::stringstream text;
+    text << in.rdbuf();
+    log = text.str();
+  }
+  EXPECT_NE(log.find(warning), std::string::npos) << log;
+  auto deleted = client_->DeleteNamespace("ghost");
+  EXPECT_EQ(deleted.code(), absl::StatusCode::kNotFound) << deleted;
+  EXPECT_EQ(KeySpace(a()).count(keyspace::PlacementKey("ghost")), 1u);
+}
+
 TEST(RehomeOneClusterTest, WithOneClusterRehomeSaysSoAndChangesNothing) {
   auto c = testing::TestCluster::Start();
   ASSERT_TRUE(c.ok()) << c.status();

@@ -206,7 +206,16 @@ grpc::Status AdminService::DeleteNamespace(grpc::ServerContext* ctx,
   if (placements != nullptr) placed = placements->Get(req->name());
   auto d = RpcDeadline(*ctx, kUnaryCap);
   if (auto s = RegistryOf(req->name()).DeleteNamespace(req->name(), d); !s.ok()) {
-    return ToGrpcStatus(s);
+    // Gone from its home with its placement record left: a delete that stopped
+    // between the two (or a create that stopped before the home had it). The
+    // record alone would keep the name from being created again, and from
+    // being deleted: this delete finishes the job.
+    // (Not when the record names a cluster the config does not list: the
+    // namespace may live there, and the control cluster answered instead.)
+    if (!(s.code() == absl::StatusCode::kNotFound && placed &&
+          clusters_->Named(placed->home()) != nullptr)) {
+      return ToGrpcStatus(s);
+    }
   }
   if (placed) {
     // The name is free again once its placement record goes.

@@ -1,5 +1,7 @@
 #include "server/clusters.h"
 
+#include <cstdio>
+
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "etcd/watch_hub.h"
@@ -77,6 +79,15 @@ void Placements::ApplyLocked(const std::string& ns, std::optional<records::Place
                              int64_t revision) {
   auto& e = entries_[ns];
   if (revision < e.revision) return;  // older than what this replica noted
+  if (rec && !rec->home().empty() && !known_.count(rec->home()) &&
+      !(e.rec && e.rec->home() == rec->home())) {
+    std::fprintf(stderr,
+                 "holdfastd: WARNING: namespace \"%s\" is homed on cluster \"%s\", which this "
+                 "holdfastd's config does not list: its calls reach the control cluster, which "
+                 "answers that it does not exist. List that cluster (every replica must list "
+                 "the same clusters under the same names)\n",
+                 ns.c_str(), rec->home().c_str());
+  }
   e.rec = std::move(rec);
   e.revision = revision;
 }

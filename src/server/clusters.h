@@ -20,6 +20,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -98,8 +99,11 @@ class Router {
 // which refuses: the namespace there is draining, moved, or gone).
 class Placements {
  public:
-  Placements(etcd::Client* control, std::string control_name)
-      : etcd_(control), control_name_(std::move(control_name)) {}
+  // `known`: the names of the clusters this holdfastd's config lists. A record
+  // naming another home is warned of (the namespace's calls then reach the
+  // control cluster, which does not have it: "does not exist").
+  Placements(etcd::Client* control, std::string control_name, std::set<std::string> known)
+      : etcd_(control), control_name_(std::move(control_name)), known_(std::move(known)) {}
   ~Placements() { Stop(); }
 
   // Reads every record and watches from the next revision. Blocking.
@@ -127,6 +131,7 @@ class Placements {
 
   etcd::Client* const etcd_;
   const std::string control_name_;
+  const std::set<std::string> known_;
   mutable absl::Mutex mu_;
   std::map<std::string, Entry> entries_ ABSL_GUARDED_BY(mu_);
   etcd::WatchId watch_ ABSL_GUARDED_BY(mu_) = 0;

@@ -182,7 +182,9 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
     for (auto& c : clusters) {
       if (c->config.control) control = c.get();
     }
-    placements = std::make_unique<Placements>(control->etcd.get(), control->name());
+    std::set<std::string> names;
+    for (auto& c : clusters) names.insert(c->name());
+    placements = std::make_unique<Placements>(control->etcd.get(), control->name(), names);
     if (auto s = placements->Load(etcd::DeadlineIn(control->config.timeout)); !s.ok()) {
       return absl::Status(s.code(), absl::StrCat("reading the placement of namespaces: ",
                                                  s.message()));
