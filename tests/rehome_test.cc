@@ -20,6 +20,7 @@
 #include "absl/strings/str_cat.h"
 #include "dev/subprocess.h"
 #include "harness/cluster.h"
+#include "holdfast/v1/admin.grpc.pb.h"
 #include "holdfast/v1/lock.grpc.pb.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
@@ -858,6 +859,83 @@ TEST_F(RehomeTest, APlacementOnAClusterTheConfigDoesNotListIsWarnedOfAndKept) {
   auto deleted = client_->DeleteNamespace("ghost");
   EXPECT_EQ(deleted.code(), absl::StatusCode::kNotFound) << deleted;
   EXPECT_EQ(KeySpace(a()).count(keyspace::PlacementKey("ghost")), 1u);
+}
+
+// The namespace record of `ns` on the cluster `etcd` reaches.
+records::NamespaceRecord RecordOn(etcd::Client& etcd, const std::string& ns) {
+  pb::RangeRequest r;
+  r.set_key(keyspace::NamespaceKey(ns));
+  auto got = etcd.RangeSync(r, etcd::DeadlineIn(seconds(5)));
+  records::NamespaceRecord rec;
+  EXPECT_TRUE(got.ok() && got->kvs_size() == 1) << got.status();
+  if (got.ok() && got->kvs_size() == 1) EXPECT_TRUE(rec.ParseFromString(got->kvs(0).value()));
+  return rec;
+}
+
+// A rehome rolled back (--abort) while its first command still waits for holds:
+// that command stops, and the namespace is not sealed when the holds end (its
+// queues kept, not marked moved).
+TEST_F(RehomeTest, ARehomeRolledBackWhileItWaitsForHoldsStopsAndSealsNothing) {
+  CreateNamespace("pay", "");
+  auto s = client_->OpenSession("pay");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto h = (*s)->Acquire("db/primary");
+  ASSERT_TRUE(h.ok()) << h.status();
+  absl::StatusOr<v1::RehomeNamespaceResponse> first;
+  std::thread waiting([&] { first = Rehome("pay", "b", seconds(60)); });
+  for (int i = 0; i < 500 && RecordOn(a(), "pay").draining_to().empty(); ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_EQ(RecordOn(a(), "pay").draining_to(), "b") << "the rehome never started draining";
+  auto aborted = Rehome("pay", "b", seconds(20), false, /*abort=*/true);
+  ASSERT_TRUE(aborted.ok()) << aborted.status();
+  EXPECT_TRUE(aborted->aborted());
+  ASSERT_TRUE(h->Release().ok());
+  waiting.join();
+  ASSERT_EQ(first.status().code(), absl::StatusCode::kAborted) << first.status();
+  EXPECT_NE(first.status().message().find("was rolled back or taken over by another command"),
+            std::string::npos)
+      << first.status();
+  const auto rec = RecordOn(a(), "pay");
+  EXPECT_FALSE(rec.moved()) << "the namespace was sealed after the rollback";
+  EXPECT_TRUE(rec.draining_to().empty());
+  EXPECT_EQ(KeySpace(a()).count(keyspace::PlacementKey("pay")), 0u);
+  auto again = (*s)->Acquire("db/primary");
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
+// A rehome whose caller has gone (its call past its deadline) stops waiting for
+// holds and leaves the rehome where it is, as any interruption: it does not go
+// on to move the namespace behind the operator's back once the holds end.
+TEST_F(RehomeTest, ARehomeWhoseCallerHasGoneStopsWaitingForHolds) {
+  CreateNamespace("pay", "");
+  auto s = client_->OpenSession("pay");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto h = (*s)->Acquire("db/primary");
+  ASSERT_TRUE(h.ok()) << h.status();
+  auto stub = v1::Admin::NewStub(
+      grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(1));
+  v1::RehomeNamespaceRequest req;
+  req.set_name("pay");
+  req.set_to("b");
+  req.set_deadline_ms(60'000);
+  v1::RehomeNamespaceResponse resp;
+  grpc::Status gone = stub->RehomeNamespace(&ctx, req, &resp);
+  ASSERT_EQ(gone.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << gone.error_message();
+  // The server notices within a poll; the holds end after that.
+  std::this_thread::sleep_for(milliseconds(500));
+  ASSERT_TRUE(h->Release().ok());
+  std::this_thread::sleep_for(seconds(2));
+  const auto rec = RecordOn(a(), "pay");
+  EXPECT_FALSE(rec.moved()) << "the rehome went on after its caller had gone";
+  EXPECT_EQ(rec.draining_to(), "b") << "an interrupted rehome stays where it was";
+  EXPECT_FALSE(HasKeysOf(KeySpace(b()), "pay"));
+  // Rolled back as any interrupted one.
+  auto aborted = Rehome("pay", "b", seconds(20), false, /*abort=*/true);
+  ASSERT_TRUE(aborted.ok()) << aborted.status();
+  EXPECT_TRUE(RecordOn(a(), "pay").draining_to().empty());
 }
 
 TEST(RehomeOneClusterTest, WithOneClusterRehomeSaysSoAndChangesNothing) {

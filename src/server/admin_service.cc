@@ -352,7 +352,7 @@ grpc::Status AdminService::RehomeNamespace(grpc::ServerContext* ctx,
   lock::Caller who;
   who.identity = caller->identity;
   who.admin = true;
-  return Reply(rehomer_->Rehome(who, *req), resp);
+  return Reply(rehomer_->Rehome(who, *req, [ctx] { return ctx->IsCancelled(); }), resp);
 }
 
 // --- audit and force-release ------------------------------------------------

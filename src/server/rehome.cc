@@ -180,7 +180,8 @@ absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> Rehomer::Holds(
   return out;
 }
 
-absl::Status Rehomer::Seal(Cluster& from, const std::string& ns, etcd::Deadline d) {
+absl::Status Rehomer::Seal(Cluster& from, const std::string& ns, const std::string& to,
+                           etcd::Deadline d) {
   for (int attempt = 0; attempt < 5; ++attempt) {
     HF_ASSIGN_OR_RETURN(NsState s, ReadNs(from, ns, d));
     if (!s.exists) {
@@ -188,6 +189,13 @@ absl::Status Rehomer::Seal(Cluster& from, const std::string& ns, etcd::Deadline 
                                               from.name(), "\""));
     }
     if (s.rec.moved()) return absl::OkStatus();  // sealed before
+    // Rolled back meanwhile (--abort): a seal now would end the queues of a
+    // namespace that stays, and leave it marked moved. (The transaction below
+    // compares the record read here.)
+    if (s.rec.draining_to() != to) {
+      return absl::AbortedError(absl::StrCat("namespace \"", ns, "\" is no longer draining to \"",
+                                             to, "\": the rehome was rolled back"));
+    }
     records::NamespaceRecord rec = s.rec;
     rec.set_moved(true);
     const std::string holds = keyspace::HoldPrefix(ns, "");
@@ -334,7 +342,8 @@ absl::Status Rehomer::RollBack(const std::string& ns, Placed placed, etcd::Deadl
 }
 
 absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
-    const lock::Caller& caller, const v1::RehomeNamespaceRequest& req) {
+    const lock::Caller& caller, const v1::RehomeNamespaceRequest& req,
+    const std::function<bool()>& cancelled) {
   const std::string& ns = req.name();
   HF_RETURN_IF_ERROR(keyspace::ValidateNamespaceName(ns));
   if (req.deadline_ms() < 0 || req.deadline_ms() > 24 * 3600 * 1000) {
@@ -465,9 +474,23 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
                                             : options_.default_deadline;
     const auto until = std::chrono::steady_clock::now() + wait;
     while (true) {
+      // Still this rehome's turn: not rolled back (--abort) or finished by
+      // another call meanwhile.
+      HF_ASSIGN_OR_RETURN(Placed now, ReadPlacement(ns, Step()));
+      if (now.mod_revision != placed.mod_revision) {
+        return absl::AbortedError(absl::StrCat(
+            "the rehome of \"", ns, "\" to \"", st.to(),
+            "\" was rolled back or taken over by another command while it waited for holds; "
+            "this one stopped (`holdfast ns get ", ns, "` shows where it stands)"));
+      }
+      if (cancelled()) {
+        return absl::CancelledError(absl::StrCat(
+            "the rehome of \"", ns, "\" stopped waiting for holds: its caller has gone. It stays "
+            "draining; run the same command again to finish it, or add --abort to roll it back"));
+      }
       HF_ASSIGN_OR_RETURN(auto holds, Holds(*from, ns, Step()));
       if (holds.empty()) {
-        absl::Status sealed = Seal(*from, ns, Step());
+        absl::Status sealed = Seal(*from, ns, st.to(), Step());
         if (sealed.ok()) break;
         if (sealed.code() != absl::StatusCode::kFailedPrecondition) return sealed;
         continue;  // a hold committed meanwhile: wait for it too

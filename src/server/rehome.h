@@ -42,6 +42,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -73,8 +74,13 @@ class Rehomer {
   Rehomer(ClusterSet* clusters, audit::AuditStore* store, Options options)
       : clusters_(clusters), store_(store), options_(options) {}
 
-  absl::StatusOr<v1::RehomeNamespaceResponse> Rehome(const lock::Caller& caller,
-                                                     const v1::RehomeNamespaceRequest& req);
+  // `cancelled` says when the caller has gone (its call cancelled or past its
+  // deadline): the drain's wait for holds then stops, leaving the rehome where it
+  // is, as any interruption does (the same command resumes it, --abort rolls it
+  // back).
+  absl::StatusOr<v1::RehomeNamespaceResponse> Rehome(
+      const lock::Caller& caller, const v1::RehomeNamespaceRequest& req,
+      const std::function<bool()>& cancelled = [] { return false; });
 
  private:
   struct Placed;  // the placement record as read, with its mod_revision
@@ -89,8 +95,10 @@ class Rehomer {
   absl::StatusOr<std::vector<std::pair<std::string, int64_t>>> Holds(Cluster& c,
                                                                       const std::string& ns,
                                                                       etcd::Deadline d);
-  // OK when sealed; FAILED_PRECONDITION while holds remain.
-  absl::Status Seal(Cluster& from, const std::string& ns, etcd::Deadline d);
+  // OK when sealed; FAILED_PRECONDITION while holds remain; ABORTED when the
+  // namespace is no longer draining to `to` (the rehome was rolled back).
+  absl::Status Seal(Cluster& from, const std::string& ns, const std::string& to,
+                    etcd::Deadline d);
   absl::StatusOr<std::pair<int32_t, bool>> EnsureEpoch(Cluster& from, Cluster& to,
                                                       const std::string& actor,
                                                       etcd::Deadline d);
