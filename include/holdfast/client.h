@@ -32,9 +32,10 @@
 // on_lost itself may call Close (it does not wait for the on_lost calls it is
 // made from, so two callbacks that each close the session both return, and a
 // Close on another thread still waits for them; from the session's own on_lost,
-// its CloseSession call is one try of at most 1 s, so that the keepalive thread
-// goes back to the Client's other sessions; an unanswered close leaves the
-// lease to expire). So do
+// its CloseSession is asked for at most 1 s in all, retries included, without
+// waiting for a connection, so that the keepalive thread goes back to the
+// Client's other sessions; an unanswered close leaves the lease to expire, or to
+// a Close called again from another thread). So do
 // not close a session while holding a lock its on_lost takes. Closing a session
 // ends its holds: each Hold then says lost ("was closed"), also one whose
 // Acquire answered after the Close. Sessions are renewed only while their Client exists: destroy
@@ -148,7 +149,8 @@ class Hold {
 
   // Releases the hold. FAILED_PRECONDITION if it is no longer current. Races
   // with the queue, lost connections and streams reset under the call (INTERNAL
-  // or UNKNOWN, as a proxy may send) are retried a few times, all within one
+  // or UNKNOWN, as a proxy may send), a replica that went silent and one that says
+  // it is stopping (then on the next endpoint at once) are retried a few times, all within one
   // rpc timeout from the call (also when no holdfastd answers); after such an
   // unknown outcome, "not current" means the release went through. If it still
   // fails transiently (ABORTED, UNAVAILABLE, INTERNAL, UNKNOWN, DEADLINE_EXCEEDED, or
@@ -170,7 +172,8 @@ class Hold {
 
 class Session {
  public:
-  // Closes the session (ignoring errors) if Close() was not called.
+  // Closes the session (ignoring errors) if it was not closed already. A Close()
+  // that failed is not sent again here: that session ends with its TTL.
   ~Session();
 
   int64_t id() const;
@@ -188,13 +191,20 @@ class Session {
   // UNAVAILABLE; FAILED_PRECONDITION too when this session is already lost.
   absl::StatusOr<Hold> Acquire(const std::string& lock_key, const AcquireOptions& options = {});
 
-  // Ends the session: every hold on it is released by etcd. Waits up to the rpc
-  // timeout for an answer (and for a connection to holdfastd).
+  // Ends the session: every hold on it is released by etcd. Renewals stop, and
+  // its Holds say lost, at once, whatever the answer. CloseSession is idempotent,
+  // so a lost connection or a stream reset under the call (UNAVAILABLE, INTERNAL,
+  // UNKNOWN), a replica that went silent and one that says it is stopping (then on
+  // the next endpoint at once) are asked again, like a Release, all within the
+  // rpc timeout from the call (waiting for a connection to holdfastd included).
+  // If it still fails (those codes, DEADLINE_EXCEEDED, RESOURCE_EXHAUSTED over the
+  // op_rate_quota: see RetryAfter, or a refusal), Close may be called again and
+  // sends CloseSession again; once one was answered OK, Close returns OK at once.
+  // A session holdfastd never hears closed ends when its TTL runs out, and its
+  // holds with it.
   absl::Status Close();
-  // The same, waiting at most `timeout` (capped at the rpc timeout): for a caller
-  // on its way out that must not wait for a holdfastd gone away. The session is
-  // closed here whatever the answer; one that holdfastd did not hear of ends when
-  // its TTL runs out, and its holds with it.
+  // The same, all within `timeout` (capped at the rpc timeout): for a caller on
+  // its way out that must not wait for a holdfastd gone away.
   absl::Status Close(std::chrono::milliseconds timeout);
 
   bool lost() const;
@@ -209,7 +219,8 @@ class Session {
  private:
   friend class Client;
   explicit Session(std::shared_ptr<internal::SessionState> state) : state_(std::move(state)) {}
-  absl::Status CloseWithin(std::optional<std::chrono::milliseconds> timeout);
+  // `send_again`: a session closed already whose CloseSession failed sends it again.
+  absl::Status CloseWithin(std::optional<std::chrono::milliseconds> timeout, bool send_again);
   std::shared_ptr<internal::SessionState> state_;
 };
 

@@ -61,8 +61,9 @@ absl::Status FromCall(const internal::ClientCore& core,
 // A call that ended this way may or may not have reached holdfastd and done its
 // work: the connection broke (UNAVAILABLE), or the stream was reset under the call
 // (INTERNAL or UNKNOWN: what gRPC reports for an HTTP/2 RST_STREAM, as a proxy or
-// a load balancer between the client and holdfastd may send). Acquire and Release
-// are idempotent (per session and key; by token), so they ask again.
+// a load balancer between the client and holdfastd may send). Acquire, Release
+// and Close are idempotent (per session and key; by token; by session id), so
+// they ask again.
 bool OutcomeUnknown(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kInternal ||
          code == absl::StatusCode::kUnknown;
@@ -84,6 +85,62 @@ bool SkipStopping(internal::ClientCore& core, const internal::ClientCore::Endpoi
   if (!s.GetPayload(kStoppingPayload).has_value() || core.endpoint_count() < 2) return false;
   core.Skip(e);
   return true;
+}
+
+// How an idempotent call (Release by token, Close by session id) is asked again.
+struct Retry {
+  // Every attempt ends by then, the waits between them included: with no
+  // holdfastd to answer, each would otherwise wait that long for a connection.
+  std::chrono::system_clock::time_point bound;
+  // ABORTED is asked again too (a Release that raced with the queue). It says the
+  // call was not done, so it is no unknown outcome.
+  bool aborted_too = false;
+  // False: no waiting for a connection (a Close from inside on_lost, on a
+  // keepalive thread that must get back to the other sessions' deadlines): each
+  // attempt goes to an endpoint connected now or fails at once, and one that
+  // found no connection ends the call.
+  bool wait_for_connection = true;
+};
+
+// Sends an idempotent call until its outcome is known, at most five times, all
+// within `retry.bound`. An unknown outcome (OutcomeUnknown), a call moved off a
+// replica that went silent (Moveable) and DEADLINE_EXCEEDED are asked again; a
+// replica that says it is stopping is left for the next endpoint at once
+// (SkipStopping), the others after a short back-off. `send(endpoint, ctx)` makes
+// one attempt. `*unknown` says whether an attempt before the last one ended with
+// its outcome unknown: it may have been done, which can explain the last answer.
+template <class Send>
+absl::Status AskIdempotent(internal::ClientCore& core, const Retry& retry, Send send,
+                           bool* unknown) {
+  *unknown = false;
+  absl::Status s;
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    grpc::ClientContext ctx;
+    internal::ClientCore::Endpoint* endpoint;
+    if (retry.wait_for_connection) {
+      endpoint = &core.Prepare(&ctx, {}, retry.bound);
+    } else {
+      ctx.set_deadline(retry.bound);
+      endpoint = &core.Connected(std::chrono::system_clock::now());
+    }
+    bool moved;
+    {
+      internal::ClientCore::Moveable moveable(core, *endpoint, &ctx);
+      s = FromCall(core, *endpoint, ctx, send(*endpoint, &ctx));
+      moved = Moved(moveable, &s);
+    }
+    const bool aborted = retry.aborted_too && s.code() == absl::StatusCode::kAborted;
+    if (!aborted && !OutcomeUnknown(s.code()) && s.code() != absl::StatusCode::kDeadlineExceeded) {
+      break;
+    }
+    *unknown = *unknown || !aborted;
+    if (!retry.wait_for_connection && Unreachable(s)) break;
+    if (moved || SkipStopping(core, *endpoint, s)) continue;  // the next endpoint is current
+    const auto backoff = std::chrono::milliseconds(10 * (attempt + 1));
+    if (std::chrono::system_clock::now() + backoff >= retry.bound) break;
+    std::this_thread::sleep_for(backoff);
+  }
+  return s;
 }
 
 }  // namespace
@@ -508,6 +565,16 @@ bool SessionState::closed() const {
   return closed_;
 }
 
+void SessionState::CloseAnswered() {
+  absl::MutexLock l(&mu_);
+  close_answered_ = true;
+}
+
+bool SessionState::close_answered() const {
+  absl::MutexLock l(&mu_);
+  return close_answered_;
+}
+
 }  // namespace internal
 
 // --- Hold -------------------------------------------------------------------
@@ -561,35 +628,21 @@ absl::Status Hold::Release() {
   req.set_lock_key(info_.lock_key());
   req.set_token(info_.token());
   // ABORTED (the release raced with the queue), an unknown outcome
-  // (OutcomeUnknown) and DEADLINE_EXCEEDED are retried; after an unknown outcome,
-  // "no such hold" means it went. All
-  // attempts share one bound, the rpc timeout from here: with no holdfastd to
-  // answer, each would otherwise wait that long for a connection.
-  const auto bound = std::chrono::system_clock::now() + session_->core().options().rpc_timeout;
-  absl::Status s;
+  // (OutcomeUnknown) and DEADLINE_EXCEEDED are asked again (AskIdempotent), all
+  // within the rpc timeout from here; after an unknown outcome, "no such hold"
+  // means it went.
+  auto& core = session_->core();
   bool unknown = false;
-  for (int attempt = 0; attempt < 5; ++attempt) {
-    v1::ReleaseResponse resp;
-    grpc::ClientContext ctx;
-    auto& core = session_->core();
-    auto& endpoint = core.Prepare(&ctx, {}, bound);
-    bool moved;
-    {
-      internal::ClientCore::Moveable moveable(core, endpoint, &ctx);
-      s = FromCall(core, endpoint, ctx, endpoint.lock->Release(&ctx, req, &resp));
-      moved = Moved(moveable, &s);
-    }
-    if (unknown && s.code() == absl::StatusCode::kFailedPrecondition) s = absl::OkStatus();
-    if (s.code() != absl::StatusCode::kAborted && !OutcomeUnknown(s.code()) &&
-        s.code() != absl::StatusCode::kDeadlineExceeded) {
-      break;
-    }
-    unknown = unknown || s.code() != absl::StatusCode::kAborted;
-    if (moved) continue;  // the next endpoint is current already
-    const auto backoff = std::chrono::milliseconds(10 * (attempt + 1));
-    if (std::chrono::system_clock::now() + backoff >= bound) break;
-    std::this_thread::sleep_for(backoff);
-  }
+  absl::Status s = AskIdempotent(
+      core,
+      {.bound = std::chrono::system_clock::now() + core.options().rpc_timeout,
+       .aborted_too = true},
+      [&req](internal::ClientCore::Endpoint& endpoint, grpc::ClientContext* ctx) {
+        v1::ReleaseResponse resp;
+        return endpoint.lock->Release(ctx, req, &resp);
+      },
+      &unknown);
+  if (unknown && s.code() == absl::StatusCode::kFailedPrecondition) s = absl::OkStatus();
   // Keep the session on a transient failure, so the caller (or the destructor)
   // can try again; let go once the release is done or cannot be. The hold's
   // other handles (an Acquire of the held key returned it again) then say so.
@@ -613,7 +666,8 @@ absl::Status Hold::Release() {
 
 // --- Session ----------------------------------------------------------------
 
-Session::~Session() { (void)Close(); }
+// Closes a session not closed yet; one whose Close failed is left to its TTL.
+Session::~Session() { (void)CloseWithin(std::nullopt, /*send_again=*/false); }
 
 int64_t Session::id() const { return state_->id(); }
 const std::string& Session::ns() const { return state_->ns(); }
@@ -717,39 +771,57 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   return Hold(state_, std::move(hold_state), resp.hold());
 }
 
-absl::Status Session::Close() { return CloseWithin(std::nullopt); }
+absl::Status Session::Close() { return CloseWithin(std::nullopt, /*send_again=*/true); }
 
-absl::Status Session::Close(std::chrono::milliseconds timeout) { return CloseWithin(timeout); }
+absl::Status Session::Close(std::chrono::milliseconds timeout) {
+  return CloseWithin(timeout, /*send_again=*/true);
+}
 
-absl::Status Session::CloseWithin(std::optional<std::chrono::milliseconds> timeout) {
-  if (!state_->MarkClosed()) return absl::OkStatus();  // closed already
+absl::Status Session::CloseWithin(std::optional<std::chrono::milliseconds> timeout,
+                                  bool send_again) {
+  // Renewals stop and the holds end at the first Close, whatever its answer.
+  if (!state_->MarkClosed()) {
+    // Closed already. A CloseSession that failed (no holdfastd answered, say) is
+    // sent again, so that the caller can still end the lease before its TTL runs
+    // out; not by ~Session, which closes only a session not closed yet (a
+    // Close(timeout) on the way out is not followed by a wait of an rpc timeout).
+    if (!send_again || state_->close_answered()) return absl::OkStatus();
+  }
   state_->core().pump().Remove(state_->id());
   v1::CloseSessionRequest req;
   req.set_namespace_(state_->ns());
   req.set_session_id(state_->id());
-  v1::CloseSessionResponse resp;
-  grpc::ClientContext ctx;
   auto& core = state_->core();
+  Retry retry;
   if (state_->RunningOwnOnLost()) {
     constexpr std::chrono::milliseconds kCloseFromOnLostTimeout{1000};
     // From inside its own on_lost, on a keepalive thread: the session, or a hold
     // of it, is lost, and the thread must get back to checking the deadlines of
-    // the Client's other sessions. One try of at most a second, no waiting for a
-    // connection that is not there; a close not answered leaves the lease to
-    // expire.
-    ctx.set_deadline(std::chrono::system_clock::now() +
-                     std::min<std::chrono::milliseconds>(core.options().rpc_timeout,
-                                                         kCloseFromOnLostTimeout));
-    auto& endpoint = core.Connected(std::chrono::system_clock::now());
-    return FromCall(core, endpoint, ctx, endpoint.session->Close(&ctx, req, &resp));
+    // the Client's other sessions. At most a second, retries included, and no
+    // waiting for a connection that is not there; a close not answered leaves the
+    // lease to expire (or to a Close called again later, from another thread).
+    retry.bound = std::chrono::system_clock::now() +
+                  std::min<std::chrono::milliseconds>(core.options().rpc_timeout,
+                                                      kCloseFromOnLostTimeout);
+    retry.wait_for_connection = false;
+  } else {
+    retry.bound = std::chrono::system_clock::now() +
+                  (timeout ? std::min(core.options().rpc_timeout,
+                                      std::max(*timeout, std::chrono::milliseconds(0)))
+                           : core.options().rpc_timeout);
   }
-  std::optional<std::chrono::system_clock::time_point> deadline;
-  if (timeout) {
-    deadline = std::chrono::system_clock::now() +
-               std::min(core.options().rpc_timeout, std::max(*timeout, std::chrono::milliseconds(0)));
-  }
-  auto& endpoint = core.Prepare(&ctx, {}, deadline);
-  return FromCall(core, endpoint, ctx, endpoint.session->Close(&ctx, req, &resp));
+  // CloseSession is idempotent (a session gone already is closed, OK), so an
+  // unknown outcome is asked again, on another replica too, like a Release.
+  bool unknown = false;
+  absl::Status s = AskIdempotent(
+      core, retry,
+      [&req](internal::ClientCore::Endpoint& endpoint, grpc::ClientContext* ctx) {
+        v1::CloseSessionResponse resp;
+        return endpoint.session->Close(ctx, req, &resp);
+      },
+      &unknown);
+  if (s.ok()) state_->CloseAnswered();
+  return s;
 }
 
 // --- Client -----------------------------------------------------------------

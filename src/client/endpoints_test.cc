@@ -45,6 +45,7 @@ class CountingSessions final : public v1::Session::Service {
   // As holdfastd stopping: every stream ends UNAVAILABLE with the
   // holdfast-stopping trailer (at its next renewal, or at once when it arrives).
   std::atomic<bool> stopping{false};
+  std::atomic<int> closes{0};
 
  private:
   grpc::Status Open(grpc::ServerContext*, const v1::OpenSessionRequest*,
@@ -71,8 +72,10 @@ class CountingSessions final : public v1::Session::Service {
     if (stopping.load()) return Stopping(ctx);
     return grpc::Status::OK;
   }
-  grpc::Status Close(grpc::ServerContext*, const v1::CloseSessionRequest*,
+  grpc::Status Close(grpc::ServerContext* ctx, const v1::CloseSessionRequest*,
                      v1::CloseSessionResponse*) override {
+    ++closes;
+    if (stopping.load()) return Stopping(ctx);
     return grpc::Status::OK;
   }
 
@@ -440,6 +443,14 @@ TEST_F(SilentReplicaTest, AnAcquireAnsweredByAStoppingReplicaIsAskedAgainOnTheNe
   EXPECT_EQ(hold->token(), 7);  // granted by b
   EXPECT_EQ(a_.lock.acquires.load(), 1);
   EXPECT_EQ(b_.lock.acquires.load(), 1);
+}
+
+TEST_F(SilentReplicaTest, ACloseAnsweredByAStoppingReplicaIsAskedAgainOnTheNext) {
+  a_.sessions.stopping = true;
+  absl::Status closed = session_->Close();
+  EXPECT_TRUE(closed.ok()) << closed;
+  EXPECT_EQ(a_.sessions.closes.load(), 1);
+  EXPECT_EQ(b_.sessions.closes.load(), 1);
 }
 
 }  // namespace

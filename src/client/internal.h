@@ -85,7 +85,8 @@ class ClientCore {
   // A call in flight on one endpoint that a pass-over of that endpoint moves:
   // PassOver cancels it, and moved() then tells its caller to ask again (on the
   // endpoint current now). Only for calls that may be asked again whatever became
-  // of the first attempt: Acquire (per session and key) and Release (by token).
+  // of the first attempt: Acquire (per session and key), Release (by token) and
+  // Close (by session id).
   // Lives on the caller's stack around the call, after its ClientContext.
   class Moveable {
    public:
@@ -210,6 +211,10 @@ class SessionState {
   // running (other than one that called it); false when it was closed already.
   bool MarkClosed();
   bool closed() const;
+  // holdfastd answered a CloseSession of the session with OK: its lease is gone.
+  // Until then a Close called again (after one that failed) sends it again.
+  void CloseAnswered();
+  bool close_answered() const;
   // What a hold of a closed session says it ended with.
   absl::Status ClosedReason() const;
   // True on a thread that is running this session's on_lost.
@@ -233,6 +238,7 @@ class SessionState {
   absl::Status lost_reason_ ABSL_GUARDED_BY(mu_);
   bool lost_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool close_answered_ ABSL_GUARDED_BY(mu_) = false;
   bool deadline_passed_ ABSL_GUARDED_BY(mu_) = false;
   int64_t renewals_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::weak_ptr<HoldState>> holds_ ABSL_GUARDED_BY(mu_);

@@ -1,4 +1,4 @@
-// libholdfast's retries of Acquire and Release, against a scripted stand-in for
+// libholdfast's retries of Acquire, Release and Close, against a scripted stand-in for
 // holdfastd in this process: it answers each call as the test scripts it (a reset
 // stream, then an answer), which a real holdfastd behind a real network cannot be
 // made to do on cue. No etcd is involved: what is tested is the client's side.
@@ -49,6 +49,10 @@ class Script {
 };
 
 class FakeSessions final : public v1::Session::Service {
+ public:
+  Script close;
+
+ private:
   grpc::Status Open(grpc::ServerContext*, const v1::OpenSessionRequest*,
                     v1::OpenSessionResponse* resp) override {
     resp->set_session_id(kSession);
@@ -70,7 +74,7 @@ class FakeSessions final : public v1::Session::Service {
   }
   grpc::Status Close(grpc::ServerContext*, const v1::CloseSessionRequest*,
                      v1::CloseSessionResponse*) override {
-    return grpc::Status::OK;
+    return close.Next();
   }
 };
 
@@ -184,6 +188,46 @@ TEST_F(RetryTest, ARefusalIsNotAskedAgain) {
   absl::Status r = held->Release();
   EXPECT_EQ(r.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_EQ(locks_.release.calls(), 1);
+}
+
+// CloseSession is idempotent: a close whose outcome is unknown is asked again,
+// as a release is, rather than left to the lease's TTL.
+TEST_F(RetryTest, ACloseWhoseStreamWasResetIsAskedAgain) {
+  auto hold = session_->Acquire("jobs/a");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  sessions_.close.Push(ResetStream());
+  sessions_.close.Push(grpc::Status(grpc::StatusCode::UNAVAILABLE, "etcd unreachable"));
+  EXPECT_TRUE(session_->Close().ok());
+  EXPECT_EQ(sessions_.close.calls(), 3);
+  EXPECT_TRUE(hold->lost());  // closing ended it
+  // Answered: nothing is sent again.
+  EXPECT_TRUE(session_->Close().ok());
+  EXPECT_EQ(sessions_.close.calls(), 3);
+}
+
+// A close that failed (here over the namespace's op_rate_quota, which the
+// library leaves to the caller) is sent again by a Close called again, not
+// reported OK with the lease still there.
+TEST_F(RetryTest, ACloseCalledAgainAfterAFailedOneSendsItAgain) {
+  sessions_.close.Push(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "retry after 40 ms"));
+  absl::Status first = session_->Close();
+  EXPECT_EQ(first.code(), absl::StatusCode::kResourceExhausted) << first;
+  EXPECT_EQ(sessions_.close.calls(), 1);
+  EXPECT_TRUE(session_->Close().ok());
+  EXPECT_EQ(sessions_.close.calls(), 2);
+  // Destroying the session sends nothing more.
+  session_.reset();
+  EXPECT_EQ(sessions_.close.calls(), 2);
+}
+
+// ~Session does not send again a close that failed: a Close(timeout) on the way
+// out is not followed by a wait of the whole rpc timeout.
+TEST_F(RetryTest, DestroyingASessionWhoseCloseFailedSendsNothingMore) {
+  sessions_.close.Push(grpc::Status(grpc::StatusCode::PERMISSION_DENIED, "not yours"));
+  EXPECT_EQ(session_->Close(std::chrono::milliseconds(500)).code(),
+            absl::StatusCode::kPermissionDenied);
+  session_.reset();
+  EXPECT_EQ(sessions_.close.calls(), 1);
 }
 
 }  // namespace
