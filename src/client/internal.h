@@ -252,7 +252,8 @@ class SessionState {
 // Renews every session of a Client over one KeepAlive stream.
 //
 // Thread-safe. Owns two threads: the pump sends renewals every ttl/3 and checks
-// local deadlines; the reader matches answers to requests. When the stream
+// local deadlines (every kIdleWait at least, with a time read after the turn's
+// waits); the reader matches answers to requests. When the stream
 // breaks (holdfastd restarted or unreachable), the pump reopens it with back-off;
 // sessions survive as long as a renewal is confirmed before their deadline.
 // Sessions are renewed only while their Client object exists.
@@ -267,6 +268,16 @@ class KeepAlivePump {
 
   void Add(std::shared_ptr<SessionState> s);
   void Remove(int64_t session_id);
+
+  // Test seam: what a turn of the pump does, told on the pump thread in order.
+  // `blocking_step_ended` after a step that can block (closing a stream, waiting
+  // for a connection) returned; `ticked` with the time the deadline checks and
+  // renewals are given (Tick), before they run. Unset in production.
+  struct TurnObserver {
+    std::function<void()> blocking_step_ended;
+    std::function<void(SteadyClock::time_point)> ticked;
+  };
+  void SetTurnObserverForTest(TurnObserver observer);
 
  private:
   struct Entry {
@@ -317,6 +328,7 @@ class KeepAlivePump {
   std::map<uint64_t, std::pair<int64_t, SteadyClock::time_point>> sent_ ABSL_GUARDED_BY(mu_);
   uint64_t next_seq_ ABSL_GUARDED_BY(mu_) = 1;
   bool stop_ ABSL_GUARDED_BY(mu_) = false;
+  std::shared_ptr<const TurnObserver> observer_ ABSL_GUARDED_BY(mu_);
   std::unique_ptr<Stream> stream_;                          // pump thread only
   SteadyClock::time_point next_connect_{};                  // pump thread only
   std::chrono::milliseconds backoff_{50};                   // pump thread only

@@ -52,14 +52,26 @@ void KeepAlivePump::Remove(int64_t session_id) {
   sessions_.erase(session_id);
 }
 
+void KeepAlivePump::SetTurnObserverForTest(TurnObserver observer) {
+  absl::MutexLock l(&mu_);
+  observer_ = std::make_shared<const TurnObserver>(std::move(observer));
+}
+
 void KeepAlivePump::Run() {
   while (true) {
+    std::shared_ptr<const TurnObserver> observer;
     {
       absl::MutexLock l(&mu_);
       if (stop_) break;
+      observer = observer_;
     }
-    auto now = SteadyClock::now();
-    if (stream_ && stream_->broken.load()) CloseStream();
+    // Turns start kIdleWait apart (or sooner, for a renewal due), however long
+    // their steps block.
+    const auto turn_start = SteadyClock::now();
+    if (stream_ && stream_->broken.load()) {
+      CloseStream();  // may wait for a silence check (up to its timeout) and the reader
+      if (observer && observer->blocking_step_ended) observer->blocking_step_ended();
+    }
     bool want_stream;
     {
       absl::MutexLock l(&mu_);
@@ -71,8 +83,9 @@ void KeepAlivePump::Run() {
     // restarts. The wait is short so that local deadlines are still checked often.
     bool connected = false;
     ClientCore::Endpoint* endpoint = nullptr;
-    if (!stream_ && want_stream && now >= next_connect_) {
+    if (!stream_ && want_stream && SteadyClock::now() >= next_connect_) {
       endpoint = &core_->Connected(std::chrono::system_clock::now() + kIdleWait, &connected);
+      if (observer && observer->blocking_step_ended) observer->blocking_step_ended();
     }
     if (connected) {
       auto s = std::make_unique<Stream>();
@@ -82,12 +95,18 @@ void KeepAlivePump::Run() {
       s->reader = std::thread([this, raw] { ReadLoop(raw); });
       stream_ = std::move(s);
     }
+    // Read after the steps above, which can block (up to kIdleWait waiting for a
+    // connection, up to a silence check's timeout closing a stream): a time read
+    // before them would let a deadline that passed meanwhile go unseen until the
+    // next turn, up to twice kIdleWait late.
+    const auto now = SteadyClock::now();
+    if (observer && observer->ticked) observer->ticked(now);
     Tick(now);
     if (stream_ && !stream_->broken.load()) CheckSilence(now);
-    // Sleep until the next renewal is due (or something changes), at most kIdleWait,
-    // so local deadlines are checked at least that often.
+    // Sleep until the next renewal is due (or something changes), at most kIdleWait
+    // after this turn started, so local deadlines are checked at least that often.
     absl::MutexLock l(&mu_);
-    auto wake = now + kIdleWait;
+    auto wake = turn_start + kIdleWait;
     for (const auto& [id, e] : sessions_) wake = std::min(wake, e.next_send);
     auto wait = std::max(wake - SteadyClock::now(), SteadyClock::duration::zero());
     cv_.WaitWithTimeout(&mu_, absl::FromChrono(wait));
