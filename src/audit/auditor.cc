@@ -433,8 +433,9 @@ void Auditor::Lead(int64_t lease) {
     if (!pending.empty() && filled) {
       Classified c = Classify(cluster_id, pending, NowMs());
       auto s = store_->Record(cluster_id, c.last_revision, c.events, c.forces);
-      if (s.code() == absl::StatusCode::kFailedPrecondition) {
-        // Another auditor recorded past us: it leads now.
+      if (IsCursorRegression(s)) {
+        // Another auditor recorded past us: it leads now. (Any other refusal,
+        // a file turned read-only say, is retried below like an outage.)
         SetError(absl::StrCat("audit store: ", s.message()));
         break;
       }

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "absl/strings/ascii.h"
+#include "absl/strings/cord.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/strip.h"
@@ -83,6 +84,16 @@ absl::StatusOr<std::unique_ptr<AuditStore>> OpenStore(const std::string& url,
   }
   return absl::InvalidArgumentError(absl::StrCat("audit store URL scheme \"", url.substr(0, colon),
                                                  "\" is not supported; ", kExpected));
+}
+
+namespace {
+// Where CursorRegression marks its status (IsCursorRegression).
+constexpr char kCursorRegressionPayload[] = "holdfast.audit/cursor_regression";
+}  // namespace
+
+bool IsCursorRegression(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kFailedPrecondition &&
+         s.GetPayload(kCursorRegressionPayload).has_value();
 }
 
 namespace internal {
@@ -168,9 +179,11 @@ absl::Status ValidateEpochRow(const EpochRow& row) {
 }
 
 absl::Status CursorRegression(uint64_t cluster_id, int64_t stored, int64_t requested) {
-  return absl::FailedPreconditionError(
+  absl::Status s = absl::FailedPreconditionError(
       absl::StrCat("audit cursor of cluster ", absl::Hex(cluster_id), " is at revision ", stored,
                    "; refusing to move it back to ", requested, " (nothing was written)"));
+  s.SetPayload(kCursorRegressionPayload, absl::Cord("1"));
+  return s;
 }
 
 absl::Status EpochConflict(const EpochRow& stored) {

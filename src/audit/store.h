@@ -113,6 +113,11 @@ struct AuditQuery {
   int limit = 1000;             // at most this many rows (1..10000)
 };
 
+// Whether `s` is Record()'s refusal of a cursor that would move back: another
+// auditor recorded past this one. Not every FAILED_PRECONDITION is that one (a
+// SQLite file turned read-only is FAILED_PRECONDITION too).
+bool IsCursorRegression(const absl::Status& s);
+
 class AuditStore {
  public:
   virtual ~AuditStore() = default;
