@@ -31,11 +31,12 @@
 // none starts after, so on_lost may use what its owner frees after closing;
 // on_lost itself may call Close (it does not wait for the on_lost calls it is
 // made from, so two callbacks that each close the session both return, and a
-// Close on another thread still waits for them; from the session's own on_lost,
-// its CloseSession is asked for at most 1 s in all, retries included, without
-// waiting for a connection, so that the keepalive thread goes back to the
-// Client's other sessions; an unanswered close leaves the lease to expire, or to
-// a Close called again from another thread). So do
+// Close on another thread still waits for them; from inside any on_lost, a
+// CloseSession, and a Release (a Hold released or dropped there), is asked for
+// at most 1 s in all, retries included, without waiting for a connection, so that
+// the keepalive thread goes back to the Client's other sessions' deadlines; an
+// unanswered close leaves the lease to expire, or to a Close called again from
+// another thread, and an unanswered release leaves the hold to its session). So do
 // not close a session while holding a lock its on_lost takes. Closing a session
 // ends its holds: each Hold then says lost ("was closed"), also one whose
 // Acquire answered after the Close. Sessions are renewed only while their Client exists: destroy

@@ -102,6 +102,18 @@ struct Retry {
   bool wait_for_connection = true;
 };
 
+// From inside an on_lost, on a keepalive thread, which must get back to checking
+// the deadlines of the Client's other sessions: at most a second, retries
+// included, and no waiting for a connection that is not there.
+Retry FromInsideOnLost(const internal::ClientCore& core, bool aborted_too) {
+  constexpr std::chrono::milliseconds kFromOnLostTimeout{1000};
+  return Retry{.bound = std::chrono::system_clock::now() +
+                        std::min<std::chrono::milliseconds>(core.options().rpc_timeout,
+                                                            kFromOnLostTimeout),
+               .aborted_too = aborted_too,
+               .wait_for_connection = false};
+}
+
 // Sends an idempotent call until its outcome is known, at most five times, all
 // within `retry.bound`. An unknown outcome (OutcomeUnknown), a call moved off a
 // replica that went silent (Moveable) and DEADLINE_EXCEEDED are asked again; a
@@ -487,6 +499,8 @@ struct OnLostFrame {
 thread_local OnLostFrame* running_on_lost = nullptr;
 }  // namespace
 
+bool SessionState::RunningAnyOnLost() { return running_on_lost != nullptr; }
+
 bool SessionState::RunningOwnOnLost() const {
   for (const OnLostFrame* f = running_on_lost; f != nullptr; f = f->outer) {
     if (f->session == this) return true;
@@ -631,12 +645,16 @@ absl::Status Hold::Release() {
   // (OutcomeUnknown) and DEADLINE_EXCEEDED are asked again (AskIdempotent), all
   // within the rpc timeout from here; after an unknown outcome, "no such hold"
   // means it went.
+  // (From inside an on_lost, a hold dropped there: FromInsideOnLost's bound; a
+  // release not answered then leaves the hold to a later Release, or its session.)
   auto& core = session_->core();
   bool unknown = false;
   absl::Status s = AskIdempotent(
       core,
-      {.bound = std::chrono::system_clock::now() + core.options().rpc_timeout,
-       .aborted_too = true},
+      internal::SessionState::RunningAnyOnLost()
+          ? FromInsideOnLost(core, /*aborted_too=*/true)
+          : Retry{.bound = std::chrono::system_clock::now() + core.options().rpc_timeout,
+                  .aborted_too = true},
       [&req](internal::ClientCore::Endpoint& endpoint, grpc::ClientContext* ctx) {
         v1::ReleaseResponse resp;
         return endpoint.lock->Release(ctx, req, &resp);
@@ -793,17 +811,11 @@ absl::Status Session::CloseWithin(std::optional<std::chrono::milliseconds> timeo
   req.set_session_id(state_->id());
   auto& core = state_->core();
   Retry retry;
-  if (state_->RunningOwnOnLost()) {
-    constexpr std::chrono::milliseconds kCloseFromOnLostTimeout{1000};
-    // From inside its own on_lost, on a keepalive thread: the session, or a hold
-    // of it, is lost, and the thread must get back to checking the deadlines of
-    // the Client's other sessions. At most a second, retries included, and no
-    // waiting for a connection that is not there; a close not answered leaves the
-    // lease to expire (or to a Close called again later, from another thread).
-    retry.bound = std::chrono::system_clock::now() +
-                  std::min<std::chrono::milliseconds>(core.options().rpc_timeout,
-                                                      kCloseFromOnLostTimeout);
-    retry.wait_for_connection = false;
+  if (internal::SessionState::RunningAnyOnLost()) {
+    // From inside an on_lost (its own, or another session's): FromInsideOnLost's
+    // bound. A close not answered leaves the lease to expire (or to a Close
+    // called again later, from another thread).
+    retry = FromInsideOnLost(core, /*aborted_too=*/false);
   } else {
     retry.bound = std::chrono::system_clock::now() +
                   (timeout ? std::min(core.options().rpc_timeout,

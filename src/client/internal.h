@@ -219,6 +219,9 @@ class SessionState {
   absl::Status ClosedReason() const;
   // True on a thread that is running this session's on_lost.
   bool RunningOwnOnLost() const;
+  // True on a thread that is running any session's on_lost (a keepalive thread
+  // of the Client, which other sessions' deadline checks wait for).
+  static bool RunningAnyOnLost();
 
  private:
   const std::shared_ptr<ClientCore> core_;

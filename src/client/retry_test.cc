@@ -4,9 +4,12 @@
 // made to do on cue. No etcd is involved: what is tested is the client's side.
 #include <atomic>
 #include <deque>
+#include <future>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <grpcpp/grpcpp.h>
@@ -51,12 +54,15 @@ class Script {
 class FakeSessions final : public v1::Session::Service {
  public:
   Script close;
+  std::atomic<int64_t> ttl_ms{30'000};
+  // Renewal answers say etcd could not confirm them (closed holds are lost).
+  std::atomic<bool> etcd_unavailable{false};
 
  private:
   grpc::Status Open(grpc::ServerContext*, const v1::OpenSessionRequest*,
                     v1::OpenSessionResponse* resp) override {
     resp->set_session_id(kSession);
-    resp->set_ttl_ms(30'000);
+    resp->set_ttl_ms(ttl_ms.load());
     return grpc::Status::OK;
   }
   grpc::Status KeepAlive(
@@ -67,7 +73,8 @@ class FakeSessions final : public v1::Session::Service {
       v1::KeepAliveResponse resp;
       resp.set_session_id(req.session_id());
       resp.set_sequence(req.sequence());
-      resp.set_ttl_ms(30'000);
+      resp.set_ttl_ms(ttl_ms.load());
+      resp.set_etcd_unavailable(etcd_unavailable.load());
       stream->Write(resp);
     }
     return grpc::Status::OK;
@@ -81,8 +88,11 @@ class FakeSessions final : public v1::Session::Service {
 class FakeLocks final : public v1::Lock::Service {
  public:
   Script acquire, release;
+  std::atomic<int> release_delay_ms{0};  // each Release answers this late
   std::mutex mu;
   std::vector<int64_t> released_tokens;  // guarded by mu
+  // How long each Release had left of its deadline when it arrived (guarded by mu).
+  std::vector<std::chrono::milliseconds> release_deadline_left;
 
  private:
   grpc::Status Acquire(grpc::ServerContext*, const v1::AcquireRequest* req,
@@ -94,12 +104,15 @@ class FakeLocks final : public v1::Lock::Service {
     hold->set_token(kToken);
     return s;
   }
-  grpc::Status Release(grpc::ServerContext*, const v1::ReleaseRequest* req,
+  grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
                        v1::ReleaseResponse*) override {
     {
       std::lock_guard l(mu);
       released_tokens.push_back(req->token());
+      release_deadline_left.push_back(std::chrono::duration_cast<std::chrono::milliseconds>(
+          ctx->deadline() - std::chrono::system_clock::now()));
     }
+    std::this_thread::sleep_for(std::chrono::milliseconds(release_delay_ms.load()));
     return release.Next();
   }
 };
@@ -119,6 +132,7 @@ class RetryTest : public ::testing::Test {
     b.RegisterService(&locks_);
     server_ = b.BuildAndStart();
     ASSERT_TRUE(server_ != nullptr && port != 0);
+    port_ = port;
     ClientOptions o;
     o.endpoints = {"127.0.0.1:" + std::to_string(port)};
     o.rpc_timeout = std::chrono::seconds(5);
@@ -137,6 +151,7 @@ class RetryTest : public ::testing::Test {
 
   FakeSessions sessions_;
   FakeLocks locks_;
+  int port_ = 0;
   std::unique_ptr<grpc::Server> server_;
   std::unique_ptr<Client> client_;
   std::unique_ptr<Session> session_;
@@ -228,6 +243,49 @@ TEST_F(RetryTest, DestroyingASessionWhoseCloseFailedSendsNothingMore) {
             absl::StatusCode::kPermissionDenied);
   session_.reset();
   EXPECT_EQ(sessions_.close.calls(), 1);
+}
+
+// A hold dropped inside on_lost (lost because etcd could not confirm renewals)
+// is released from the keepalive thread: asked for at most a second, so that the
+// thread gets back to the other sessions' deadlines, not for the whole rpc
+// timeout (5 s here) while holdfastd is slow to answer.
+TEST_F(RetryTest, AReleaseFromInsideOnLostIsAskedForAtMostASecond) {
+  sessions_.ttl_ms = 3000;  // renewed every second
+  locks_.release_delay_ms = 3000;
+  ClientOptions o;
+  o.endpoints = {"127.0.0.1:" + std::to_string(port_)};
+  o.rpc_timeout = std::chrono::seconds(5);
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  std::mutex m;
+  std::optional<Hold> held;
+  std::promise<void> ran;
+  SessionOptions so;
+  so.on_lost = [&](const absl::Status&) {
+    std::optional<Hold> dropped;
+    {
+      std::lock_guard l(m);
+      dropped.swap(held);
+    }
+    dropped.reset();  // ~Hold releases it
+    ran.set_value();
+  };
+  auto session = (*client)->OpenSession("default", so);
+  ASSERT_TRUE(session.ok()) << session.status();
+  {
+    auto h = (*session)->Acquire("jobs/lost");
+    ASSERT_TRUE(h.ok()) << h.status();
+    std::lock_guard l(m);
+    held.emplace(std::move(*h));
+  }
+  sessions_.etcd_unavailable = true;
+  ASSERT_EQ(ran.get_future().wait_for(std::chrono::seconds(20)), std::future_status::ready)
+      << "on_lost never ran";
+  std::lock_guard l(locks_.mu);
+  ASSERT_FALSE(locks_.release_deadline_left.empty()) << "the dropped hold was not released";
+  for (auto left : locks_.release_deadline_left) {
+    EXPECT_LE(left.count(), 1000) << "a release from on_lost was given " << left.count() << " ms";
+  }
 }
 
 }  // namespace
