@@ -562,8 +562,14 @@ TEST_F(LockTest, AWaitWhoseHoldfastdWentAwayEndsByTheCallsFirstBound) {
   const auto close_ms = std::chrono::duration_cast<milliseconds>(
                             std::chrono::steady_clock::now() - close_from).count();
   EXPECT_LT(close_ms, 1'900) << "Close(500ms) waited for the rpc timeout (2 s)";
-  EXPECT_TRUE(waiter->Close().ok()) << "closed once, a second Close is a no-op";
-  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());  // so that the holder's Close is answered
+  // A Close after a failed one sends CloseSession again: still nobody to answer
+  // (within 500 ms), then answered once holdfastd is back.
+  EXPECT_FALSE(waiter->Close(milliseconds(500)).ok());
+  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+  EXPECT_TRUE(waiter->Close().ok()) << "a Close after a failed one is not sent again";
+  auto gone = client_->Describe("default", "gone-wait");
+  ASSERT_TRUE(gone.ok()) << gone.status();
+  EXPECT_EQ(gone->waiters_size(), 0) << "the waiter's session was not closed";
 }
 
 // A Release with no holdfastd to answer ends within one rpc timeout, its
