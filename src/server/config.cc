@@ -446,6 +446,11 @@ absl::Status ValidateConfig(const Config& c) {
     return absl::InvalidArgumentError(
         "config: audit.compaction_keep_revisions must be >= 100 and lag_warn_revisions >= 1");
   }
+  // Rotated SVIDs (an hour's lifetime is common) must be picked up well before the
+  // old ones expire; the files are read at most once a second anyway.
+  if (c.tls_refresh < std::chrono::seconds(1) || c.tls_refresh > std::chrono::minutes(10)) {
+    return absl::InvalidArgumentError("config: tls.refresh must be between 1s and 10m");
+  }
   if (c.audit_flush_interval < std::chrono::milliseconds(0) ||
       c.audit_flush_interval > std::chrono::seconds(1)) {
     return absl::InvalidArgumentError("config: audit.flush_interval must be between 0s and 1s");

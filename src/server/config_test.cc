@@ -152,6 +152,8 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\naudit: {retention: 30m}",
        "audit.retention must be 0s (keep every event) or at least 1h"},
       {"insecure: true\naudit: {retention: 3mo}", "audit.retention: invalid duration"},
+      {"insecure: true\ntls: {refresh: 0s}", "config: tls.refresh must be between 1s and 10m"},
+      {"insecure: true\ntls: {refresh: 2h}", "config: tls.refresh must be between 1s and 10m"},
       {"insecure: true\netcd: {timeout: 1s}\nclusters: [{name: a, endpoints: [h:1]}]",
        "either etcd (one cluster) or clusters"},
       {"insecure: true\nclusters: []", "clusters must be a non-empty list"},
