@@ -125,8 +125,10 @@ struct AcquireOptions {
 
 class Session;
 
-// A granted lock. Releases itself when destroyed (errors ignored: a hold that
-// cannot be released ends with its session's lease).
+// A granted lock. Releases itself when destroyed; a release that fails there
+// (holdfastd or etcd unreachable) is asked again by the Client's keepalive thread,
+// without blocking it, 1 s later, then each pause twice the last up to 30 s, until
+// done, no longer current, or the session ends.
 class Hold {
  public:
   Hold(Hold&&) noexcept;

@@ -501,6 +501,80 @@ thread_local OnLostFrame* running_on_lost = nullptr;
 
 bool SessionState::RunningAnyOnLost() { return running_on_lost != nullptr; }
 
+void SessionState::OweRelease(const std::string& lock_key, int64_t token) {
+  absl::MutexLock l(&mu_);
+  if (lost_ || closed_) return;  // the lease is gone, or going with its holds
+  for (const auto& o : owed_) {
+    if (o.lock_key == lock_key && o.token == token) return;
+  }
+  owed_.push_back({lock_key, token, SteadyClock::now() + std::chrono::seconds(1)});
+}
+
+size_t SessionState::owed_releases() const {
+  absl::MutexLock l(&mu_);
+  return owed_.size();
+}
+
+void SessionState::SendOwedReleases(const std::shared_ptr<SessionState>& self,
+                                    SteadyClock::time_point now) {
+  std::vector<std::pair<std::string, int64_t>> due;
+  {
+    absl::MutexLock l(&self->mu_);
+    if (self->lost_ || self->closed_) {
+      self->owed_.clear();
+      return;
+    }
+    for (auto& o : self->owed_) {
+      if (o.in_flight || now < o.next) continue;
+      o.in_flight = true;
+      due.emplace_back(o.lock_key, o.token);
+    }
+  }
+  if (due.empty()) return;
+  auto& core = *self->core_;
+  // The endpoint current now, without waiting for one to connect: a call that
+  // finds no connection fails and is tried again later.
+  auto& endpoint = core.Connected(std::chrono::system_clock::now());
+  for (auto& [key, token] : due) {
+    struct Call {
+      grpc::ClientContext ctx;
+      v1::ReleaseRequest req;
+      v1::ReleaseResponse resp;
+    };
+    auto call = std::make_shared<Call>();
+    call->ctx.set_deadline(std::chrono::system_clock::now() + core.options().rpc_timeout);
+    call->req.set_namespace_(self->ns_);
+    call->req.set_session_id(self->id_);
+    call->req.set_lock_key(key);
+    call->req.set_token(token);
+    std::weak_ptr<SessionState> weak = self;
+    endpoint.lock->async()->Release(
+        &call->ctx, &call->req, &call->resp,
+        [weak, call, key = key, token = token](grpc::Status st) {
+          auto state = weak.lock();
+          if (!state) return;
+          absl::MutexLock l(&state->mu_);
+          for (auto it = state->owed_.begin(); it != state->owed_.end(); ++it) {
+            if (it->lock_key != key || it->token != token) continue;
+            // Done, or not current any more (released, expired, forced): no
+            // longer owed. Anything else: later, each pause twice the last.
+            const auto code = st.error_code();
+            if (code == grpc::StatusCode::OK || code == grpc::StatusCode::FAILED_PRECONDITION ||
+                code == grpc::StatusCode::NOT_FOUND ||
+                code == grpc::StatusCode::PERMISSION_DENIED) {
+              state->owed_.erase(it);
+            } else {
+              it->in_flight = false;
+              it->next = SteadyClock::now() + it->backoff;
+              it->backoff = std::min<std::chrono::milliseconds>(it->backoff * 2,
+                                                                std::chrono::seconds(30));
+            }
+            return;
+          }
+        });
+  }
+}
+
 bool SessionState::RunningOwnOnLost() const {
   for (const OnLostFrame* f = running_on_lost; f != nullptr; f = f->outer) {
     if (f->session == this) return true;
@@ -609,7 +683,12 @@ Hold& Hold::operator=(Hold&& o) noexcept {
   return *this;
 }
 
-Hold::~Hold() { (void)Release(); }
+Hold::~Hold() {
+  (void)Release();
+  // Not done, and nobody left to ask again (Release keeps the session only on a
+  // failure worth asking again): the pump does.
+  if (session_) session_->OweRelease(info_.lock_key(), info_.token());
+}
 
 bool Hold::lost() const { return state_ ? state_->lost() : true; }
 

@@ -217,6 +217,19 @@ class SessionState {
   bool close_answered() const;
   // What a hold of a closed session says it ended with.
   absl::Status ClosedReason() const;
+  // A release its caller can no longer ask again: the Hold was destroyed while
+  // holdfastd could not do it (etcd unreachable, say, after the hold was lost
+  // here). Without it the hold would stay in etcd, keeping the key from everyone,
+  // for as long as the session lives. The keepalive pump asks it again
+  // (SendOwedReleases) until it is done, is no longer current, or the session
+  // ends.
+  void OweRelease(const std::string& lock_key, int64_t token);
+  // Starts, without blocking, the owed releases that are due (on the pump thread):
+  // each at most once at a time, the next try 1 s after a failed one, doubling up
+  // to 30 s.
+  static void SendOwedReleases(const std::shared_ptr<SessionState>& self,
+                               SteadyClock::time_point now);
+  size_t owed_releases() const;
   // True on a thread that is running this session's on_lost.
   bool RunningOwnOnLost() const;
   // True on a thread that is running any session's on_lost (a keepalive thread
@@ -245,6 +258,14 @@ class SessionState {
   bool deadline_passed_ ABSL_GUARDED_BY(mu_) = false;
   int64_t renewals_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::weak_ptr<HoldState>> holds_ ABSL_GUARDED_BY(mu_);
+  struct OwedRelease {
+    std::string lock_key;
+    int64_t token = 0;
+    SteadyClock::time_point next{};
+    std::chrono::milliseconds backoff{1000};
+    bool in_flight = false;
+  };
+  std::vector<OwedRelease> owed_ ABSL_GUARDED_BY(mu_);
   // (lock key, token) of holds lost here only, until a release of one goes
   // through; at most kMaxLostHere (the oldest go first: a session that lost more
   // holds than that without releasing them is past saving them anyway).

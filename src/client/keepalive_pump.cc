@@ -115,7 +115,7 @@ void KeepAlivePump::Run() {
 }
 
 void KeepAlivePump::Tick(SteadyClock::time_point now) {
-  std::vector<std::shared_ptr<SessionState>> expired;
+  std::vector<std::shared_ptr<SessionState>> expired, owing;
   std::vector<v1::KeepAliveRequest> due;
   {
     absl::MutexLock l(&mu_);
@@ -128,6 +128,7 @@ void KeepAlivePump::Tick(SteadyClock::time_point now) {
       // Past the local deadline: suspect it (and keep renewing while open-class
       // holds may live on unprotected).
       if (now >= state->deadline()) expired.push_back(state);
+      owing.push_back(state);  // its owed releases, if any (SendOwedReleases)
       if (stream_ && now >= it->second.next_send) {
         v1::KeepAliveRequest req;
         req.set_namespace_(state->ns());
@@ -140,6 +141,7 @@ void KeepAlivePump::Tick(SteadyClock::time_point now) {
       ++it;
     }
   }
+  for (auto& s : owing) SessionState::SendOwedReleases(s, now);
   for (auto& s : expired) {
     s->Suspect(absl::UnavailableError(
                    "no renewal was confirmed before the session's local deadline (TTL minus "
