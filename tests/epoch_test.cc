@@ -217,6 +217,68 @@ class EpochTest : public ::testing::Test {
     return absl::OkStatus();
   }
 
+  // `key` held by a session of client_, and a session of `other` (a client of
+  // replica 0 by default) waiting for it: its Acquire (waiting `wait`) runs on a
+  // thread of its own until Answer().
+  struct QueuedBehindAHolder {
+    QueuedBehindAHolder(EpochTest* t, const std::string& key, std::chrono::milliseconds wait,
+                        std::unique_ptr<Client> other_client = nullptr) {
+      auto h = t->client_->OpenSession("default");
+      EXPECT_TRUE(h.ok()) << h.status();
+      if (!h.ok()) return;
+      holder = std::move(*h);
+      held = holder->Acquire(key);
+      EXPECT_TRUE(held.ok()) << held.status();
+      if (other_client == nullptr) {
+        auto c = t->cluster_->NewClient();
+        EXPECT_TRUE(c.ok()) << c.status();
+        if (!c.ok()) return;
+        other_client = std::move(*c);
+      }
+      other = std::move(other_client);
+      auto w = other->OpenSession("default");
+      EXPECT_TRUE(w.ok()) << w.status();
+      if (!w.ok()) return;
+      waiter = std::move(*w);
+      waiting = std::thread([this, key, wait] {
+        handed = waiter->Acquire(key, testing::Waiting(wait));
+        answered = true;
+      });
+      queued = t->OneWaiterQueued(key);
+    }
+    ~QueuedBehindAHolder() {
+      if (waiting.joinable()) waiting.join();
+    }
+    // The waiter's answer (once it has come).
+    const absl::StatusOr<Hold>& Answer() {
+      if (waiting.joinable()) waiting.join();
+      return handed;
+    }
+
+    std::unique_ptr<Session> holder;
+    absl::StatusOr<Hold> held = absl::UnknownError("not acquired");
+    std::unique_ptr<Client> other;
+    std::unique_ptr<Session> waiter;
+    bool queued = false;
+    std::atomic<bool> answered{false};
+    absl::StatusOr<Hold> handed = absl::UnknownError("not yet");
+    std::thread waiting;
+  };
+
+  // Commits q's stale hand-over of `key` while holdfastd is stopped, and raises
+  // etcd's space alarm before holdfastd goes on: the waiter hears of the
+  // hand-over only once etcd refuses writes, its hold's delete among them.
+  bool StaleHandOverWhileEtcdRefusesWrites(const std::string& key, QueuedBehindAHolder& q) {
+    const uint64_t here = ObservedClusterId();
+    cluster_->holdfastd().process()->Signal(SIGSTOP);
+    auto stale = CommitStaleHandOver(key, q.holder->id(), q.waiter->id(), here + 1);
+    auto alarm = SpaceAlarm(true);
+    cluster_->holdfastd().process()->Signal(SIGCONT);
+    EXPECT_TRUE(stale.ok()) << stale;
+    EXPECT_TRUE(alarm.ok()) << alarm;
+    return stale.ok() && alarm.ok();
+  }
+
   // Raises (or clears) etcd's NOSPACE alarm, as a backend past its quota does:
   // etcd then refuses every write and serves reads.
   absl::Status SpaceAlarm(bool on) {
@@ -239,6 +301,14 @@ class EpochTest : public ::testing::Test {
       return absl::UnavailableError(s.error_message());
     }
     return absl::OkStatus();
+  }
+
+  // `session` is granted `key` (free now), with a token above `above`.
+  void ExpectGrantedAbove(Session& session, const std::string& key, int64_t above) {
+    auto again = session.Acquire(key);
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_GT(again->token(), above);
+    EXPECT_TRUE(again->Release().ok());
   }
 
   // Whether `key` of "default" has neither holds nor waiters within `within`.
@@ -481,30 +551,18 @@ TEST_F(EpochTest, HoldsGrantedBeforeAnAdvanceAreReleasedAndHandedOverAtTheNewEpo
 // with the record of a cluster that is not this one.
 TEST_F(EpochTest, AHandOverCommittedOnAnotherClusterThanItsEpochsIsNotGranted) {
   Start();
-  auto holder = client_->OpenSession("default");
-  ASSERT_TRUE(holder.ok()) << holder.status();
-  auto held = (*holder)->Acquire("stale/handover");
-  ASSERT_TRUE(held.ok()) << held.status();
-  auto other = cluster_->NewClient();
-  ASSERT_TRUE(other.ok()) << other.status();
-  auto waiter = (*other)->OpenSession("default");
-  ASSERT_TRUE(waiter.ok()) << waiter.status();
-  absl::StatusOr<Hold> handed = absl::UnknownError("not yet");
-  std::thread waiting(
-      [&] { handed = (*waiter)->Acquire("stale/handover", testing::Waiting(seconds(60))); });
-  absl::Cleanup join = [&] { waiting.join(); };
-  ASSERT_TRUE(OneWaiterQueued("stale/handover")) << "the waiter never queued";
-
+  QueuedBehindAHolder q(this, "stale/handover", seconds(60));
+  ASSERT_TRUE(q.queued) << "the waiter never queued";
   const uint64_t here = ObservedClusterId();
   ASSERT_NE(here, 0u);
   const uint64_t elsewhere = here + 1;
-  auto held_rec = HoldRecordOf("stale/handover", (*holder)->id());
+  auto held_rec = HoldRecordOf("stale/handover", q.holder->id());
   ASSERT_TRUE(held_rec.ok()) << held_rec.status();
   EXPECT_EQ(held_rec->etcd_cluster_id(), here) << "a grant records its epoch record's cluster";
   ASSERT_TRUE(
-      CommitStaleHandOver("stale/handover", (*holder)->id(), (*waiter)->id(), elsewhere).ok());
+      CommitStaleHandOver("stale/handover", q.holder->id(), q.waiter->id(), elsewhere).ok());
 
-  std::move(join).Invoke();
+  const absl::StatusOr<Hold>& handed = q.Answer();
   ASSERT_FALSE(handed.ok()) << "granted token " << handed->token();
   EXPECT_EQ(handed.status().code(), absl::StatusCode::kFailedPrecondition) << handed.status();
   EXPECT_TRUE(absl::StrContains(
@@ -519,10 +577,7 @@ TEST_F(EpochTest, AHandOverCommittedOnAnotherClusterThanItsEpochsIsNotGranted) {
   EXPECT_TRUE(KeyFree("stale/handover", seconds(10)))
       << "the hold of the refused hand-over is still there";
   // The key is free for a grant of this cluster.
-  auto again = (*waiter)->Acquire("stale/handover");
-  ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_GT(again->token(), held->token());
-  EXPECT_TRUE(again->Release().ok());
+  ExpectGrantedAbove(*q.waiter, "stale/handover", q.held->token());
 }
 
 // Such a hold found by a read, not told of as a hand-over (its session's call
@@ -556,10 +611,7 @@ TEST_F(EpochTest, AHoldOfAnotherClustersEpochFoundByAReadIsNotGranted) {
                    here + 1, ", epoch 1): a hand-over committed after etcd was restored")))
       << found.status();
   EXPECT_TRUE(KeyFree("stale/found", seconds(10))) << "the refused hold is still there";
-  auto again = (*session)->Acquire("stale/found");
-  ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_GT(again->token(), held->token());
-  EXPECT_TRUE(again->Release().ok());
+  ExpectGrantedAbove(**session, "stale/found", held->token());
 }
 
 // While etcd refuses the refused hand-over's delete (its space alarm: reads are
@@ -567,42 +619,20 @@ TEST_F(EpochTest, AHoldOfAnotherClustersEpochFoundByAReadIsNotGranted) {
 // once it commits.
 TEST_F(EpochTest, TheDeleteOfARefusedHandOverIsTriedAgainUntilEtcdTakesIt) {
   Start();
-  auto holder = client_->OpenSession("default");
-  ASSERT_TRUE(holder.ok()) << holder.status();
-  auto held = (*holder)->Acquire("stale/retried");
-  ASSERT_TRUE(held.ok()) << held.status();
-  auto other = cluster_->NewClient();
-  ASSERT_TRUE(other.ok()) << other.status();
-  auto waiter = (*other)->OpenSession("default");
-  ASSERT_TRUE(waiter.ok()) << waiter.status();
-  std::atomic<bool> answered{false};
-  absl::StatusOr<Hold> handed = absl::UnknownError("not yet");
-  std::thread waiting([&] {
-    handed = (*waiter)->Acquire("stale/retried", testing::Waiting(seconds(60)));
-    answered = true;
-  });
-  absl::Cleanup join = [&] { waiting.join(); };
-  ASSERT_TRUE(OneWaiterQueued("stale/retried")) << "the waiter never queued";
-
-  // holdfastd hears of the hand-over only once etcd refuses writes.
-  const uint64_t here = ObservedClusterId();
-  cluster_->holdfastd().process()->Signal(SIGSTOP);
-  auto stale = CommitStaleHandOver("stale/retried", (*holder)->id(), (*waiter)->id(), here + 1);
-  auto alarm = SpaceAlarm(true);
-  cluster_->holdfastd().process()->Signal(SIGCONT);
-  ASSERT_TRUE(stale.ok()) << stale;
-  ASSERT_TRUE(alarm.ok()) << alarm;
+  QueuedBehindAHolder q(this, "stale/retried", seconds(60));
+  ASSERT_TRUE(q.queued) << "the waiter never queued";
+  ASSERT_TRUE(StaleHandOverWhileEtcdRefusesWrites("stale/retried", q));
   absl::Cleanup disarm = [&] { EXPECT_TRUE(SpaceAlarm(false).ok()); };
 
   std::this_thread::sleep_for(seconds(2));
-  EXPECT_FALSE(answered.load()) << handed.status();
+  EXPECT_FALSE(q.answered.load()) << "answered while the hold could not be deleted";
   auto d = client_->Describe("default", "stale/retried");
   ASSERT_TRUE(d.ok()) << d.status();
   ASSERT_EQ(d->holders_size(), 1) << "etcd took a write under its space alarm";
-  EXPECT_EQ(d->holders(0).session_id(), (*waiter)->id());
+  EXPECT_EQ(d->holders(0).session_id(), q.waiter->id());
 
   std::move(disarm).Invoke();
-  std::move(join).Invoke();
+  const absl::StatusOr<Hold>& handed = q.Answer();
   ASSERT_FALSE(handed.ok()) << "granted token " << handed->token();
   EXPECT_EQ(handed.status().code(), absl::StatusCode::kFailedPrecondition) << handed.status();
   EXPECT_TRUE(absl::StrContains(handed.status().message(), "was handed over on etcd cluster"))
@@ -614,36 +644,20 @@ TEST_F(EpochTest, TheDeleteOfARefusedHandOverIsTriedAgainUntilEtcdTakesIt) {
 
 // A delete that etcd still refuses near the call's deadline: the call is
 // answered in time, saying so, and the delete goes on after it until etcd takes
-// it; meanwhile the session that asks again is refused the same way.
+// it.
 TEST_F(EpochTest, TheDeleteOfARefusedHandOverGoesOnAfterTheAnswer) {
   Start();
-  auto holder = client_->OpenSession("default");
-  ASSERT_TRUE(holder.ok()) << holder.status();
-  auto held = (*holder)->Acquire("stale/after");
-  ASSERT_TRUE(held.ok()) << held.status();
   ClientOptions o;
   o.endpoints = {cluster_->endpoint()};
   o.rpc_timeout = seconds(3);  // the call's deadline: its wait (2 s) + 3 s
   auto other = Client::Connect(o);
   ASSERT_TRUE(other.ok()) << other.status();
-  auto waiter = (*other)->OpenSession("default");
-  ASSERT_TRUE(waiter.ok()) << waiter.status();
-  absl::StatusOr<Hold> handed = absl::UnknownError("not yet");
-  std::thread waiting(
-      [&] { handed = (*waiter)->Acquire("stale/after", testing::Waiting(seconds(2))); });
-  absl::Cleanup join = [&] { waiting.join(); };
-  ASSERT_TRUE(OneWaiterQueued("stale/after")) << "the waiter never queued";
-
-  const uint64_t here = ObservedClusterId();
-  cluster_->holdfastd().process()->Signal(SIGSTOP);
-  auto stale = CommitStaleHandOver("stale/after", (*holder)->id(), (*waiter)->id(), here + 1);
-  auto alarm = SpaceAlarm(true);
-  cluster_->holdfastd().process()->Signal(SIGCONT);
-  ASSERT_TRUE(stale.ok()) << stale;
-  ASSERT_TRUE(alarm.ok()) << alarm;
+  QueuedBehindAHolder q(this, "stale/after", seconds(2), std::move(*other));
+  ASSERT_TRUE(q.queued) << "the waiter never queued";
+  ASSERT_TRUE(StaleHandOverWhileEtcdRefusesWrites("stale/after", q));
   absl::Cleanup disarm = [&] { EXPECT_TRUE(SpaceAlarm(false).ok()); };
 
-  std::move(join).Invoke();
+  const absl::StatusOr<Hold>& handed = q.Answer();
   ASSERT_FALSE(handed.ok()) << "granted token " << handed->token();
   EXPECT_EQ(handed.status().code(), absl::StatusCode::kFailedPrecondition) << handed.status();
   EXPECT_TRUE(absl::StrContains(
@@ -654,15 +668,12 @@ TEST_F(EpochTest, TheDeleteOfARefusedHandOverGoesOnAfterTheAnswer) {
   auto d = client_->Describe("default", "stale/after");
   ASSERT_TRUE(d.ok()) << d.status();
   ASSERT_EQ(d->holders_size(), 1);
-  EXPECT_EQ(d->holders(0).session_id(), (*waiter)->id());
+  EXPECT_EQ(d->holders(0).session_id(), q.waiter->id());
 
   std::move(disarm).Invoke();
   EXPECT_TRUE(KeyFree("stale/after", seconds(15)))
       << "the delete did not go on after the answer";
-  auto again = (*waiter)->Acquire("stale/after");
-  ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_GT(again->token(), held->token());
-  EXPECT_TRUE(again->Release().ok());
+  ExpectGrantedAbove(*q.waiter, "stale/after", q.held->token());
 }
 
 // An advance cut short between its history row and the record (holdfastd died)
