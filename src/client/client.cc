@@ -508,6 +508,7 @@ void SessionState::OweRelease(const std::string& lock_key, int64_t token) {
     if (o.lock_key == lock_key && o.token == token) return;
   }
   owed_.push_back({lock_key, token, SteadyClock::now() + std::chrono::seconds(1)});
+  owes_ = true;
 }
 
 size_t SessionState::owed_releases() const {
@@ -522,6 +523,7 @@ void SessionState::SendOwedReleases(const std::shared_ptr<SessionState>& self,
     absl::MutexLock l(&self->mu_);
     if (self->lost_ || self->closed_) {
       self->owed_.clear();
+      self->owes_ = false;
       return;
     }
     for (auto& o : self->owed_) {
@@ -563,6 +565,7 @@ void SessionState::SendOwedReleases(const std::shared_ptr<SessionState>& self,
                 code == grpc::StatusCode::NOT_FOUND ||
                 code == grpc::StatusCode::PERMISSION_DENIED) {
               state->owed_.erase(it);
+              state->owes_ = !state->owed_.empty();
             } else {
               it->in_flight = false;
               it->next = SteadyClock::now() + it->backoff;

@@ -230,6 +230,9 @@ class SessionState {
   static void SendOwedReleases(const std::shared_ptr<SessionState>& self,
                                SteadyClock::time_point now);
   size_t owed_releases() const;
+  // Whether any release is owed: read by the pump on every turn for every
+  // session, so a plain atomic, not the mutex.
+  bool owes_releases() const { return owes_.load(std::memory_order_relaxed); }
   // True on a thread that is running this session's on_lost.
   bool RunningOwnOnLost() const;
   // True on a thread that is running any session's on_lost (a keepalive thread
@@ -266,6 +269,7 @@ class SessionState {
     bool in_flight = false;
   };
   std::vector<OwedRelease> owed_ ABSL_GUARDED_BY(mu_);
+  std::atomic<bool> owes_{false};  // !owed_.empty(), as last set under mu_
   // (lock key, token) of holds lost here only, until a release of one goes
   // through; at most kMaxLostHere (the oldest go first: a session that lost more
   // holds than that without releasing them is past saving them anyway).

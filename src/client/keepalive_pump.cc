@@ -128,7 +128,7 @@ void KeepAlivePump::Tick(SteadyClock::time_point now) {
       // Past the local deadline: suspect it (and keep renewing while open-class
       // holds may live on unprotected).
       if (now >= state->deadline()) expired.push_back(state);
-      owing.push_back(state);  // its owed releases, if any (SendOwedReleases)
+      if (state->owes_releases()) owing.push_back(state);  // SendOwedReleases
       if (stream_ && now >= it->second.next_send) {
         v1::KeepAliveRequest req;
         req.set_namespace_(state->ns());
