@@ -480,10 +480,12 @@ void Auditor::Lead(int64_t lease) {
       int64_t resume = cursor + 1;
       if (watch_error.code() == absl::StatusCode::kOutOfRange) {
         // The history from the cursor is gone: say exactly what was lost.
-        auto now = etcd_->StatusSync(etcd::DeadlineIn(options_.etcd_timeout));
         // The error names the compact revision; without it, fall back to now.
         int64_t compacted = etcd::CompactRevisionOf(watch_error);
-        if (compacted <= cursor) compacted = now.ok() ? now->header().revision() : cursor + 1;
+        if (compacted <= cursor) {
+          auto now = etcd_->StatusSync(etcd::DeadlineIn(options_.etcd_timeout));
+          compacted = now.ok() ? now->header().revision() : cursor + 1;
+        }
         std::fprintf(stderr,
                      "holdfastd: AUDIT GAP: etcd compacted revisions %lld..%lld before they were "
                      "recorded (is etcd's auto-compaction on, or was it compacted by hand?); "

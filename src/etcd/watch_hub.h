@@ -9,8 +9,9 @@
 // time and in revision order. It gets batches of events, and at most one error,
 // after which it is never called again: OUT_OF_RANGE when the start revision was
 // compacted (CompactedError: its message and CompactRevisionOf name the compact
-// revision), or the cancel reason etcd gave. Cancel() is asynchronous: a callback already running (or about to start)
-// may still finish after Cancel() returns, so owners guard their own state.
+// revision), or the cancel reason etcd gave. Cancel() is asynchronous: a callback
+// already running (or about to start) may still finish after Cancel() returns, so
+// owners guard their own state.
 // No callback runs after the hub is destroyed.
 #pragma once
 
@@ -47,13 +48,13 @@ struct WatchBatch {
 };
 
 using WatchCallback = std::function<void(absl::StatusOr<WatchBatch>)>;
+using WatchId = int64_t;
 
 // The error of a watch whose start revision etcd had compacted: OUT_OF_RANGE,
 // naming `compact_revision`, the oldest revision etcd still has.
 absl::Status CompactedError(int64_t compact_revision);
 // The compact revision of a CompactedError (0 for any other status).
 int64_t CompactRevisionOf(const absl::Status& s);
-using WatchId = int64_t;
 
 class WatchHub {
  public:

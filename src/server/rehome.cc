@@ -449,9 +449,10 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
         "the rehome of \"", ns, "\" names a cluster this holdfastd does not have (\"", st.from(),
         "\" or \"", st.to(), "\"); fix the config"));
   }
-  // A resumed rehome too: the config may have changed since it began (after the
-  // flip, removing the old home would delete the namespace just the same).
-  HF_RETURN_IF_ERROR(Distinct(*from, *to, Step()));
+  // A resumed rehome too (a new one was checked before its first write): the
+  // config may have changed since it began (after the flip, removing the old home
+  // would delete the namespace just the same).
+  if (out.resumed()) HF_RETURN_IF_ERROR(Distinct(*from, *to, Step()));
   out.set_from(st.from());
   out.set_to(st.to());
   // Advances to the next phase: the record first, so a crash resumes from it.
