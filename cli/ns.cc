@@ -130,7 +130,8 @@ void AddSet(CLI::App* ns, CommandContext& ctx) {
                 "remove every member (every authenticated identity may use it)");
   cmd->add_flag("--end-sessions-of-removed", flags->end_sessions_of_removed,
                 "end the live sessions of identities the new members leave out (without it, "
-                "such sessions make the change fail)");
+                "such sessions make the change fail); a session that holds a lock still makes "
+                "it fail: force-release its holds first (two admins)");
   AddOutputOption(cmd, &flags->output);
   SetAction(cmd, ctx, flags, RunSet);
 }

@@ -406,13 +406,20 @@ TEST_F(IdentityTest, NamespacesACallerMayNotUseLookTheSameWhetherTheyExistOrNot)
 
 // Taking an identity out of a namespace's members: refused while that identity
 // has live sessions there (the error names it; nothing changes), unless the
-// change is asked to end them: then their leases go with their holds, the other
+// change is asked to end them. Even then one admin never forces a lock open: a
+// session of that identity that holds a lock makes the change fail, naming the
+// hold, and nothing changes. Once two admins have force-released the hold, the
+// change ends the session: its wait is withdrawn (its waiting call ends), its
+// record, claims and quota slot go, and its lease is revoked. The other
 // members' and the admins' sessions stay, and the removed identity's own calls
 // are refused.
-TEST_F(IdentityTest, RemovingAMemberEndsItsSessionsOnlyWhenAskedTo) {
+TEST_F(IdentityTest, RemovingAMemberEndsItsSessionsOnlyWhenAskedAndNeverForcesALockOpen) {
   auto admin = std::move(*cluster_->NewClient());
+  ASSERT_TRUE(cluster_->MakeIdentity("admin2", "spiffe://test.holdfast/ops/second").ok());
+  auto admin2 = As("admin2");
   v1::CreateNamespaceRequest create;
   create.mutable_namespace_()->set_name("team");
+  create.mutable_namespace_()->set_held_lease_quota(10);
   create.mutable_namespace_()->add_members("spiffe://test.holdfast/team/alice");
   create.mutable_namespace_()->add_members("spiffe://test.holdfast/team/bob");
   ASSERT_TRUE(admin->CreateNamespace(create).ok());
@@ -425,6 +432,17 @@ TEST_F(IdentityTest, RemovingAMemberEndsItsSessionsOnlyWhenAskedTo) {
   auto bob_hold = bob->Acquire("queue");
   ASSERT_TRUE(bob_hold.ok()) << bob_hold.status();
   auto admins = std::move(*admin->OpenSession("team"));  // admins are no members
+  // Alice also waits for bob's key.
+  absl::Status alice_wait_ended;
+  std::thread alice_waits([&] {
+    alice_wait_ended = alice->Acquire("queue", {.wait = seconds(60)}).status();
+  });
+  auto waiters_of_queue = [&] {
+    auto d = admin->Describe("team", "queue");
+    return d.ok() ? d->waiters_size() : -1;
+  };
+  for (int i = 0; i < 400 && waiters_of_queue() != 1; ++i) std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_EQ(waiters_of_queue(), 1);
 
   v1::UpdateNamespaceRequest only_bob;
   only_bob.set_name("team");
@@ -447,26 +465,68 @@ TEST_F(IdentityTest, RemovingAMemberEndsItsSessionsOnlyWhenAskedTo) {
   EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << bad.status();
   EXPECT_EQ(Revision(), rev);
   EXPECT_EQ((*admin->GetNamespace("team")).members_size(), 2);
-  EXPECT_TRUE(alice->Acquire("db2").ok());  // alice is still a member
 
+  // With the flag, alice's hold of "db" still stops it: one admin may not force it open.
   only_bob.set_end_sessions_of_removed(true);
+  auto holds_a_lock = admin->UpdateNamespace(only_bob);
+  EXPECT_EQ(holds_a_lock.status().code(), absl::StatusCode::kFailedPrecondition)
+      << holds_a_lock.status();
+  EXPECT_NE(holds_a_lock.status().message().find(absl::StrCat(
+                "(session ", alice->id(), " of spiffe://test.holdfast/team/alice holds \"db\"); "
+                "ending them would force those locks open, which takes two admins")),
+            std::string::npos)
+      << holds_a_lock.status();
+  EXPECT_NE(holds_a_lock.status().message().find("nothing changed"), std::string::npos);
+  EXPECT_EQ(Revision(), rev);
+  EXPECT_EQ((*admin->GetNamespace("team")).members_size(), 2);
+  EXPECT_FALSE(alice_hold->lost());
+  EXPECT_EQ(waiters_of_queue(), 1);
+
+  // Two admins force it open; then the change goes through.
+  v1::RequestForceReleaseRequest force;
+  force.set_namespace_("team");
+  force.set_lock_key("db");
+  force.set_reason("alice leaves the team, ticket OPS-7");
+  auto asked = admin->RequestForceRelease(force);
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  v1::ApproveForceReleaseRequest approve;
+  approve.set_request_id(asked->request_id());
+  auto approved = admin2->ApproveForceRelease(approve);
+  ASSERT_TRUE(approved.ok()) << approved.status();
+
   auto changed = admin->UpdateNamespace(only_bob);
   ASSERT_TRUE(changed.ok()) << changed.status();
   ASSERT_EQ(changed->members_size(), 1);
   EXPECT_EQ(changed->members(0), "spiffe://test.holdfast/team/bob");
-  // Alice's session, holds and all, is gone from etcd at once.
-  pb::RangeRequest r;
-  r.set_key(keyspace::SessionKey("team", alice->id()));
-  EXPECT_EQ(cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)))->kvs_size(), 0);
-  r.set_key(keyspace::HoldPrefix("team", ""));
-  r.set_range_end(keyspace::PrefixEnd(keyspace::HoldPrefix("team", "")));
-  auto holds = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
-  ASSERT_TRUE(holds.ok());
-  ASSERT_EQ(holds->kvs_size(), 1);  // bob's
-  EXPECT_EQ(keyspace::ParseHoldKey(holds->kvs(0).key())->lease, bob->id());
-  // Alice's library hears it at its next renewal; bob's and the admin's sessions live on.
-  for (int i = 0; i < 200 && !alice_hold->lost(); ++i) std::this_thread::sleep_for(milliseconds(25));
-  EXPECT_TRUE(alice_hold->lost());
+  // Alice's session, wait, claim and quota slot are gone from etcd at once.
+  auto keys_under = [&](const std::string& prefix) {
+    pb::RangeRequest r;
+    r.set_key(prefix);
+    r.set_range_end(keyspace::PrefixEnd(prefix));
+    auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    EXPECT_TRUE(got.ok()) << got.status();
+    std::vector<std::pair<std::string, std::string>> out;
+    if (got.ok()) {
+      for (const auto& kv : got->kvs()) out.emplace_back(kv.key(), kv.value());
+    }
+    return out;
+  };
+  EXPECT_TRUE(keys_under(keyspace::SessionKey("team", alice->id())).empty());
+  EXPECT_TRUE(keys_under(keyspace::ClaimPrefix("team", alice->id())).empty());
+  auto waits = keys_under(keyspace::WaitPrefix("team"));
+  EXPECT_TRUE(waits.empty()) << waits.size() << " waiters left";
+  auto slots = keys_under(keyspace::SlotPrefix("team"));
+  EXPECT_EQ(slots.size(), 2u);  // bob's and the admin's
+  for (const auto& [key, value] : slots) EXPECT_NE(value, absl::StrCat(alice->id())) << key;
+  auto holds = keys_under(keyspace::HoldPrefix("team", ""));
+  ASSERT_EQ(holds.size(), 1u);  // bob's
+  EXPECT_EQ(keyspace::ParseHoldKey(holds[0].first)->lease, bob->id());
+  // Its lease is revoked: a renewal finds it gone.
+  auto stub = v1::Session::NewStub(RawChannel("alice"));
+  EXPECT_TRUE(KeepAliveOnce(stub.get(), "team", alice->id()).lost());
+  // Alice's waiting call ends; bob's and the admin's sessions live on.
+  alice_waits.join();
+  EXPECT_FALSE(alice_wait_ended.ok());
   EXPECT_FALSE(bob_hold->lost());
   EXPECT_TRUE(bob->Acquire("db").ok());  // alice's key is free
   EXPECT_TRUE(admins->Acquire("other").ok());

@@ -1,7 +1,10 @@
 #include "lock/registry.h"
 
+#include <algorithm>
+#include <map>
 #include <set>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/spiffe.h"
 #include "lock/engine.h"
@@ -29,6 +32,160 @@ absl::Status CheckHeldLeaseQuota(int64_t quota) {
   return absl::InvalidArgumentError(
       absl::StrCat("held_lease_quota ", quota, " is above ", kMaxHeldLeaseQuota,
                    ", the most live sessions a namespace may be allowed (0 = unlimited)"));
+}
+
+// What one session of a namespace holds and waits for, read from its claims
+// (keyspace: a claim key per lock key the session holds or waits for).
+struct Involvement {
+  bool live = false;                                   // its session key exists
+  std::vector<std::string> held;                       // lock keys it holds
+  std::vector<std::pair<std::string, int64_t>> waits;  // lock keys it waits for, and
+                                                       // each wait key's mod revision
+};
+
+// Ranges per read transaction (etcd's --max-txn-ops is 128 by default).
+constexpr size_t kRangesPerTxn = 100;
+
+// Not one snapshot across chunks: every write that relies on a figure here is
+// guarded by a compare of its own.
+absl::StatusOr<std::map<int64_t, Involvement>> ReadInvolvement(
+    etcd::Client* etcd, const std::string& ns, const std::vector<int64_t>& leases,
+    etcd::Deadline d) {
+  std::map<int64_t, Involvement> out;
+  std::vector<std::pair<int64_t, std::string>> claimed;  // (session, lock key)
+  for (size_t at = 0; at < leases.size(); at += kRangesPerTxn / 2) {
+    const size_t end = std::min(leases.size(), at + kRangesPerTxn / 2);
+    pb::TxnRequest txn;
+    for (size_t i = at; i < end; ++i) {
+      auto* session = txn.add_success()->mutable_request_range();
+      session->set_key(keyspace::SessionKey(ns, leases[i]));
+      session->set_count_only(true);
+      const std::string prefix = keyspace::ClaimPrefix(ns, leases[i]);
+      auto* claims = txn.add_success()->mutable_request_range();
+      claims->set_key(prefix);
+      claims->set_range_end(keyspace::PrefixEnd(prefix));
+      claims->set_keys_only(true);
+    }
+    auto t = etcd->TxnSync(std::move(txn), d);
+    if (!t.ok()) return t.status();
+    for (size_t i = at; i < end; ++i) {
+      const int r = static_cast<int>(2 * (i - at));
+      out[leases[i]].live = t->responses(r).response_range().count() > 0;
+      const size_t prefix_size = keyspace::ClaimPrefix(ns, leases[i]).size();
+      for (const auto& kv : t->responses(r + 1).response_range().kvs()) {
+        claimed.emplace_back(leases[i], kv.key().substr(prefix_size));
+      }
+    }
+  }
+  for (size_t at = 0; at < claimed.size(); at += kRangesPerTxn / 2) {
+    const size_t end = std::min(claimed.size(), at + kRangesPerTxn / 2);
+    pb::TxnRequest txn;
+    for (size_t i = at; i < end; ++i) {
+      const auto& [lease, key] = claimed[i];
+      auto* hold = txn.add_success()->mutable_request_range();
+      hold->set_key(keyspace::HoldKey(ns, key, lease));
+      hold->set_count_only(true);
+      auto* wait = txn.add_success()->mutable_request_range();
+      wait->set_key(keyspace::WaitKey(ns, key, lease));
+      wait->set_keys_only(true);
+    }
+    auto t = etcd->TxnSync(std::move(txn), d);
+    if (!t.ok()) return t.status();
+    for (size_t i = at; i < end; ++i) {
+      const auto& [lease, key] = claimed[i];
+      const int r = static_cast<int>(2 * (i - at));
+      Involvement& inv = out[lease];
+      if (t->responses(r).response_range().count() > 0) {
+        inv.held.push_back(key);
+      } else if (t->responses(r + 1).response_range().kvs_size() > 0) {
+        inv.waits.emplace_back(key, t->responses(r + 1).response_range().kvs(0).mod_revision());
+      }
+    }
+  }
+  return out;
+}
+
+// "session 12 of spiffe://a holds "db", "q"; ...", at most five sessions named.
+std::string NameHolds(const std::map<int64_t, std::vector<std::string>>& holds,
+                      const std::map<int64_t, std::string>& owners) {
+  std::string out;
+  size_t shown = 0;
+  for (const auto& [lease, keys] : holds) {
+    if (shown++ == 5) {
+      absl::StrAppend(&out, "; and ", holds.size() - 5, " more");
+      break;
+    }
+    auto owner = owners.find(lease);
+    absl::StrAppend(&out, out.empty() ? "" : "; ", "session ", lease, " of ",
+                    owner == owners.end() ? "?" : owner->second, " holds ");
+    for (size_t i = 0; i < keys.size(); ++i) {
+      absl::StrAppend(&out, i == 0 ? "" : ", ", "\"", keys[i], "\"");
+    }
+  }
+  return out;
+}
+
+// Ends a session of `ns` that holds no lock, and answers the lock keys it holds
+// instead if it holds any (then it is left as it is: ending it would force those
+// locks open, which takes two admins, ARCHITECTURE §8). First its waits are
+// withdrawn (each guarded by its wait key as read: one handed the lock meanwhile
+// is a hold, found by the next read). Then one commit, guarded by "the session
+// has no claim at all" (so it holds and waits for nothing), deletes its session
+// key and its quota slot: every grant and enqueue compares the session key, so
+// none of this session can commit after it, and no hand-over can pick it (it
+// waits for nothing). Last, its lease is revoked; a failed revocation leaves a
+// lease with no key on it, which ends once its owner stops renewing it.
+absl::StatusOr<std::vector<std::string>> EndSessionHoldingNothing(
+    etcd::Client* etcd, const std::string& ns, int64_t lease, Involvement inv,
+    const std::string& slot_key, etcd::Deadline d) {
+  for (int attempt = 0; attempt < 5; ++attempt) {
+    if (attempt > 0) {
+      auto again = ReadInvolvement(etcd, ns, {lease}, d);
+      if (!again.ok()) return again.status();
+      inv = std::move((*again)[lease]);
+    }
+    if (!inv.live) return std::vector<std::string>{};  // ended meanwhile
+    if (!inv.held.empty()) return inv.held;
+    bool withdrawn = true;
+    for (size_t at = 0; at < inv.waits.size() && withdrawn; at += kRangesPerTxn / 3) {
+      const size_t end = std::min(inv.waits.size(), at + kRangesPerTxn / 3);
+      pb::TxnRequest txn;
+      for (size_t i = at; i < end; ++i) {
+        const auto& [key, mod] = inv.waits[i];
+        const std::string wait_key = keyspace::WaitKey(ns, key, lease);
+        AddCompare(&txn, wait_key, pb::Compare::MOD, pb::Compare::EQUAL)->set_mod_revision(mod);
+        txn.add_success()->mutable_request_delete_range()->set_key(wait_key);
+        txn.add_success()->mutable_request_delete_range()->set_key(
+            keyspace::ClaimKey(ns, key, lease));
+      }
+      auto t = etcd->TxnSync(std::move(txn), d);
+      if (!t.ok()) return t.status();
+      withdrawn = t->succeeded();
+    }
+    if (!withdrawn) continue;
+    pb::TxnRequest end;
+    AddCompare(&end, keyspace::SessionKey(ns, lease), pb::Compare::VERSION,
+               pb::Compare::GREATER)
+        ->set_version(0);
+    const std::string claims = keyspace::ClaimPrefix(ns, lease);
+    auto* none = AddCompare(&end, claims, pb::Compare::CREATE, pb::Compare::EQUAL);
+    none->set_range_end(keyspace::PrefixEnd(claims));
+    none->set_create_revision(0);  // (over a range with no key, the compare holds)
+    end.add_success()->mutable_request_delete_range()->set_key(keyspace::SessionKey(ns, lease));
+    if (!slot_key.empty()) {
+      AddCompare(&end, slot_key, pb::Compare::VALUE, pb::Compare::EQUAL)
+          ->set_value(absl::StrCat(lease));
+      end.add_success()->mutable_request_delete_range()->set_key(slot_key);
+    }
+    auto t = etcd->TxnSync(std::move(end), d);
+    if (!t.ok()) return t.status();
+    if (!t->succeeded()) continue;
+    pb::LeaseRevokeRequest rr;
+    rr.set_id(lease);
+    (void)etcd->LeaseRevokeSync(rr, d);
+    return std::vector<std::string>{};
+  }
+  return absl::AbortedError(absl::StrCat("session ", lease, " kept changing while it was ended"));
 }
 
 v1::Namespace NamespaceFromRecord(const std::string& name, const mvccpb::KeyValue& kv,
@@ -295,6 +452,33 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
             "--end-sessions-of-removed), or close them first"));
       }
     }
+    if (req.end_sessions_of_removed()) {
+      // Ending a session that holds a lock forces that lock open, which takes two
+      // admins (ARCHITECTURE §8): one admin's member change never does it. Sessions
+      // that hold locks are refused here, changing nothing; one that takes a lock
+      // between this read and the write is left alone after it (below).
+      auto removed = left_out(read->responses(1).response_range(), rec.members());
+      std::vector<int64_t> leases;
+      std::map<int64_t, std::string> owners;
+      for (const auto& [lease, owner] : removed) {
+        leases.push_back(lease);
+        owners[lease] = owner;
+      }
+      auto involved = ReadInvolvement(etcd_, req.name(), leases, d);
+      if (!involved.ok()) return involved.status();
+      std::map<int64_t, std::vector<std::string>> holding;
+      for (const auto& [lease, inv] : *involved) {
+        if (inv.live && !inv.held.empty()) holding[lease] = inv.held;
+      }
+      if (!holding.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "sessions of namespace \"", req.name(), "\" that the new members leave out hold "
+            "locks (", NameHolds(holding, owners), "); ending them would force those locks "
+            "open, which takes two admins: have them released, or force-release them "
+            "(holdfast force request NS/KEY, approved by another admin), then run this again; "
+            "nothing changed"));
+      }
+    }
     // Guarded by the record read: a concurrent update makes this one fail, not lost.
     pb::TxnRequest txn;
     AddCompare(&txn, keyspace::NamespaceKey(req.name()), pb::Compare::MOD, pb::Compare::EQUAL)
@@ -310,7 +494,12 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
     // Sessions are opened only inside the namespace record they read (a compare
     // on it): every one opened after this write was admitted by the new list, so
     // the sessions read with the write are all the list can leave out.
-    if (req.end_sessions_of_removed()) add_session_read(&txn);
+    if (req.end_sessions_of_removed()) {
+      add_session_read(&txn);
+      auto* slots = txn.add_success()->mutable_request_range();
+      slots->set_key(keyspace::SlotPrefix(req.name()));
+      slots->set_range_end(keyspace::PrefixEnd(keyspace::SlotPrefix(req.name())));
+    }
     txn.add_failure()->mutable_request_range()->set_key(keyspace::NamespaceKey(req.name()));
     auto t = etcd_->TxnSync(std::move(txn), d);
     if (!t.ok()) return t.status();
@@ -327,20 +516,55 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
       continue;  // a session was opened meanwhile: check again
     }
     if (req.end_sessions_of_removed()) {
+      // The new list is in place: no session it leaves out can start a grant or a
+      // wait any more. Each of them is ended if it holds nothing
+      // (EndSessionHoldingNothing); one that took a lock since the check above is
+      // kept, and named.
+      std::map<int64_t, std::string> slot_of;  // session -> its quota slot key
+      for (const auto& kv : t->responses(2).response_range().kvs()) {
+        int64_t lease = 0;
+        if (absl::SimpleAtoi(kv.value(), &lease)) slot_of[lease] = kv.key();
+      }
+      auto removed = left_out(t->responses(1).response_range(), rec.members());
+      std::vector<int64_t> leases;
+      std::map<int64_t, std::string> owners;
+      for (const auto& [lease, owner] : removed) {
+        leases.push_back(lease);
+        owners[lease] = owner;
+      }
+      auto involved = ReadInvolvement(etcd_, req.name(), leases, d);
+      if (!involved.ok()) {
+        return absl::UnavailableError(absl::StrCat(
+            "the new members of namespace \"", req.name(), "\" are in place, but the sessions "
+            "they leave out could not be read (", involved.status().message(), "); run the "
+            "same command again"));
+      }
+      std::map<int64_t, std::vector<std::string>> kept;
       std::string failed;
-      for (const auto& [lease, owner] : left_out(t->responses(1).response_range(), rec.members())) {
-        pb::LeaseRevokeRequest rr;
-        rr.set_id(lease);
-        auto x = etcd_->LeaseRevokeSync(rr, d);
-        if (!x.ok() && x.status().code() != absl::StatusCode::kNotFound) {
-          absl::StrAppend(&failed, failed.empty() ? "" : "; ", "session ", lease, " of ", owner,
-                          ": ", x.status().message());
+      for (auto& [lease, inv] : *involved) {
+        auto slot = slot_of.find(lease);
+        auto held = EndSessionHoldingNothing(etcd_, req.name(), lease, std::move(inv),
+                                             slot == slot_of.end() ? "" : slot->second, d);
+        if (!held.ok()) {
+          absl::StrAppend(&failed, failed.empty() ? "" : "; ", "session ", lease, " of ",
+                          owners[lease], ": ", held.status().message());
+        } else if (!held->empty()) {
+          kept[lease] = std::move(*held);
         }
       }
       if (!failed.empty()) {
         return absl::UnavailableError(absl::StrCat(
             "the new members of namespace \"", req.name(), "\" are in place, but ending the "
             "sessions they leave out failed (", failed, "); run the same command again"));
+      }
+      if (!kept.empty()) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "the new members of namespace \"", req.name(), "\" are in place and the sessions "
+            "they leave out that held nothing are ended, but some took a lock meanwhile and "
+            "were kept (", NameHolds(kept, owners), "): ending them would force those locks "
+            "open, which takes two admins; have them released, or force-release them "
+            "(holdfast force request NS/KEY, approved by another admin), then run the same "
+            "command again"));
       }
     }
     mvccpb::KeyValue kv = ns_range.kvs(0);

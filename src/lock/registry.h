@@ -28,11 +28,16 @@ class Registry {
   absl::StatusOr<std::vector<v1::Namespace>> ListNamespaces(etcd::Deadline d);
   // With set_members: the live sessions whose owner the new list does not admit
   // (nor `is_admin`) make it FAILED_PRECONDITION, changing nothing, unless
-  // end_sessions_of_removed is set; then the list is written and their leases are
-  // revoked (UNAVAILABLE if a revocation failed: the list stays, and the same
-  // call again ends the rest). A refusal's write is guarded by "no session opened
-  // since the read", and the sessions to end are read in the write's own commit,
-  // so a session opened under the old list meanwhile is never missed.
+  // end_sessions_of_removed is set. Then such sessions that hold a lock make it
+  // FAILED_PRECONDITION, changing nothing (ending them would force their locks
+  // open, which takes two admins); otherwise the list is written and those
+  // sessions are ended: their waits withdrawn, their records and quota slots
+  // deleted, their leases revoked. One that takes a lock between the check and
+  // the write is kept, and named (FAILED_PRECONDITION, the list stays); a failed
+  // end is UNAVAILABLE (the list stays, and the same call again ends the rest).
+  // A refusal's write is guarded by "no session opened since the read", and the
+  // sessions to end are read in the write's own commit, so a session opened
+  // under the old list meanwhile is never missed.
   absl::StatusOr<v1::Namespace> UpdateNamespace(
       const v1::UpdateNamespaceRequest& req, etcd::Deadline d,
       const std::function<bool(const std::string&)>& is_admin = {});
