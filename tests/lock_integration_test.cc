@@ -390,6 +390,24 @@ TEST_F(LockTest, UnknownNamespaceIsNotFound) {
   EXPECT_EQ(d.status().code(), absl::StatusCode::kNotFound);
 }
 
+// One etcd cluster (the `etcd:` section) has no tier: a namespace asked for on
+// a tier is refused, naming the tiers there are, and nothing is written (a
+// record naming a tier would be homed nowhere once `clusters:` lists tiers).
+TEST_F(LockTest, ATierTheOneClusterDoesNotHaveIsRefused) {
+  v1::CreateNamespaceRequest req;
+  req.mutable_namespace_()->set_name("tiered");
+  req.mutable_namespace_()->set_cluster_tier("gold");
+  int64_t rev = Revision();
+  auto created = client_->CreateNamespace(req);
+  ASSERT_EQ(created.status().code(), absl::StatusCode::kInvalidArgument) << created.status();
+  EXPECT_EQ(created.status().message(),
+            "no etcd cluster of tier \"gold\" is configured (tiers: none)");
+  EXPECT_EQ(Revision(), rev);
+  EXPECT_EQ(KeysUnder("/holdfast/ns/tiered"), 0);
+  req.mutable_namespace_()->clear_cluster_tier();
+  ASSERT_TRUE(client_->CreateNamespace(req).ok());
+}
+
 // Namespace names may hold '-' and '.', which sort before the '/' of a
 // namespace's own keys: "a-b" and "a.b" come between "a" and "a/...". Every one
 // is listed, each once, with sessions and holds under each.

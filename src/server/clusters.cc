@@ -168,7 +168,9 @@ Route ClusterSet::RouteFor(const std::string& ns) const {
 }
 
 absl::StatusOr<Cluster*> ClusterSet::ForTier(const std::string& tier) const {
-  if (single()) return control_;
+  // (With one cluster too: a tier it does not have is a mistake in the request,
+  // and a record naming it would send the namespace nowhere once more clusters
+  // are configured.)
   if (tier.empty()) return control_;
   for (const auto& c : clusters_) {
     if (c->config.tier == tier) return c.get();

@@ -158,8 +158,8 @@ class ClusterSet final : public Router {
   Placements* placements() const { return placements_.get(); }
 
   // Where a new namespace of `tier` is homed: the first cluster of that tier;
-  // with no tier, the control cluster; with one cluster, it. INVALID_ARGUMENT
-  // when no cluster has the tier.
+  // with no tier, the control cluster. INVALID_ARGUMENT when no cluster has the
+  // tier (with one cluster too).
   absl::StatusOr<Cluster*> ForTier(const std::string& tier) const;
   // "a, b, c" for messages.
   std::string Names() const;
