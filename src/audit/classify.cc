@@ -67,13 +67,16 @@ Classified Classify(uint64_t cluster_id, const std::vector<mvccpb::Event>& event
         // Only a created hold is a grant (a hold is never rewritten today; a
         // rewrite would not be a new grant).
         if (e->kv().create_revision() != rev) continue;
-        if (!rec.ParseFromString(e->kv().value())) {
-          ++out.malformed;
-          continue;
-        }
         ev.type = EventType::kGrant;
-        ev.token = TokenOf(rec.epoch(), e->kv().create_revision());
-        ev.time_unix_ms = rec.granted_at_unix_ms();
+        if (!rec.ParseFromString(e->kv().value())) {
+          // Holder, token and grant time are unknown (the token's epoch is in
+          // the record); the grant is still recorded, so the trail has no hole.
+          ++out.malformed;
+          ev.time_unix_ms = now_unix_ms;
+        } else {
+          ev.token = TokenOf(rec.epoch(), e->kv().create_revision());
+          ev.time_unix_ms = rec.granted_at_unix_ms();
+        }
       } else {
         if (!e->has_prev_kv() || !rec.ParseFromString(e->prev_kv().value())) {
           // Without the previous value the holder and token are unknown; the

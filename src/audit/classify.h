@@ -3,6 +3,8 @@
 //
 // Per revision:
 //   a hold key created                          -> grant  (time: the hold's granted_at)
+//   (a hold whose record cannot be read is recorded all the same, with no holder
+//    and token 0, at `now_unix_ms`; counted in `malformed`)
 //   a hold key deleted, the revision carries
 //     an AuditMark of kind "release"            -> release (time: the mark's)
 //     an AuditMark of kind "force"              -> force, plus a force_release row

@@ -194,5 +194,22 @@ TEST(ClassifyTest, DeletionWithoutPreviousValueIsStillRecorded) {
   EXPECT_EQ(c.malformed, 1);
 }
 
+// A created hold whose record does not parse is a grant all the same: the trail
+// has it, without holder or token, at the auditor's time.
+TEST(ClassifyTest, AGrantWithAnUnreadableRecordIsStillRecorded) {
+  mvccpb::Event e = HoldPut("ns", "db", 7, 10, "x");
+  e.mutable_kv()->set_value("\xff\xff not a record");
+  auto c = Classify(kCluster, {e}, 5);
+  ASSERT_EQ(c.events.size(), 1u);
+  EXPECT_EQ(c.events[0].type, EventType::kGrant);
+  EXPECT_EQ(c.events[0].revision, 10);
+  EXPECT_EQ(c.events[0].lock_key, "db");
+  EXPECT_EQ(c.events[0].session_id, 7);
+  EXPECT_EQ(c.events[0].token, 0);
+  EXPECT_EQ(c.events[0].spiffe_id, "");
+  EXPECT_EQ(c.events[0].time_unix_ms, 5);
+  EXPECT_EQ(c.malformed, 1);
+}
+
 }  // namespace
 }  // namespace holdfast::audit
