@@ -168,6 +168,11 @@ class Hold {
   Hold(std::shared_ptr<internal::SessionState> session,
        std::shared_ptr<internal::HoldState> state, v1::HoldInfo info)
       : session_(std::move(session)), state_(std::move(state)), info_(std::move(info)) {}
+  // Release(), all within `bound` (nullopt: the rpc timeout from now).
+  absl::Status ReleaseBy(std::optional<std::chrono::system_clock::time_point> bound);
+  // Leaves a release not done yet to the keepalive pump (OweRelease), at once:
+  // the destructor then asks nothing itself.
+  void LeaveReleaseToPump();
   std::shared_ptr<internal::SessionState> session_;  // null once released
   std::shared_ptr<internal::HoldState> state_;
   v1::HoldInfo info_;
@@ -222,6 +227,12 @@ class Session {
  private:
   friend class Client;
   explicit Session(std::shared_ptr<internal::SessionState> state) : state_(std::move(state)) {}
+  // Acquire() with its bounds fixed by the first call: every attempt ends by
+  // `call_deadline`, and the wait (`wait_ms` asked of holdfastd) ends at `wait_until`.
+  absl::StatusOr<Hold> AcquireBy(const std::string& lock_key, const AcquireOptions& options,
+                                 int64_t wait_ms,
+                                 std::chrono::system_clock::time_point call_deadline,
+                                 std::chrono::steady_clock::time_point wait_until);
   // `send_again`: a session closed already whose CloseSession failed sends it again.
   absl::Status CloseWithin(std::optional<std::chrono::milliseconds> timeout, bool send_again);
   std::shared_ptr<internal::SessionState> state_;

@@ -709,7 +709,15 @@ std::stop_token Hold::lost_token() const {
   return gone.get_token();
 }
 
-absl::Status Hold::Release() {
+absl::Status Hold::Release() { return ReleaseBy(std::nullopt); }
+
+void Hold::LeaveReleaseToPump() {
+  if (!session_) return;
+  session_->OweRelease(info_.lock_key(), info_.token());
+  session_.reset();
+}
+
+absl::Status Hold::ReleaseBy(std::optional<std::chrono::system_clock::time_point> bound) {
   if (!session_) return absl::OkStatus();
   // A lost session's lease is gone (nothing to release). A hold lost only locally
   // (etcd was unreachable) is released, so the key frees up as soon as it can.
@@ -735,7 +743,8 @@ absl::Status Hold::Release() {
       core,
       internal::SessionState::RunningAnyOnLost()
           ? FromInsideOnLost(core, /*aborted_too=*/true)
-          : Retry{.bound = std::chrono::system_clock::now() + core.options().rpc_timeout,
+          : Retry{.bound = bound.value_or(std::chrono::system_clock::now() +
+                                          core.options().rpc_timeout),
                   .aborted_too = true},
       [&req](internal::ClientCore::Endpoint& endpoint, grpc::ClientContext* ctx) {
         v1::ReleaseResponse resp;
@@ -786,11 +795,28 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   // Bad keys never leave the process (and a string field cannot carry invalid
   // UTF-8 anyway): the same rules and messages as the server's.
   if (auto s = names::ValidateLockKey(lock_key); !s.ok()) return s;
+  // holdfastd refuses a wait out of range (INVALID_ARGUMENT); clamped here only so
+  // that the deadlines cannot overflow before it says so.
+  const auto wait = std::clamp<std::chrono::milliseconds>(options.wait, std::chrono::milliseconds(0),
+                                                          std::chrono::hours(24));
+  // One deadline for the whole call, retries included: the wait plus the rpc
+  // timeout, counted from here. A retry after a lost connection waits for a new
+  // one (wait_for_ready) only within it, so a holdfastd that went away ends the
+  // call when the first attempt would have ended, not a wait later.
+  return AcquireBy(lock_key, options, options.wait.count(),
+                   std::chrono::system_clock::now() + state_->core().options().rpc_timeout + wait,
+                   std::chrono::steady_clock::now() + wait);
+}
+
+absl::StatusOr<Hold> Session::AcquireBy(const std::string& lock_key,
+                                        const AcquireOptions& options, int64_t wait_ms,
+                                        std::chrono::system_clock::time_point call_deadline,
+                                        std::chrono::steady_clock::time_point wait_until) {
   v1::AcquireRequest req;
   req.set_namespace_(state_->ns());
   req.set_session_id(state_->id());
   req.set_lock_key(lock_key);
-  req.set_wait_ms(options.wait.count());
+  req.set_wait_ms(wait_ms);
   req.set_shared(options.shared);
   req.set_holder_meta(options.holder_meta);
   // The call is idempotent per (session, key): when the connection to holdfastd
@@ -800,17 +826,6 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   // attempt takes the queued waiter over in place (its place in the queue), and a
   // grant already made is returned again.
   v1::AcquireResponse resp;
-  // holdfastd refuses a wait out of range (INVALID_ARGUMENT); clamped here only so
-  // that the deadlines cannot overflow before it says so.
-  const auto wait = std::clamp<std::chrono::milliseconds>(options.wait, std::chrono::milliseconds(0),
-                                                          std::chrono::hours(24));
-  const auto wait_until = std::chrono::steady_clock::now() + wait;
-  // One deadline for the whole call, retries included: the wait plus the rpc
-  // timeout, counted from here. A retry after a lost connection waits for a new
-  // one (wait_for_ready) only within it, so a holdfastd that went away ends the
-  // call when the first attempt would have ended, not a wait later.
-  const auto call_deadline =
-      std::chrono::system_clock::now() + state_->core().options().rpc_timeout + wait;
   absl::Status s;
   for (int attempt = 0; attempt < 10; ++attempt) {
     grpc::ClientContext ctx;
@@ -835,7 +850,7 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   // The session's hold of the key that was lost here (etcd could not confirm
   // renewals) and is still in etcd: a lost hold is final, so it is released and
   // the key asked for anew with what is left of the wait (a new grant, a new
-  // token; FIFO behind whoever queued meanwhile).
+  // token; FIFO behind whoever queued meanwhile), all within the call's bounds.
   if (state_->LostHere(resp.hold().lock_key(), resp.hold().token())) {
     Hold stale(state_,
                state_->HoldFor(resp.hold().lock_key(),
@@ -844,19 +859,21 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
                resp.hold());
     // FAILED_PRECONDITION / NOT_FOUND: it is not held any more (gone since the
     // answer): asked for anew all the same.
-    absl::Status released = stale.Release();
+    absl::Status released = stale.ReleaseBy(std::min(
+        call_deadline, std::chrono::system_clock::now() + state_->core().options().rpc_timeout));
     if (!released.ok() && released.code() != absl::StatusCode::kFailedPrecondition &&
         released.code() != absl::StatusCode::kNotFound) {
+      // Not asked again here, past the call's bound (as ~Hold would): later.
+      stale.LeaveReleaseToPump();
       return absl::UnavailableError(absl::StrCat(
           "\"", lock_key, "\" is still held by this session with token ", resp.hold().token(),
           ", a hold lost while etcd could not confirm renewals; releasing it failed (",
           released.message(), "); try again"));
     }
-    AcquireOptions again = options;
-    again.wait = std::max(std::chrono::milliseconds(0),
-                          std::chrono::duration_cast<std::chrono::milliseconds>(
-                              wait_until - std::chrono::steady_clock::now()));
-    return Acquire(lock_key, again);
+    const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
+        wait_until - std::chrono::steady_clock::now());
+    return AcquireBy(lock_key, options, std::max<int64_t>(left.count(), 0), call_deadline,
+                     wait_until);
   }
   auto hold_state = state_->HoldFor(resp.hold().lock_key(),
                                     resp.hold().on_quorum_loss() == v1::ON_QUORUM_LOSS_OPEN,

@@ -88,15 +88,23 @@ class FakeSessions final : public v1::Session::Service {
 class FakeLocks final : public v1::Lock::Service {
  public:
   Script acquire, release;
+  std::atomic<int> acquire_delay_ms{0};  // each Acquire answers this late
   std::atomic<int> release_delay_ms{0};  // each Release answers this late
   std::mutex mu;
   std::vector<int64_t> released_tokens;  // guarded by mu
   // How long each Release had left of its deadline when it arrived (guarded by mu).
   std::vector<std::chrono::milliseconds> release_deadline_left;
+  // The deadline of each Acquire and each Release (guarded by mu).
+  std::vector<std::chrono::system_clock::time_point> acquire_deadlines, release_deadlines;
 
  private:
-  grpc::Status Acquire(grpc::ServerContext*, const v1::AcquireRequest* req,
+  grpc::Status Acquire(grpc::ServerContext* ctx, const v1::AcquireRequest* req,
                        v1::AcquireResponse* resp) override {
+    {
+      std::lock_guard l(mu);
+      acquire_deadlines.push_back(ctx->deadline());
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(acquire_delay_ms.load()));
     grpc::Status s = acquire.Next();
     auto* hold = resp->mutable_hold();
     hold->set_lock_key(req->lock_key());
@@ -109,6 +117,7 @@ class FakeLocks final : public v1::Lock::Service {
     {
       std::lock_guard l(mu);
       released_tokens.push_back(req->token());
+      release_deadlines.push_back(ctx->deadline());
       release_deadline_left.push_back(std::chrono::duration_cast<std::chrono::milliseconds>(
           ctx->deadline() - std::chrono::system_clock::now()));
     }
@@ -327,6 +336,61 @@ TEST_F(RetryTest, AHoldDroppedWhileItsReleaseFailsIsReleasedOnceHoldfastdCan) {
   // Done: not asked again.
   std::this_thread::sleep_for(std::chrono::seconds(3));
   EXPECT_EQ(locks_.release.calls(), tried + 1);
+}
+
+// An Acquire answered with the session's own hold that was lost here releases
+// it and asks anew (a lost hold is final). All of that stays within the call's
+// own bound, the wait plus the rpc timeout from the call: the release is not
+// given a fresh rpc timeout of its own, nor is the new ask.
+TEST_F(RetryTest, AnAcquireThatReleasesItsStaleHoldFirstKeepsItsBound) {
+  sessions_.ttl_ms = 3000;  // renewed every second
+  auto opened = client_->OpenSession("default");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  auto session = std::move(*opened);
+  auto held = session->Acquire("jobs/stale");
+  ASSERT_TRUE(held.ok()) << held.status();
+  sessions_.etcd_unavailable = true;
+  for (int i = 0; i < 100 && !held->lost(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(held->lost());
+  sessions_.etcd_unavailable = false;
+  // The fake answers with the same token: the hold lost here. Its release is
+  // answered UNAVAILABLE (asked again, until the bound).
+  locks_.acquire_delay_ms = 1000;
+  for (int i = 0; i < 5; ++i) {
+    locks_.release.Push(grpc::Status(grpc::StatusCode::UNAVAILABLE, "etcd: no leader"));
+  }
+  locks_.release_delay_ms = 300;
+  size_t releases_before;
+  {
+    std::lock_guard l(locks_.mu);
+    releases_before = locks_.release_deadlines.size();
+  }
+  auto again = session->Acquire("jobs/stale");
+  size_t releases_by_the_answer;
+  {
+    std::lock_guard l(locks_.mu);
+    releases_by_the_answer = locks_.release_deadlines.size();
+  }
+  ASSERT_FALSE(again.ok());
+  EXPECT_EQ(again.status().code(), absl::StatusCode::kUnavailable) << again.status();
+  EXPECT_NE(again.status().message().find("a hold lost while etcd could not confirm renewals"),
+            std::string::npos)
+      << again.status();
+  // (The handle dropped after the failed release owes it: the pump asks again
+  // later, after the answer, with a timeout of its own; not counted here.)
+  std::lock_guard l(locks_.mu);
+  ASSERT_GT(releases_by_the_answer, releases_before);
+  const auto call_deadline = locks_.acquire_deadlines.back();
+  for (size_t i = releases_before; i < releases_by_the_answer; ++i) {
+    const auto d = locks_.release_deadlines[i];
+    // (The same clock on both sides; a few ms for the deadline's trip.)
+    EXPECT_LE(d, call_deadline + std::chrono::milliseconds(50))
+        << "a release was given "
+        << std::chrono::duration_cast<std::chrono::milliseconds>(d - call_deadline).count()
+        << " ms past the Acquire's bound";
+  }
 }
 
 }  // namespace
