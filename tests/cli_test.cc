@@ -66,6 +66,24 @@ bool WaitFor(const std::function<bool()>& condition, milliseconds timeout) {
   return true;
 }
 
+// A command that waits for the test without forking: `read _ < FIFO` blocks in
+// the kernel (interruptibly) until GoOn writes a line. (A shell loop polling a
+// file forks a child per turn, and a job stopped while one was between vfork and
+// exec leaves the shell waiting for it uninterruptibly, never seen stopped.)
+std::string MakeGoFifo(const std::string& path) {
+  EXPECT_EQ(::mkfifo(path.c_str(), 0600), 0) << std::strerror(errno);
+  return path;
+}
+void GoOn(const std::string& fifo) {
+  int fd = -1;
+  // The command may not have opened it yet: no reader is ENXIO.
+  WaitFor([&] { return (fd = ::open(fifo.c_str(), O_WRONLY | O_NONBLOCK | O_CLOEXEC)) >= 0; },
+          seconds(10));
+  ASSERT_GE(fd, 0) << "nobody reads " << fifo;
+  EXPECT_EQ(::write(fd, "\n", 1), 1);
+  ::close(fd);
+}
+
 struct CliResult {
   int exit_code = -1;
   std::string out;
@@ -1111,7 +1129,8 @@ TEST_F(CliTest, TheCommandReadsTheTerminalHoldfastWasStartedIn) {
   auto d = client_->Describe("default", "cli/tty");
   ASSERT_TRUE(d.ok()) << d.status();
   EXPECT_EQ(d->holders_size(), 1);
-  EXPECT_EQ(p->ForegroundGroup(), command_pid);
+  // (Lent just after the command starts: it may ask before that.)
+  EXPECT_TRUE(WaitFor([&] { return p->ForegroundGroup() == command_pid; }, seconds(10)));
   p->Type("yes\n");
   EXPECT_TRUE(p->Shows("got:yes")) << p->shown() << " (command state " << StateOf(command_pid)
                                    << ")";
@@ -1228,7 +1247,9 @@ TEST_F(CliTest, CtrlCInTheTerminalEndsTheCommandAndThenHoldfastBySigint) {
   auto [p, command_pid] = LockAndAsk(*cluster_, "tty-int");
   ASSERT_NE(p, nullptr);
   ASSERT_GT(command_pid, 0) << p->shown();
-  ASSERT_EQ(p->ForegroundGroup(), command_pid) << "the terminal was not lent";
+  // (Lent just after the command starts: it may ask before that.)
+  ASSERT_TRUE(WaitFor([&] { return p->ForegroundGroup() == command_pid; }, seconds(10)))
+      << "the terminal was not lent";
   p->Type("\x03");  // Ctrl-C
   EXPECT_EQ(p->Wait(), 128 + SIGINT) << p->shown();
   EXPECT_EQ(p->killed_by(), SIGINT) << p->shown();
@@ -1291,12 +1312,11 @@ INSTANTIATE_TEST_SUITE_P(NotAJobOfItsOwn, CliTerminalKeptTest,
 // group, and ignored Ctrl-Z there.)
 TEST_F(CliTest, RunByAScriptCtrlZStopsTheCommandHoldfastAndTheScript) {
   const std::string pid_file = Path("tty-script-pid");
-  const std::string go = Path("tty-script-go");
+  const std::string go = MakeGoFifo(Path("tty-script-go"));
   auto p = TerminalProcess::Start(
       cluster_->endpoint(), cluster_->dir(),
       {"lock", "default/cli/tty-script", "--", "sh", "-c",
-       "echo $$ > '" + pid_file + "'; until [ -e '" + go + "' ]; do sleep 0.05; done; " +
-           "echo finished"},
+       "echo $$ > '" + pid_file + "'; read _ < '" + go + "'; echo finished"},
       Job::kScript);
   ASSERT_NE(p, nullptr);
   const pid_t command_pid = CommandPid(pid_file);
@@ -1315,7 +1335,7 @@ TEST_F(CliTest, RunByAScriptCtrlZStopsTheCommandHoldfastAndTheScript) {
   EXPECT_TRUE(WaitFor([&] { return StateOf(command_pid) != 'T' && StateOf(holdfast) != 'T'; },
                       seconds(10)))
       << "holdfast " << StateOf(holdfast) << ", command " << StateOf(command_pid);
-  std::ofstream(go).put('\n');
+  GoOn(go);
   EXPECT_TRUE(p->Shows("finished")) << p->shown();
   EXPECT_EQ(p->Wait(), 0) << p->shown();
   auto d = client_->Describe("default", "cli/tty-script");
@@ -1368,7 +1388,9 @@ TEST_F(CliTest, AfterItsShellExitedCtrlZStopsNothingAndTheCommandKeepsTheTermina
   auto [p, command_pid] = LockAndAsk(*cluster_, "tty-orphan-fg", Job::kForegroundShellExitsLater);
   ASSERT_NE(p, nullptr);
   ASSERT_GT(command_pid, 0) << p->shown();
-  ASSERT_EQ(p->ForegroundGroup(), command_pid) << "the terminal was not lent";
+  // (Lent just after the command starts: it may ask before that.)
+  ASSERT_TRUE(WaitFor([&] { return p->ForegroundGroup() == command_pid; }, seconds(10)))
+      << "the terminal was not lent";
   auto parent = [&] {
     auto s = dev::ReadProcState(p->pid());
     return s ? s->parent : 0;
