@@ -4,6 +4,7 @@
 #include <atomic>
 #include <fstream>
 #include <future>
+#include <limits>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -13,6 +14,7 @@
 #include "harness/cluster.h"
 #include "holdfast/v1/lock.grpc.pb.h"
 #include "lock/keyspace.h"
+#include "lock/records.pb.h"
 #include "server/auth.h"
 #include <grpcpp/security/credentials.h>
 #include <grpcpp/security/tls_certificate_provider.h>
@@ -482,23 +484,6 @@ TEST_F(IdentityTest, RemovingAMemberEndsItsSessionsOnlyWhenAskedAndNeverForcesAL
   EXPECT_FALSE(alice_hold->lost());
   EXPECT_EQ(waiters_of_queue(), 1);
 
-  // Two admins force it open; then the change goes through.
-  v1::RequestForceReleaseRequest force;
-  force.set_namespace_("team");
-  force.set_lock_key("db");
-  force.set_reason("alice leaves the team, ticket OPS-7");
-  auto asked = admin->RequestForceRelease(force);
-  ASSERT_TRUE(asked.ok()) << asked.status();
-  v1::ApproveForceReleaseRequest approve;
-  approve.set_request_id(asked->request_id());
-  auto approved = admin2->ApproveForceRelease(approve);
-  ASSERT_TRUE(approved.ok()) << approved.status();
-
-  auto changed = admin->UpdateNamespace(only_bob);
-  ASSERT_TRUE(changed.ok()) << changed.status();
-  ASSERT_EQ(changed->members_size(), 1);
-  EXPECT_EQ(changed->members(0), "spiffe://test.holdfast/team/bob");
-  // Alice's session, wait, claim and quota slot are gone from etcd at once.
   auto keys_under = [&](const std::string& prefix) {
     pb::RangeRequest r;
     r.set_key(prefix);
@@ -511,6 +496,41 @@ TEST_F(IdentityTest, RemovingAMemberEndsItsSessionsOnlyWhenAskedAndNeverForcesAL
     }
     return out;
   };
+  // A waiter of alice's session for the key it holds (as a call from a stale
+  // view puts), and a claim of neither a hold nor a waiter, both by hand.
+  auto put_on_alices_lease = [&](const std::string& key, const std::string& value) {
+    pb::PutRequest put;
+    put.set_key(key);
+    put.set_value(value);
+    put.set_lease(alice->id());
+    ASSERT_TRUE(cluster_->etcd_client().PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+  };
+  records::WaiterRecord stray;
+  stray.set_identity("spiffe://test.holdfast/team/alice");
+  stray.set_deadline_unix_ms(std::numeric_limits<int64_t>::max() / 2);
+  put_on_alices_lease(keyspace::WaitKey("team", "db", alice->id()), stray.SerializeAsString());
+  put_on_alices_lease(keyspace::ClaimKey("team", "ghost", alice->id()), "");
+
+  // Two admins force it open; then the change goes through.
+  v1::RequestForceReleaseRequest force;
+  force.set_namespace_("team");
+  force.set_lock_key("db");
+  force.set_reason("alice leaves the team, ticket OPS-7");
+  auto asked = admin->RequestForceRelease(force);
+  ASSERT_TRUE(asked.ok()) << asked.status();
+  v1::ApproveForceReleaseRequest approve;
+  approve.set_request_id(asked->request_id());
+  auto approved = admin2->ApproveForceRelease(approve);
+  ASSERT_TRUE(approved.ok()) << approved.status();
+  // The force took the session's waiter for the key with the hold and its claim
+  // (a hand-over to it would give the session a hold without a claim).
+  EXPECT_TRUE(keys_under(keyspace::WaitKey("team", "db", alice->id())).empty());
+
+  auto changed = admin->UpdateNamespace(only_bob);
+  ASSERT_TRUE(changed.ok()) << changed.status();
+  ASSERT_EQ(changed->members_size(), 1);
+  EXPECT_EQ(changed->members(0), "spiffe://test.holdfast/team/bob");
+  // Alice's session, wait, claim and quota slot are gone from etcd at once.
   EXPECT_TRUE(keys_under(keyspace::SessionKey("team", alice->id())).empty());
   EXPECT_TRUE(keys_under(keyspace::ClaimPrefix("team", alice->id())).empty());
   auto waits = keys_under(keyspace::WaitPrefix("team"));

@@ -299,6 +299,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (own_mod != 0) {
       AddCompare(&txn, wait_key, pb::Compare::MOD, pb::Compare::EQUAL)->set_mod_revision(own_mod);
     }
+    // Not if the session holds the key (a waiter put from a stale view, or by a
+    // call of the session that did not know): then the claim is the hold's, and
+    // the call returns the hold (read on the failure branch), as a call that
+    // finds its session holding the key does.
+    AddCompare(&txn, keyspace::HoldKey(req_.namespace_(), req_.lock_key(), req_.session_id()),
+               pb::Compare::CREATE, pb::Compare::EQUAL)
+        ->set_create_revision(0);
     txn.add_success()->mutable_request_delete_range()->set_key(wait_key);
     txn.add_success()->mutable_request_delete_range()->set_key(
         keyspace::ClaimKey(req_.namespace_(), req_.lock_key(), req_.session_id()));
@@ -906,8 +913,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
           ->set_mod_revision(dead->mod_revision);
       txn.add_success()->mutable_request_delete_range()->set_key(
           keyspace::WaitKey(ns, key, dead->lease));
-      txn.add_success()->mutable_request_delete_range()->set_key(
-          keyspace::ClaimKey(ns, key, dead->lease));
+      DeleteClaimOfDeadWaiter(snap, ns, key, dead->lease, &txn);
     }
     records::HoldRecord rec = NewHold(cls, snap.epoch->record);
     auto* put = txn.add_success()->mutable_request_put();

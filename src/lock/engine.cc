@@ -790,8 +790,7 @@ Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::s
           ->set_mod_revision(dead->mod_revision);
       txn->add_success()->mutable_request_delete_range()->set_key(
           keyspace::WaitKey(ns, key, dead->lease));
-      txn->add_success()->mutable_request_delete_range()->set_key(
-          keyspace::ClaimKey(ns, key, dead->lease));
+      DeleteClaimOfDeadWaiter(snap, ns, key, dead->lease, txn);
       out.gone.push_back(dead->lease);
     }
     // Guarded: a waiter the session put after the read, once it no longer held

@@ -190,6 +190,11 @@ absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
   txn.add_success()->mutable_request_delete_range()->set_key(hold_key);
   txn.add_success()->mutable_request_delete_range()->set_key(
       keyspace::ClaimKey(rec.ns(), rec.lock_key(), rec.session_id()));
+  // And a waiter of the same session for the key, if one was left (put from a
+  // stale view while the session held it): it goes with the claim, or a later
+  // hand-over would give the session a hold without one.
+  txn.add_success()->mutable_request_delete_range()->set_key(
+      keyspace::WaitKey(rec.ns(), rec.lock_key(), rec.session_id()));
   txn.add_success()->mutable_request_delete_range()->set_key(got.kvs(0).key());
   records::AuditMark mark;
   mark.set_kind("force");

@@ -6,6 +6,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "common/spiffe.h"
 #include "lock/engine.h"
 #include "lock/keyspace.h"
@@ -41,6 +42,7 @@ struct Involvement {
   std::vector<std::string> held;                       // lock keys it holds
   std::vector<std::pair<std::string, int64_t>> waits;  // lock keys it waits for, and
                                                        // each wait key's mod revision
+  std::vector<std::string> stray_claims;  // claims of neither a hold nor a wait
 };
 
 // Ranges per read transaction (etcd's --max-txn-ops is 128 by default).
@@ -95,11 +97,15 @@ absl::StatusOr<std::map<int64_t, Involvement>> ReadInvolvement(
       const auto& [lease, key] = claimed[i];
       const int r = static_cast<int>(2 * (i - at));
       Involvement& inv = out[lease];
-      if (t->responses(r).response_range().count() > 0) {
-        inv.held.push_back(key);
-      } else if (t->responses(r + 1).response_range().kvs_size() > 0) {
+      // (A session may both hold a key and have a waiter for it, put from a
+      // stale view: that waiter is withdrawn too.)
+      const bool held = t->responses(r).response_range().count() > 0;
+      const bool waits = t->responses(r + 1).response_range().kvs_size() > 0;
+      if (held) inv.held.push_back(key);
+      if (waits) {
         inv.waits.emplace_back(key, t->responses(r + 1).response_range().kvs(0).mod_revision());
       }
+      if (!held && !waits) inv.stray_claims.push_back(key);
     }
   }
   return out;
@@ -125,16 +131,57 @@ std::string NameHolds(const std::map<int64_t, std::vector<std::string>>& holds,
   return out;
 }
 
+// Withdraws the waits of a session of `ns` as read in `inv`, each guarded by its
+// wait key as read (one handed the lock meanwhile is a hold, found by the next
+// read), and deletes its claims of neither a hold nor a wait (guarded so). A
+// wait's claim goes with it, unless the session also holds the key. False if a
+// guard failed: read again.
+absl::StatusOr<bool> WithdrawWaits(etcd::Client* etcd, const std::string& ns, int64_t lease,
+                                   const Involvement& inv, etcd::Deadline d) {
+  struct Item {
+    std::string key;
+    int64_t wait_mod = 0;  // 0: a stray claim
+  };
+  std::vector<Item> items;
+  for (const auto& [key, mod] : inv.waits) items.push_back({key, mod});
+  for (const auto& key : inv.stray_claims) items.push_back({key, 0});
+  const std::set<std::string> held(inv.held.begin(), inv.held.end());
+  for (size_t at = 0; at < items.size(); at += kRangesPerTxn / 3) {
+    const size_t end = std::min(items.size(), at + kRangesPerTxn / 3);
+    pb::TxnRequest txn;
+    for (size_t i = at; i < end; ++i) {
+      const std::string wait_key = keyspace::WaitKey(ns, items[i].key, lease);
+      const std::string hold_key = keyspace::HoldKey(ns, items[i].key, lease);
+      if (items[i].wait_mod != 0) {
+        AddCompare(&txn, wait_key, pb::Compare::MOD, pb::Compare::EQUAL)
+            ->set_mod_revision(items[i].wait_mod);
+        txn.add_success()->mutable_request_delete_range()->set_key(wait_key);
+        if (held.count(items[i].key)) continue;  // the claim is the hold's too
+      } else {
+        AddCompare(&txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)
+            ->set_create_revision(0);
+      }
+      AddCompare(&txn, hold_key, pb::Compare::CREATE, pb::Compare::EQUAL)->set_create_revision(0);
+      txn.add_success()->mutable_request_delete_range()->set_key(
+          keyspace::ClaimKey(ns, items[i].key, lease));
+    }
+    auto t = etcd->TxnSync(std::move(txn), d);
+    if (!t.ok()) return t.status();
+    if (!t->succeeded()) return false;
+  }
+  return true;
+}
+
 // Ends a session of `ns` that holds no lock, and answers the lock keys it holds
-// instead if it holds any (then it is left as it is: ending it would force those
-// locks open, which takes two admins, ARCHITECTURE §8). First its waits are
-// withdrawn (each guarded by its wait key as read: one handed the lock meanwhile
-// is a hold, found by the next read). Then one commit, guarded by "the session
-// has no claim at all" (so it holds and waits for nothing), deletes its session
-// key and its quota slot: every grant and enqueue compares the session key, so
-// none of this session can commit after it, and no hand-over can pick it (it
-// waits for nothing). Last, its lease is revoked; a failed revocation leaves a
-// lease with no key on it, which ends once its owner stops renewing it.
+// instead if it holds any (then it is left as it is, its waits withdrawn:
+// ending it would force those locks open, which takes two admins, ARCHITECTURE
+// §8). First its waits are withdrawn (WithdrawWaits). Then one commit, guarded
+// by "the session has no claim at all" (so it holds and waits for nothing),
+// deletes its session key and its quota slot: every grant and enqueue compares
+// the session key, so none of this session can commit after it, and no
+// hand-over can pick it (it waits for nothing). Last, its lease is revoked; if
+// that fails, the lease, which carries no key any more, lives on while its
+// client renews it (told as an error, with the lease to revoke by hand).
 absl::StatusOr<std::vector<std::string>> EndSessionHoldingNothing(
     etcd::Client* etcd, const std::string& ns, int64_t lease, Involvement inv,
     const std::string& slot_key, etcd::Deadline d) {
@@ -145,24 +192,10 @@ absl::StatusOr<std::vector<std::string>> EndSessionHoldingNothing(
       inv = std::move((*again)[lease]);
     }
     if (!inv.live) return std::vector<std::string>{};  // ended meanwhile
+    auto withdrawn = WithdrawWaits(etcd, ns, lease, inv, d);
+    if (!withdrawn.ok()) return withdrawn.status();
+    if (!*withdrawn) continue;
     if (!inv.held.empty()) return inv.held;
-    bool withdrawn = true;
-    for (size_t at = 0; at < inv.waits.size() && withdrawn; at += kRangesPerTxn / 3) {
-      const size_t end = std::min(inv.waits.size(), at + kRangesPerTxn / 3);
-      pb::TxnRequest txn;
-      for (size_t i = at; i < end; ++i) {
-        const auto& [key, mod] = inv.waits[i];
-        const std::string wait_key = keyspace::WaitKey(ns, key, lease);
-        AddCompare(&txn, wait_key, pb::Compare::MOD, pb::Compare::EQUAL)->set_mod_revision(mod);
-        txn.add_success()->mutable_request_delete_range()->set_key(wait_key);
-        txn.add_success()->mutable_request_delete_range()->set_key(
-            keyspace::ClaimKey(ns, key, lease));
-      }
-      auto t = etcd->TxnSync(std::move(txn), d);
-      if (!t.ok()) return t.status();
-      withdrawn = t->succeeded();
-    }
-    if (!withdrawn) continue;
     pb::TxnRequest end;
     AddCompare(&end, keyspace::SessionKey(ns, lease), pb::Compare::VERSION,
                pb::Compare::GREATER)
@@ -182,8 +215,18 @@ absl::StatusOr<std::vector<std::string>> EndSessionHoldingNothing(
     if (!t->succeeded()) continue;
     pb::LeaseRevokeRequest rr;
     rr.set_id(lease);
-    (void)etcd->LeaseRevokeSync(rr, d);
-    return std::vector<std::string>{};
+    absl::Status revoked;
+    for (int tries = 0; tries < 3; ++tries) {
+      auto x = etcd->LeaseRevokeSync(rr, d);
+      revoked = x.status();
+      if (x.ok() || x.status().code() == absl::StatusCode::kNotFound) {
+        return std::vector<std::string>{};
+      }
+    }
+    return absl::UnavailableError(absl::StrCat(
+        "its record is gone, so it can take no lock, but its lease could not be revoked (",
+        revoked.message(), "): revoke it with `etcdctl lease revoke ",
+        absl::StrFormat("%x", lease), "`"));
   }
   return absl::AbortedError(absl::StrCat("session ", lease, " kept changing while it was ended"));
 }
@@ -541,6 +584,16 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
       }
       std::map<int64_t, std::vector<std::string>> kept;
       std::string failed;
+      // Every wait of them first, so that no release hands one of them a lock
+      // while the others are ended (a guard that fails here is read again below).
+      for (auto& [lease, inv] : *involved) {
+        if (!inv.live) continue;
+        auto withdrawn = WithdrawWaits(etcd_, req.name(), lease, inv, d);
+        if (withdrawn.ok() && *withdrawn) {
+          inv.waits.clear();
+          inv.stray_claims.clear();
+        }
+      }
       for (auto& [lease, inv] : *involved) {
         auto slot = slot_of.find(lease);
         auto held = EndSessionHoldingNothing(etcd_, req.name(), lease, std::move(inv),

@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "lock/keyspace.h"
 #include "lock/token.h"
+#include "lock/txn_util.h"
 
 namespace holdfast::lock {
 
@@ -18,6 +19,19 @@ void AddRange(google::protobuf::RepeatedPtrField<pb::RequestOp>* ops, std::strin
   r->set_range_end(std::move(end));
 }
 }  // namespace
+
+void DeleteClaimOfDeadWaiter(const KeySnapshot& snap, const std::string& ns,
+                             const std::string& lock_key, int64_t lease,
+                             etcdserverpb::TxnRequest* txn) {
+  for (const HoldEntry& h : snap.holds) {
+    if (h.lease == lease) return;
+  }
+  AddCompare(txn, keyspace::HoldKey(ns, lock_key, lease), etcdserverpb::Compare::CREATE,
+             etcdserverpb::Compare::EQUAL)
+      ->set_create_revision(0);
+  txn->add_success()->mutable_request_delete_range()->set_key(
+      keyspace::ClaimKey(ns, lock_key, lease));
+}
 
 void AddSnapshotReads(const std::string& ns, int64_t session, const std::string& lock_key,
                       google::protobuf::RepeatedPtrField<pb::RequestOp>* ops) {

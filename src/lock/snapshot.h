@@ -58,6 +58,15 @@ struct KeySnapshot {
   int64_t session_claims = 0;  // lock keys the session holds or waits for (keyspace::ClaimKey)
 };
 
+// Adds to `txn` the deletion of the claim of a dead waiter of `lock_key` (one
+// deleted in the same transaction), unless its session holds the key, as
+// `snap` shows: then the claim is the hold's too (a waiter put from a stale view
+// while the session held the key). Guarded by "no hold of that session on the
+// key", for one granted since the snapshot.
+void DeleteClaimOfDeadWaiter(const KeySnapshot& snap, const std::string& ns,
+                             const std::string& lock_key, int64_t lease,
+                             etcdserverpb::TxnRequest* txn);
+
 // Appends the snapshot's range requests to a txn branch (success or failure).
 void AddSnapshotReads(const std::string& ns, int64_t session, const std::string& lock_key,
                       google::protobuf::RepeatedPtrField<etcdserverpb::RequestOp>* ops);

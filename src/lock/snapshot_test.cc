@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "lock/keyspace.h"
+
 namespace holdfast::lock {
 namespace {
 
@@ -44,6 +46,31 @@ TEST(SnapshotTest, HoldInfoCarriesTheToken) {
   EXPECT_EQ(info.token(), (int64_t{2} << 48) | 1000);
   EXPECT_EQ(info.session_id(), 77);
   EXPECT_EQ(info.identity(), "spiffe://example.org/svc");
+}
+
+// A dead waiter's claim goes with it, guarded by "its session holds no hold of
+// the key"; not when the snapshot shows that session holding the key (a waiter
+// put from a stale view): then the claim is the hold's.
+TEST(SnapshotTest, ADeadWaitersClaimGoesUnlessItsSessionHoldsTheKey) {
+  KeySnapshot snap;
+  HoldEntry h;
+  h.lease = 7;
+  h.create_revision = 100;
+  snap.holds.push_back(h);
+  etcdserverpb::TxnRequest holder;
+  DeleteClaimOfDeadWaiter(snap, "ns", "db", 7, &holder);
+  EXPECT_EQ(holder.compare_size(), 0);
+  EXPECT_EQ(holder.success_size(), 0);
+
+  etcdserverpb::TxnRequest other;
+  DeleteClaimOfDeadWaiter(snap, "ns", "db", 9, &other);
+  ASSERT_EQ(other.compare_size(), 1);
+  EXPECT_EQ(other.compare(0).key(), keyspace::HoldKey("ns", "db", 9));
+  EXPECT_EQ(other.compare(0).target(), etcdserverpb::Compare::CREATE);
+  EXPECT_EQ(other.compare(0).result(), etcdserverpb::Compare::EQUAL);
+  EXPECT_EQ(other.compare(0).create_revision(), 0);
+  ASSERT_EQ(other.success_size(), 1);
+  EXPECT_EQ(other.success(0).request_delete_range().key(), keyspace::ClaimKey("ns", "db", 9));
 }
 
 }  // namespace
