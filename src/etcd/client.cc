@@ -113,7 +113,11 @@ void Client::CheckSilent(size_t index, std::function<void()> then) {
   call->rpc = endpoints_[index]->maintenance->PrepareAsyncStatus(&call->ctx, call->req,
                                                                   loop_->cq());
   call->finished = [this, call, index, then = std::move(then)]() mutable {
-    const bool ok = call->status.ok();
+    // A member cut off from its cluster's quorum answers Status on its own, with
+    // no leader (0): it serves no write, renewal or linearizable read, so it is
+    // no place to stay. (With the whole cluster leaderless, the client moves from
+    // member to member until one has a leader again.)
+    const bool ok = call->status.ok() && call->resp.leader() != 0;
     call.reset();  // on this thread, before ~Client may drop the channels
     if (!ok) ReportUnavailable(index);
     then();
@@ -121,6 +125,8 @@ void Client::CheckSilent(size_t index, std::function<void()> then) {
   };
   call->Go();
 }
+
+void Client::RequireLeader(grpc::ClientContext* ctx) { ctx->AddMetadata("hasleader", "true"); }
 
 void Client::ObserveHeader(const pb::ResponseHeader& h) {
   if (h.cluster_id() != 0) last_cluster_id_.store(h.cluster_id());

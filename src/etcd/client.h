@@ -25,7 +25,11 @@
 // on every member while etcd elects a leader or has no quorum, and moving then
 // would only churn the streams; so the client first asks that member for its
 // Status (served by the member alone, no quorum needed) and moves only if that
-// gets no answer either (CheckSilent). The caller's error callback runs after that
+// gets no answer either, or says the member has no leader (CheckSilent): a
+// member cut off from its cluster's quorum answers Status on its own, and would
+// otherwise keep every renewal and watch of the client for as long as it is cut
+// off. (While the cluster elects a leader, that can move the client once more
+// than needed.) The caller's error callback runs after that
 // check. When the client moves, the Watch and LeaseKeepAlive streams on the
 // endpoint left behind move with it (watchers resume after the last revision they
 // were given).
@@ -165,6 +169,11 @@ class Client {
   static constexpr std::chrono::milliseconds kSilentEndpoint{500};
   // ... with a Status call of this deadline; no answer moves the client.
   static constexpr std::chrono::milliseconds kSilenceCheck{300};
+  // Marks a Watch or LeaseKeepAlive stream as needing a leader (etcd's
+  // "hasleader" metadata): a member that has had none for a while (cut off from
+  // its cluster's quorum) ends the stream with UNAVAILABLE "no leader" instead of
+  // keeping it open and quiet, so it moves to another member.
+  static void RequireLeader(grpc::ClientContext* ctx);
   // Asks endpoint `index` for its Status; moves the client off it when that gets no
   // answer (or fails). Then runs `then`, on the loop thread.
   void CheckSilent(size_t index, std::function<void()> then);

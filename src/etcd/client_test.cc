@@ -8,8 +8,11 @@
 #include <string>
 #include <vector>
 
+#include <signal.h>
+
 #include <gtest/gtest.h>
 
+#include "dev/etcd_process.h"
 #include "dev/scratch_etcd.h"
 #include "dev/silent_endpoint.h"
 #include "etcd/watch_hub.h"
@@ -464,6 +467,82 @@ TEST_F(EtcdClientTest, StreamsFollowTheClientOffASilentEndpoint) {
   auto w = seen.get_future();
   ASSERT_EQ(w.wait_for(seconds(10)), std::future_status::ready);
   EXPECT_EQ(w.get(), put_rev);
+}
+
+// A member cut off from its cluster's quorum still answers Status (etcd answers
+// it on its own), saying it has no leader. A renewal it cannot serve must move
+// the client on, as a silent member does: that answer is no sign of health. And
+// a client with nothing but a quiet watch there moves too: the member ends the
+// stream once it has had no leader for a while (the stream asks for one).
+TEST_F(EtcdClientTest, AMemberWithoutALeaderIsNoPlaceToStay) {
+  std::vector<std::unique_ptr<dev::EtcdProcess>> members;
+  std::vector<dev::EtcdOptions> eos(3);
+  std::string initial_cluster;
+  for (int m = 0; m < 3; ++m) {
+    eos[m].name = absl::StrCat("m", m);
+    eos[m].data_dir = (scratch_->dir() / absl::StrCat("member-", m)).string();
+    auto client_port = dev::PickFreePort();
+    auto peer_port = dev::PickFreePort();
+    ASSERT_TRUE(client_port.ok() && peer_port.ok());
+    eos[m].client_port = *client_port;
+    eos[m].peer_port = *peer_port;
+    eos[m].wait_healthy = false;
+    absl::StrAppend(&initial_cluster, m == 0 ? "" : ",", eos[m].name, "=http://127.0.0.1:",
+                    eos[m].peer_port);
+  }
+  for (auto& eo : eos) {
+    eo.initial_cluster = initial_cluster;
+    auto e = dev::EtcdProcess::Start(eo);
+    ASSERT_TRUE(e.ok()) << e.status();
+    members.push_back(std::move(*e));
+  }
+  for (auto& m : members) ASSERT_TRUE(m->WaitHealthy().ok());
+  auto alone = Connect({members[0]->endpoint()});
+  // The next endpoint stands for the rest of the cluster (any member that answers).
+  auto c = Connect({members[0]->endpoint(), etcd_->endpoint()});
+  ASSERT_NE(alone, nullptr);
+  ASSERT_NE(c, nullptr);
+  pb::LeaseGrantRequest g;
+  g.set_ttl(30);
+  auto lease = alone->LeaseGrantSync(g, DeadlineIn(seconds(5)));
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  auto renew = [&](std::chrono::milliseconds within) {
+    std::promise<absl::Status> done;
+    c->KeepAlive(lease->id(), DeadlineIn(within),
+                 [&](absl::StatusOr<pb::LeaseKeepAliveResponse> r) { done.set_value(r.status()); });
+    auto f = done.get_future();
+    EXPECT_EQ(f.wait_for(within + seconds(5)), std::future_status::ready);
+    return f.get();
+  };
+  ASSERT_TRUE(renew(seconds(5)).ok());
+  ASSERT_EQ(c->PickEndpoint().second, 0u);
+  auto watching = Connect({members[0]->endpoint(), etcd_->endpoint()});
+  ASSERT_NE(watching, nullptr);
+  WatchSpec spec;
+  spec.key = "/t/quiet";
+  spec.start_revision = lease->header().revision() + 1;
+  watching->watches().Watch(spec, [](absl::StatusOr<WatchBatch>) {});
+
+  members[1]->process()->Signal(SIGSTOP);
+  members[2]->process()->Signal(SIGSTOP);
+  bool leaderless = false;
+  for (int i = 0; i < 100 && !leaderless; ++i) {
+    auto st = alone->StatusSync(DeadlineIn(seconds(1)));
+    leaderless = st.ok() && st->leader() == 0;
+    if (!leaderless) std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_TRUE(leaderless) << "member 0 kept a leader";
+  const absl::Status unserved = renew(seconds(2));
+  EXPECT_FALSE(unserved.ok());
+  EXPECT_EQ(c->PickEndpoint().second, 1u) << unserved;
+  bool moved = false;
+  for (int i = 0; i < 300 && !moved; ++i) {
+    moved = watching->PickEndpoint().second == 1u;
+    if (!moved) std::this_thread::sleep_for(milliseconds(50));
+  }
+  EXPECT_TRUE(moved) << "the watch stayed on the member without a leader";
+  members[1]->process()->Signal(SIGCONT);
+  members[2]->process()->Signal(SIGCONT);
 }
 
 TEST_F(EtcdClientTest, DeadlineIsEnforced) {

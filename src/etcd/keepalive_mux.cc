@@ -63,6 +63,7 @@ void KeepAliveMux::KeepAlive(int64_t lease_id, Deadline d,
         fresh = true;
         current_->Prepare(&client_->loop(),
                           [endpoint](grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
+                            Client::RequireLeader(ctx);
                             return endpoint->lease->PrepareAsyncLeaseKeepAlive(ctx, cq);
                           });
       }

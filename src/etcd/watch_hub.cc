@@ -127,6 +127,7 @@ std::pair<std::shared_ptr<WatchHub::Stream>, bool> WatchHub::EnsureStreamLocked(
     --live_streams_;
   });
   current_->Prepare(&client_->loop(), [endpoint](grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
+    Client::RequireLeader(ctx);
     return endpoint->watch->PrepareAsyncWatch(ctx, cq);
   });
   return {current_, true};
