@@ -378,16 +378,18 @@ void WatchHub::MoveFrom(size_t index) {
 void WatchHub::Reconnect() {
   std::shared_ptr<Stream> stream;
   bool fresh = false;
-  std::vector<pb::WatchRequest> creates;
   {
     absl::MutexLock l(&mu_);
     reconnect_scheduled_ = false;
     if (shutting_down_ || watchers_.empty()) return;
     std::tie(stream, fresh) = EnsureStreamLocked();
-    for (const auto& [id, w] : watchers_) creates.push_back(CreateRequestLocked(id, w));
+    // Queued under mu_ (Send only queues): a Cancel of one of them, which takes
+    // mu_ to find the stream, then sends its cancel after the create. Sent after
+    // it, etcd would ignore the cancel of a watch it did not know yet, and then
+    // create the watch, which would live as long as the stream.
+    for (const auto& [id, w] : watchers_) stream->Send(CreateRequestLocked(id, w));
   }
   if (fresh) stream->Go();
-  for (auto& r : creates) stream->Send(std::move(r));
 }
 
 }  // namespace holdfast::etcd
