@@ -111,6 +111,12 @@ absl::StatusOr<std::map<int64_t, Involvement>> ReadInvolvement(
   return out;
 }
 
+std::vector<int64_t> LeasesOf(const std::map<int64_t, std::string>& owners) {
+  std::vector<int64_t> out;
+  for (const auto& [lease, owner] : owners) out.push_back(lease);
+  return out;
+}
+
 // "session 12 of spiffe://a holds "db", "q"; ...", at most five sessions named.
 std::string NameHolds(const std::map<int64_t, std::vector<std::string>>& holds,
                       const std::map<int64_t, std::string>& owners) {
@@ -442,16 +448,16 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
     rs->set_key(sessions);
     rs->set_range_end(keyspace::PrefixEnd(sessions));
   };
-  // The live sessions (lease, owner) of a read that `members` leaves out.
+  // The live sessions (lease -> owner) of a read that `members` leaves out.
   auto left_out = [&](const pb::RangeResponse& read,
                       const google::protobuf::RepeatedPtrField<std::string>& members) {
-    std::vector<std::pair<int64_t, std::string>> out;
+    std::map<int64_t, std::string> out;
     for (const auto& kv : read.kvs()) {
       auto lease = keyspace::ParseSessionKey(kv.key(), req.name());
       records::SessionRecord s;
       if (!lease || !s.ParseFromString(kv.value())) continue;
       const Caller owner{s.identity(), is_admin && is_admin(s.identity())};
-      if (!CheckMember(owner, req.name(), members).ok()) out.emplace_back(*lease, s.identity());
+      if (!CheckMember(owner, req.name(), members).ok()) out.emplace(*lease, s.identity());
     }
     return out;
   };
@@ -500,14 +506,8 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
       // admins (ARCHITECTURE §8): one admin's member change never does it. Sessions
       // that hold locks are refused here, changing nothing; one that takes a lock
       // between this read and the write is left alone after it (below).
-      auto removed = left_out(read->responses(1).response_range(), rec.members());
-      std::vector<int64_t> leases;
-      std::map<int64_t, std::string> owners;
-      for (const auto& [lease, owner] : removed) {
-        leases.push_back(lease);
-        owners[lease] = owner;
-      }
-      auto involved = ReadInvolvement(etcd_, req.name(), leases, d);
+      const auto owners = left_out(read->responses(1).response_range(), rec.members());
+      auto involved = ReadInvolvement(etcd_, req.name(), LeasesOf(owners), d);
       if (!involved.ok()) return involved.status();
       std::map<int64_t, std::vector<std::string>> holding;
       for (const auto& [lease, inv] : *involved) {
@@ -568,14 +568,8 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
         int64_t lease = 0;
         if (absl::SimpleAtoi(kv.value(), &lease)) slot_of[lease] = kv.key();
       }
-      auto removed = left_out(t->responses(1).response_range(), rec.members());
-      std::vector<int64_t> leases;
-      std::map<int64_t, std::string> owners;
-      for (const auto& [lease, owner] : removed) {
-        leases.push_back(lease);
-        owners[lease] = owner;
-      }
-      auto involved = ReadInvolvement(etcd_, req.name(), leases, d);
+      auto owners = left_out(t->responses(1).response_range(), rec.members());
+      auto involved = ReadInvolvement(etcd_, req.name(), LeasesOf(owners), d);
       if (!involved.ok()) {
         return absl::UnavailableError(absl::StrCat(
             "the new members of namespace \"", req.name(), "\" are in place, but the sessions "
