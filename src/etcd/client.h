@@ -169,10 +169,11 @@ class Client {
   static constexpr std::chrono::milliseconds kSilentEndpoint{500};
   // ... with a Status call of this deadline; no answer moves the client.
   static constexpr std::chrono::milliseconds kSilenceCheck{300};
-  // Marks a Watch or LeaseKeepAlive stream as needing a leader (etcd's
-  // "hasleader" metadata): a member that has had none for a while (cut off from
-  // its cluster's quorum) ends the stream with UNAVAILABLE "no leader" instead of
-  // keeping it open and quiet, so it moves to another member.
+  // Marks a stream as needing a leader (etcd's "hasleader" metadata): a member
+  // that has had none for a while (cut off from its cluster's quorum) ends it
+  // with UNAVAILABLE "no leader" instead of keeping it open and quiet, so it
+  // moves to another member. The LeaseKeepAlive stream only (watch_hub.cc says
+  // why not the Watch stream).
   static void RequireLeader(grpc::ClientContext* ctx);
   // Asks endpoint `index` for its Status; moves the client off it when that gets no
   // answer (or fails). Then runs `then`, on the loop thread.

@@ -127,7 +127,10 @@ std::pair<std::shared_ptr<WatchHub::Stream>, bool> WatchHub::EnsureStreamLocked(
     --live_streams_;
   });
   current_->Prepare(&client_->loop(), [endpoint](grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
-    Client::RequireLeader(ctx);
+    // (Not Client::RequireLeader: the Watch stream is on the hand-over path, and
+    // it needs no such mark. On a member without a leader it moves with the
+    // client, which the renewals of holdfastd's own replica lease move off it
+    // (CheckSilent).)
     return endpoint->watch->PrepareAsyncWatch(ctx, cq);
   });
   return {current_, true};
