@@ -129,8 +129,8 @@ std::pair<std::shared_ptr<WatchHub::Stream>, bool> WatchHub::EnsureStreamLocked(
   current_->Prepare(&client_->loop(), [endpoint](grpc::ClientContext* ctx, grpc::CompletionQueue* cq) {
     // (Not Client::RequireLeader: the Watch stream is on the hand-over path, and
     // it needs no such mark. On a member without a leader it moves with the
-    // client, which the renewals of holdfastd's own replica lease move off it
-    // (CheckSilent).)
+    // client, which renewals move off it (CheckSilent): the sessions', the
+    // auditor's, and on the control cluster holdfastd's own replica lease's.)
     return endpoint->watch->PrepareAsyncWatch(ctx, cq);
   });
   return {current_, true};
