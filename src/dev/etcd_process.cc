@@ -158,4 +158,27 @@ absl::Status EtcdProcess::RestartOn(const std::string& data_dir) {
   return Launch(/*wait_healthy=*/true);
 }
 
+absl::StatusOr<std::vector<EtcdOptions>> ClusterMembers(int members,
+                                                         const std::string& dir_prefix) {
+  std::vector<EtcdOptions> out(members);
+  std::string initial_cluster;
+  for (int m = 0; m < members; ++m) {
+    EtcdOptions& eo = out[m];
+    eo.name = absl::StrCat("m", m);
+    eo.data_dir = absl::StrCat(dir_prefix, "-", m);
+    auto client_port = PickFreePort();
+    auto peer_port = PickFreePort();
+    if (!client_port.ok() || !peer_port.ok()) return absl::InternalError("no free ports");
+    eo.client_port = *client_port;
+    eo.peer_port = *peer_port;
+    eo.wait_healthy = members == 1;
+    absl::StrAppend(&initial_cluster, m == 0 ? "" : ",", eo.name, "=http://127.0.0.1:",
+                    eo.peer_port);
+  }
+  if (members > 1) {
+    for (auto& eo : out) eo.initial_cluster = initial_cluster;
+  }
+  return out;
+}
+
 }  // namespace holdfast::dev

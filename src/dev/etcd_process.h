@@ -78,6 +78,13 @@ class EtcdProcess {
   std::unique_ptr<Subprocess> process_;
 };
 
+// Options for the `members` members of one new cluster on loopback: names m0,
+// m1, ..., data directories <dir_prefix>-0, -1, ..., free client and peer ports,
+// and, with several members, their shared initial_cluster and wait_healthy off
+// (start them all, then WaitHealthy() on each). INTERNAL without free ports.
+absl::StatusOr<std::vector<EtcdOptions>> ClusterMembers(int members,
+                                                         const std::string& dir_prefix);
+
 // The etcd binary: $HOLDFAST_ETCD_BIN, else /usr/bin/etcd, else "etcd" on PATH.
 std::string EtcdBinary();
 

@@ -475,22 +475,9 @@ TEST_F(EtcdClientTest, StreamsFollowTheClientOffASilentEndpoint) {
 // (Its Watch stream moves with it: StreamsFollowTheClientOffASilentEndpoint.)
 TEST_F(EtcdClientTest, AMemberWithoutALeaderIsNoPlaceToStay) {
   std::vector<std::unique_ptr<dev::EtcdProcess>> members;
-  std::vector<dev::EtcdOptions> eos(3);
-  std::string initial_cluster;
-  for (int m = 0; m < 3; ++m) {
-    eos[m].name = absl::StrCat("m", m);
-    eos[m].data_dir = (scratch_->dir() / absl::StrCat("member-", m)).string();
-    auto client_port = dev::PickFreePort();
-    auto peer_port = dev::PickFreePort();
-    ASSERT_TRUE(client_port.ok() && peer_port.ok());
-    eos[m].client_port = *client_port;
-    eos[m].peer_port = *peer_port;
-    eos[m].wait_healthy = false;
-    absl::StrAppend(&initial_cluster, m == 0 ? "" : ",", eos[m].name, "=http://127.0.0.1:",
-                    eos[m].peer_port);
-  }
-  for (auto& eo : eos) {
-    eo.initial_cluster = initial_cluster;
+  auto eos = dev::ClusterMembers(3, (scratch_->dir() / "member").string());
+  ASSERT_TRUE(eos.ok()) << eos.status();
+  for (const auto& eo : *eos) {
     auto e = dev::EtcdProcess::Start(eo);
     ASSERT_TRUE(e.ok()) << e.status();
     members.push_back(std::move(*e));

@@ -501,16 +501,20 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
             "--end-sessions-of-removed), or close them first"));
       }
     }
+    // What the sessions left out hold and wait for, as read before the write.
+    // Used again after it: every write that relies on it is guarded.
+    std::map<int64_t, Involvement> involved;
     if (req.end_sessions_of_removed()) {
       // Ending a session that holds a lock forces that lock open, which takes two
       // admins (ARCHITECTURE §8): one admin's member change never does it. Sessions
       // that hold locks are refused here, changing nothing; one that takes a lock
       // between this read and the write is left alone after it (below).
       const auto owners = left_out(read->responses(1).response_range(), rec.members());
-      auto involved = ReadInvolvement(etcd_, req.name(), LeasesOf(owners), d);
-      if (!involved.ok()) return involved.status();
+      auto read_before = ReadInvolvement(etcd_, req.name(), LeasesOf(owners), d);
+      if (!read_before.ok()) return read_before.status();
+      involved = std::move(*read_before);
       std::map<int64_t, std::vector<std::string>> holding;
-      for (const auto& [lease, inv] : *involved) {
+      for (const auto& [lease, inv] : involved) {
         if (inv.live && !inv.held.empty()) holding[lease] = inv.held;
       }
       if (!holding.empty()) {
@@ -569,18 +573,25 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
         if (absl::SimpleAtoi(kv.value(), &lease)) slot_of[lease] = kv.key();
       }
       auto owners = left_out(t->responses(1).response_range(), rec.members());
-      auto involved = ReadInvolvement(etcd_, req.name(), LeasesOf(owners), d);
-      if (!involved.ok()) {
+      // Read only the sessions opened since the check (the others as read then).
+      std::vector<int64_t> unread;
+      for (const auto& [lease, owner] : owners) {
+        if (!involved.count(lease)) unread.push_back(lease);
+      }
+      auto read_after = ReadInvolvement(etcd_, req.name(), unread, d);
+      if (!read_after.ok()) {
         return absl::UnavailableError(absl::StrCat(
             "the new members of namespace \"", req.name(), "\" are in place, but the sessions "
-            "they leave out could not be read (", involved.status().message(), "); run the "
+            "they leave out could not be read (", read_after.status().message(), "); run the "
             "same command again"));
       }
+      involved.merge(*read_after);
+      std::erase_if(involved, [&](const auto& e) { return !owners.count(e.first); });
       std::map<int64_t, std::vector<std::string>> kept;
       std::string failed;
       // Every wait of them first, so that no release hands one of them a lock
       // while the others are ended (a guard that fails here is read again below).
-      for (auto& [lease, inv] : *involved) {
+      for (auto& [lease, inv] : involved) {
         if (!inv.live) continue;
         auto withdrawn = WithdrawWaits(etcd_, req.name(), lease, inv, d);
         if (withdrawn.ok() && *withdrawn) {
@@ -588,7 +599,7 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
           inv.stray_claims.clear();
         }
       }
-      for (auto& [lease, inv] : *involved) {
+      for (auto& [lease, inv] : involved) {
         auto slot = slot_of.find(lease);
         auto held = EndSessionHoldingNothing(etcd_, req.name(), lease, std::move(inv),
                                              slot == slot_of.end() ? "" : slot->second, d);

@@ -172,28 +172,14 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(Options options)
   if (options.etcd_tls) {
     if (auto s = c->SetUpEtcdTls(&etcd_tls_args); !s.ok()) return s;
   }
-  std::vector<dev::EtcdOptions> eos(members);
-  std::string initial_cluster;
-  for (int m = 0; m < members; ++m) {
-    auto& eo = eos[m];
-    eo.name = absl::StrCat("m", m);
-    eo.data_dir = absl::StrCat(c->dir_.path(), "/etcd-", m);
-    auto client_port = dev::PickFreePort();
-    auto peer_port = dev::PickFreePort();
-    if (!client_port.ok() || !peer_port.ok()) return absl::InternalError("no free ports");
-    eo.client_port = *client_port;
-    eo.peer_port = *peer_port;
-    eo.wait_healthy = members == 1;
+  auto eos = dev::ClusterMembers(members, absl::StrCat(c->dir_.path(), "/etcd"));
+  if (!eos.ok()) return eos.status();
+  std::vector<std::string> endpoints;
+  for (auto& eo : *eos) {
     if (options.etcd_tls) {
       eo.client_scheme = "https";
       eo.extra_args = etcd_tls_args;
     }
-    absl::StrAppend(&initial_cluster, m == 0 ? "" : ",", eo.name, "=http://127.0.0.1:",
-                    eo.peer_port);
-  }
-  std::vector<std::string> endpoints;
-  for (auto& eo : eos) {
-    if (members > 1) eo.initial_cluster = initial_cluster;
     auto etcd = dev::EtcdProcess::Start(eo);
     if (!etcd.ok()) return etcd.status();
     endpoints.push_back((*etcd)->endpoint());
