@@ -39,7 +39,11 @@ KeepAliveMux::~KeepAliveMux() {
   if (s) s->Cancel();
   s.reset();  // our reference must not keep it from being destroyed
   absl::MutexLock l(&mu_);
-  mu_.Await(absl::Condition(+[](int* live) { return *live == 0; }, &live_streams_));
+  mu_.Await(absl::Condition(this, &KeepAliveMux::GoneLocked));
+}
+
+void KeepAliveMux::CancelTimerLocked(const Pending& p) {
+  if (p.timer != 0 && client_->timers().Cancel(p.timer)) --timers_armed_;
 }
 
 void KeepAliveMux::KeepAlive(int64_t lease_id, Deadline d,
@@ -74,6 +78,7 @@ void KeepAliveMux::KeepAlive(int64_t lease_id, Deadline d,
           now_steady + std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                            d - std::chrono::system_clock::now()),
           [this, lease_id, id] { OnTimeout(lease_id, id); });
+      if (timer != 0) ++timers_armed_;
       const bool silence_counts =
           d - std::chrono::system_clock::now() >= Client::kSilentEndpoint;
       pending_[stream.get()][lease_id].push_back(
@@ -103,7 +108,7 @@ void KeepAliveMux::OnResponse(Stream* s, const pb::LeaseKeepAliveResponse& resp)
       if (it->second.empty()) per_lease.erase(it);
       by_id_.erase(p.id);
       if (p.cb) {
-        client_->timers().Cancel(p.timer);
+        CancelTimerLocked(p);
         cb = std::move(p.cb);
       }
     }
@@ -134,7 +139,7 @@ void KeepAliveMux::OnFinished(Stream* s, const grpc::Status& status, size_t endp
         for (auto& p : q) {
           by_id_.erase(p.id);
           if (p.cb) {
-            client_->timers().Cancel(p.timer);
+            CancelTimerLocked(p);
             if (moved && std::chrono::system_clock::now() < p.deadline) {
               again.push_back(Again{lease, p.deadline, std::move(p.cb)});
             } else {
@@ -169,7 +174,10 @@ void KeepAliveMux::OnTimeout(int64_t lease_id, uint64_t id) {
   {
     absl::MutexLock l(&mu_);
     auto it = by_id_.find(id);
-    if (it == by_id_.end()) return;
+    if (it == by_id_.end()) {
+      --timers_armed_;  // answered or failed already; the last use of this mux
+      return;
+    }
     suspect = it->second;
     auto& q = pending_[suspect.get()][lease_id];
     for (auto& p : q) {
@@ -188,11 +196,16 @@ void KeepAliveMux::OnTimeout(int64_t lease_id, uint64_t id) {
   auto fail = [cb = std::move(cb)]() mutable {
     if (cb) cb(absl::DeadlineExceededError("etcd: no keepalive answer before the deadline"));
   };
-  // Is the member there at all? The answer comes after the check (etcd/client.h).
+  // Is the member there at all? The answer comes after the check (etcd/client.h),
+  // which the client waits for before it goes.
   if (silence_counts && client_->endpoint_count() > 1) {
-    return client_->CheckSilent(suspect->index(), std::move(fail));
+    client_->CheckSilent(suspect->index(), std::move(fail));
+  } else {
+    fail();
   }
-  fail();
+  suspect.reset();  // the stream's end may be what the destructor waits for
+  absl::MutexLock l(&mu_);
+  --timers_armed_;  // the last use of this mux: its destructor may go on now
 }
 
 }  // namespace holdfast::etcd

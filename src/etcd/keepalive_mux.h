@@ -10,7 +10,10 @@
 // the next request opens a new stream on the client's current endpoint. When the client moves for any reason
 // (MoveFrom), the requests still unanswered on the stream left behind are sent
 // again on the new one, each under its own deadline, so renewals carry on.
-// Callbacks run on the loop or timer thread, never under mu_.
+// Callbacks run on the loop or timer thread, never under mu_. The destructor waits
+// for a timeout that the timer thread has taken to finish (timers_armed_), so no
+// timer runs into a destroyed mux; the client's TimerQueue must not be stopped
+// while the mux lives (Client holds it).
 #pragma once
 
 #include <cstdint>
@@ -63,6 +66,16 @@ class KeepAliveMux {
   std::map<Stream*, bool> moved_ ABSL_GUARDED_BY(mu_);
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 1;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  // Deadline timers scheduled and not yet done with: each is either cancelled
+  // before it runs (by the answer or the stream's end) or runs OnTimeout, which
+  // gives it back as its last use of the mux.
+  int timers_armed_ ABSL_GUARDED_BY(mu_) = 0;
+  bool GoneLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    return live_streams_ == 0 && timers_armed_ == 0;
+  }
+  // Cancels a pending request's timer; a timer cancelled before it ran is given
+  // back here, one already taken gives itself back at the end of OnTimeout.
+  void CancelTimerLocked(const Pending& p) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 };
 
 }  // namespace holdfast::etcd
