@@ -14,8 +14,10 @@
 // its etcd clients on one), or one the client starts for itself. Never destroy a
 // Client from one of its own callbacks.
 //
-// Fail-over: calls go to the current endpoint; an UNAVAILABLE answer moves the
-// client to the next endpoint for later calls. Reads (Range, Status, TimeToLive)
+// Fail-over: calls go to the current endpoint; an UNAVAILABLE answer about the
+// member itself (EndpointUnavailable: not one etcd gives about its whole cluster,
+// such as "leader changed") moves the client to the next endpoint for later
+// calls. Reads (Range, Status, TimeToLive)
 // are retried once on the next endpoint; writes are not, because an UNAVAILABLE or
 // DEADLINE_EXCEEDED write has an unknown outcome and its caller converges by
 // re-reading (STYLE habit 5). A read or a lease renewal that gets no answer before

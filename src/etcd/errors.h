@@ -29,9 +29,15 @@ inline bool WriteOutcomeUnknown(const absl::Status& s) {
          s.code() == absl::StatusCode::kCancelled || s.code() == absl::StatusCode::kUnknown;
 }
 
-// True for answers that mean "this endpoint cannot serve now".
-inline bool EndpointUnavailable(const absl::Status& s) {
-  return s.code() == absl::StatusCode::kUnavailable;
-}
+// True for answers that mean "this endpoint cannot serve now", after which the
+// client moves to another member: UNAVAILABLE from the transport (refused, reset,
+// no answer) and from a member about itself ("no leader", "server stopped",
+// "request timed out, possibly due to connection lost" to its leader, "rpc not
+// supported for learner"). False for the UNAVAILABLE etcd answers about its whole
+// cluster, which every member gives alike ("leader changed" during an election,
+// "request timed out" and "... due to previous leader failure", "unhealthy
+// cluster", "not capable"): moving would only break the streams and open them
+// again elsewhere, in the middle of an election.
+bool EndpointUnavailable(const absl::Status& s);
 
 }  // namespace holdfast::etcd
