@@ -13,6 +13,15 @@
 // already running (or about to start) may still finish after Cancel() returns, so
 // owners guard their own state.
 // No callback runs after the hub is destroyed.
+//
+// A watcher's resume revision advances only with the events it is given. A quiet
+// watcher re-created after a break or a move can therefore be refused as
+// compacted although it missed nothing; its owner then reads again, as for any
+// compaction. The hub does not ask etcd for progress (WatchProgressRequest) to
+// advance it: etcd 3.4.23 answers such a request from the store's revision, on a
+// channel not ordered with the events still being sent (etcd issue 15220, fixed
+// in 3.4.24 and 3.5.8), so the answer can name a revision whose events for some
+// watcher are yet to come, and resuming after it would skip them.
 #pragma once
 
 #include <cstdint>
