@@ -515,6 +515,15 @@ TEST_F(EtcdClientTest, AMemberWithoutALeaderIsNoPlaceToStay) {
   const absl::Status unserved = renew(seconds(2));
   EXPECT_FALSE(unserved.ok());
   EXPECT_EQ(c->PickEndpoint().second, 1u) << unserved;
+  // A linearizable read (holdfastd's health probe of each cluster) finds such a
+  // member too: it cannot serve the read, so no answer comes, and Status says why.
+  auto reader = Connect({members[0]->endpoint(), etcd_->endpoint()});
+  ASSERT_NE(reader, nullptr);
+  pb::RangeRequest probe;
+  probe.set_key("/t/probe");
+  auto unread = reader->RangeSync(probe, DeadlineIn(seconds(1)));
+  EXPECT_FALSE(unread.ok());
+  EXPECT_EQ(reader->PickEndpoint().second, 1u) << unread.status();
   members[1]->process()->Signal(SIGCONT);
   members[2]->process()->Signal(SIGCONT);
 }
