@@ -170,6 +170,18 @@ void Client::Unary(const char* method, PrepareFn prepare, Req req, Deadline d, C
                retry_unavailable && endpoints_.size() > 1 &&
                std::chrono::system_clock::now() < d) {
       Unary<Req, Resp>(method, prepare, std::move(req), d, std::move(cb), false);
+    } else if (ClusterWideUnavailable(st) && endpoints_.size() > 1) {
+      // Every member says this during an election, and a member may say it of
+      // itself: the Status check moves the client only in the second case. A
+      // read is then asked once more, wherever the client is, within its deadline.
+      CheckSilent(index, [this, method, prepare, req = std::move(req), d, cb = std::move(cb),
+                          st, retry_unavailable]() mutable {
+        if (retry_unavailable && std::chrono::system_clock::now() < d) {
+          Unary<Req, Resp>(method, prepare, std::move(req), d, std::move(cb), false);
+        } else {
+          cb(st);
+        }
+      });
     } else {
       cb(st);
     }

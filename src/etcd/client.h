@@ -15,9 +15,11 @@
 // Client from one of its own callbacks.
 //
 // Fail-over: calls go to the current endpoint; an UNAVAILABLE answer about the
-// member itself (EndpointUnavailable: not one etcd gives about its whole cluster,
-// such as "leader changed") moves the client to the next endpoint for later
-// calls. Reads (Range, Status, TimeToLive)
+// member itself (EndpointUnavailable) moves the client to the next endpoint for
+// later calls. One etcd gives about its whole cluster, such as "leader changed"
+// (ClusterWideUnavailable), moves it only if the member's Status then shows no
+// leader or gets no answer (CheckSilent, below); a read is asked once more after
+// that check. Reads (Range, Status, TimeToLive)
 // are retried once on the next endpoint; writes are not, because an UNAVAILABLE or
 // DEADLINE_EXCEEDED write has an unknown outcome and its caller converges by
 // re-reading (STYLE habit 5). A read or a lease renewal that gets no answer before

@@ -12,20 +12,20 @@ absl::Status FromEtcd(const grpc::Status& s) {
   return absl::Status(static_cast<absl::StatusCode>(s.error_code()), "etcd: " + msg);
 }
 
-bool EndpointUnavailable(const absl::Status& s) {
+bool ClusterWideUnavailable(const absl::Status& s) {
   if (s.code() != absl::StatusCode::kUnavailable) return false;
   // etcd's own answers, as FromEtcd words them (rpctypes/error.go in etcd 3.4).
   static constexpr std::string_view kClusterWide[] = {
       "etcd: leader changed",
-      "etcd: request timed out",
       "etcd: request timed out, possibly due to previous leader failure",
       "etcd: unhealthy cluster",
       "etcd: not capable",
   };
+  const std::string_view message(s.message().data(), s.message().size());
   for (std::string_view m : kClusterWide) {
-    if (std::string_view(s.message().data(), s.message().size()) == m) return false;
+    if (message == m) return true;
   }
-  return true;
+  return false;
 }
 
 }  // namespace holdfast::etcd

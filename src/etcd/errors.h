@@ -29,15 +29,25 @@ inline bool WriteOutcomeUnknown(const absl::Status& s) {
          s.code() == absl::StatusCode::kCancelled || s.code() == absl::StatusCode::kUnknown;
 }
 
+// True for the UNAVAILABLE answers etcd gives while its cluster elects a leader
+// or refuses a change, which every member would give alike: "leader changed",
+// "request timed out, possibly due to previous leader failure", "unhealthy
+// cluster", "not capable". The client does not move on them blindly (that would
+// only break its streams and open them elsewhere in the middle of an election):
+// it asks that member for its Status and moves only if it has no leader or does
+// not answer (Client::CheckSilent). A member can also say "leader changed" of
+// itself (its link to the leader came back), which the check tells apart. Plain
+// "request timed out" is not among them: a member without a leader answers a
+// write with it.
+bool ClusterWideUnavailable(const absl::Status& s);
+
 // True for answers that mean "this endpoint cannot serve now", after which the
-// client moves to another member: UNAVAILABLE from the transport (refused, reset,
-// no answer) and from a member about itself ("no leader", "server stopped",
-// "request timed out, possibly due to connection lost" to its leader, "rpc not
-// supported for learner"). False for the UNAVAILABLE etcd answers about its whole
-// cluster, which every member gives alike ("leader changed" during an election,
-// "request timed out" and "... due to previous leader failure", "unhealthy
-// cluster", "not capable"): moving would only break the streams and open them
-// again elsewhere, in the middle of an election.
-bool EndpointUnavailable(const absl::Status& s);
+// client moves to another member at once: every UNAVAILABLE but the cluster-wide
+// ones above (the transport's refusals and resets; a member's "no leader",
+// "server stopped", "request timed out", "... due to connection lost", "rpc not
+// supported for learner").
+inline bool EndpointUnavailable(const absl::Status& s) {
+  return s.code() == absl::StatusCode::kUnavailable && !ClusterWideUnavailable(s);
+}
 
 }  // namespace holdfast::etcd

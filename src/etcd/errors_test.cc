@@ -32,26 +32,34 @@ TEST(EtcdErrorsTest, TransportFailuresLeaveAWritesOutcomeOpen) {
   }
 }
 
-// A member that cannot serve sends the client elsewhere; an answer about the
-// whole cluster, which every member would give, does not (moving in the middle
-// of an election would only break the watch and keepalive streams).
-TEST(EtcdErrorsTest, OnlyAMembersOwnUnavailabilityMovesTheClient) {
+// A member that cannot serve sends the client elsewhere; an answer etcd gives
+// about its whole cluster, which every member would give, is first checked
+// against the member's Status (moving in the middle of an election would only
+// break the watch and keepalive streams).
+TEST(EtcdErrorsTest, OnlyAMembersOwnUnavailabilityMovesTheClientAtOnce) {
   auto from = [](const char* msg) {
     return FromEtcd(grpc::Status(grpc::StatusCode::UNAVAILABLE, msg));
   };
   for (const char* msg : {"etcdserver: no leader", "etcdserver: server stopped",
+                          "etcdserver: request timed out",
                           "etcdserver: request timed out, possibly due to connection lost",
                           "etcdserver: rpc not supported for learner",
                           "failed to connect to all addresses", "Socket closed"}) {
     EXPECT_TRUE(EndpointUnavailable(from(msg))) << msg;
+    EXPECT_FALSE(ClusterWideUnavailable(from(msg))) << msg;
   }
-  for (const char* msg : {"etcdserver: leader changed", "etcdserver: request timed out",
+  for (const char* msg : {"etcdserver: leader changed",
                           "etcdserver: request timed out, possibly due to previous leader failure",
                           "etcdserver: unhealthy cluster", "etcdserver: not capable"}) {
     EXPECT_FALSE(EndpointUnavailable(from(msg))) << msg;
-    EXPECT_TRUE(OutcomeUnknown(from(msg))) << msg;  // still asked again by its caller
+    EXPECT_TRUE(ClusterWideUnavailable(from(msg))) << msg;
+    EXPECT_TRUE(OutcomeUnknown(from(msg))) << msg;  // a write's outcome is still open
   }
-  EXPECT_FALSE(EndpointUnavailable(absl::DeadlineExceededError("etcd: Deadline Exceeded")));
+  for (auto s : {absl::DeadlineExceededError("etcd: Deadline Exceeded"),
+                 absl::FailedPreconditionError("etcd: leader changed")}) {
+    EXPECT_FALSE(EndpointUnavailable(s)) << s;
+    EXPECT_FALSE(ClusterWideUnavailable(s)) << s;
+  }
 }
 
 }  // namespace
