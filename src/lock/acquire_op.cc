@@ -907,14 +907,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     // Each dead waiter ahead as read: one a retried acquire took over in place
     // with a later deadline since is alive, and ahead (the compare failing sends
     // the call to decide again on the else branch's read).
-    for (const WaiterEntry* dead : d.dead_ahead) {
-      AddCompare(&txn, keyspace::WaitKey(ns, key, dead->lease), pb::Compare::MOD,
-                 pb::Compare::EQUAL)
-          ->set_mod_revision(dead->mod_revision);
-      txn.add_success()->mutable_request_delete_range()->set_key(
-          keyspace::WaitKey(ns, key, dead->lease));
-      DeleteClaimOfDeadWaiter(snap, ns, key, dead->lease, &txn);
-    }
+    for (const WaiterEntry* dead : d.dead_ahead) RemoveDeadWaiter(snap, ns, key, *dead, &txn);
     records::HoldRecord rec = NewHold(cls, snap.epoch->record);
     auto* put = txn.add_success()->mutable_request_put();
     put->set_key(keyspace::HoldKey(ns, key, lease));

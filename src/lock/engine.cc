@@ -785,12 +785,7 @@ Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::s
     // waiter over in place with a later deadline since (then it is not dead, and
     // the compare failing sends the release to a re-read).
     for (const WaiterEntry* dead : plan.dead) {
-      AddCompare(txn, keyspace::WaitKey(ns, key, dead->lease), pb::Compare::MOD,
-                 pb::Compare::EQUAL)
-          ->set_mod_revision(dead->mod_revision);
-      txn->add_success()->mutable_request_delete_range()->set_key(
-          keyspace::WaitKey(ns, key, dead->lease));
-      DeleteClaimOfDeadWaiter(snap, ns, key, dead->lease, txn);
+      RemoveDeadWaiter(snap, ns, key, *dead, txn);
       out.gone.push_back(dead->lease);
     }
     // Guarded: a waiter the session put after the read, once it no longer held

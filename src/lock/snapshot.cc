@@ -33,6 +33,16 @@ void DeleteClaimOfDeadWaiter(const KeySnapshot& snap, const std::string& ns,
       keyspace::ClaimKey(ns, lock_key, lease));
 }
 
+void RemoveDeadWaiter(const KeySnapshot& snap, const std::string& ns,
+                      const std::string& lock_key, const WaiterEntry& dead,
+                      etcdserverpb::TxnRequest* txn) {
+  const std::string wait_key = keyspace::WaitKey(ns, lock_key, dead.lease);
+  AddCompare(txn, wait_key, etcdserverpb::Compare::MOD, etcdserverpb::Compare::EQUAL)
+      ->set_mod_revision(dead.mod_revision);
+  txn->add_success()->mutable_request_delete_range()->set_key(wait_key);
+  DeleteClaimOfDeadWaiter(snap, ns, lock_key, dead.lease, txn);
+}
+
 void AddSnapshotReads(const std::string& ns, int64_t session, const std::string& lock_key,
                       google::protobuf::RepeatedPtrField<pb::RequestOp>* ops) {
   AddRange(ops, keyspace::NamespaceKey(ns));                                    // 0

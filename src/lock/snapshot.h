@@ -67,6 +67,14 @@ void DeleteClaimOfDeadWaiter(const KeySnapshot& snap, const std::string& ns,
                              const std::string& lock_key, int64_t lease,
                              etcdserverpb::TxnRequest* txn);
 
+// Adds to `txn` the removal of `dead`, a dead waiter of `lock_key` in `snap`:
+// its wait key, guarded by its record as read (a retried acquire that took it
+// over in place since, with a later deadline, is alive: the compare fails), and
+// its claim (DeleteClaimOfDeadWaiter).
+void RemoveDeadWaiter(const KeySnapshot& snap, const std::string& ns,
+                      const std::string& lock_key, const WaiterEntry& dead,
+                      etcdserverpb::TxnRequest* txn);
+
 // Appends the snapshot's range requests to a txn branch (success or failure).
 void AddSnapshotReads(const std::string& ns, int64_t session, const std::string& lock_key,
                       google::protobuf::RepeatedPtrField<etcdserverpb::RequestOp>* ops);
