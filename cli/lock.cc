@@ -6,7 +6,8 @@
 // and exits with CMD's code (127 or 126 when CMD cannot be run). If the hold is
 // lost while CMD runs, CMD's group gets SIGTERM, then SIGKILL after --grace, and
 // holdfast exits 74. SIGINT, SIGTERM, SIGHUP and SIGQUIT received by holdfast are
-// forwarded to CMD's group. If holdfast dies (SIGKILL), the kernel kills CMD.
+// forwarded to CMD's group. If holdfast dies (SIGKILL), CMD's group is killed
+// (the kernel kills CMD, and a guard in its group the rest).
 // SIGTSTP (Ctrl-Z) stops CMD's group, then holdfast (Stop): nothing runs on
 // under a lock nobody renews; when holdfast is continued, CMD's group is
 // continued too, after a SIGTERM if the session's deadline passed meanwhile.
@@ -348,8 +349,10 @@ absl::StatusOr<std::unique_ptr<dev::Subprocess>> StartCommand(const LockRequest&
   options.new_process_group = true;
   options.kill_on_destroy = true;
   // If holdfast dies without stopping CMD (SIGKILL, a crash), CMD must not run
-  // on without the lock, which its session's TTL soon hands to someone else.
+  // on without the lock, which its session's TTL soon hands to someone else;
+  // nor may what CMD started in its group (`sh -c 'migrate; reindex'`).
   options.kill_with_parent = true;
+  options.kill_group_with_parent = true;
   return dev::Subprocess::Spawn(std::move(options));
 }
 

@@ -791,6 +791,24 @@ TEST_F(CliTest, ACommandDoesNotOutliveAKilledHoldfast) {
   KillLeftover(command_pid);
 }
 
+// Nor does what the command started in its group: a guard holdfast put there
+// kills the group when holdfast dies.
+TEST_F(CliTest, WhatTheCommandStartedDoesNotOutliveAKilledHoldfast) {
+  const std::string pid_file = Path("sigkill-grandchild-pid");
+  auto p = CliProcess::Start(cluster_->dir(), cluster_->endpoint(),
+                             {"lock", "--ttl", "2s", "default/cli/sigkill-group", "--", "sh",
+                              "-c", "sleep 60 & echo $! > '" + pid_file + "'; wait"});
+  ASSERT_NE(p, nullptr);
+  const pid_t worker = CommandPid(pid_file);
+  ASSERT_GT(worker, 0) << "the command never wrote its worker's pid to " << pid_file;
+  p->Signal(SIGKILL);
+  CliResult r = p->Finish(seconds(30));
+  EXPECT_EQ(r.exit_code, 128 + SIGKILL);
+  EXPECT_TRUE(WaitFor([&] { return Ended(worker); }, seconds(5)))
+      << "pid " << worker << ", started by the command, outlived holdfast";
+  if (!Ended(worker)) ::kill(worker, SIGKILL);
+}
+
 // Ctrl-Z (SIGTSTP) stops the command and then holdfast, as a shell's job control
 // expects: nothing runs on under a lock nobody renews. Continued soon, both run
 // on with the lock; continued past the session's deadline, the command gets its

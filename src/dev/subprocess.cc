@@ -5,6 +5,7 @@
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -53,6 +54,75 @@ absl::Status ExecError(const std::string& program, int child_errno) {
   std::string message = absl::StrCat("cannot run ", program, ": ", std::strerror(child_errno));
   if (child_errno == ENOENT) return absl::NotFoundError(message);
   return absl::FailedPreconditionError(message);
+}
+// The signal the kernel sends a group's guard when the thread that forked it
+// ends. Anyone may send it too; the guard acts only on the one its parent's
+// end sends.
+constexpr int kGuardSignal = SIGUSR1;
+
+// Closes every file descriptor: a guard must not keep this process's sockets,
+// pipes or terminal open. Async-signal-safe.
+void CloseAllDescriptors() {
+  if (::close_range(0, ~0U, 0) == 0) return;
+  struct rlimit limit {};
+  const rlim_t n = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 ? limit.rlim_cur : 1024;
+  for (rlim_t fd = 0; fd < n && fd < (1u << 20); ++fd) ::close(static_cast<int>(fd));
+}
+
+// Forks the guard of process group `group` (SpawnOptions::kill_group_with_parent)
+// and returns its pid once it is in the group with its parent-death signal
+// set; -1 when it could not be started or could not join (the group's leader
+// left it, or is gone). Between fork and _exit the guard makes only
+// async-signal-safe calls, as Spawn's child does before exec.
+pid_t StartGroupGuard(pid_t group) {
+  const pid_t parent = ::getpid();
+  int ready[2];
+  if (::pipe2(ready, O_CLOEXEC) != 0) return -1;
+  const pid_t guard = ::fork();
+  if (guard < 0) {
+    ::close(ready[0]);
+    ::close(ready[1]);
+    return -1;
+  }
+  if (guard == 0) {
+    sigset_t all;
+    sigfillset(&all);
+    ::sigprocmask(SIG_SETMASK, &all, nullptr);
+    if (::setpgid(0, group) != 0) ::_exit(1);
+    ::prctl(PR_SET_PDEATHSIG, kGuardSignal);
+    // A parent gone before the prctl sends nothing: do now what the signal asks.
+    if (::getppid() != parent) ::kill(0, SIGKILL);
+    const char ok = 1;
+    (void)!::write(ready[1], &ok, 1);
+    CloseAllDescriptors();
+    sigset_t wake;
+    sigemptyset(&wake);
+    sigaddset(&wake, kGuardSignal);
+    for (;;) {
+      // The kernel sends it as if from the parent (SI_USER, the parent's pid),
+      // which never sends it otherwise; a parent that ended with its process
+      // also shows in getppid().
+      siginfo_t info{};
+      if (::sigwaitinfo(&wake, &info) != kGuardSignal) continue;
+      if ((info.si_code == SI_USER && info.si_pid == parent) || ::getppid() != parent) {
+        ::kill(0, SIGKILL);  // the group, the guard with it
+        ::_exit(1);
+      }
+    }
+  }
+  ::close(ready[1]);
+  char ok = 0;
+  ssize_t n;
+  do {
+    n = ::read(ready[0], &ok, 1);
+  } while (n < 0 && errno == EINTR);
+  ::close(ready[0]);
+  if (n != 1) {
+    while (::waitpid(guard, nullptr, 0) < 0 && errno == EINTR) {
+    }
+    return -1;
+  }
+  return guard;
 }
 }  // namespace
 
@@ -125,7 +195,11 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SpawnOptions optio
     ::waitpid(pid, nullptr, 0);
     return ExecError(options.argv[0], child_errno);
   }
-  return std::unique_ptr<Subprocess>(new Subprocess(pid, std::move(options)));
+  const bool guarded =
+      options.kill_group_with_parent && options.new_process_group && options.kill_with_parent;
+  std::unique_ptr<Subprocess> child(new Subprocess(pid, std::move(options)));
+  if (guarded) child->guard_pid_ = StartGroupGuard(pid);
+  return child;
 }
 
 Subprocess::~Subprocess() {
@@ -133,6 +207,21 @@ Subprocess::~Subprocess() {
     Signal(SIGKILL);
     Wait();
   }
+  EndGuard();
+}
+
+void Subprocess::Reaped(int status) {
+  exit_status_ = DecodeWaitStatus(status);
+  if (WIFSIGNALED(status)) killed_by_ = WTERMSIG(status);
+  EndGuard();
+}
+
+void Subprocess::EndGuard() {
+  if (guard_pid_ < 0) return;
+  ::kill(guard_pid_, SIGKILL);
+  while (::waitpid(guard_pid_, nullptr, 0) < 0 && errno == EINTR) {
+  }
+  guard_pid_ = -1;
 }
 
 bool Subprocess::Running() {
@@ -140,8 +229,7 @@ bool Subprocess::Running() {
   int status;
   pid_t r = ::waitpid(pid_, &status, WNOHANG);
   if (r == pid_) {
-    exit_status_ = DecodeWaitStatus(status);
-    if (WIFSIGNALED(status)) killed_by_ = WTERMSIG(status);
+    Reaped(status);
     return false;
   }
   return r == 0;
@@ -153,8 +241,7 @@ std::optional<int> Subprocess::Wait(std::optional<std::chrono::milliseconds> tim
     int status;
     while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
     }
-    exit_status_ = DecodeWaitStatus(status);
-    if (WIFSIGNALED(status)) killed_by_ = WTERMSIG(status);
+    Reaped(status);
     return exit_status_;
   }
   auto until = std::chrono::steady_clock::now() + *timeout;
@@ -213,12 +300,16 @@ std::optional<ProcState> ReadProcStateFrom(const std::string& proc, pid_t pid) {
 
 std::optional<ProcState> ReadProcState(pid_t pid) { return ReadProcStateFrom("/proc", pid); }
 
-bool GroupHasOtherLiveMember(pid_t pgrp, pid_t except, const std::string& proc) {
+bool GroupHasOtherLiveMember(pid_t pgrp, pid_t except, const std::string& proc,
+                             pid_t except_too) {
   std::error_code ec;
   std::filesystem::directory_iterator it(proc, ec);
   for (; !ec && it != std::filesystem::directory_iterator(); it.increment(ec)) {
     pid_t pid = 0;
-    if (!absl::SimpleAtoi(it->path().filename().string(), &pid) || pid == except) continue;
+    if (!absl::SimpleAtoi(it->path().filename().string(), &pid) || pid == except ||
+        pid == except_too) {
+      continue;
+    }
     auto p = ReadProcStateFrom(proc, pid);  // nullopt: gone meanwhile
     if (p && p->pgrp == pgrp && p->state != 'Z' && p->state != 'X') return true;
   }
@@ -240,7 +331,7 @@ bool GroupOrphaned(pid_t pgrp, pid_t session, const std::string& proc) {
 }
 
 bool Subprocess::GroupAlive() const {
-  return options_.new_process_group && GroupHasOtherLiveMember(pid_, pid_);
+  return options_.new_process_group && GroupHasOtherLiveMember(pid_, pid_, "/proc", guard_pid_);
 }
 
 void Subprocess::SignalGroup(int sig) {

@@ -40,6 +40,22 @@ struct SpawnOptions {
   // child execs a set-user-ID or set-group-ID program (sudo) or one with file
   // capabilities.
   bool kill_with_parent = false;
+  // With new_process_group and kill_with_parent: every process of the child's
+  // group is killed when the spawning thread ends, not only the child (`sh -c
+  // 'prepare; worker'`: the worker too). A guard process joins the group: a fork
+  // of this process that runs no program, holds no file descriptor and waits
+  // with every signal blocked, so what is sent to the group (a forwarded
+  // SIGTERM, Ctrl-C) leaves it be; SIGSTOP stops it and SIGCONT continues it
+  // with the group, SIGKILL ends it. Told by the kernel that its parent thread
+  // ended (PR_SET_PDEATHSIG; the same signal from another process is ignored:
+  // this process never sends it), it sends SIGKILL to its group, itself
+  // included. Being in the group, it keeps the group's id taken: the kill cannot
+  // reach a group that took the id later. GroupAlive() does not count it. It
+  // ends when the child is reaped (Running(), Wait()) or this object is
+  // destroyed: what the child leaves running after that is not covered, nor is a
+  // process that leaves the group (setsid, setpgid), nor the group when the
+  // child left it before the guard could join (Spawn then goes on without one).
+  bool kill_group_with_parent = false;
 };
 
 class Subprocess {
@@ -72,7 +88,8 @@ class Subprocess {
   // Sends `sig` to the child's process group (or the child alone).
   void Signal(int sig);
   // With a process group of its own: whether a live process of the group other
-  // than the child is left (zombies do not count), and sending `sig` to the group.
+  // than the child (and its guard) is left (zombies do not count), and sending
+  // `sig` to the group.
   // Meant for after Exited() and before the child is reaped: the unreaped child
   // keeps the group's id taken, so `sig` cannot reach a group that took the id
   // after the last of this one had gone. (Linux: reads /proc.) False and no-ops
@@ -85,7 +102,12 @@ class Subprocess {
  private:
   explicit Subprocess(pid_t pid, SpawnOptions options)
       : pid_(pid), options_(std::move(options)) {}
+  // Takes the child's exit status from waitpid(), and ends the guard.
+  void Reaped(int status);
+  // Kills and reaps the guard, if there is one.
+  void EndGuard();
   pid_t pid_;
+  pid_t guard_pid_ = -1;  // kill_group_with_parent's guard, -1: none
   SpawnOptions options_;
   std::optional<int> exit_status_;
   int killed_by_ = 0;
@@ -103,12 +125,14 @@ struct ProcState {
 };
 std::optional<ProcState> ReadProcState(pid_t pid);
 
-// Whether a live process (zombies do not count) other than `except` is in
+// Whether a live process (zombies do not count) other than `except` and
+// `except_too` is in
 // process group `pgrp` (Linux: reads `proc`, /proc but in tests; a process
 // starting meanwhile may be missed). True when `proc` cannot be listed: a member
 // may be there, and both callers are safe when told so (holdfast lock keeps its
 // terminal; a group thought alive gets SIGKILL at the end of its grace).
-bool GroupHasOtherLiveMember(pid_t pgrp, pid_t except, const std::string& proc = "/proc");
+bool GroupHasOtherLiveMember(pid_t pgrp, pid_t except, const std::string& proc = "/proc",
+                             pid_t except_too = -1);
 
 // Whether process group `pgrp` of `session` is orphaned (POSIX): no live member
 // has a parent in the same session and another group, so no job-control shell

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <future>
 #include <memory>
 #include <string>
 #include <thread>
@@ -191,6 +192,91 @@ TEST(SubprocessTest, KillWithParentKillsTheChildWhenTheSpawningThreadEnds) {
   }).join();
   ASSERT_NE(child, nullptr);
   EXPECT_EQ(child->Wait(milliseconds(10'000)), 128 + SIGKILL);
+}
+
+// The pid a shell wrote to `file`, once it has (0 if it never did).
+pid_t PidFrom(const std::string& file) {
+  pid_t pid = 0;
+  WaitUntil(
+      [&] {
+        std::ifstream in(file);
+        return static_cast<bool>(in >> pid) && pid > 0;
+      },
+      milliseconds(10'000));
+  return pid;
+}
+
+// kill_with_parent alone covers the child, not what it starts: the sleep here
+// would run on. The group's guard kills it too, and is left be by the signals
+// another process sends the group meanwhile (the shell and its sleep ignore
+// them), its own parent-death signal among them.
+TEST(SubprocessTest, KillGroupWithParentKillsTheWholeGroupWhenTheSpawningThreadEnds) {
+  auto dir = MakeTempDir("hf-guard");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const std::string pid_file = *dir + "/sleep-pid";
+  std::unique_ptr<Subprocess> child;
+  std::promise<void> end_thread;
+  std::promise<void> spawned;
+  std::thread spawner([&] {
+    SpawnOptions o;
+    o.argv = {"sh", "-c",
+              "trap '' INT TERM HUP USR1; sleep 30 & echo $! > '" + pid_file + "'; wait"};
+    o.kill_with_parent = true;
+    o.kill_group_with_parent = true;
+    auto p = Subprocess::Spawn(o);
+    if (p.ok()) child = *std::move(p);
+    spawned.set_value();
+    end_thread.get_future().wait();
+  });
+  spawned.get_future().wait();
+  if (child == nullptr) end_thread.set_value();
+  ASSERT_NE(child, nullptr);
+  const pid_t sleep_pid = PidFrom(pid_file);
+  ASSERT_GT(sleep_pid, 0) << "the shell never wrote its sleep's pid";
+  const pid_t group = child->pid();
+  EXPECT_TRUE(GroupHasOtherLiveMember(group, group, "/proc", sleep_pid))
+      << "no guard joined the group";
+  // From another process: this one is the guard's parent, whose SIGUSR1 would
+  // be taken for its end.
+  const std::string send = "for s in INT TERM HUP USR1; do kill -s $s -- -" +
+                           std::to_string(group) + "; done";
+  ASSERT_EQ(std::system(send.c_str()), 0) << send;
+  ::usleep(100'000);
+  EXPECT_TRUE(child->GroupAlive()) << "the sleep ignores the signals";
+  EXPECT_TRUE(GroupHasOtherLiveMember(group, group, "/proc", sleep_pid))
+      << "the guard did not outlive the group's signals";
+
+  end_thread.set_value();
+  spawner.join();
+  EXPECT_EQ(child->Wait(milliseconds(10'000)), 128 + SIGKILL);
+  EXPECT_TRUE(WaitUntil(
+      [&] {
+        const char state = StateOf(sleep_pid);
+        return state == 0 || state == 'Z';
+      },
+      milliseconds(10'000)))
+      << "the shell's sleep outlived the spawning thread";
+  const char state = StateOf(sleep_pid);
+  if (state != 0 && state != 'Z') ::kill(sleep_pid, SIGKILL);
+  std::filesystem::remove_all(*dir);
+}
+
+// The guard is no member GroupAlive() waits for, and it ends when the child is
+// reaped: the group is then empty.
+TEST(SubprocessTest, TheGroupsGuardEndsWhenTheChildIsReaped) {
+  SpawnOptions o;
+  o.argv = {"sh", "-c", "exit 3"};
+  o.kill_with_parent = true;
+  o.kill_group_with_parent = true;
+  auto p = Subprocess::Spawn(o);
+  ASSERT_TRUE(p.ok()) << p.status();
+  Subprocess& child = **p;
+  const pid_t group = child.pid();
+  ASSERT_TRUE(WaitUntil([&] { return child.Exited(); }, milliseconds(10'000)));
+  EXPECT_TRUE(GroupHasOtherLiveMember(group, group)) << "no guard in the group";
+  EXPECT_FALSE(child.GroupAlive()) << "the guard was counted";
+  EXPECT_EQ(child.Wait(), 3);
+  EXPECT_FALSE(GroupHasOtherLiveMember(group, -1)) << "the guard outlived the reaped child";
 }
 
 }  // namespace
