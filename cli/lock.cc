@@ -579,6 +579,11 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
     ReleaseAndClose(*hold, **session, *request);
     return code;
   }
+  if (!(*child)->guarded()) {
+    PrintMessage(
+        "warning: no guard could be put in the command's process group; if holdfast is "
+        "killed, processes the command started may outlive it");
+  }
   // Lent to CMD at once: it may read the terminal from its first instruction (a
   // read before this is stopped, SIGTTIN, and continued here).
   std::unique_ptr<JobTerminal> terminal = JobTerminal::IfOwnJob();

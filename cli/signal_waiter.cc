@@ -18,7 +18,10 @@ absl::StatusOr<std::unique_ptr<SignalWaiter>> SignalWaiter::Create(
     const std::vector<int>& signals) {
   sigset_t set;
   sigemptyset(&set);
-  for (int s : signals) sigaddset(&set, s);
+  for (int s : signals) {
+    sigaddset(&set, s);
+    if (s == SIGCHLD) ::signal(SIGCHLD, SIG_DFL);
+  }
   if (int e = pthread_sigmask(SIG_BLOCK, &set, nullptr); e != 0) {
     return absl::InternalError(absl::StrCat("pthread_sigmask: ", std::strerror(e)));
   }

@@ -6,7 +6,9 @@
 // Client::Connect): it blocks the signals in the calling thread, so every thread
 // started later inherits the mask and the signals are seen only through Wait().
 // The signals stay blocked for the rest of the process. Children started with
-// dev::Subprocess reset their signal mask.
+// dev::Subprocess reset their signal mask. Waiting for SIGCHLD, it sets that
+// signal's action to the default: ignored (SIG_IGN) as a launcher may leave it,
+// the kernel would reap the children before their exit could be seen.
 //
 // Thread-safety: Wait() is called by one thread (the owner); Wake() may be
 // called from any thread at any time while the object lives.

@@ -215,6 +215,26 @@ TEST_F(CliTest, LockRunsCommandWithTokenAndExitsWithItsCode) {
   EXPECT_EQ(d->holders_size(), 0);
 }
 
+// Started with SIGCHLD ignored (a launcher may leave it so, and exec keeps it),
+// holdfast would have its children reaped by the kernel and never hear of
+// them: it waited on with the lock after the command had exited.
+TEST_F(CliTest, ACommandsExitIsSeenWhenHoldfastIsStartedWithSigchldIgnored) {
+  dev::SpawnOptions so;
+  so.argv = {"perl", "-e", "$SIG{CHLD} = 'IGNORE'; exec @ARGV or die \"exec: $!\"",
+             BinDir() + "/holdfast", "--endpoint", cluster_->endpoint(), "lock",
+             "default/cli/sigchld-ignored", "--", "sh", "-c", "exit 7"};
+  so.env = {{"HOLDFAST_DEV_DIR", cluster_->dir() + "/no-dev-dir"}};
+  so.log_file = Path("sigchld-ignored.log");
+  auto p = dev::Subprocess::Spawn(std::move(so));
+  ASSERT_TRUE(p.ok()) << p.status();
+  auto code = (*p)->Wait(kCliTimeout);
+  if (!code) (*p)->Stop(seconds(1));
+  EXPECT_EQ(code, 7) << ReadFile(Path("sigchld-ignored.log"));
+  auto d = client_->Describe("default", "cli/sigchld-ignored");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0) << "not released";
+}
+
 TEST_F(CliTest, LockHeldElsewhereExits75WithoutRunningTheCommand) {
   auto session = client_->OpenSession("default");
   ASSERT_TRUE(session.ok()) << session.status();

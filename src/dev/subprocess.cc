@@ -3,6 +3,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
@@ -55,27 +56,49 @@ absl::Status ExecError(const std::string& program, int child_errno) {
   if (child_errno == ENOENT) return absl::NotFoundError(message);
   return absl::FailedPreconditionError(message);
 }
-// The signal the kernel sends a group's guard when the thread that forked it
-// ends. Anyone may send it too; the guard acts only on the one its parent's
-// end sends.
+// The signal the kernel sends a group's guard when its parent thread ends (the
+// thread that forked it, then any thread of the process it passes to). Anyone
+// may send it too: the guard only wakes on it, and then looks.
 constexpr int kGuardSignal = SIGUSR1;
 
-// Closes every file descriptor: a guard must not keep this process's sockets,
-// pipes or terminal open. Async-signal-safe.
-void CloseAllDescriptors() {
-  if (::close_range(0, ~0U, 0) == 0) return;
+// How long a guard woken by its signal looks for its parent thread's end: a
+// thread that is ending can still be found for a moment after the signal.
+constexpr int kGuardLooks = 100;
+constexpr long kGuardLookEveryNs = 10'000'000;  // 10 ms
+
+// How long Spawn waits for a guard to be in place before it goes on without.
+constexpr int kGuardReadyMs = 10'000;
+
+// Closes every file descriptor but `keep` (-1: none): a guard must not keep this
+// process's sockets, pipes or terminal open. Async-signal-safe.
+void CloseDescriptorsBut(int keep) {
+  const unsigned below = keep < 0 ? ~0U : static_cast<unsigned>(keep);
+  bool closed = below == 0 || ::close_range(0, below - 1, 0) == 0;
+  if (keep >= 0) closed = ::close_range(below + 1, ~0U, 0) == 0 && closed;
+  if (closed) return;
   struct rlimit limit {};
   const rlim_t n = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 ? limit.rlim_cur : 1024;
-  for (rlim_t fd = 0; fd < n && fd < (1u << 20); ++fd) ::close(static_cast<int>(fd));
+  for (rlim_t fd = 0; fd < n && fd < (1u << 20); ++fd) {
+    if (static_cast<int>(fd) != keep) ::close(static_cast<int>(fd));
+  }
+}
+
+// Whether the guard's parent thread has ended: the guard was given to another
+// process (the whole process ended), or thread `tid` of process `parent` is
+// gone. Async-signal-safe.
+bool GuardsParentEnded(pid_t parent, pid_t tid) {
+  if (::getppid() != parent) return true;
+  return ::tgkill(parent, tid, 0) != 0 && errno == ESRCH;
 }
 
 // Forks the guard of process group `group` (SpawnOptions::kill_group_with_parent)
-// and returns its pid once it is in the group with its parent-death signal
-// set; -1 when it could not be started or could not join (the group's leader
-// left it, or is gone). Between fork and _exit the guard makes only
-// async-signal-safe calls, as Spawn's child does before exec.
+// and returns its pid once it is in the group with its parent-death signal set;
+// -1 when it could not be started, could not join, or was not ready in time.
+// Between fork and _exit the guard makes only async-signal-safe calls, as
+// Spawn's child does before exec.
 pid_t StartGroupGuard(pid_t group) {
   const pid_t parent = ::getpid();
+  const pid_t tid = ::gettid();
   int ready[2];
   if (::pipe2(ready, O_CLOEXEC) != 0) return -1;
   const pid_t guard = ::fork();
@@ -88,36 +111,46 @@ pid_t StartGroupGuard(pid_t group) {
     sigset_t all;
     sigfillset(&all);
     ::sigprocmask(SIG_SETMASK, &all, nullptr);
+    CloseDescriptorsBut(ready[1]);
+    ::prctl(PR_SET_NAME, "holdfast-guard");
     if (::setpgid(0, group) != 0) ::_exit(1);
     ::prctl(PR_SET_PDEATHSIG, kGuardSignal);
     // A parent gone before the prctl sends nothing: do now what the signal asks.
-    if (::getppid() != parent) ::kill(0, SIGKILL);
+    if (GuardsParentEnded(parent, tid)) ::kill(0, SIGKILL);
     const char ok = 1;
     (void)!::write(ready[1], &ok, 1);
-    CloseAllDescriptors();
+    ::close(ready[1]);
     sigset_t wake;
     sigemptyset(&wake);
     sigaddset(&wake, kGuardSignal);
     for (;;) {
-      // The kernel sends it as if from the parent (SI_USER, the parent's pid),
-      // which never sends it otherwise; a parent that ended with its process
-      // also shows in getppid().
-      siginfo_t info{};
-      if (::sigwaitinfo(&wake, &info) != kGuardSignal) continue;
-      if ((info.si_code == SI_USER && info.si_pid == parent) || ::getppid() != parent) {
-        ::kill(0, SIGKILL);  // the group, the guard with it
-        ::_exit(1);
+      if (::sigwaitinfo(&wake, nullptr) != kGuardSignal) continue;
+      for (int look = 0; look < kGuardLooks; ++look) {
+        if (GuardsParentEnded(parent, tid)) {
+          ::kill(0, SIGKILL);  // the group, the guard with it
+          ::_exit(1);
+        }
+        const struct timespec pause {0, kGuardLookEveryNs};
+        ::nanosleep(&pause, nullptr);
       }
     }
   }
   ::close(ready[1]);
-  char ok = 0;
-  ssize_t n;
+  struct pollfd wait_ready {ready[0], POLLIN, 0};
+  int polled;
   do {
-    n = ::read(ready[0], &ok, 1);
-  } while (n < 0 && errno == EINTR);
+    polled = ::poll(&wait_ready, 1, kGuardReadyMs);
+  } while (polled < 0 && errno == EINTR);
+  char ok = 0;
+  ssize_t n = 0;
+  if (polled > 0) {
+    do {
+      n = ::read(ready[0], &ok, 1);
+    } while (n < 0 && errno == EINTR);
+  }
   ::close(ready[0]);
   if (n != 1) {
+    ::kill(guard, SIGKILL);
     while (::waitpid(guard, nullptr, 0) < 0 && errno == EINTR) {
     }
     return -1;
@@ -147,15 +180,30 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SpawnOptions optio
           absl::StrCat("spawn: cannot open ", options.log_file, ": ", std::strerror(errno)));
     }
   }
+  const bool guarded =
+      options.kill_group_with_parent && options.new_process_group && options.kill_with_parent;
+  // With a guard, the child waits to exec until the guard is in its group (the
+  // parent closes `go`): nothing it starts runs unguarded, and it cannot leave
+  // the group before the guard joins.
+  int go[2] = {-1, -1};
   int err_pipe[2];
-  if (::pipe2(err_pipe, O_CLOEXEC) != 0) {
+  if ((guarded && ::pipe2(go, O_CLOEXEC) != 0) || ::pipe2(err_pipe, O_CLOEXEC) != 0) {
+    const int e = errno;
     if (log_fd >= 0) ::close(log_fd);
-    return absl::InternalError(absl::StrCat("spawn: pipe: ", std::strerror(errno)));
+    if (go[0] >= 0) {
+      ::close(go[0]);
+      ::close(go[1]);
+    }
+    return absl::InternalError(absl::StrCat("spawn: pipe: ", std::strerror(e)));
   }
   pid_t pid = ::fork();
   if (pid < 0) {
     int e = errno;
     if (log_fd >= 0) ::close(log_fd);
+    if (guarded) {
+      ::close(go[0]);
+      ::close(go[1]);
+    }
     ::close(err_pipe[0]);
     ::close(err_pipe[1]);
     return absl::InternalError(absl::StrCat("spawn: fork: ", std::strerror(e)));
@@ -167,6 +215,12 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SpawnOptions optio
       // A parent that died before the prctl sends no signal; the child has been
       // given to another parent by then: go as the signal would have made it.
       if (::getppid() != parent) ::_exit(128 + SIGKILL);
+    }
+    if (guarded) {
+      ::close(go[1]);
+      char unused;
+      while (::read(go[0], &unused, 1) < 0 && errno == EINTR) {
+      }
     }
     if (log_fd >= 0) {
       ::dup2(log_fd, 1);
@@ -187,18 +241,23 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SpawnOptions optio
   }
   if (options.new_process_group) ::setpgid(pid, pid);  // no race with the child's own call
   if (log_fd >= 0) ::close(log_fd);
+  pid_t guard = -1;
+  if (guarded) {
+    guard = StartGroupGuard(pid);
+    ::close(go[0]);
+    ::close(go[1]);  // the child goes on
+  }
   ::close(err_pipe[1]);
   int child_errno = 0;
   ssize_t n = ::read(err_pipe[0], &child_errno, sizeof child_errno);
   ::close(err_pipe[0]);
-  if (n == sizeof child_errno) {
-    ::waitpid(pid, nullptr, 0);
-    return ExecError(options.argv[0], child_errno);
-  }
-  const bool guarded =
-      options.kill_group_with_parent && options.new_process_group && options.kill_with_parent;
   std::unique_ptr<Subprocess> child(new Subprocess(pid, std::move(options)));
-  if (guarded) child->guard_pid_ = StartGroupGuard(pid);
+  child->guard_pid_ = guard;
+  child->spawning_tid_ = ::gettid();
+  if (n == sizeof child_errno) {
+    (void)child->Wait();  // reaps the child, then ends the guard
+    return ExecError(child->options_.argv[0], child_errno);
+  }
   return child;
 }
 
@@ -218,6 +277,10 @@ void Subprocess::Reaped(int status) {
 
 void Subprocess::EndGuard() {
   if (guard_pid_ < 0) return;
+  // The spawning thread ended, and this process reaps the child before the
+  // guard acted: the guard's work is done here. The guard keeps the group's id
+  // taken until it is reaped below.
+  if (::tgkill(::getpid(), spawning_tid_, 0) != 0 && errno == ESRCH) ::kill(-pid_, SIGKILL);
   ::kill(guard_pid_, SIGKILL);
   while (::waitpid(guard_pid_, nullptr, 0) < 0 && errno == EINTR) {
   }
@@ -232,16 +295,23 @@ bool Subprocess::Running() {
     Reaped(status);
     return false;
   }
+  if (r < 0 && errno == ECHILD) {
+    Reaped(W_EXITCODE(255, 0));  // reaped elsewhere, as in Wait()
+    return false;
+  }
   return r == 0;
 }
 
 std::optional<int> Subprocess::Wait(std::optional<std::chrono::milliseconds> timeout) {
   if (exit_status_) return exit_status_;
   if (!timeout) {
-    int status;
-    while (::waitpid(pid_, &status, 0) < 0 && errno == EINTR) {
+    int status = 0;
+    pid_t r;
+    while ((r = ::waitpid(pid_, &status, 0)) < 0 && errno == EINTR) {
     }
-    Reaped(status);
+    // ECHILD: reaped elsewhere (SIGCHLD ignored makes the kernel reap it); its
+    // status is lost.
+    Reaped(r == pid_ ? status : W_EXITCODE(255, 0));
     return exit_status_;
   }
   auto until = std::chrono::steady_clock::now() + *timeout;

@@ -42,19 +42,23 @@ struct SpawnOptions {
   bool kill_with_parent = false;
   // With new_process_group and kill_with_parent: every process of the child's
   // group is killed when the spawning thread ends, not only the child (`sh -c
-  // 'prepare; worker'`: the worker too). A guard process joins the group: a fork
-  // of this process that runs no program, holds no file descriptor and waits
+  // 'prepare; worker'`: the worker too). A guard process joins the group before
+  // the child execs (the child waits for it): a fork of this process named
+  // `holdfast-guard` that runs no program, holds no file descriptor and waits
   // with every signal blocked, so what is sent to the group (a forwarded
   // SIGTERM, Ctrl-C) leaves it be; SIGSTOP stops it and SIGCONT continues it
-  // with the group, SIGKILL ends it. Told by the kernel that its parent thread
-  // ended (PR_SET_PDEATHSIG; the same signal from another process is ignored:
-  // this process never sends it), it sends SIGKILL to its group, itself
-  // included. Being in the group, it keeps the group's id taken: the kill cannot
-  // reach a group that took the id later. GroupAlive() does not count it. It
-  // ends when the child is reaped (Running(), Wait()) or this object is
-  // destroyed: what the child leaves running after that is not covered, nor is a
-  // process that leaves the group (setsid, setpgid), nor the group when the
-  // child left it before the guard could join (Spawn then goes on without one).
+  // with the group, SIGKILL ends it. Woken by the kernel when its parent thread
+  // ends (PR_SET_PDEATHSIG, SIGUSR1), it checks that the thread that forked it,
+  // or the whole process, is gone (the same signal from anyone else changes
+  // nothing) and sends SIGKILL to its group, itself included. Being in the
+  // group, it keeps the group's id taken: the kill cannot reach a group that
+  // took the id later. GroupAlive() does not count it. It ends when the child is
+  // reaped (Running(), Wait()) or this object is destroyed, after sending the
+  // group SIGKILL itself if the spawning thread has ended: what the child leaves
+  // running after that is not covered, nor is a process that leaves the group
+  // (setsid, setpgid) or that this process may not signal. A guard that could
+  // not be started (fork failed, or it was not in place within 10 s) leaves the
+  // child unguarded: see guarded().
   bool kill_group_with_parent = false;
 };
 
@@ -70,6 +74,8 @@ class Subprocess {
   Subprocess& operator=(const Subprocess&) = delete;
 
   pid_t pid() const { return pid_; }
+  // Whether kill_group_with_parent's guard is in place (false without it).
+  bool guarded() const { return guard_pid_ > 0; }
   // True while the child has not exited (reaps it when it has).
   bool Running();
   // True once the child has exited, without reaping it: until Running() or
@@ -108,6 +114,7 @@ class Subprocess {
   void EndGuard();
   pid_t pid_;
   pid_t guard_pid_ = -1;  // kill_group_with_parent's guard, -1: none
+  pid_t spawning_tid_ = -1;  // the thread that called Spawn()
   SpawnOptions options_;
   std::optional<int> exit_status_;
   int killed_by_ = 0;

@@ -206,58 +206,71 @@ pid_t PidFrom(const std::string& file) {
   return pid;
 }
 
+// A thread that spawns a child and lives until End() (or its destruction): the
+// spawning thread whose end kill_with_parent watches.
+class SpawningThread {
+ public:
+  explicit SpawningThread(SpawnOptions options) {
+    std::promise<void> spawned;
+    thread_ = std::thread([this, &spawned, options = std::move(options)]() mutable {
+      auto p = Subprocess::Spawn(std::move(options));
+      if (p.ok()) child_ = *std::move(p);
+      spawned.set_value();
+      end_.get_future().wait();
+    });
+    spawned.get_future().wait();
+  }
+  ~SpawningThread() { End(); }
+  Subprocess* child() { return child_.get(); }
+  void End() {
+    if (!thread_.joinable()) return;
+    end_.set_value();
+    thread_.join();
+  }
+
+ private:
+  std::unique_ptr<Subprocess> child_;
+  std::promise<void> end_;
+  std::thread thread_;
+};
+
 // kill_with_parent alone covers the child, not what it starts: the sleep here
 // would run on. The group's guard kills it too, and is left be by the signals
-// another process sends the group meanwhile (the shell and its sleep ignore
-// them), its own parent-death signal among them.
+// sent to the group meanwhile (the shell and its sleep ignore them), its own
+// wake-up signal among them, sent by its parent process itself.
 TEST(SubprocessTest, KillGroupWithParentKillsTheWholeGroupWhenTheSpawningThreadEnds) {
   auto dir = MakeTempDir("hf-guard");
   ASSERT_TRUE(dir.ok()) << dir.status();
   const std::string pid_file = *dir + "/sleep-pid";
-  std::unique_ptr<Subprocess> child;
-  std::promise<void> end_thread;
-  std::promise<void> spawned;
-  std::thread spawner([&] {
-    SpawnOptions o;
-    o.argv = {"sh", "-c",
-              "trap '' INT TERM HUP USR1; sleep 30 & echo $! > '" + pid_file + "'; wait"};
-    o.kill_with_parent = true;
-    o.kill_group_with_parent = true;
-    auto p = Subprocess::Spawn(o);
-    if (p.ok()) child = *std::move(p);
-    spawned.set_value();
-    end_thread.get_future().wait();
-  });
-  spawned.get_future().wait();
-  if (child == nullptr) end_thread.set_value();
-  ASSERT_NE(child, nullptr);
+  SpawnOptions o;
+  o.argv = {"sh", "-c",
+            "trap '' INT TERM HUP USR1; sleep 30 & echo $! > '" + pid_file + "'; wait"};
+  o.kill_with_parent = true;
+  o.kill_group_with_parent = true;
+  SpawningThread spawner(std::move(o));
+  ASSERT_NE(spawner.child(), nullptr);
+  Subprocess& child = *spawner.child();
+  EXPECT_TRUE(child.guarded());
   const pid_t sleep_pid = PidFrom(pid_file);
   ASSERT_GT(sleep_pid, 0) << "the shell never wrote its sleep's pid";
-  const pid_t group = child->pid();
+  const pid_t group = child.pid();
   EXPECT_TRUE(GroupHasOtherLiveMember(group, group, "/proc", sleep_pid))
-      << "no guard joined the group";
-  // From another process: this one is the guard's parent, whose SIGUSR1 would
-  // be taken for its end.
-  const std::string send = "for s in INT TERM HUP USR1; do kill -s $s -- -" +
-                           std::to_string(group) + "; done";
-  ASSERT_EQ(std::system(send.c_str()), 0) << send;
-  ::usleep(100'000);
-  EXPECT_TRUE(child->GroupAlive()) << "the sleep ignores the signals";
+      << "no guard in the group";
+  for (int sig : {SIGINT, SIGTERM, SIGHUP, SIGUSR1}) ::kill(-group, sig);
+  ::usleep(200'000);
+  EXPECT_TRUE(child.GroupAlive()) << "the sleep ignores the signals";
   EXPECT_TRUE(GroupHasOtherLiveMember(group, group, "/proc", sleep_pid))
       << "the guard did not outlive the group's signals";
 
-  end_thread.set_value();
-  spawner.join();
-  EXPECT_EQ(child->Wait(milliseconds(10'000)), 128 + SIGKILL);
-  EXPECT_TRUE(WaitUntil(
-      [&] {
-        const char state = StateOf(sleep_pid);
-        return state == 0 || state == 'Z';
-      },
-      milliseconds(10'000)))
+  spawner.End();
+  EXPECT_EQ(child.Wait(milliseconds(10'000)), 128 + SIGKILL);
+  auto ended = [&] {
+    const char state = StateOf(sleep_pid);
+    return state == 0 || state == 'Z';
+  };
+  EXPECT_TRUE(WaitUntil(ended, milliseconds(10'000)))
       << "the shell's sleep outlived the spawning thread";
-  const char state = StateOf(sleep_pid);
-  if (state != 0 && state != 'Z') ::kill(sleep_pid, SIGKILL);
+  if (!ended()) ::kill(sleep_pid, SIGKILL);
   std::filesystem::remove_all(*dir);
 }
 
@@ -271,6 +284,7 @@ TEST(SubprocessTest, TheGroupsGuardEndsWhenTheChildIsReaped) {
   auto p = Subprocess::Spawn(o);
   ASSERT_TRUE(p.ok()) << p.status();
   Subprocess& child = **p;
+  EXPECT_TRUE(child.guarded());
   const pid_t group = child.pid();
   ASSERT_TRUE(WaitUntil([&] { return child.Exited(); }, milliseconds(10'000)));
   EXPECT_TRUE(GroupHasOtherLiveMember(group, group)) << "no guard in the group";
