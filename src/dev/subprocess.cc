@@ -11,6 +11,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
@@ -83,12 +85,66 @@ void CloseDescriptorsBut(int keep) {
   }
 }
 
+// Set when the calling thread ends: its thread_local objects are destroyed
+// before the kernel ends the thread, so before PR_SET_PDEATHSIG kills a child.
+std::shared_ptr<const std::atomic<bool>> SpawningThreadEnd() {
+  struct Flag {
+    std::shared_ptr<std::atomic<bool>> ended = std::make_shared<std::atomic<bool>>(false);
+    ~Flag() { ended->store(true); }
+  };
+  thread_local Flag flag;
+  return flag.ended;
+}
+
+// Whether thread `tid` of process `pid` is a zombie (a process's first thread
+// that ended while others run on) or dead, from /proc/PID/task/TID/stat; false
+// when it cannot be read. Async-signal-safe: a buffer on the stack, plain
+// system calls.
+bool ThreadIsZombie(pid_t pid, pid_t tid) {
+  char path[64];
+  // "/proc/" PID "/task/" TID "/stat", without snprintf.
+  char* p = path;
+  auto put = [&](const char* text) {
+    while (*text != '\0') *p++ = *text++;
+  };
+  auto put_number = [&](unsigned long n) {
+    char digits[24];
+    int count = 0;
+    do {
+      digits[count++] = static_cast<char>('0' + n % 10);
+      n /= 10;
+    } while (n != 0);
+    while (count > 0) *p++ = digits[--count];
+  };
+  put("/proc/");
+  put_number(static_cast<unsigned long>(pid));
+  put("/task/");
+  put_number(static_cast<unsigned long>(tid));
+  put("/stat");
+  *p = '\0';
+  const int fd = ::open(path, O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return false;
+  char stat[512];
+  const ssize_t n = ::read(fd, stat, sizeof stat);
+  ::close(fd);
+  // "TID (COMM) STATE ...": COMM may hold anything, the state follows its
+  // last ')' (a COMM is at most 16 bytes, within the buffer).
+  ssize_t paren = -1;
+  for (ssize_t i = 0; i < n; ++i) {
+    if (stat[i] == ')') paren = i;
+  }
+  if (paren < 0 || paren + 2 >= n) return false;
+  const char state = stat[paren + 2];
+  return state == 'Z' || state == 'X';
+}
+
 // Whether the guard's parent thread has ended: the guard was given to another
 // process (the whole process ended), or thread `tid` of process `parent` is
-// gone. Async-signal-safe.
+// gone or a zombie. Async-signal-safe.
 bool GuardsParentEnded(pid_t parent, pid_t tid) {
   if (::getppid() != parent) return true;
-  return ::tgkill(parent, tid, 0) != 0 && errno == ESRCH;
+  if (::tgkill(parent, tid, 0) != 0 && errno == ESRCH) return true;
+  return ThreadIsZombie(parent, tid);
 }
 
 // Forks the guard of process group `group` (SpawnOptions::kill_group_with_parent)
@@ -137,9 +193,13 @@ pid_t StartGroupGuard(pid_t group) {
   }
   ::close(ready[1]);
   struct pollfd wait_ready {ready[0], POLLIN, 0};
+  const auto deadline =
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(kGuardReadyMs);
   int polled;
   do {
-    polled = ::poll(&wait_ready, 1, kGuardReadyMs);
+    const auto left = std::chrono::ceil<std::chrono::milliseconds>(
+        deadline - std::chrono::steady_clock::now());
+    polled = ::poll(&wait_ready, 1, std::max<int>(0, static_cast<int>(left.count())));
   } while (polled < 0 && errno == EINTR);
   char ok = 0;
   ssize_t n = 0;
@@ -217,10 +277,13 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SpawnOptions optio
       if (::getppid() != parent) ::_exit(128 + SIGKILL);
     }
     if (guarded) {
-      ::close(go[1]);
-      char unused;
-      while (::read(go[0], &unused, 1) < 0 && errno == EINTR) {
+      // A byte, not EOF: a child forked meanwhile by another thread may hold a
+      // copy of go[1] until it execs.
+      char byte = 0;
+      ssize_t got;
+      while ((got = ::read(go[0], &byte, 1)) < 0 && errno == EINTR) {
       }
+      if (got != 1) ::_exit(128 + SIGKILL);  // the parent is gone
     }
     if (log_fd >= 0) {
       ::dup2(log_fd, 1);
@@ -244,8 +307,10 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SpawnOptions optio
   pid_t guard = -1;
   if (guarded) {
     guard = StartGroupGuard(pid);
+    const char byte = 1;
+    (void)!::write(go[1], &byte, 1);  // the child goes on
     ::close(go[0]);
-    ::close(go[1]);  // the child goes on
+    ::close(go[1]);
   }
   ::close(err_pipe[1]);
   int child_errno = 0;
@@ -253,7 +318,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SpawnOptions optio
   ::close(err_pipe[0]);
   std::unique_ptr<Subprocess> child(new Subprocess(pid, std::move(options)));
   child->guard_pid_ = guard;
-  child->spawning_tid_ = ::gettid();
+  child->spawning_thread_ended_ = SpawningThreadEnd();
   if (n == sizeof child_errno) {
     (void)child->Wait();  // reaps the child, then ends the guard
     return ExecError(child->options_.argv[0], child_errno);
@@ -280,7 +345,7 @@ void Subprocess::EndGuard() {
   // The spawning thread ended, and this process reaps the child before the
   // guard acted: the guard's work is done here. The guard keeps the group's id
   // taken until it is reaped below.
-  if (::tgkill(::getpid(), spawning_tid_, 0) != 0 && errno == ESRCH) ::kill(-pid_, SIGKILL);
+  if (spawning_thread_ended_ && spawning_thread_ended_->load()) ::kill(-pid_, SIGKILL);
   ::kill(guard_pid_, SIGKILL);
   while (::waitpid(guard_pid_, nullptr, 0) < 0 && errno == EINTR) {
   }
@@ -295,8 +360,8 @@ bool Subprocess::Running() {
     Reaped(status);
     return false;
   }
-  if (r < 0 && errno == ECHILD) {
-    Reaped(W_EXITCODE(255, 0));  // reaped elsewhere, as in Wait()
+  if (r < 0) {
+    Reaped(W_EXITCODE(255, 0));  // ECHILD: reaped elsewhere, as in Wait()
     return false;
   }
   return r == 0;

@@ -7,6 +7,7 @@
 
 #include <sys/types.h>
 
+#include <atomic>
 #include <chrono>
 #include <memory>
 #include <optional>
@@ -114,7 +115,8 @@ class Subprocess {
   void EndGuard();
   pid_t pid_;
   pid_t guard_pid_ = -1;  // kill_group_with_parent's guard, -1: none
-  pid_t spawning_tid_ = -1;  // the thread that called Spawn()
+  // Set once the thread that called Spawn() has ended.
+  std::shared_ptr<const std::atomic<bool>> spawning_thread_ended_;
   SpawnOptions options_;
   std::optional<int> exit_status_;
   int killed_by_ = 0;

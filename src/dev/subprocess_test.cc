@@ -263,13 +263,68 @@ TEST(SubprocessTest, KillGroupWithParentKillsTheWholeGroupWhenTheSpawningThreadE
       << "the guard did not outlive the group's signals";
 
   spawner.End();
-  EXPECT_EQ(child.Wait(milliseconds(10'000)), 128 + SIGKILL);
+  // Not reaped before the sleep is seen gone: reaping the child ends the guard
+  // (after doing its kill itself, the next test's case).
+  ASSERT_TRUE(WaitUntil([&] { return child.Exited(); }, milliseconds(10'000)));
   auto ended = [&] {
     const char state = StateOf(sleep_pid);
     return state == 0 || state == 'Z';
   };
   EXPECT_TRUE(WaitUntil(ended, milliseconds(10'000)))
       << "the shell's sleep outlived the spawning thread";
+  EXPECT_EQ(child.Wait(), 128 + SIGKILL);
+  if (!ended()) ::kill(sleep_pid, SIGKILL);
+  std::filesystem::remove_all(*dir);
+}
+
+// The guard of `group`: its member named holdfast-guard (0 if none).
+pid_t GuardOf(pid_t group) {
+  for (const auto& entry : std::filesystem::directory_iterator("/proc")) {
+    pid_t pid = 0;
+    try {
+      pid = std::stoi(entry.path().filename().string());
+    } catch (...) {
+      continue;
+    }
+    auto state = ReadProcState(pid);
+    std::ifstream comm(entry.path() / "comm");
+    std::string name;
+    std::getline(comm, name);
+    if (state && state->pgrp == group && name == "holdfast-guard") return pid;
+  }
+  return 0;
+}
+
+// A process that reaps the child after its spawning thread ended, before the
+// guard acted (here: the guard is stopped), kills the group itself.
+TEST(SubprocessTest, ReapingAfterTheSpawningThreadEndedKillsTheGroup) {
+  auto dir = MakeTempDir("hf-guard");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const std::string pid_file = *dir + "/sleep-pid";
+  SpawnOptions o;
+  o.argv = {"sh", "-c", "sleep 30 & echo $! > '" + pid_file + "'; wait"};
+  o.kill_with_parent = true;
+  o.kill_group_with_parent = true;
+  SpawningThread spawner(std::move(o));
+  ASSERT_NE(spawner.child(), nullptr);
+  Subprocess& child = *spawner.child();
+  const pid_t sleep_pid = PidFrom(pid_file);
+  ASSERT_GT(sleep_pid, 0) << "the shell never wrote its sleep's pid";
+  const pid_t guard = GuardOf(child.pid());
+  ASSERT_GT(guard, 0) << "no guard in the group";
+  ASSERT_EQ(::kill(guard, SIGSTOP), 0);
+  ASSERT_TRUE(WaitUntil([&] { return StateOf(guard) == 'T'; }, milliseconds(10'000)));
+
+  spawner.End();
+  ASSERT_TRUE(WaitUntil([&] { return child.Exited(); }, milliseconds(10'000)));
+  EXPECT_EQ(StateOf(sleep_pid), 'S') << "the stopped guard cannot have killed it";
+  EXPECT_EQ(child.Wait(), 128 + SIGKILL);
+  auto ended = [&] {
+    const char state = StateOf(sleep_pid);
+    return state == 0 || state == 'Z';
+  };
+  EXPECT_TRUE(WaitUntil(ended, milliseconds(10'000))) << "the sleep outlived the reaping";
+  EXPECT_EQ(StateOf(guard), 0) << "the guard was not reaped";
   if (!ended()) ::kill(sleep_pid, SIGKILL);
   std::filesystem::remove_all(*dir);
 }
