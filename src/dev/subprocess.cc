@@ -58,6 +58,7 @@ absl::Status ExecError(const std::string& program, int child_errno) {
   if (child_errno == ENOENT) return absl::NotFoundError(message);
   return absl::FailedPreconditionError(message);
 }
+
 // The signal the kernel sends a group's guard when its parent thread ends (the
 // thread that forked it, then any thread of the process it passes to). Anyone
 // may send it too: the guard only wakes on it, and then looks.
