@@ -16,6 +16,7 @@ absl::StatusOr<std::chrono::milliseconds> ParseDuration(absl::string_view text) 
   };
   if (text == "0") return std::chrono::milliseconds(0);
   if (text.empty()) return bad("empty");
+  if (text[0] == '-') return bad("a duration cannot be negative");
   int64_t total_ms = 0;
   size_t i = 0;
   while (i < text.size()) {
@@ -25,6 +26,9 @@ absl::StatusOr<std::chrono::milliseconds> ParseDuration(absl::string_view text) 
       n = n * 10 + (text[i] - '0');
       if (n > 1'000'000'000) return bad("too large");
       ++i;
+    }
+    if (i < text.size() && (text[i] == '.' || text[i] == ',')) {
+      return bad("no fractions: use a smaller unit (1500ms, not 1.5s; 90m, not 1.5h)");
     }
     size_t u = i;
     while (i < text.size() && std::isalpha(static_cast<unsigned char>(text[i]))) ++i;

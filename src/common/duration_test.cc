@@ -25,6 +25,16 @@ TEST(DurationTest, RejectsWithTheReason) {
     EXPECT_NE(d.status().message().find("invalid duration"), std::string::npos);
   }
   EXPECT_NE(ParseDuration("10x").status().message().find("unknown unit \"x\""), std::string::npos);
+  EXPECT_EQ(ParseDuration("-1s").status().message(),
+            "invalid duration \"-1s\": a duration cannot be negative "
+            "(examples: 500ms, 10s, 5m, 1h30m, 90d)");
+  for (const char* fraction : {"0.5s", "1,5h", "1m0.5s"}) {
+    EXPECT_NE(ParseDuration(fraction).status().message().find(
+                  "no fractions: use a smaller unit (1500ms, not 1.5s; 90m, not 1.5h)"),
+              std::string::npos)
+        << fraction << ": " << ParseDuration(fraction).status();
+  }
+  EXPECT_NE(ParseDuration("10").status().message().find("missing unit"), std::string::npos);
 }
 
 }  // namespace
