@@ -72,13 +72,12 @@ constexpr long kGuardLookEveryNs = 10'000'000;  // 10 ms
 // How long Spawn waits for a guard to be in place before it goes on without.
 constexpr int kGuardReadyMs = 10'000;
 
-// Closes every file descriptor but `keep` (-1: none): a guard must not keep this
+// Closes every file descriptor but `keep`: a guard must not keep this
 // process's sockets, pipes or terminal open. Async-signal-safe.
 void CloseDescriptorsBut(int keep) {
-  const unsigned below = keep < 0 ? ~0U : static_cast<unsigned>(keep);
-  bool closed = below == 0 || ::close_range(0, below - 1, 0) == 0;
-  if (keep >= 0) closed = ::close_range(below + 1, ~0U, 0) == 0 && closed;
-  if (closed) return;
+  const unsigned k = static_cast<unsigned>(keep);
+  const bool below = k == 0 || ::close_range(0, k - 1, 0) == 0;
+  if (::close_range(k + 1, ~0U, 0) == 0 && below) return;
   struct rlimit limit {};
   const rlim_t n = ::getrlimit(RLIMIT_NOFILE, &limit) == 0 ? limit.rlim_cur : 1024;
   for (rlim_t fd = 0; fd < n && fd < (1u << 20); ++fd) {
@@ -244,8 +243,8 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SpawnOptions optio
   const bool guarded =
       options.kill_group_with_parent && options.new_process_group && options.kill_with_parent;
   // With a guard, the child waits to exec until the guard is in its group (the
-  // parent closes `go`): nothing it starts runs unguarded, and it cannot leave
-  // the group before the guard joins.
+  // parent writes a byte to `go`): nothing it starts runs unguarded, and it
+  // cannot leave the group before the guard joins.
   int go[2] = {-1, -1};
   int err_pipe[2];
   if ((guarded && ::pipe2(go, O_CLOEXEC) != 0) || ::pipe2(err_pipe, O_CLOEXEC) != 0) {

@@ -135,9 +135,8 @@ struct ProcState {
 std::optional<ProcState> ReadProcState(pid_t pid);
 
 // Whether a live process (zombies do not count) other than `except` and
-// `except_too` is in
-// process group `pgrp` (Linux: reads `proc`, /proc but in tests; a process
-// starting meanwhile may be missed). True when `proc` cannot be listed: a member
+// `except_too` is in process group `pgrp` (Linux: reads `proc`, /proc but in
+// tests; a process starting meanwhile may be missed). True when `proc` cannot be listed: a member
 // may be there, and both callers are safe when told so (holdfast lock keeps its
 // terminal; a group thought alive gets SIGKILL at the end of its grace).
 bool GroupHasOtherLiveMember(pid_t pgrp, pid_t except, const std::string& proc = "/proc",
