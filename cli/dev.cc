@@ -39,6 +39,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/common.h"
 #include "cli/signal_waiter.h"
+#include "common/loopback.h"
 #include "common/spiffe.h"
 #include "dev/certs.h"
 #include "dev/dev_pki.h"
@@ -173,11 +174,6 @@ std::string ListenHost(const std::string& listen) {
     host = host.substr(1, host.size() - 2);
   }
   return host;
-}
-
-// The loopback hosts holdfastd accepts for --insecure.
-bool IsLoopbackHost(const std::string& host) {
-  return host == "127.0.0.1" || host == "localhost" || host == "::1";
 }
 
 // DIR/insecure present exactly when this start is --insecure.
@@ -382,10 +378,10 @@ int RunDev(const GlobalOptions& /*global*/, const DevFlags& flags) {
     return ReportUsageError(absl::InvalidArgumentError(
         absl::StrCat("invalid --listen \"", flags.listen, "\": expected HOST:PORT")));
   }
-  const std::string host = ListenHost(flags.listen);
-  if (flags.insecure && !IsLoopbackHost(host)) {
+  // The rule holdfastd applies to insecure (server/config.cc), said before anything starts.
+  if (flags.insecure && !net::IsLoopbackEndpoint(flags.listen)) {
     return ReportUsageError(absl::InvalidArgumentError(absl::StrCat(
-        "--insecure (no TLS) is allowed only on a loopback address (127.0.0.1, localhost, "
+        "--insecure (no TLS) is allowed only on a loopback address (127.0.0.0/8, localhost, "
         "[::1]), not \"", flags.listen, "\"")));
   }
   auto waiter = SignalWaiter::Create({SIGINT, SIGTERM, SIGHUP, SIGCHLD});
@@ -407,7 +403,7 @@ int RunDev(const GlobalOptions& /*global*/, const DevFlags& flags) {
         ". Nobody is authenticated: every caller is spiffe://holdfast.dev/dev, an admin. "
         "For loopback development only; never expose this port."));
   } else {
-    auto pki = dev::PrepareDevPki(stack.dir.string(), host);
+    auto pki = dev::PrepareDevPki(stack.dir.string(), ListenHost(flags.listen));
     if (!pki.ok()) return ReportError(pki.status(), "dev: certificates");
     for (const auto& what : pki->minted) std::cout << "made " << what << "\n";
     stack.pki = *std::move(pki);

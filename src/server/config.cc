@@ -1,33 +1,80 @@
 #include "server/config.h"
 
 #include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstring>
 #include <fstream>
 #include <map>
 #include <set>
 #include <sstream>
 
+#include <sys/stat.h>
+
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/strings/strip.h"
+#include "absl/strings/ascii.h"
 #include "common/duration.h"
 #include "common/loopback.h"
 #include "common/names.h"
+#include "common/pem_file.h"
 #include "common/spiffe.h"
 
 namespace holdfast::server {
 
 namespace {
 
+// Every key of `map` is one of `known`, and none is given twice (yaml-cpp keeps
+// both and reads the first, so a second `listen:` further down would be ignored).
 absl::Status Unknown(const YAML::Node& map, const std::string& where,
                      const std::set<std::string>& known) {
+  std::set<std::string> seen;
   for (const auto& kv : map) {
+    if (!kv.first.IsScalar()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: a key ", where.empty() ? "at the top level" : "under " + where.substr(0, where.size() - 1),
+          " is not a name"));
+    }
     std::string k = kv.first.as<std::string>();
     if (!known.count(k)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config: unknown key \"", where, k, "\" (known: ", absl::StrJoin(known, ", "), ")"));
     }
+    if (!seen.insert(k).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: key \"", where, k, "\" is given twice"));
+    }
   }
+  return absl::OkStatus();
+}
+
+// A section: a map, or empty (`sessions:` with nothing under it keeps the defaults).
+absl::Status RequireMap(const YAML::Node& n, const std::string& name) {
+  if (n.IsMap() || n.IsNull()) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat("config: ", name, " must be a map"));
+}
+
+// A list of strings: `name` must be a list, each item a string (not a map, a list
+// or empty); errors name the item, e.g. etcd.endpoints[1].
+absl::Status ReadStringList(const YAML::Node& n, const std::string& name, const std::string& what,
+                            std::vector<std::string>* out) {
+  if (!n) return absl::OkStatus();
+  if (!n.IsSequence()) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", name, " must be a list of ", what));
+  }
+  std::vector<std::string> items;
+  for (size_t i = 0; i < n.size(); ++i) {
+    if (!n[i].IsScalar()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("config: ", name, "[", i, "] must be a string (", what, ")"));
+    }
+    items.push_back(n[i].as<std::string>());
+  }
+  *out = std::move(items);
   return absl::OkStatus();
 }
 
@@ -43,13 +90,32 @@ absl::Status ReadDuration(const YAML::Node& n, const std::string& name,
   return absl::OkStatus();
 }
 
+// Decimal digits only, with an optional minus sign: yaml-cpp would read 010000 as
+// octal (4096) and 0x10 as hex, which nobody writing a limit means.
 absl::Status ReadInt(const YAML::Node& n, const std::string& name, int* out) {
   if (!n) return absl::OkStatus();
-  try {
-    *out = n.as<int>();
-  } catch (const YAML::Exception&) {
+  if (!n.IsScalar()) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", name, " must be an integer"));
   }
+  const std::string v = n.as<std::string>();
+  const size_t digits = v.starts_with('-') ? 1 : 0;
+  if (v.size() == digits ||
+      !std::all_of(v.begin() + digits, v.end(), [](unsigned char ch) { return isdigit(ch); })) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: ", name, " must be an integer, not \"", v, "\""));
+  }
+  if (v.size() > digits + 1 && v[digits] == '0') {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: ", name, " \"", v, "\" has a leading zero (write it without: YAML reads it as "
+        "octal)"));
+  }
+  int value = 0;
+  auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
+  if (ec != std::errc() || end != v.data() + v.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: ", name, " ", v, " is out of range"));
+  }
+  *out = value;
   return absl::OkStatus();
 }
 
@@ -92,7 +158,7 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     return absl::InvalidArgumentError("config: shutdown_grace must be between 0s and 10m");
   }
   if (auto etcd = root["etcd"]) {
-    if (!etcd.IsMap()) return absl::InvalidArgumentError("config: etcd must be a map");
+    if (auto s = RequireMap(etcd, "etcd"); !s.ok()) return s;
     if (auto s = Unknown(etcd, "etcd.", {"endpoints", "timeout", "tls", "plaintext"}); !s.ok()) {
       return s;
     }
@@ -100,6 +166,11 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
       return s;
     }
     if (auto tls = etcd["tls"]) {
+      if (auto s = RequireMap(tls, "etcd.tls"); !s.ok()) return s;
+      if (etcd["plaintext"] && c.etcd_plaintext) {
+        return absl::InvalidArgumentError(
+            "config: etcd.tls and etcd.plaintext: true contradict each other; keep one");
+      }
       if (auto s = Unknown(tls, "etcd.tls.", {"ca_file", "cert_file", "key_file"}); !s.ok()) {
         return s;
       }
@@ -111,12 +182,10 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
             "config: etcd.tls needs ca_file, and cert_file with key_file");
       }
     }
-    if (auto eps = etcd["endpoints"]) {
-      if (!eps.IsSequence()) {
-        return absl::InvalidArgumentError("config: etcd.endpoints must be a list of host:port");
-      }
-      c.etcd_endpoints.clear();
-      for (const auto& e : eps) c.etcd_endpoints.push_back(e.as<std::string>());
+    if (auto s = ReadStringList(etcd["endpoints"], "etcd.endpoints", "host:port",
+                                &c.etcd_endpoints);
+        !s.ok()) {
+      return s;
     }
     if (auto s = ReadDuration(etcd["timeout"], "etcd.timeout", &c.etcd_timeout); !s.ok()) return s;
   }
@@ -139,6 +208,9 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
       ClusterConfig cc;
       cc.name.clear();
       if (auto s = ReadBool(n["plaintext"], where + "plaintext", &cc.plaintext); !s.ok()) return s;
+      if (!n["name"]) {
+        return absl::InvalidArgumentError(absl::StrCat("config: ", where, "name is required"));
+      }
       if (auto s = ReadString(n["name"], where + "name", &cc.name); !s.ok()) return s;
       if (auto s = ReadString(n["tier"], where + "tier", &cc.tier); !s.ok()) return s;
       if (auto ctl = n["control"]) {
@@ -149,15 +221,19 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
               absl::StrCat("config: ", where, "control must be true or false"));
         }
       }
-      if (auto eps = n["endpoints"]) {
-        if (!eps.IsSequence()) {
-          return absl::InvalidArgumentError(
-              absl::StrCat("config: ", where, "endpoints must be a list of host:port"));
-        }
-        for (const auto& e : eps) cc.endpoints.push_back(e.as<std::string>());
+      if (auto s = ReadStringList(n["endpoints"], where + "endpoints", "host:port",
+                                  &cc.endpoints);
+          !s.ok()) {
+        return s;
       }
       if (auto s = ReadDuration(n["timeout"], where + "timeout", &cc.timeout); !s.ok()) return s;
       if (auto tls = n["tls"]) {
+        if (auto s = RequireMap(tls, where + "tls"); !s.ok()) return s;
+        if (cc.plaintext) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "config: ", where, "tls and ", where, "plaintext: true contradict each other; "
+              "keep one"));
+        }
         if (auto s = Unknown(tls, where + "tls.", {"ca_file", "cert_file", "key_file"}); !s.ok()) {
           return s;
         }
@@ -175,11 +251,13 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     }
   }
   if (auto sessions = root["sessions"]) {
+    if (auto s = RequireMap(sessions, "sessions"); !s.ok()) return s;
     if (auto s = Unknown(sessions, "sessions.", {"ttl_min", "ttl_max"}); !s.ok()) return s;
     if (auto s = ReadDuration(sessions["ttl_min"], "sessions.ttl_min", &c.session_ttl_min); !s.ok()) return s;
     if (auto s = ReadDuration(sessions["ttl_max"], "sessions.ttl_max", &c.session_ttl_max); !s.ok()) return s;
   }
   if (auto acquire = root["acquire"]) {
+    if (auto s = RequireMap(acquire, "acquire"); !s.ok()) return s;
     if (auto s = Unknown(acquire, "acquire.", {"max_wait", "ride_with_release"}); !s.ok()) return s;
     if (auto s = ReadDuration(acquire["max_wait"], "acquire.max_wait", &c.max_wait); !s.ok()) return s;
     if (c.max_wait < std::chrono::milliseconds(0) || c.max_wait > std::chrono::hours(24)) {
@@ -204,12 +282,13 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
       return absl::InvalidArgumentError("config: insecure must be true or false");
     }
   }
-  if (auto admins = root["admin_ids"]) {
-    if (!admins.IsSequence()) return absl::InvalidArgumentError("config: admin_ids must be a list");
-    for (const auto& a : admins) c.admin_ids.push_back(a.as<std::string>());
+  if (auto s = ReadStringList(root["admin_ids"], "admin_ids", "SPIFFE ID patterns",
+                              &c.admin_ids);
+      !s.ok()) {
+    return s;
   }
   if (auto tls = root["tls"]) {
-    if (!tls.IsMap()) return absl::InvalidArgumentError("config: tls must be a map");
+    if (auto s = RequireMap(tls, "tls"); !s.ok()) return s;
     if (auto s = Unknown(tls, "tls.", {"ca_file", "cert_file", "key_file", "trust_domains",
                                        "trust_bundles", "refresh"});
         !s.ok()) {
@@ -222,6 +301,10 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
       }
       for (const auto& kv : bundles) {
         const std::string domain = kv.first.as<std::string>();
+        if (c.trust_bundles.contains(domain)) {
+          return absl::InvalidArgumentError(
+              absl::StrCat("config: key \"tls.trust_bundles.", domain, "\" is given twice"));
+        }
         std::string file;
         if (auto s = ReadString(kv.second, "tls.trust_bundles." + domain, &file); !s.ok()) return s;
         c.trust_bundles[domain] = file;
@@ -231,15 +314,14 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     if (auto s = ReadString(tls["cert_file"], "tls.cert_file", &c.tls_cert_file); !s.ok()) return s;
     if (auto s = ReadString(tls["key_file"], "tls.key_file", &c.tls_key_file); !s.ok()) return s;
     if (auto s = ReadDuration(tls["refresh"], "tls.refresh", &c.tls_refresh); !s.ok()) return s;
-    if (auto tds = tls["trust_domains"]) {
-      if (!tds.IsSequence()) {
-        return absl::InvalidArgumentError("config: tls.trust_domains must be a list");
-      }
-      for (const auto& t : tds) c.trust_domains.push_back(t.as<std::string>());
+    if (auto s = ReadStringList(tls["trust_domains"], "tls.trust_domains", "trust domains",
+                                &c.trust_domains);
+        !s.ok()) {
+      return s;
     }
   }
   if (auto epochs = root["epochs"]) {
-    if (!epochs.IsMap()) return absl::InvalidArgumentError("config: epochs must be a map");
+    if (auto s = RequireMap(epochs, "epochs"); !s.ok()) return s;
     if (auto s = Unknown(epochs, "epochs.", {"auto_advance_on_restore", "check_interval"});
         !s.ok()) {
       return s;
@@ -265,7 +347,7 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     }
   }
   if (auto audit = root["audit"]) {
-    if (!audit.IsMap()) return absl::InvalidArgumentError("config: audit must be a map");
+    if (auto s = RequireMap(audit, "audit"); !s.ok()) return s;
     if (auto s = Unknown(audit, "audit.",
                          {"store", "compaction_interval", "compaction_keep_revisions",
                           "lag_warn_revisions", "leader_ttl", "force_request_ttl",
@@ -312,22 +394,17 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     }
   }
   if (auto metrics = root["metrics"]) {
-    if (!metrics.IsMap()) return absl::InvalidArgumentError("config: metrics must be a map");
+    if (auto s = RequireMap(metrics, "metrics"); !s.ok()) return s;
     if (auto s = Unknown(metrics, "metrics.", {"listen", "readers", "plaintext"}); !s.ok()) {
       return s;
     }
     if (auto s = ReadString(metrics["listen"], "metrics.listen", &c.metrics_listen); !s.ok()) {
       return s;
     }
-    if (auto readers = metrics["readers"]) {
-      if (!readers.IsSequence()) {
-        return absl::InvalidArgumentError("config: metrics.readers must be a list");
-      }
-      for (const auto& r : readers) {
-        std::string pattern;
-        if (auto s = ReadString(r, "metrics.readers[]", &pattern); !s.ok()) return s;
-        c.metrics_readers.push_back(std::move(pattern));
-      }
+    if (auto s = ReadStringList(metrics["readers"], "metrics.readers", "SPIFFE ID patterns",
+                                &c.metrics_readers);
+        !s.ok()) {
+      return s;
     }
     if (auto s = ReadBool(metrics["plaintext"], "metrics.plaintext", &c.metrics_plaintext);
         !s.ok()) {
@@ -335,6 +412,7 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     }
   }
   if (auto limits = root["limits"]) {
+    if (auto s = RequireMap(limits, "limits"); !s.ok()) return s;
     if (auto s = Unknown(limits, "limits.",
                          {"max_message_bytes", "max_concurrent_streams", "max_waiters_per_key",
                           "max_holds_per_session"});
@@ -369,7 +447,11 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
 
 }  // namespace
 
-absl::StatusOr<Config> ParseConfig(const std::string& yaml_text) {
+namespace {
+
+// The fields of the text, each checked on its own (types, units, its own bounds);
+// the rules across fields are ValidateConfig's.
+absl::StatusOr<Config> ParseFields(const std::string& yaml_text) {
   YAML::Node root;
   try {
     root = YAML::Load(yaml_text);
@@ -377,25 +459,117 @@ absl::StatusOr<Config> ParseConfig(const std::string& yaml_text) {
     return absl::InvalidArgumentError(absl::StrCat("config: not valid YAML: ", e.what()));
   }
   try {
-    auto c = FromYaml(root);
-    if (!c.ok()) return c;
-    if (auto s = ValidateConfig(*c); !s.ok()) return s;
-    return c;
+    return FromYaml(root);
   } catch (const YAML::Exception& e) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", e.what()));
   }
 }
 
+}  // namespace
+
+absl::StatusOr<Config> ParseConfig(const std::string& yaml_text) {
+  auto c = ParseFields(yaml_text);
+  if (!c.ok()) return c;
+  if (auto s = ValidateConfig(*c); !s.ok()) return s;
+  return c;
+}
+
 absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) {
+    const int err = errno;
+    auto message = absl::StrCat("config: cannot read ", path, ": ", std::strerror(err));
+    return err == ENOENT ? absl::NotFoundError(message) : absl::InvalidArgumentError(message);
+  }
+  if (!S_ISREG(st.st_mode)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: ", path, " is not a file", S_ISDIR(st.st_mode) ? " (a directory)" : ""));
+  }
   std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("config: cannot read ", path));
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: cannot read ", path, ": ", std::strerror(errno)));
+  }
   std::stringstream ss;
   ss << in.rdbuf();
-  return ParseConfig(ss.str());
+  return ParseFields(ss.str());
+}
+
+absl::StatusOr<Config> LoadConfig(const std::string& path, const ConfigFlags& flags) {
+  Config config;
+  if (!path.empty()) {
+    auto loaded = LoadConfigFile(path);
+    if (!loaded.ok()) return loaded.status();
+    config = *std::move(loaded);
+  }
+  if (flags.listen) config.listen = *flags.listen;
+  if (flags.insecure) config.insecure = true;
+  if (flags.audit_store) {
+    if (flags.audit_store->empty()) {
+      return absl::InvalidArgumentError(
+          "--audit-store is empty: give sqlite:PATH, postgresql://... or none");
+    }
+    config.audit_store = *flags.audit_store;
+  }
+  if (flags.metrics_listen) config.metrics_listen = *flags.metrics_listen;
+  if (flags.etcd) {
+    std::vector<std::string> endpoints;
+    for (absl::string_view e : absl::StrSplit(*flags.etcd, ',')) {
+      e = absl::StripAsciiWhitespace(e);
+      if (!e.empty()) endpoints.emplace_back(e);
+    }
+    if (endpoints.empty()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("--etcd \"", *flags.etcd, "\" names no endpoint (host:port,...)"));
+    }
+    SetControlEndpoints(&config, std::move(endpoints));
+  }
+  if (flags.etcd_plaintext) SetControlPlaintext(&config);
+  if (auto s = ValidateConfig(config); !s.ok()) return s;
+  if (auto s = CheckConfigFiles(config); !s.ok()) return s;
+  return config;
+}
+
+absl::Status CheckConfigFiles(const Config& c) {
+  std::vector<std::pair<std::string, std::string>> files;  // key, path
+  if (!c.insecure) {
+    files.insert(files.end(), {{"tls.ca_file", c.tls_ca_file},
+                               {"tls.cert_file", c.tls_cert_file},
+                               {"tls.key_file", c.tls_key_file}});
+    for (const auto& [td, path] : c.trust_bundles) {
+      files.emplace_back("tls.trust_bundles." + td, path);
+    }
+  }
+  if (c.clusters.empty()) {
+    files.insert(files.end(), {{"etcd.tls.ca_file", c.etcd_ca_file},
+                               {"etcd.tls.cert_file", c.etcd_cert_file},
+                               {"etcd.tls.key_file", c.etcd_key_file}});
+  }
+  for (size_t i = 0; i < c.clusters.size(); ++i) {
+    const std::string where = absl::StrCat("clusters[", i, "].tls.");
+    files.insert(files.end(), {{where + "ca_file", c.clusters[i].ca_file},
+                               {where + "cert_file", c.clusters[i].cert_file},
+                               {where + "key_file", c.clusters[i].key_file}});
+  }
+  for (const auto& [what, path] : files) {
+    if (path.empty()) continue;
+    if (auto s = CheckPemFile(path); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat("config: ", what, " ", s.message()));
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status ValidateConfig(const Config& c) {
+  // host:port, the port 1..65535. A URL's scheme (etcdctl's http://h:2379) is
+  // refused by name: gRPC would take it as a target it cannot resolve, and whether
+  // TLS is spoken is the tls section's to say, not the address's.
   auto host_port = [](const std::string& what, const std::string& v) -> absl::Status {
+    if (v.find("://") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: ", what, " \"", v, "\": give host:port without a scheme (TLS is set by "
+          "the tls settings)"));
+    }
     auto colon = v.rfind(':');
     if (v.empty() || colon == std::string::npos || colon + 1 == v.size() || colon == 0) {
       return absl::InvalidArgumentError(
@@ -407,6 +581,11 @@ absl::Status ValidateConfig(const Config& c) {
             absl::StrCat("config: ", what, " \"", v, "\" has a bad port"));
       }
     }
+    if (v.size() - colon - 1 > 5 || std::stoi(v.substr(colon + 1)) < 1 ||
+        std::stoi(v.substr(colon + 1)) > 65535) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: ", what, " \"", v, "\" has a bad port (1..65535)"));
+    }
     return absl::OkStatus();
   };
   if (auto s = host_port("listen", c.listen); !s.ok()) return s;
@@ -416,8 +595,11 @@ absl::Status ValidateConfig(const Config& c) {
   if (c.etcd_endpoints.empty()) {
     return absl::InvalidArgumentError("config: etcd.endpoints is empty");
   }
-  for (const auto& e : c.etcd_endpoints) {
-    if (auto s = host_port("etcd endpoint", e); !s.ok()) return s;
+  for (size_t i = 0; i < c.etcd_endpoints.size(); ++i) {
+    if (auto s = host_port(absl::StrCat("etcd.endpoints[", i, "]"), c.etcd_endpoints[i]);
+        !s.ok()) {
+      return s;
+    }
   }
   // Upper bounds below: past them a value is more likely a mistaken unit than a
   // wish, and each costs something real (a call stalled that long, a crashed
@@ -466,6 +648,16 @@ absl::Status ValidateConfig(const Config& c) {
   if (c.audit_retention != std::chrono::milliseconds(0) && c.audit_retention < std::chrono::hours(1)) {
     return absl::InvalidArgumentError(
         "config: audit.retention must be 0s (keep every event) or at least 1h");
+  }
+  // etcd leases count whole seconds, and gRPC's certificate watcher too: 2500ms
+  // would act as 2s.
+  for (auto [name, d] : {std::pair{"audit.leader_ttl", c.audit_leader_ttl},
+                         std::pair{"audit.force_request_ttl", c.force_request_ttl},
+                         std::pair{"tls.refresh", c.tls_refresh}}) {
+    if (d % std::chrono::seconds(1) != std::chrono::milliseconds(0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: ", name, " must be whole seconds, not ", d.count(), "ms"));
+    }
   }
   if (c.audit_leader_ttl < std::chrono::seconds(2) ||
       c.audit_compaction_interval < std::chrono::seconds(1) ||
@@ -561,8 +753,7 @@ absl::Status ValidateConfig(const Config& c) {
         " serves them over plain HTTP to anyone; remove one or the other"));
   }
   if (c.insecure) {
-    const std::string host = c.listen.substr(0, c.listen.rfind(':'));
-    if (host != "127.0.0.1" && host != "localhost" && host != "[::1]") {
+    if (!net::IsLoopbackEndpoint(c.listen)) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config: insecure (no TLS) is allowed only on a loopback address, not ", c.listen));
     }

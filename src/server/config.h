@@ -24,7 +24,8 @@
 //     ttl_min: 1s                   # bounds on session TTLs (classes narrow them)
 //     ttl_max: 24h                  # at most 7d
 //   acquire:
-//     max_wait: 1h                  # at most 24h
+//     max_wait: 1h                  # longest wait an Acquire may ask for (0s..24h; 0s:
+//                                   #   none may wait, every Acquire is a try)
 //     ride_with_release: 5ms        # an enqueue behind other waiters waits this long for
 //                                   #   the key's next release here, to share its etcd
 //                                   #   transaction (0s: never; at most 1s)
@@ -37,7 +38,8 @@
 //       acme.org: /etc/holdfast/acme-bundle.pem   # one domain): a client's chain must lead
 //                                   #   to a CA of its SPIFFE ID's domain, not only to one
 //                                   #   of ca_file (server/auth.h)
-//     refresh: 10s                  # how often the files are checked for changes
+//     refresh: 10s                  # how often the files are checked for changes (1s..10m,
+//                                   #   whole seconds)
 //   admin_ids: [spiffe://acme.org/ops/*]   # may run the Admin API, use every namespace
 //   insecure: false                 # plaintext, loopback only, every caller is dev_identity
 //   shutdown_grace: 5s              # at SIGTERM, how long the calls in flight get to finish
@@ -52,9 +54,10 @@
 //                                   #   1s..24h)
 //     compaction_keep_revisions: 10000  # ... never past audit cursor - this
 //     lag_warn_revisions: 100000    # backlog that is logged loudly
-//     leader_ttl: 10s               # the auditor's lease: fail-over time (2s..5m)
+//     leader_ttl: 10s               # the auditor's lease: fail-over time (2s..5m, whole
+//                                   #   seconds, as etcd leases)
 //     force_request_ttl: 15m        # how long a force-release request waits for approval
-//                                   #   (10s..24h)
+//                                   #   (10s..24h, whole seconds)
 //     flush_interval: 50ms          # one audit store transaction per this, at most,
 //                                   #   while events keep coming (0s..1s; 0s: at once)
 //     max_buffered_events: 50000    # events held in memory until recorded; beyond, the
@@ -82,11 +85,14 @@
 //     max_holds_per_session: 1000   # lock keys one session holds or waits for at once;
 //                                   #   one more is refused (RESOURCE_EXHAUSTED; 1..100000)
 //
-// Unknown keys are errors (a typo must not silently keep a default).
+// Unknown keys are errors (a typo must not silently keep a default), and so is a
+// key given twice. Integers are decimal; addresses are host:port, without a
+// scheme; the files named are read at start and must be PEM (CheckConfigFiles).
 #pragma once
 
 #include <chrono>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -160,10 +166,35 @@ void SetControlEndpoints(Config* c, std::vector<std::string> endpoints);
 // --etcd-plaintext: the control cluster's `plaintext: true`.
 void SetControlPlaintext(Config* c);
 
-// Parses YAML text. Errors: INVALID_ARGUMENT naming the key and the problem.
+// holdfastd's flags that override the file; an absent one leaves the file's value.
+struct ConfigFlags {
+  std::optional<std::string> listen;
+  std::optional<std::string> etcd;  // comma-separated host:port; spaces around each ignored
+  std::optional<std::string> audit_store;
+  std::optional<std::string> metrics_listen;  // "": no metrics endpoint
+  bool insecure = false;
+  bool etcd_plaintext = false;
+};
+
+// What holdfastd runs with: the file at `path` (none if empty), the flags over
+// it, and then the whole checked once (ValidateConfig, CheckConfigFiles), so a
+// flag can complete or correct the file (--insecure for a file without tls,
+// --etcd for its endpoints). Errors: INVALID_ARGUMENT naming the key or flag and
+// the problem (NOT_FOUND for a file that does not exist).
+absl::StatusOr<Config> LoadConfig(const std::string& path, const ConfigFlags& flags);
+
+// Parses YAML text and validates it. Errors: INVALID_ARGUMENT naming the key and
+// the problem.
 absl::StatusOr<Config> ParseConfig(const std::string& yaml_text);
+// Reads and parses a file, each field checked on its own but not validated as a
+// whole (flags may still change it: LoadConfig). Refuses what is not a regular
+// file, with the OS's reason.
 absl::StatusOr<Config> LoadConfigFile(const std::string& path);
 // Checks cross-field rules (bounds, non-empty endpoints, listen address form).
 absl::Status ValidateConfig(const Config& c);
+// Every file the config names (tls.*, trust_bundles, etcd and cluster TLS) can be
+// read and is PEM, so a typo in a path stops holdfastd at start with the key,
+// path and reason, not as failed handshakes later. Reads the files.
+absl::Status CheckConfigFiles(const Config& c);
 
 }  // namespace holdfast::server

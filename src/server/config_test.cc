@@ -1,5 +1,10 @@
 #include "server/config.h"
 
+#include <stdlib.h>
+
+#include <filesystem>
+#include <fstream>
+
 #include <gtest/gtest.h>
 
 #include "absl/strings/str_cat.h"
@@ -98,7 +103,7 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\nmetrics: {listen: 9420}", "metrics.listen \"9420\" is not host:port"},
       {"insecure: true\nmetrics: {listen: \"localhost:metrics\"}", "has a bad port"},
       {"insecure: true\nmetrics: {readers: spiffe://a.org/x}", "metrics.readers must be a list"},
-      {"insecure: true\nmetrics: {readers: [[a]]}", "metrics.readers[] must be a string"},
+      {"insecure: true\nmetrics: {readers: [[a]]}", "metrics.readers[0] must be a string"},
       {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [acme.org]}\n"
        "metrics: {readers: [prometheus]}",
        "config: metrics.readers: "},
@@ -183,6 +188,63 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
        "cluster \"a\" endpoint 10.0.0.5:2379 is not a loopback address and clusters[].tls"},
       {"insecure: true\netcd: {endpoints: [10.0.0.5:2379], plaintext: yes please}",
        "etcd.plaintext must be true or false"},
+      // A key given twice: yaml-cpp would read the first and drop the second.
+      {"insecure: true\nlisten: 127.0.0.1:1\nlisten: 127.0.0.1:2", "key \"listen\" is given twice"},
+      {"insecure: true\nsessions: {ttl_min: 1s, ttl_min: 2s}",
+       "key \"sessions.ttl_min\" is given twice"},
+      {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [acme.org],\n"
+       "      trust_bundles: {acme.org: a.pem, acme.org: b.pem}}",
+       "key \"tls.trust_bundles.acme.org\" is given twice"},
+      // Sections that are not maps, and list items that are not strings.
+      {"insecure: true\nlimits:\n  - max_message_bytes: 8192", "config: limits must be a map"},
+      {"insecure: true\netcd: {tls: /etc/ca.pem}", "config: etcd.tls must be a map"},
+      {"insecure: true\nsessions: []", "config: sessions must be a map"},
+      {"insecure: true\nacquire: 5m", "config: acquire must be a map"},
+      {"insecure: true\nclusters: [{name: a, endpoints: [h:1], tls: x}]",
+       "config: clusters[0].tls must be a map"},
+      {"insecure: true\netcd: {endpoints: [{host: 10.0.0.1, port: 2379}]}",
+       "config: etcd.endpoints[0] must be a string (host:port)"},
+      {"insecure: true\netcd: {endpoints: [127.0.0.1:2379, ~]}",
+       "config: etcd.endpoints[1] must be a string (host:port)"},
+      {"insecure: true\nclusters: [{name: a, endpoints: [[h:1]]}]",
+       "config: clusters[0].endpoints[0] must be a string"},
+      {"insecure: true\nadmin_ids: [[spiffe://a.org/x]]", "config: admin_ids[0] must be a string"},
+      {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [{acme: org}]}",
+       "config: tls.trust_domains[0] must be a string"},
+      {"insecure: true\n? [a, b]\n: 1", "config: a key at the top level is not a name"},
+      // Integers: decimal, in range.
+      {"insecure: true\nlimits: {max_message_bytes: 065536}",
+       "config: limits.max_message_bytes \"065536\" has a leading zero"},
+      {"insecure: true\nlimits: {max_message_bytes: 0x10000}",
+       "config: limits.max_message_bytes must be an integer, not \"0x10000\""},
+      {"insecure: true\nlimits: {max_message_bytes: [1]}",
+       "config: limits.max_message_bytes must be an integer"},
+      {"insecure: true\naudit: {max_buffered_events: 3000000000}",
+       "config: audit.max_buffered_events 3000000000 is out of range"},
+      // Addresses: no scheme, a port in range.
+      {"insecure: true\netcd: {endpoints: [\"http://127.0.0.1:2379\"]}",
+       "config: etcd.endpoints[0] \"http://127.0.0.1:2379\": give host:port without a scheme"},
+      {"insecure: true\nclusters: [{name: a, endpoints: [\"https://10.0.0.1:2379\"], "
+       "plaintext: true}]",
+       "cluster \"a\" endpoint \"https://10.0.0.1:2379\": give host:port without a scheme"},
+      {"insecure: true\nlisten: 127.0.0.1:74200", "listen \"127.0.0.1:74200\" has a bad port (1..65535)"},
+      {"insecure: true\nlisten: 127.0.0.1:0", "listen \"127.0.0.1:0\" has a bad port (1..65535)"},
+      {"insecure: true\netcd: {endpoints: [127.0.0.1:99999]}",
+       "etcd.endpoints[0] \"127.0.0.1:99999\" has a bad port (1..65535)"},
+      {"insecure: true\nmetrics: {listen: \"127.0.0.1:123456789012\"}",
+       "metrics.listen \"127.0.0.1:123456789012\" has a bad port (1..65535)"},
+      // Settings that contradict each other, or are missing.
+      {"insecure: true\netcd: {plaintext: true, tls: {ca_file: a}}",
+       "config: etcd.tls and etcd.plaintext: true contradict each other; keep one"},
+      {"insecure: true\nclusters: [{name: a, endpoints: [h:1], plaintext: true, tls: {ca_file: a}}]",
+       "config: clusters[0].tls and clusters[0].plaintext: true contradict each other"},
+      {"insecure: true\nclusters: [{endpoints: [h:1]}]", "config: clusters[0].name is required"},
+      // Counted in whole seconds where they are used.
+      {"insecure: true\naudit: {leader_ttl: 2500ms}",
+       "config: audit.leader_ttl must be whole seconds, not 2500ms"},
+      {"insecure: true\naudit: {force_request_ttl: 90500ms}",
+       "config: audit.force_request_ttl must be whole seconds"},
+      {"insecure: true\ntls: {refresh: 1500ms}", "config: tls.refresh must be whole seconds"},
   };
   for (const auto& c : cases) {
     auto r = ParseConfig(c.yaml);
@@ -267,9 +329,125 @@ tls:
   EXPECT_EQ(c->trust_bundles.at("partner.org"), "/partner.pem");
 }
 
-TEST(ConfigTest, MissingFileIsNotFound) {
-  EXPECT_EQ(LoadConfigFile("/nonexistent/holdfast.yaml").status().code(),
-            absl::StatusCode::kNotFound);
+TEST(ConfigTest, EmptySectionsKeepTheDefaultsAndAnyLoopbackAddressMayBeInsecure) {
+  auto c = ParseConfig("insecure: true\nlisten: 127.0.0.2:7420\nsessions:\nlimits:\n");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->session_ttl_max, std::chrono::hours(24));
+  EXPECT_EQ(c->max_message_bytes, 64 * 1024);
+  // acquire.max_wait: 0s is allowed: no Acquire may wait.
+  c = ParseConfig("insecure: true\nacquire: {max_wait: 0s}");
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->max_wait, std::chrono::milliseconds(0));
+}
+
+class ConfigFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    std::string tmpl = ::testing::TempDir() + "/holdfast-config-XXXXXX";
+    ASSERT_NE(::mkdtemp(tmpl.data()), nullptr);
+    dir_ = tmpl;
+  }
+  void TearDown() override { std::filesystem::remove_all(dir_); }
+  std::string Write(const std::string& name, const std::string& text) {
+    const std::string path = dir_ + "/" + name;
+    std::ofstream(path) << text;
+    return path;
+  }
+  std::string dir_;
+};
+
+TEST_F(ConfigFileTest, MissingFileIsNotFoundWithTheReason) {
+  auto r = LoadConfigFile(dir_ + "/holdfast.yaml");
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(r.status().message(),
+            "config: cannot read " + dir_ + "/holdfast.yaml: No such file or directory");
+}
+
+TEST_F(ConfigFileTest, ADirectoryIsNotAConfigFile) {
+  auto r = LoadConfigFile(dir_);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(), "config: " + dir_ + " is not a file (a directory)");
+}
+
+// The file is checked with the flags over it: --insecure completes a file without
+// tls, --etcd-plaintext one whose etcd is remote, --etcd replaces its endpoints.
+TEST_F(ConfigFileTest, FlagsApplyBeforeTheWholeIsChecked) {
+  const std::string path = Write("a.yaml", "listen: 127.0.0.1:7420\n");
+  auto r = LoadConfig(path, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("tls.ca_file, tls.cert_file and tls.key_file are required"),
+            std::string::npos)
+      << r.status();
+  ConfigFlags insecure;
+  insecure.insecure = true;
+  r = LoadConfig(path, insecure);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_TRUE(r->insecure);
+
+  const std::string remote =
+      Write("b.yaml", "insecure: true\netcd: {endpoints: [10.0.0.5:2379]}\n");
+  r = LoadConfig(remote, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("10.0.0.5:2379 is not a loopback address"),
+            std::string::npos)
+      << r.status();
+  ConfigFlags plaintext;
+  plaintext.etcd_plaintext = true;
+  EXPECT_TRUE(LoadConfig(remote, plaintext).ok());
+  ConfigFlags local;
+  local.etcd = " 127.0.0.1:2379 , 127.0.0.1:2380,";
+  r = LoadConfig(remote, local);
+  ASSERT_TRUE(r.ok()) << r.status();
+  EXPECT_EQ(r->etcd_endpoints, (std::vector<std::string>{"127.0.0.1:2379", "127.0.0.1:2380"}));
+
+  // The file's own errors still come first, and a flag that is wrong is named.
+  const std::string bad = Write("c.yaml", "insecure: true\nlisten: [a]\n");
+  EXPECT_EQ(LoadConfig(bad, insecure).status().message(), "config: listen must be a string");
+  ConfigFlags no_etcd;
+  no_etcd.etcd = " , ";
+  EXPECT_EQ(LoadConfig(remote, no_etcd).status().message(),
+            "--etcd \" , \" names no endpoint (host:port,...)");
+  ConfigFlags no_store = insecure;
+  no_store.audit_store = "";
+  EXPECT_EQ(LoadConfig("", no_store).status().message(),
+            "--audit-store is empty: give sqlite:PATH, postgresql://... or none");
+  ConfigFlags listen = insecure;
+  listen.listen = "0.0.0.0:7420";
+  EXPECT_EQ(LoadConfig("", listen).status().message(),
+            "config: insecure (no TLS) is allowed only on a loopback address, not 0.0.0.0:7420");
+}
+
+// Every file named is read at start: a typo stops holdfastd with the key, the
+// path and the reason, not as failed handshakes later.
+TEST_F(ConfigFileTest, TheFilesNamedMustBeReadablePem) {
+  const std::string pem = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+  const std::string ca = Write("ca.pem", pem);
+  const std::string cert = Write("svid.pem", pem);
+  const std::string key = Write("key.pem", pem);
+  const std::string der = Write("der.pem", std::string("\x30\x82\x01\x0a", 4));
+  auto config = [&](const std::string& cert_file, const std::string& etcd_ca) {
+    return absl::StrCat("tls: {ca_file: ", ca, ", cert_file: ", cert_file, ", key_file: ", key,
+                        ", trust_domains: [acme.org]}\n",
+                        etcd_ca.empty() ? "" : absl::StrCat("etcd: {tls: {ca_file: ", etcd_ca, "}}\n"));
+  };
+  EXPECT_TRUE(LoadConfig(Write("ok.yaml", config(cert, ca)), {}).ok());
+
+  auto r = LoadConfig(Write("typo.yaml", config(dir_ + "/svdi.pem", "")), {});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "config: tls.cert_file " + dir_ + "/svdi.pem: cannot read: No such file or directory");
+
+  r = LoadConfig(Write("der.yaml", config(der, "")), {});
+  EXPECT_EQ(r.status().message(),
+            "config: tls.cert_file " + der + " is not PEM (no \"-----BEGIN\" line)");
+
+  r = LoadConfig(Write("etcd.yaml", config(cert, dir_ + "/etcd-ca.pem")), {});
+  EXPECT_EQ(r.status().message(), "config: etcd.tls.ca_file " + dir_ +
+                                      "/etcd-ca.pem: cannot read: No such file or directory");
+
+  // A directory named as a file.
+  r = LoadConfig(Write("dir.yaml", config(dir_, "")), {});
+  EXPECT_EQ(r.status().message(), "config: tls.cert_file " + dir_ + " is not a file");
 }
 
 }  // namespace

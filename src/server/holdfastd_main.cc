@@ -7,7 +7,6 @@
 
 #include <CLI/CLI.hpp>
 
-#include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "server/config.h"
 #include "server/allocator.h"
@@ -45,27 +44,20 @@ int main(int argc, char** argv) {
                "serve without TLS (loopback addresses only; every caller is the dev identity)");
   CLI11_PARSE(app, argc, argv);
 
-  holdfast::server::Config config;
-  if (!config_path.empty()) {
-    auto loaded = holdfast::server::LoadConfigFile(config_path);
-    if (!loaded.ok()) {
-      std::fprintf(stderr, "holdfastd: %s\n", std::string(loaded.status().message()).c_str());
-      return 2;
-    }
-    config = *loaded;
-  }
-  if (!listen.empty()) config.listen = listen;
-  if (insecure) config.insecure = true;
-  if (!audit_store.empty()) config.audit_store = audit_store;
-  if (metrics_flag->count() > 0) config.metrics_listen = metrics_listen;
-  if (!etcd.empty()) {
-    holdfast::server::SetControlEndpoints(&config, absl::StrSplit(etcd, ',', absl::SkipEmpty()));
-  }
-  if (etcd_plaintext) holdfast::server::SetControlPlaintext(&config);
-  if (auto s = holdfast::server::ValidateConfig(config); !s.ok()) {
-    std::fprintf(stderr, "holdfastd: %s\n", std::string(s.message()).c_str());
+  holdfast::server::ConfigFlags flags;
+  auto given = [&app](const char* name) { return app.count(name) > 0; };
+  if (given("--listen")) flags.listen = listen;
+  if (given("--etcd")) flags.etcd = etcd;
+  if (given("--audit-store")) flags.audit_store = audit_store;
+  if (metrics_flag->count() > 0) flags.metrics_listen = metrics_listen;
+  flags.insecure = insecure;
+  flags.etcd_plaintext = etcd_plaintext;
+  auto loaded = holdfast::server::LoadConfig(config_path, flags);
+  if (!loaded.ok()) {
+    std::fprintf(stderr, "holdfastd: %s\n", std::string(loaded.status().message()).c_str());
     return 2;
   }
+  holdfast::server::Config config = *std::move(loaded);
 
   // Signals are taken by sigwait on the main thread, never by a handler.
   sigset_t stop;
