@@ -9,6 +9,7 @@
 #include "absl/strings/str_split.h"
 #include "common/duration.h"
 #include "common/names.h"
+#include "common/pem_file.h"
 #include "dev/dev_pki.h"
 #include "holdfast/client.h"
 
@@ -183,6 +184,15 @@ std::unique_ptr<Client> ConnectOrReport(const GlobalOptions& global, int* exit_c
     *exit_code = ReportUsageError(absl::InvalidArgumentError(
         "--ca, --cert and --key go together (or set HOLDFAST_CA, HOLDFAST_CERT, HOLDFAST_KEY)"));
     return nullptr;
+  }
+  // Named by the flag the user gave (libholdfast checks them too, by its field names).
+  for (auto [flag, path] : {std::pair{"--ca", &global.ca_file}, std::pair{"--cert", &global.cert_file},
+                            std::pair{"--key", &global.key_file}}) {
+    if (path->empty()) continue;
+    if (auto s = CheckPemFile(*path); !s.ok()) {
+      *exit_code = ReportUsageError(absl::InvalidArgumentError(absl::StrCat(flag, " ", s.message())));
+      return nullptr;
+    }
   }
   options.ca_file = global.ca_file;
   options.cert_file = global.cert_file;

@@ -520,6 +520,11 @@ void ReleaseAndClose(Hold& hold, Session& session, const LockRequest& request) {
 int RunLock(const GlobalOptions& global, const LockFlags& flags) {
   auto request = Validate(flags);
   if (!request.ok()) return ReportUsageError(request.status());
+  // A command that is not there (a typo) is said before the lock is waited for,
+  // taken and released for nothing: 127 or 126 as below, nothing sent.
+  if (auto found = dev::FindProgram(request->command[0]); !found.ok()) {
+    return ReportStartError(found);
+  }
   // Before any thread exists (the client starts some).
   std::vector<int> signals(std::begin(kForwardedSignals), std::end(kForwardedSignals));
   signals.push_back(SIGCHLD);
@@ -633,8 +638,8 @@ void RegisterLockCommand(CLI::App& app, CommandContext& ctx) {
                   "after the hold is lost: time between SIGTERM and SIGKILL to the command")
       ->capture_default_str();
   cmd->add_option("lock", flags->lock, "NS/KEY: namespace, '/', lock key")->required();
-  cmd->add_option("command", flags->command, "the command to run (after --) and its arguments")
-      ->required();
+  // Not required(): Validate says what is missing in holdfast's words.
+  cmd->add_option("command", flags->command, "the command to run (after --) and its arguments");
   cmd->parse_complete_callback([flags, &ctx] {
     flags->separated = std::find(ctx.args.begin(), ctx.args.end(), "--") != ctx.args.end();
   });

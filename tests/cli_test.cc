@@ -368,6 +368,36 @@ TEST_F(CliTest, BadInputIsRefusedBeforeReachingTheServer) {
   EXPECT_EQ(r.exit_code, 2);
   r = Run({"ns", "list", "-o", "yaml"});
   EXPECT_EQ(r.exit_code, 2);
+  // Words of the command on both sides of `--` (the options between would be
+  // holdfast's): refused, nothing run.
+  r = Run({"lock", "default/cli/bad", "touch", file, "--ttl", "1h", "--", "-c"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("holdfast: The following argument was not expected: -c"),
+            std::string::npos)
+      << r.err;
+  r = Run({"lock", "default/cli/bad", "--"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("no command given: holdfast lock NS/KEY -- CMD [ARGS...]"),
+            std::string::npos)
+      << r.err;
+  bad = client_->Describe("default", "cli/bad");
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_EQ(bad->holders_size(), 0);
+  // mTLS files that cannot be used, named by their flag, before any connection.
+  const std::string not_pem = Path("not-a-cert.txt");
+  std::ofstream(not_pem) << "hello\n";
+  for (const auto& [flags, reason] :
+       {std::pair{std::vector<std::string>{"--ca", Path("ca.pme"), "--cert", not_pem, "--key",
+                                           not_pem},
+                  "--ca " + Path("ca.pme") + ": cannot read: No such file or directory"},
+        std::pair{std::vector<std::string>{"--ca", not_pem, "--cert", not_pem, "--key", not_pem},
+                  "--ca " + not_pem + " is not PEM (no \"-----BEGIN\" line)"}}) {
+    std::vector<std::string> args = flags;
+    args.insert(args.end(), {"lock", "default/cli/bad", "--", "touch", file});
+    r = Run(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_EQ(r.err, "holdfast: " + reason + "\n");
+  }
   // Plaintext (no --ca/--cert/--key, no dev credentials) to a holdfastd off
   // this machine: refused before anything is sent.
   auto remote = CliProcess::Start(cluster_->dir(), "10.0.0.5:7420",
@@ -1522,8 +1552,20 @@ TEST_F(CliTest, LockForwardsSigquitToTheCommandAndReleases) {
 }
 
 // A command that cannot be run exits as in a shell, 127 or 126, with a plain
-// message (it was "INTERNAL: spawn: ..." and 1), and the key is free again.
+// message (it was "INTERNAL: spawn: ..." and 1), and the key is free again. It is
+// looked up before anything is sent: with no holdfastd at the endpoint, the
+// answer is the same, not "no connection".
 TEST_F(CliTest, ACommandThatCannotBeRunExits127Or126AndReleases) {
+  for (const char* endpoint : {"127.0.0.1:1", ""}) {
+    auto p = CliProcess::Start(cluster_->dir(), *endpoint ? endpoint : cluster_->endpoint(),
+                               {"lock", "--wait", "30m", "default/cli/no-command", "--",
+                                "hf-no-such-command", "arg"});
+    ASSERT_NE(p, nullptr);
+    CliResult early = p->Finish();
+    EXPECT_EQ(early.exit_code, 127) << endpoint << ": " << early.err;
+    EXPECT_EQ(early.err, "holdfast: cannot run hf-no-such-command: No such file or directory\n")
+        << endpoint;
+  }
   CliResult r = Run({"lock", "default/cli/no-command", "--", "hf-no-such-command", "arg"});
   EXPECT_EQ(r.exit_code, 127) << r.err;
   EXPECT_NE(r.err.find("holdfast: cannot run hf-no-such-command: No such file or directory\n"),

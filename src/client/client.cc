@@ -19,6 +19,7 @@
 #include "common/grpc_status.h"
 #include "common/loopback.h"
 #include "common/names.h"
+#include "common/pem_file.h"
 
 namespace holdfast {
 
@@ -953,6 +954,24 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
           "plaintext there would trust whatever answers (holdfastd serves plaintext only on "
           "loopback); give the mTLS files (--ca/--cert/--key, HOLDFAST_CA/HOLDFAST_CERT/"
           "HOLDFAST_KEY; ClientOptions::ca_file, cert_file, key_file)"));
+    }
+  }
+  if (options.cert_file.empty() != options.key_file.empty()) {
+    return absl::InvalidArgumentError("cert_file and key_file go together");
+  }
+  if (options.ca_file.empty() && !options.cert_file.empty()) {
+    return absl::InvalidArgumentError(
+        "cert_file and key_file need ca_file (the CA bundle that signed holdfastd's "
+        "certificate): without it the client would speak plaintext");
+  }
+  // Read once here: gRPC's watcher only logs a file it cannot read, and every
+  // call would then fail as if holdfastd were unreachable.
+  for (auto [name, path] : {std::pair{"ca_file", &options.ca_file},
+                            std::pair{"cert_file", &options.cert_file},
+                            std::pair{"key_file", &options.key_file}}) {
+    if (path->empty()) continue;
+    if (auto s = CheckPemFile(*path); !s.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(name, " ", s.message()));
     }
   }
   return std::unique_ptr<Client>(

@@ -5,7 +5,10 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <stdlib.h>
 #include <atomic>
+#include <filesystem>
+#include <fstream>
 #include <chrono>
 #include <functional>
 #include <thread>
@@ -356,6 +359,41 @@ TEST(EndpointListTest, PlaintextGoesOnlyToLoopbackUnlessAllowed) {
   o.allow_plaintext = false;
   o.endpoints = {"127.0.0.1:1", "127.3.2.1:1", "localhost:1", "[::1]:1", "dns:///localhost:1"};
   EXPECT_TRUE(Client::Connect(o).ok()) << Client::Connect(o).status();
+}
+
+// The mTLS files are read at Connect: a path that is wrong is refused there with
+// the field, the path and the reason, not left to gRPC's watcher to log while
+// every call fails as if holdfastd were unreachable.
+TEST(EndpointListTest, MtlsFilesThatCannotBeUsedAreRefusedAtConnect) {
+  std::string dir = ::testing::TempDir() + "/hf-client-pem-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const std::string pem = dir + "/ok.pem";
+  std::ofstream(pem) << "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+  const std::string text = dir + "/notes.txt";
+  std::ofstream(text) << "not a certificate\n";
+  ClientOptions o;
+  o.endpoints = {"127.0.0.1:7420"};
+  o.ca_file = dir + "/ca.pme";
+  o.cert_file = pem;
+  o.key_file = pem;
+  auto c = Client::Connect(o);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.status().message(), "ca_file " + dir + "/ca.pme: cannot read: No such file or directory");
+  o.ca_file = pem;
+  o.key_file = text;
+  EXPECT_EQ(Client::Connect(o).status().message(),
+            "key_file " + text + " is not PEM (no \"-----BEGIN\" line)");
+  o.key_file = "";
+  EXPECT_EQ(Client::Connect(o).status().message(), "cert_file and key_file go together");
+  o.key_file = pem;
+  o.ca_file = "";
+  EXPECT_NE(Client::Connect(o).status().message().find("cert_file and key_file need ca_file"),
+            std::string::npos);
+  o.ca_file = pem;
+  EXPECT_TRUE(Client::Connect(o).ok()) << Client::Connect(o).status();
+  o.cert_file = o.key_file = "";  // the server checked, no client certificate
+  EXPECT_TRUE(Client::Connect(o).ok()) << Client::Connect(o).status();
+  std::filesystem::remove_all(dir);
 }
 
 // A replica that stops answering, its connection still up (paused, say): the

@@ -8,12 +8,14 @@
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +27,7 @@
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 
 namespace holdfast::dev {
 
@@ -434,6 +437,32 @@ std::optional<ProcState> ReadProcStateFrom(const std::string& proc, pid_t pid) {
 }  // namespace
 
 std::optional<ProcState> ReadProcState(pid_t pid) { return ReadProcStateFrom("/proc", pid); }
+
+absl::Status FindProgram(const std::string& program) {
+  // 0 when `path` could be exec'd, else the errno exec would likely give.
+  auto runnable = [](const std::string& path) -> int {
+    struct stat st {};
+    if (::stat(path.c_str(), &st) != 0) return errno;
+    if (S_ISDIR(st.st_mode)) return EACCES;
+    return ::access(path.c_str(), X_OK) == 0 ? 0 : errno;
+  };
+  if (program.empty()) return ExecError(program, ENOENT);
+  if (program.find('/') != std::string::npos) {
+    const int e = runnable(program);
+    return e == 0 ? absl::OkStatus() : ExecError(program, e);
+  }
+  // As glibc's execvp: PATH's directories in order ("" is the current one), by
+  // default /bin:/usr/bin; one found but not runnable gives EACCES unless a later
+  // one runs.
+  const char* path = std::getenv("PATH");
+  bool denied = false;
+  for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/bin:/usr/bin", ':')) {
+    const int e = runnable(absl::StrCat(dir.empty() ? "." : dir, "/", program));
+    if (e == 0) return absl::OkStatus();
+    if (e == EACCES) denied = true;
+  }
+  return ExecError(program, denied ? EACCES : ENOENT);
+}
 
 bool GroupHasOtherLiveMember(pid_t pgrp, pid_t except, const std::string& proc,
                              pid_t except_too) {

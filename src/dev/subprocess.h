@@ -151,6 +151,13 @@ bool GroupHasOtherLiveMember(pid_t pgrp, pid_t except, const std::string& proc =
 // links the group, and a zombie leader with live threads does not.)
 bool GroupOrphaned(pid_t pgrp, pid_t session, const std::string& proc = "/proc");
 
+// Whether exec would find `program` and may run it, looked up as execvp does
+// (PATH unless it holds a '/'): OK, or the error Spawn would give (NOT_FOUND,
+// FAILED_PRECONDITION: "cannot run PROGRAM: <strerror>"). For refusing a command
+// before anything is done for it (`holdfast lock` checks before it takes the
+// lock); Spawn can still fail (the file changed, a bad interpreter line).
+absl::Status FindProgram(const std::string& program);
+
 // A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then
 // closed). Errors: INTERNAL.
 absl::StatusOr<int> PickFreePort();

@@ -2,6 +2,7 @@
 #include "dev/subprocess.h"
 
 #include <signal.h>
+#include <sys/stat.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -175,6 +176,56 @@ TEST(SubprocessTest, AFailedExecSaysWhetherTheProgramExists) {
   p = Subprocess::Spawn(o);
   EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition) << p.status();
   EXPECT_EQ(p.status().message(), "cannot run /: Permission denied");
+}
+
+// FindProgram says beforehand what Spawn's exec would say: found, not found
+// (PATH searched as execvp does), or found but not runnable.
+TEST(SubprocessTest, FindProgramSaysWhatExecWould) {
+  auto dir = MakeTempDir("hf-find");
+  ASSERT_TRUE(dir.ok()) << dir.status();
+  const std::string plain = *dir + "/plain.sh";  // not executable
+  std::ofstream(plain) << "#!/bin/sh\nexit 0\n";
+  ASSERT_EQ(::chmod(plain.c_str(), 0644), 0);
+  std::filesystem::create_directory(*dir + "/later");
+  const std::string runnable = *dir + "/later/plain.sh";
+  std::ofstream(runnable) << "#!/bin/sh\nexit 0\n";
+  ASSERT_EQ(::chmod(runnable.c_str(), 0755), 0);
+
+  const char* old_path = std::getenv("PATH");
+  const std::string saved = old_path != nullptr ? old_path : "";
+  struct Case {
+    std::string path_env;
+    std::string program;
+  } cases[] = {
+      {saved, "true"},
+      {saved, "/bin/true"},
+      {saved, "hf-no-such-program"},
+      {saved, "/"},
+      {saved, plain},
+      {saved, *dir + "/missing.sh"},
+      {*dir, "plain.sh"},                        // found, not executable: EACCES
+      {*dir + ":" + *dir + "/later", "plain.sh"},  // a later directory's runs
+      {*dir + "/nowhere", "true"},               // not on this PATH
+  };
+  for (const auto& c : cases) {
+    ::setenv("PATH", c.path_env.c_str(), 1);
+    auto found = FindProgram(c.program);
+    SpawnOptions o;
+    o.argv = {c.program};
+    auto spawned = Subprocess::Spawn(o);
+    ::setenv("PATH", saved.c_str(), 1);
+    EXPECT_EQ(found.code(), spawned.status().code()) << c.program << " on " << c.path_env << ": "
+                                                     << found << " / " << spawned.status();
+    if (!spawned.ok()) {
+      EXPECT_EQ(found.message(), spawned.status().message()) << c.program;
+    } else {
+      EXPECT_EQ((*spawned)->Wait(std::chrono::milliseconds(10'000)), 0) << c.program;
+    }
+  }
+  EXPECT_EQ(FindProgram("hf-no-such-program").message(),
+            "cannot run hf-no-such-program: No such file or directory");
+  EXPECT_EQ(FindProgram(plain).code(), absl::StatusCode::kFailedPrecondition);
+  std::filesystem::remove_all(*dir);
 }
 
 // PR_SET_PDEATHSIG is tied to the thread that forked: when it ends, the child
