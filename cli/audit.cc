@@ -6,7 +6,8 @@
 // and time (RFC 3339, UTC).
 // `--since` takes an RFC 3339 time (2026-11-29T10:00:00Z) or a duration back from
 // now (15m, 2h). `--follow` keeps printing new events (polling every second) until
-// interrupted, each etcd cluster's in its own revision order.
+// interrupted, each etcd cluster's in its own revision order. JSON gives 64-bit
+// integers as decimal strings.
 //
 // `holdfast audit status`: where the auditor is (leader, cursor, lag, compaction).
 #include <chrono>
@@ -24,6 +25,8 @@
 #include "cli/common.h"
 #include "cli/output.h"
 #include "common/duration.h"
+#include "common/names.h"
+#include "common/spiffe.h"
 #include "nlohmann/json.hpp"
 
 namespace holdfast::cli {
@@ -54,29 +57,58 @@ absl::StatusOr<int64_t> ParseSince(const std::string& text) {
       "(15m, 2h)"));
 }
 
+// 64-bit integers as decimal strings, as every other `-o json` (the proto3 JSON
+// mapping): session IDs and tokens pass 2^53, past which JSON readers that use
+// doubles (JavaScript, jq before 1.7) round them.
 void PrintJsonLine(const v1::AuditEvent& e) {
   nlohmann::json j = {
-      {"cluster_id", e.cluster_id()}, {"revision", e.revision()},
-      {"type", e.type()},             {"namespace", e.namespace_()},
-      {"lock_key", e.lock_key()},     {"session_id", e.session_id()},
-      {"spiffe_id", e.spiffe_id()},   {"token", e.token()},
-      {"unprotected", e.unprotected()}, {"time", FormatUnixMillis(e.time_unix_ms())},
+      {"cluster_id", e.cluster_id()},
+      {"revision", absl::StrCat(e.revision())},
+      {"type", e.type()},
+      {"namespace", e.namespace_()},
+      {"lock_key", e.lock_key()},
+      {"session_id", absl::StrCat(e.session_id())},
+      {"spiffe_id", e.spiffe_id()},
+      {"token", absl::StrCat(e.token())},
+      {"unprotected", e.unprotected()},
+      {"time", FormatUnixMillis(e.time_unix_ms())},
   };
   std::cout << j.dump() << "\n";
 }
 
 int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
   v1::QueryAuditRequest req;
+  // A filter no event can match (a namespace name with capitals, a name for a
+  // SPIFFE ID) is a mistake, said as such rather than answered with nothing.
+  if (!flags.ns.empty()) {
+    if (auto s = names::ValidateNamespaceName(flags.ns); !s.ok()) {
+      return ReportUsageError(absl::InvalidArgumentError(absl::StrCat("--ns: ", s.message())));
+    }
+  }
+  if (!flags.key.empty()) {
+    if (auto s = names::ValidateLockKey(flags.key); !s.ok()) {
+      return ReportUsageError(absl::InvalidArgumentError(absl::StrCat("--key: ", s.message())));
+    }
+  }
+  if (!flags.identity.empty()) {
+    if (auto id = spiffe::Parse(flags.identity); !id.ok()) {
+      return ReportUsageError(
+          absl::InvalidArgumentError(absl::StrCat("--identity: ", id.status().message())));
+    }
+  }
   req.set_namespace_(flags.ns);
   req.set_lock_key(flags.key);
   req.set_type(flags.type);
   req.set_spiffe_id(flags.identity);
-  if (uint64_t id = 0; !flags.cluster.empty() && !absl::SimpleAtoi(flags.cluster, &id)) {
-    return ReportUsageError(absl::InvalidArgumentError(absl::StrCat(
-        "--cluster \"", flags.cluster,
-        "\" is not a decimal etcd cluster id (`holdfast audit status` lists them)")));
+  if (uint64_t id = 0; !flags.cluster.empty()) {
+    if (!absl::SimpleAtoi(flags.cluster, &id)) {
+      return ReportUsageError(absl::InvalidArgumentError(absl::StrCat(
+          "--cluster \"", flags.cluster,
+          "\" is not a decimal etcd cluster id (`holdfast audit status` lists them)")));
+    }
+    // As the server writes it (042 or +42 is 42): events are followed by this id.
+    req.set_cluster_id(absl::StrCat(id));
   }
-  req.set_cluster_id(flags.cluster);
   if (flags.limit < 1 || flags.limit > 10000) {
     return ReportUsageError(absl::InvalidArgumentError("--limit must be 1..10000"));
   }
@@ -135,7 +167,25 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
       *q.mutable_after() = r->events(r->events_size() - 1);
     }
   };
-  if (auto s = drain(req); !s.ok()) return ReportError(s, "audit");
+  // Following every cluster, each is read on its own from the start: read
+  // together, in one revision order, a page could pass revisions of one cluster
+  // whose auditor had not yet recorded them (each cluster's revisions are its
+  // own), and following it from its last event printed would skip them for good.
+  if (flags.follow && req.cluster_id().empty()) {
+    v1::GetAuditStatusRequest just_clusters;
+    just_clusters.set_clusters_only(true);
+    auto st = client->GetAuditStatus(just_clusters);
+    if (!st.ok()) return ReportError(st.status(), "audit");
+    std::set<std::string> clusters(st->audited_cluster_ids().begin(),
+                                   st->audited_cluster_ids().end());
+    for (const std::string& id : clusters) {
+      v1::QueryAuditRequest q = req;
+      q.set_cluster_id(id);
+      if (auto s = drain(q); !s.ok()) return ReportError(s, "audit");
+    }
+  } else if (auto s = drain(req); !s.ok()) {
+    return ReportError(s, "audit");
+  }
   flush_table();
   std::cout.flush();
   if (!flags.follow) return kExitOk;
@@ -149,8 +199,8 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
   while (true) {
     std::this_thread::sleep_for(std::chrono::seconds(1));
     std::set<std::string> clusters;
-    if (!flags.cluster.empty()) {
-      clusters.insert(flags.cluster);
+    if (!req.cluster_id().empty()) {
+      clusters.insert(req.cluster_id());
     } else {
       for (const auto& [id, e] : last_of) clusters.insert(id);
       v1::GetAuditStatusRequest just_clusters;

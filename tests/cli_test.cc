@@ -470,8 +470,10 @@ TEST_F(CliTest, AuditPrintsJsonLinesInRevisionOrder) {
                          "\"type\":\"release\""};
   for (size_t i = 0; i < lines.size(); ++i) {
     EXPECT_NE(lines[i].find(types[i]), std::string::npos) << lines[i];
-    for (const char* field : {"\"cluster_id\":", "\"revision\":", "\"namespace\":\"default\"",
-                              "\"lock_key\":\"cli/audited\"", "\"spiffe_id\":", "\"token\":",
+    // 64-bit integers are decimal strings, as in every -o json.
+    for (const char* field : {"\"cluster_id\":\"", "\"revision\":\"", "\"namespace\":\"default\"",
+                              "\"lock_key\":\"cli/audited\"", "\"spiffe_id\":", "\"token\":\"",
+                              "\"session_id\":\"",
                               "\"unprotected\":false", "\"time\":\"20"}) {
       EXPECT_NE(lines[i].find(field), std::string::npos) << field << " in " << lines[i];
     }
@@ -494,6 +496,27 @@ TEST_F(CliTest, AuditPrintsJsonLinesInRevisionOrder) {
   r = Run({"audit", "--ns", "default", "--key", "cli/audited", "--cluster", "42", "-o", "json"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "");
+  // The id as the server writes it, however given: followed, each event once.
+  auto follow = CliProcess::Start(cluster_->dir(), cluster_->endpoint(),
+                                  {"audit", "--follow", "--ns", "default", "--key", "cli/audited",
+                                   "--cluster", "00" + cluster_id, "-o", "json"});
+  ASSERT_NE(follow, nullptr);
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // two polls and more
+  follow->Signal(SIGTERM);
+  r = follow->Finish();
+  EXPECT_EQ(std::vector<std::string>(absl::StrSplit(r.out, '\n', absl::SkipEmpty())), lines)
+      << r.err;
+  // Filters no event could match are refused, not answered with nothing.
+  for (const auto& [args, reason] :
+       {std::pair{std::vector<std::string>{"--ns", "Default"}, "--ns: namespace \"Default\""},
+        std::pair{std::vector<std::string>{"--identity", "alice"}, "--identity: "},
+        std::pair{std::vector<std::string>{"--key", std::string(600, 'k')}, "--key: "}}) {
+    std::vector<std::string> audit = {"audit"};
+    audit.insert(audit.end(), args.begin(), args.end());
+    r = Run(audit);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_EQ(r.err.rfind("holdfast: " + std::string(reason), 0), 0u) << r.err;
+  }
   r = Run({"audit", "--cluster", "x"});
   EXPECT_EQ(r.exit_code, 2);  // usage
   EXPECT_NE(r.err.find("--cluster \"x\" is not a decimal etcd cluster id"), std::string::npos)
@@ -562,7 +585,7 @@ TEST_F(CliTest, AuditFollowPrintsNewEventsOnceEachAcrossPages) {
   ASSERT_EQ(lines.size(), 4u) << r.out << r.err;
   auto has = [](const std::string& line, const std::string& type, int64_t session) {
     return line.find("\"type\":\"" + type + "\"") != std::string::npos &&
-           line.find(absl::StrCat("\"session_id\":", session)) != std::string::npos;
+           line.find(absl::StrCat("\"session_id\":\"", session, "\"")) != std::string::npos;
   };
   EXPECT_TRUE(has(lines[0], "grant", (*a)->id())) << lines[0];
   // Same revision: release of A and grant of B, in either order.
