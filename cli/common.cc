@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <tuple>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/numbers.h"
@@ -185,11 +186,14 @@ std::unique_ptr<Client> ConnectOrReport(const GlobalOptions& global, int* exit_c
         "--ca, --cert and --key go together (or set HOLDFAST_CA, HOLDFAST_CERT, HOLDFAST_KEY)"));
     return nullptr;
   }
-  // Named by the flag the user gave (libholdfast checks them too, by its field names).
-  for (auto [flag, path] : {std::pair{"--ca", &global.ca_file}, std::pair{"--cert", &global.cert_file},
-                            std::pair{"--key", &global.key_file}}) {
+  // Named by the flag (or its variable). Stricter than libholdfast, which waits
+  // for a file not there yet: here that is a typo, not an agent yet to write it.
+  for (auto [flag, path, kind] :
+       {std::tuple{"--ca", &global.ca_file, PemKind::kCertificates},
+        std::tuple{"--cert", &global.cert_file, PemKind::kCertificates},
+        std::tuple{"--key", &global.key_file, PemKind::kPrivateKey}}) {
     if (path->empty()) continue;
-    if (auto s = CheckPemFile(*path); !s.ok()) {
+    if (auto s = CheckPemFile(*path, kind); !s.ok()) {
       *exit_code = ReportUsageError(absl::InvalidArgumentError(absl::StrCat(flag, " ", s.message())));
       return nullptr;
     }

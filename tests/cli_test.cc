@@ -391,7 +391,8 @@ TEST_F(CliTest, BadInputIsRefusedBeforeReachingTheServer) {
                                            not_pem},
                   "--ca " + Path("ca.pme") + ": cannot read: No such file or directory"},
         std::pair{std::vector<std::string>{"--ca", not_pem, "--cert", not_pem, "--key", not_pem},
-                  "--ca " + not_pem + " is not PEM (no \"-----BEGIN\" line)"}}) {
+                  "--ca " + not_pem +
+                      " holds no PEM certificate (no \"-----BEGIN CERTIFICATE-----\" line)"}}) {
     std::vector<std::string> args = flags;
     args.insert(args.end(), {"lock", "default/cli/bad", "--", "touch", file});
     r = Run(args);

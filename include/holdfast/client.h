@@ -259,7 +259,13 @@ bool Unreachable(const absl::Status& s);
 class Client {
  public:
   // Creates the channels; does not wait for a connection. INVALID_ARGUMENT for no
-  // endpoint, or one that is empty or has spaces, commas or control characters in it.
+  // endpoint, or one that is empty or has spaces, commas or control characters in
+  // it; plaintext to an endpoint off loopback (see ca_file); cert_file without
+  // key_file or either without ca_file; and an mTLS file that is there but is not
+  // what it is named for ("key_file PATH holds no PEM private key ...", a
+  // directory, unreadable). A file not there yet is not an error: it is read once
+  // it appears (an SVID agent that writes it after the process starts), and calls
+  // fail as unreachable until then.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
   ~Client();
 

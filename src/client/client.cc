@@ -1,7 +1,11 @@
 #include "holdfast/client.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <random>
+#include <tuple>
 #include <thread>
 #include <vector>
 
@@ -964,13 +968,17 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
         "cert_file and key_file need ca_file (the CA bundle that signed holdfastd's "
         "certificate): without it the client would speak plaintext");
   }
-  // Read once here: gRPC's watcher only logs a file it cannot read, and every
-  // call would then fail as if holdfastd were unreachable.
-  for (auto [name, path] : {std::pair{"ca_file", &options.ca_file},
-                            std::pair{"cert_file", &options.cert_file},
-                            std::pair{"key_file", &options.key_file}}) {
+  // Read once here: gRPC's watcher only logs a file it cannot use, and every
+  // call would then fail as if holdfastd were unreachable. A file not there yet
+  // is waited for as before (an SVID agent beside the process may write it
+  // after the process starts); one that is there must be what it is named for.
+  for (auto [name, path, kind] :
+       {std::tuple{"ca_file", &options.ca_file, PemKind::kCertificates},
+        std::tuple{"cert_file", &options.cert_file, PemKind::kCertificates},
+        std::tuple{"key_file", &options.key_file, PemKind::kPrivateKey}}) {
     if (path->empty()) continue;
-    if (auto s = CheckPemFile(*path); !s.ok()) {
+    if (struct stat st {}; ::stat(path->c_str(), &st) != 0 && errno == ENOENT) continue;
+    if (auto s = CheckPemFile(*path, kind); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat(name, " ", s.message()));
     }
   }

@@ -361,36 +361,41 @@ TEST(EndpointListTest, PlaintextGoesOnlyToLoopbackUnlessAllowed) {
   EXPECT_TRUE(Client::Connect(o).ok()) << Client::Connect(o).status();
 }
 
-// The mTLS files are read at Connect: a path that is wrong is refused there with
-// the field, the path and the reason, not left to gRPC's watcher to log while
-// every call fails as if holdfastd were unreachable.
+// The mTLS files are read at Connect: one that is there must be what it is named
+// for (refused with the field, the path and the reason, not left to gRPC's
+// watcher to log while every call fails as if holdfastd were unreachable); one
+// not there yet is waited for, as an SVID agent may write it after the start.
 TEST(EndpointListTest, MtlsFilesThatCannotBeUsedAreRefusedAtConnect) {
   std::string dir = ::testing::TempDir() + "/hf-client-pem-XXXXXX";
   ASSERT_NE(::mkdtemp(dir.data()), nullptr);
-  const std::string pem = dir + "/ok.pem";
-  std::ofstream(pem) << "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
-  const std::string text = dir + "/notes.txt";
-  std::ofstream(text) << "not a certificate\n";
+  const std::string cert = dir + "/svid.pem";
+  std::ofstream(cert) << "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+  const std::string key = dir + "/svid_key.pem";
+  std::ofstream(key) << "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
   ClientOptions o;
   o.endpoints = {"127.0.0.1:7420"};
-  o.ca_file = dir + "/ca.pme";
-  o.cert_file = pem;
-  o.key_file = pem;
+  o.ca_file = cert;
+  o.cert_file = cert;
+  o.key_file = key;
+  EXPECT_TRUE(Client::Connect(o).ok()) << Client::Connect(o).status();
+  o.key_file = cert;  // swapped with the certificate
   auto c = Client::Connect(o);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(c.status().message(), "ca_file " + dir + "/ca.pme: cannot read: No such file or directory");
-  o.ca_file = pem;
-  o.key_file = text;
-  EXPECT_EQ(Client::Connect(o).status().message(),
-            "key_file " + text + " is not PEM (no \"-----BEGIN\" line)");
+  EXPECT_EQ(c.status().message(),
+            "key_file " + cert + " holds no PEM private key (no \"-----BEGIN PRIVATE KEY-----\" line)");
+  o.key_file = key;
+  o.ca_file = dir;
+  EXPECT_EQ(Client::Connect(o).status().message(), "ca_file " + dir + " is a directory");
+  o.ca_file = dir + "/bundle.pem";  // not written yet
+  EXPECT_TRUE(Client::Connect(o).ok()) << Client::Connect(o).status();
+  o.ca_file = cert;
   o.key_file = "";
   EXPECT_EQ(Client::Connect(o).status().message(), "cert_file and key_file go together");
-  o.key_file = pem;
+  o.key_file = key;
   o.ca_file = "";
   EXPECT_NE(Client::Connect(o).status().message().find("cert_file and key_file need ca_file"),
             std::string::npos);
-  o.ca_file = pem;
-  EXPECT_TRUE(Client::Connect(o).ok()) << Client::Connect(o).status();
+  o.ca_file = cert;
   o.cert_file = o.key_file = "";  // the server checked, no client certificate
   EXPECT_TRUE(Client::Connect(o).ok()) << Client::Connect(o).status();
   std::filesystem::remove_all(dir);

@@ -7,11 +7,12 @@
 #include <fstream>
 #include <sstream>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 
 namespace holdfast {
 
-absl::Status CheckPemFile(const std::string& path) {
+absl::Status CheckPemFile(const std::string& path, PemKind kind) {
   auto refuse = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(path, why));
   };
@@ -19,13 +20,29 @@ absl::Status CheckPemFile(const std::string& path) {
   if (::stat(path.c_str(), &st) != 0) {
     return refuse(absl::StrCat(": cannot read: ", std::strerror(errno)));
   }
-  if (!S_ISREG(st.st_mode)) return refuse(" is not a file");
+  if (S_ISDIR(st.st_mode)) return refuse(" is a directory");
   std::ifstream in(path);
   if (!in) return refuse(absl::StrCat(": cannot read: ", std::strerror(errno)));
   std::stringstream text;
   text << in.rdbuf();
-  if (text.str().find("-----BEGIN ") == std::string::npos) {
-    return refuse(" is not PEM (no \"-----BEGIN\" line)");
+  // The label of each "-----BEGIN LABEL-----" line: a key file may start with
+  // another block ("-----BEGIN EC PARAMETERS-----" from openssl ecparam).
+  const std::string pem = text.str();
+  bool found = false;
+  for (size_t at = pem.find("-----BEGIN "); at != std::string::npos && !found;
+       at = pem.find("-----BEGIN ", at + 1)) {
+    const size_t start = at + std::strlen("-----BEGIN ");
+    const size_t end = pem.find("-----", start);
+    if (end == std::string::npos) break;
+    const absl::string_view label = absl::string_view(pem).substr(start, end - start);
+    found = kind == PemKind::kCertificates
+                ? label == "CERTIFICATE"
+                : label == "PRIVATE KEY" || absl::EndsWith(label, " PRIVATE KEY");
+  }
+  if (!found) {
+    return refuse(kind == PemKind::kCertificates
+                      ? " holds no PEM certificate (no \"-----BEGIN CERTIFICATE-----\" line)"
+                      : " holds no PEM private key (no \"-----BEGIN PRIVATE KEY-----\" line)");
   }
   return absl::OkStatus();
 }

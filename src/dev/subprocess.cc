@@ -439,12 +439,13 @@ std::optional<ProcState> ReadProcStateFrom(const std::string& proc, pid_t pid) {
 std::optional<ProcState> ReadProcState(pid_t pid) { return ReadProcStateFrom("/proc", pid); }
 
 absl::Status FindProgram(const std::string& program) {
-  // 0 when `path` could be exec'd, else the errno exec would likely give.
+  // 0 when `path` could be exec'd, else the errno exec would likely give (by the
+  // effective ids, as exec checks).
   auto runnable = [](const std::string& path) -> int {
     struct stat st {};
     if (::stat(path.c_str(), &st) != 0) return errno;
     if (S_ISDIR(st.st_mode)) return EACCES;
-    return ::access(path.c_str(), X_OK) == 0 ? 0 : errno;
+    return ::faccessat(AT_FDCWD, path.c_str(), X_OK, AT_EACCESS) == 0 ? 0 : errno;
   };
   if (program.empty()) return ExecError(program, ENOENT);
   if (program.find('/') != std::string::npos) {
@@ -453,13 +454,27 @@ absl::Status FindProgram(const std::string& program) {
   }
   // As glibc's execvp: PATH's directories in order ("" is the current one), by
   // default /bin:/usr/bin; one found but not runnable gives EACCES unless a later
-  // one runs.
+  // one runs; the errors that mean "not here" go on to the next, any other ends
+  // the search with itself.
   const char* path = std::getenv("PATH");
   bool denied = false;
   for (absl::string_view dir : absl::StrSplit(path != nullptr ? path : "/bin:/usr/bin", ':')) {
     const int e = runnable(absl::StrCat(dir.empty() ? "." : dir, "/", program));
-    if (e == 0) return absl::OkStatus();
-    if (e == EACCES) denied = true;
+    switch (e) {
+      case 0:
+        return absl::OkStatus();
+      case EACCES:
+        denied = true;
+        break;
+      case ENOENT:
+      case ESTALE:
+      case ENOTDIR:
+      case ENODEV:
+      case ETIMEDOUT:
+        break;
+      default:
+        return ExecError(program, e);
+    }
   }
   return ExecError(program, denied ? EACCES : ENOENT);
 }

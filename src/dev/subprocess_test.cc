@@ -12,6 +12,7 @@
 #include <functional>
 #include <future>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 
@@ -192,9 +193,16 @@ TEST(SubprocessTest, FindProgramSaysWhatExecWould) {
   ASSERT_EQ(::chmod(runnable.c_str(), 0755), 0);
 
   const char* old_path = std::getenv("PATH");
-  const std::string saved = old_path != nullptr ? old_path : "";
+  const std::optional<std::string> saved =
+      old_path != nullptr ? std::optional<std::string>(old_path) : std::nullopt;
+  auto set_path = [](const std::optional<std::string>& value) {
+    value ? ::setenv("PATH", value->c_str(), 1) : ::unsetenv("PATH");
+  };
+  const std::string loop = *dir + "/loop";  // a symbolic link loop: ELOOP ends the search
+  std::filesystem::create_directory(loop);
+  std::filesystem::create_symlink(loop + "/true", loop + "/true");
   struct Case {
-    std::string path_env;
+    std::optional<std::string> path_env;  // nullopt: PATH unset (/bin:/usr/bin)
     std::string program;
   } cases[] = {
       {saved, "true"},
@@ -206,16 +214,20 @@ TEST(SubprocessTest, FindProgramSaysWhatExecWould) {
       {*dir, "plain.sh"},                        // found, not executable: EACCES
       {*dir + ":" + *dir + "/later", "plain.sh"},  // a later directory's runs
       {*dir + "/nowhere", "true"},               // not on this PATH
+      {std::nullopt, "true"},
+      {"", "true"},                              // the current directory only
+      {loop + ":/usr/bin", "true"},
   };
   for (const auto& c : cases) {
-    ::setenv("PATH", c.path_env.c_str(), 1);
+    set_path(c.path_env);
     auto found = FindProgram(c.program);
     SpawnOptions o;
     o.argv = {c.program};
     auto spawned = Subprocess::Spawn(o);
-    ::setenv("PATH", saved.c_str(), 1);
-    EXPECT_EQ(found.code(), spawned.status().code()) << c.program << " on " << c.path_env << ": "
-                                                     << found << " / " << spawned.status();
+    set_path(saved);
+    EXPECT_EQ(found.code(), spawned.status().code())
+        << c.program << " on " << c.path_env.value_or("(unset)") << ": " << found << " / "
+        << spawned.status();
     if (!spawned.ok()) {
       EXPECT_EQ(found.message(), spawned.status().message()) << c.program;
     } else {

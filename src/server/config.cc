@@ -106,8 +106,8 @@ absl::Status ReadInt(const YAML::Node& n, const std::string& name, int* out) {
   }
   if (v.size() > digits + 1 && v[digits] == '0') {
     return absl::InvalidArgumentError(absl::StrCat(
-        "config: ", name, " \"", v, "\" has a leading zero (write it without: YAML reads it as "
-        "octal)"));
+        "config: ", name, " \"", v, "\" has a leading zero (write it without: YAML 1.1 reads it "
+        "as octal)"));
   }
   int value = 0;
   auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
@@ -135,6 +135,33 @@ absl::Status ReadString(const YAML::Node& n, const std::string& name, std::strin
     return absl::InvalidArgumentError(absl::StrCat("config: ", name, " must be a string"));
   }
   *out = n.as<std::string>();
+  return absl::OkStatus();
+}
+
+// host:port, the port 1..65535, after an optional gRPC scheme (dns:///,
+// ipv4:, ipv6:). An etcd URL (etcdctl's http://h:2379) is refused by name: gRPC
+// cannot resolve it, and whether TLS is spoken is the tls settings' to say.
+// Errors name `what` ("config: listen", "--etcd").
+absl::Status CheckHostPort(const std::string& what, const std::string& v) {
+  if (v.starts_with("http://") || v.starts_with("https://")) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " \"", v, "\": give host:port without http:// or https:// (TLS is set by the tls "
+        "settings)"));
+  }
+  auto colon = v.rfind(':');
+  if (v.empty() || colon == std::string::npos || colon + 1 == v.size() || colon == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(what, " \"", v, "\" is not host:port"));
+  }
+  for (size_t i = colon + 1; i < v.size(); ++i) {
+    if (!isdigit(static_cast<unsigned char>(v[i]))) {
+      return absl::InvalidArgumentError(absl::StrCat(what, " \"", v, "\" has a bad port"));
+    }
+  }
+  if (v.size() - colon - 1 > 5 || std::stoi(v.substr(colon + 1)) < 1 ||
+      std::stoi(v.substr(colon + 1)) > 65535) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(what, " \"", v, "\" has a bad port (1..65535)"));
+  }
   return absl::OkStatus();
 }
 
@@ -481,9 +508,10 @@ absl::StatusOr<Config> LoadConfigFile(const std::string& path) {
     auto message = absl::StrCat("config: cannot read ", path, ": ", std::strerror(err));
     return err == ENOENT ? absl::NotFoundError(message) : absl::InvalidArgumentError(message);
   }
-  if (!S_ISREG(st.st_mode)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config: ", path, " is not a file", S_ISDIR(st.st_mode) ? " (a directory)" : ""));
+  // A pipe is fine (--config <(envsubst < holdfast.yaml.in)); a directory reads as
+  // empty, which would be the defaults.
+  if (S_ISDIR(st.st_mode)) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", path, " is a directory"));
   }
   std::ifstream in(path);
   if (!in) {
@@ -502,7 +530,12 @@ absl::StatusOr<Config> LoadConfig(const std::string& path, const ConfigFlags& fl
     if (!loaded.ok()) return loaded.status();
     config = *std::move(loaded);
   }
-  if (flags.listen) config.listen = *flags.listen;
+  // A flag's own value is checked under its name; the whole, below, in the
+  // file's terms.
+  if (flags.listen) {
+    if (auto s = CheckHostPort("--listen", *flags.listen); !s.ok()) return s;
+    config.listen = *flags.listen;
+  }
   if (flags.insecure) config.insecure = true;
   if (flags.audit_store) {
     if (flags.audit_store->empty()) {
@@ -511,12 +544,19 @@ absl::StatusOr<Config> LoadConfig(const std::string& path, const ConfigFlags& fl
     }
     config.audit_store = *flags.audit_store;
   }
-  if (flags.metrics_listen) config.metrics_listen = *flags.metrics_listen;
+  if (flags.metrics_listen) {
+    if (!flags.metrics_listen->empty()) {
+      if (auto s = CheckHostPort("--metrics-listen", *flags.metrics_listen); !s.ok()) return s;
+    }
+    config.metrics_listen = *flags.metrics_listen;
+  }
   if (flags.etcd) {
     std::vector<std::string> endpoints;
     for (absl::string_view e : absl::StrSplit(*flags.etcd, ',')) {
       e = absl::StripAsciiWhitespace(e);
-      if (!e.empty()) endpoints.emplace_back(e);
+      if (e.empty()) continue;
+      if (auto s = CheckHostPort("--etcd", std::string(e)); !s.ok()) return s;
+      endpoints.emplace_back(e);
     }
     if (endpoints.empty()) {
       return absl::InvalidArgumentError(
@@ -531,29 +571,32 @@ absl::StatusOr<Config> LoadConfig(const std::string& path, const ConfigFlags& fl
 }
 
 absl::Status CheckConfigFiles(const Config& c) {
-  std::vector<std::pair<std::string, std::string>> files;  // key, path
+  struct File {
+    std::string key;
+    std::string path;
+    PemKind kind;
+  };
+  std::vector<File> files;
+  auto add_tls = [&files](const std::string& where, const std::string& ca,
+                          const std::string& cert, const std::string& key) {
+    files.push_back({where + "ca_file", ca, PemKind::kCertificates});
+    files.push_back({where + "cert_file", cert, PemKind::kCertificates});
+    files.push_back({where + "key_file", key, PemKind::kPrivateKey});
+  };
   if (!c.insecure) {
-    files.insert(files.end(), {{"tls.ca_file", c.tls_ca_file},
-                               {"tls.cert_file", c.tls_cert_file},
-                               {"tls.key_file", c.tls_key_file}});
+    add_tls("tls.", c.tls_ca_file, c.tls_cert_file, c.tls_key_file);
     for (const auto& [td, path] : c.trust_bundles) {
-      files.emplace_back("tls.trust_bundles." + td, path);
+      files.push_back({"tls.trust_bundles." + td, path, PemKind::kCertificates});
     }
   }
-  if (c.clusters.empty()) {
-    files.insert(files.end(), {{"etcd.tls.ca_file", c.etcd_ca_file},
-                               {"etcd.tls.cert_file", c.etcd_cert_file},
-                               {"etcd.tls.key_file", c.etcd_key_file}});
-  }
+  if (c.clusters.empty()) add_tls("etcd.tls.", c.etcd_ca_file, c.etcd_cert_file, c.etcd_key_file);
   for (size_t i = 0; i < c.clusters.size(); ++i) {
-    const std::string where = absl::StrCat("clusters[", i, "].tls.");
-    files.insert(files.end(), {{where + "ca_file", c.clusters[i].ca_file},
-                               {where + "cert_file", c.clusters[i].cert_file},
-                               {where + "key_file", c.clusters[i].key_file}});
+    const auto& cc = c.clusters[i];
+    add_tls(absl::StrCat("clusters[", i, "].tls."), cc.ca_file, cc.cert_file, cc.key_file);
   }
-  for (const auto& [what, path] : files) {
+  for (const auto& [what, path, kind] : files) {
     if (path.empty()) continue;
-    if (auto s = CheckPemFile(path); !s.ok()) {
+    if (auto s = CheckPemFile(path, kind); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("config: ", what, " ", s.message()));
     }
   }
@@ -561,32 +604,8 @@ absl::Status CheckConfigFiles(const Config& c) {
 }
 
 absl::Status ValidateConfig(const Config& c) {
-  // host:port, the port 1..65535. A URL's scheme (etcdctl's http://h:2379) is
-  // refused by name: gRPC would take it as a target it cannot resolve, and whether
-  // TLS is spoken is the tls section's to say, not the address's.
-  auto host_port = [](const std::string& what, const std::string& v) -> absl::Status {
-    if (v.find("://") != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config: ", what, " \"", v, "\": give host:port without a scheme (TLS is set by "
-          "the tls settings)"));
-    }
-    auto colon = v.rfind(':');
-    if (v.empty() || colon == std::string::npos || colon + 1 == v.size() || colon == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("config: ", what, " \"", v, "\" is not host:port"));
-    }
-    for (size_t i = colon + 1; i < v.size(); ++i) {
-      if (!isdigit(static_cast<unsigned char>(v[i]))) {
-        return absl::InvalidArgumentError(
-            absl::StrCat("config: ", what, " \"", v, "\" has a bad port"));
-      }
-    }
-    if (v.size() - colon - 1 > 5 || std::stoi(v.substr(colon + 1)) < 1 ||
-        std::stoi(v.substr(colon + 1)) > 65535) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config: ", what, " \"", v, "\" has a bad port (1..65535)"));
-    }
-    return absl::OkStatus();
+  auto host_port = [](const std::string& what, const std::string& v) {
+    return CheckHostPort(absl::StrCat("config: ", what), v);
   };
   if (auto s = host_port("listen", c.listen); !s.ok()) return s;
   if (!c.metrics_listen.empty()) {
@@ -649,16 +668,6 @@ absl::Status ValidateConfig(const Config& c) {
     return absl::InvalidArgumentError(
         "config: audit.retention must be 0s (keep every event) or at least 1h");
   }
-  // etcd leases count whole seconds, and gRPC's certificate watcher too: 2500ms
-  // would act as 2s.
-  for (auto [name, d] : {std::pair{"audit.leader_ttl", c.audit_leader_ttl},
-                         std::pair{"audit.force_request_ttl", c.force_request_ttl},
-                         std::pair{"tls.refresh", c.tls_refresh}}) {
-    if (d % std::chrono::seconds(1) != std::chrono::milliseconds(0)) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config: ", name, " must be whole seconds, not ", d.count(), "ms"));
-    }
-  }
   if (c.audit_leader_ttl < std::chrono::seconds(2) ||
       c.audit_compaction_interval < std::chrono::seconds(1) ||
       c.force_request_ttl < std::chrono::seconds(10)) {
@@ -676,6 +685,16 @@ absl::Status ValidateConfig(const Config& c) {
     return absl::InvalidArgumentError(
         "config: audit.leader_ttl must be at most 5m, compaction_interval at most 24h, "
         "force_request_ttl at most 24h");
+  }
+  // etcd leases count whole seconds, and gRPC's certificate watcher too: 2500ms
+  // would act as 2s.
+  for (auto [name, d] : {std::pair{"audit.leader_ttl", c.audit_leader_ttl},
+                         std::pair{"audit.force_request_ttl", c.force_request_ttl},
+                         std::pair{"tls.refresh", c.tls_refresh}}) {
+    if (d % std::chrono::seconds(1) != std::chrono::milliseconds(0)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: ", name, " must be whole seconds, not ", d.count(), "ms"));
+    }
   }
   if (!c.clusters.empty()) {
     std::set<std::string> seen;

@@ -86,8 +86,10 @@
 //                                   #   one more is refused (RESOURCE_EXHAUSTED; 1..100000)
 //
 // Unknown keys are errors (a typo must not silently keep a default), and so is a
-// key given twice. Integers are decimal; addresses are host:port, without a
-// scheme; the files named are read at start and must be PEM (CheckConfigFiles).
+// key given twice. Integers are decimal; addresses are host:port (etcd's may carry
+// a gRPC scheme, dns:///, but not http:// or https://); the files named are read
+// at start and must be PEM certificates or keys as named (CheckConfigFiles): an
+// SVID agent must have written them before holdfastd starts.
 #pragma once
 
 #include <chrono>

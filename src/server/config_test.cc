@@ -223,10 +223,11 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
        "config: audit.max_buffered_events 3000000000 is out of range"},
       // Addresses: no scheme, a port in range.
       {"insecure: true\netcd: {endpoints: [\"http://127.0.0.1:2379\"]}",
-       "config: etcd.endpoints[0] \"http://127.0.0.1:2379\": give host:port without a scheme"},
+       "config: etcd.endpoints[0] \"http://127.0.0.1:2379\": give host:port without http:// or "
+       "https://"},
       {"insecure: true\nclusters: [{name: a, endpoints: [\"https://10.0.0.1:2379\"], "
        "plaintext: true}]",
-       "cluster \"a\" endpoint \"https://10.0.0.1:2379\": give host:port without a scheme"},
+       "cluster \"a\" endpoint \"https://10.0.0.1:2379\": give host:port without http://"},
       {"insecure: true\nlisten: 127.0.0.1:74200", "listen \"127.0.0.1:74200\" has a bad port (1..65535)"},
       {"insecure: true\nlisten: 127.0.0.1:0", "listen \"127.0.0.1:0\" has a bad port (1..65535)"},
       {"insecure: true\netcd: {endpoints: [127.0.0.1:99999]}",
@@ -309,7 +310,8 @@ TEST(ConfigTest, EtcdPlaintextOptsTheControlClusterIn) {
 }
 
 TEST(ConfigTest, PlaintextToEtcdOnLoopbackNeedsNoOptIn) {
-  for (const char* e : {"127.0.0.1:2379", "127.0.0.5:2379", "localhost:2379", "[::1]:2379"}) {
+  for (const char* e : {"127.0.0.1:2379", "127.0.0.5:2379", "localhost:2379", "[::1]:2379",
+                        "dns:///localhost:2379", "ipv4:127.0.0.1:2379"}) {
     auto c = ParseConfig(absl::StrCat("insecure: true\netcd: {endpoints: [\"", e, "\"]}"));
     EXPECT_TRUE(c.ok()) << e << ": " << c.status();
   }
@@ -363,10 +365,13 @@ TEST_F(ConfigFileTest, MissingFileIsNotFoundWithTheReason) {
             "config: cannot read " + dir_ + "/holdfast.yaml: No such file or directory");
 }
 
+// A directory reads as empty (the defaults): refused. What is not a regular file
+// but reads (a pipe: --config <(envsubst < holdfast.yaml.in)) is read.
 TEST_F(ConfigFileTest, ADirectoryIsNotAConfigFile) {
   auto r = LoadConfigFile(dir_);
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.status().message(), "config: " + dir_ + " is not a file (a directory)");
+  EXPECT_EQ(r.status().message(), "config: " + dir_ + " is a directory");
+  EXPECT_TRUE(LoadConfigFile("/dev/null").ok());
 }
 
 // The file is checked with the flags over it: --insecure completes a file without
@@ -411,6 +416,21 @@ TEST_F(ConfigFileTest, FlagsApplyBeforeTheWholeIsChecked) {
   no_store.audit_store = "";
   EXPECT_EQ(LoadConfig("", no_store).status().message(),
             "--audit-store is empty: give sqlite:PATH, postgresql://... or none");
+  // A flag's own value is named by the flag.
+  ConfigFlags url = insecure;
+  url.etcd = "http://127.0.0.1:2379";
+  EXPECT_EQ(LoadConfig("", url).status().message(),
+            "--etcd \"http://127.0.0.1:2379\": give host:port without http:// or https:// (TLS is "
+            "set by the tls settings)");
+  ConfigFlags port = insecure;
+  port.listen = "127.0.0.1:0";
+  EXPECT_EQ(LoadConfig("", port).status().message(),
+            "--listen \"127.0.0.1:0\" has a bad port (1..65535)");
+  port.listen.reset();
+  port.metrics_listen = "9420";
+  EXPECT_EQ(LoadConfig("", port).status().message(), "--metrics-listen \"9420\" is not host:port");
+  port.metrics_listen = "";  // "": no metrics endpoint
+  EXPECT_TRUE(LoadConfig("", port).ok());
   ConfigFlags listen = insecure;
   listen.listen = "0.0.0.0:7420";
   EXPECT_EQ(LoadConfig("", listen).status().message(),
@@ -423,7 +443,7 @@ TEST_F(ConfigFileTest, TheFilesNamedMustBeReadablePem) {
   const std::string pem = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
   const std::string ca = Write("ca.pem", pem);
   const std::string cert = Write("svid.pem", pem);
-  const std::string key = Write("key.pem", pem);
+  const std::string key = Write("key.pem", "-----BEGIN EC PRIVATE KEY-----\nAAAA\n");
   const std::string der = Write("der.pem", std::string("\x30\x82\x01\x0a", 4));
   auto config = [&](const std::string& cert_file, const std::string& etcd_ca) {
     return absl::StrCat("tls: {ca_file: ", ca, ", cert_file: ", cert_file, ", key_file: ", key,
@@ -438,8 +458,12 @@ TEST_F(ConfigFileTest, TheFilesNamedMustBeReadablePem) {
             "config: tls.cert_file " + dir_ + "/svdi.pem: cannot read: No such file or directory");
 
   r = LoadConfig(Write("der.yaml", config(der, "")), {});
-  EXPECT_EQ(r.status().message(),
-            "config: tls.cert_file " + der + " is not PEM (no \"-----BEGIN\" line)");
+  EXPECT_EQ(r.status().message(), "config: tls.cert_file " + der +
+                                      " holds no PEM certificate (no \"-----BEGIN CERTIFICATE-----\" line)");
+  // A certificate and its key swapped.
+  r = LoadConfig(Write("swapped.yaml", config(key, "")), {});
+  EXPECT_EQ(r.status().message(), "config: tls.cert_file " + key +
+                                      " holds no PEM certificate (no \"-----BEGIN CERTIFICATE-----\" line)");
 
   r = LoadConfig(Write("etcd.yaml", config(cert, dir_ + "/etcd-ca.pem")), {});
   EXPECT_EQ(r.status().message(), "config: etcd.tls.ca_file " + dir_ +
@@ -447,7 +471,7 @@ TEST_F(ConfigFileTest, TheFilesNamedMustBeReadablePem) {
 
   // A directory named as a file.
   r = LoadConfig(Write("dir.yaml", config(dir_, "")), {});
-  EXPECT_EQ(r.status().message(), "config: tls.cert_file " + dir_ + " is not a file");
+  EXPECT_EQ(r.status().message(), "config: tls.cert_file " + dir_ + " is a directory");
 }
 
 }  // namespace
