@@ -1,7 +1,7 @@
 // `holdfast audit [--ns NS] [--key KEY] [--type T] [--identity ID] [--since TIME]
 //  [--cluster ID] [--limit N] [--follow] [-o json]`: the audit trail (Admin API,
-// admins only), in revision order (ties by namespace, key, session, cluster),
-// fetched `--limit` events a page. `-o json` prints JSON lines with cluster_id,
+// admins only), cluster by cluster, each in revision order (ties by namespace,
+// key, session), fetched `--limit` events a page. `-o json` prints JSON lines with cluster_id,
 // revision, type, namespace, lock_key, session_id, spiffe_id, token, unprotected
 // and time (RFC 3339, UTC).
 // `--since` takes an RFC 3339 time (2026-11-29T10:00:00Z) or a duration back from
@@ -10,12 +10,14 @@
 // integers as decimal strings.
 //
 // `holdfast audit status`: where the auditor is (leader, cursor, lag, compaction).
+#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <map>
 #include <set>
 #include <sstream>
 #include <thread>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -167,24 +169,35 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
       *q.mutable_after() = r->events(r->events_size() - 1);
     }
   };
-  // Following every cluster, each is read on its own from the start: read
-  // together, in one revision order, a page could pass revisions of one cluster
-  // whose auditor had not yet recorded them (each cluster's revisions are its
-  // own), and following it from its last event printed would skip them for good.
-  if (flags.follow && req.cluster_id().empty()) {
+  // Without --cluster, each cluster the trail holds is read on its own, in
+  // turn (its id's order), each in its revision order: the revisions of two
+  // clusters are unrelated, so one order across them means nothing, and
+  //  - read together, a page could pass revisions of one cluster that its
+  //    auditor had not recorded yet: --follow, going on from each cluster's last
+  //    event printed, would skip them for good (and a one-shot read could show a
+  //    release without its grant);
+  //  - each page of a read of one cluster seeks the store's primary key
+  //    (cluster, revision, ...), where a read across clusters has no index in
+  //    revision order: every page would scan and sort the whole trail.
+  // A store with no cluster yet (or audit off) is asked as it is, for its answer.
+  std::vector<std::string> clusters;
+  if (req.cluster_id().empty()) {
     v1::GetAuditStatusRequest just_clusters;
     just_clusters.set_clusters_only(true);
     auto st = client->GetAuditStatus(just_clusters);
     if (!st.ok()) return ReportError(st.status(), "audit");
-    std::set<std::string> clusters(st->audited_cluster_ids().begin(),
-                                   st->audited_cluster_ids().end());
-    for (const std::string& id : clusters) {
-      v1::QueryAuditRequest q = req;
-      q.set_cluster_id(id);
-      if (auto s = drain(q); !s.ok()) return ReportError(s, "audit");
-    }
-  } else if (auto s = drain(req); !s.ok()) {
-    return ReportError(s, "audit");
+    clusters.assign(st->audited_cluster_ids().begin(), st->audited_cluster_ids().end());
+    std::sort(clusters.begin(), clusters.end(), [](const std::string& a, const std::string& b) {
+      return a.size() != b.size() ? a.size() < b.size() : a < b;  // decimal, by value
+    });
+  }
+  if (clusters.empty()) {
+    if (auto s = drain(req); !s.ok()) return ReportError(s, "audit");
+  }
+  for (const std::string& id : clusters) {
+    v1::QueryAuditRequest q = req;
+    q.set_cluster_id(id);
+    if (auto s = drain(q); !s.ok()) return ReportError(s, "audit");
   }
   flush_table();
   std::cout.flush();

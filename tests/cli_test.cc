@@ -1613,6 +1613,23 @@ TEST_F(CliTest, ACommandThatCannotBeRunExits127Or126AndReleases) {
   EXPECT_EQ(ParseJson<v1::DescribeResponse>(r.out).holders_size(), 0) << r.out;
 }
 
+// Without an audit store, `audit` says so, followed or not: with no cluster in the
+// trail to read each on its own, the server is asked as it is, for its answer.
+TEST(CliNoAuditTest, AuditWithoutAStoreSaysSoAlsoWhenFollowing) {
+  testing::TestCluster::Options o;
+  o.holdfastd_args = {"--audit-store", "none"};
+  auto cluster = TestCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  for (const auto& args : {std::vector<std::string>{"audit"},
+                           std::vector<std::string>{"audit", "--follow"}}) {
+    auto p = CliProcess::Start((*cluster)->dir(), (*cluster)->endpoint(), args);
+    ASSERT_NE(p, nullptr);
+    CliResult r = p->Finish(std::chrono::seconds(30));
+    EXPECT_EQ(r.exit_code, 1) << args.size() << ": " << r.err;
+    EXPECT_NE(r.err.find("this holdfastd has no audit store"), std::string::npos) << r.err;
+  }
+}
+
 // A lost hold stops every process of the command's group, also one that ignores
 // SIGTERM after the command itself has exited: it ran under the hold too.
 TEST(CliLostHoldTest, LostHoldStopsEveryProcessOfTheCommand) {
