@@ -165,7 +165,10 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
         print(e);
         last_of[e.cluster_id()] = e;
       }
-      if (r->events_size() < q.limit()) return absl::OkStatus();
+      // A page ends short of the limit at the end of what matches, or, saying
+      // `more`, at the answer's size bound.
+      if (r->events_size() < q.limit() && !r->more()) return absl::OkStatus();
+      if (r->events_size() == 0) return absl::OkStatus();
       *q.mutable_after() = r->events(r->events_size() - 1);
     }
   };

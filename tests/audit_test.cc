@@ -3,9 +3,13 @@
 // (<cluster dir>/audit.db). Every check reads what was recorded: through the
 // Admin API, and where the API shows less (force_release rows), straight from the
 // store's file.
+#include <stdlib.h>
+
 #include <algorithm>
 #include <atomic>
 #include <map>
+#include <fstream>
+#include <filesystem>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -14,6 +18,7 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "audit/store.h"
+#include "dev/subprocess.h"
 #include "harness/cluster.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
@@ -258,6 +263,79 @@ TEST(AuditTest, EveryGrantReleaseAndExpiryIsRecordedExactlyOnce) {
   EXPECT_NE(bad_page.status().message().find("after.cluster_id \"-1\" is not a decimal"),
             std::string::npos)
       << bad_page.status();
+}
+
+// A page of the largest size asked for, of events as large as they come (a
+// 500-byte key, a long SPIFFE ID), would be several MiB: more than holdfastd sends
+// in one message (4 MiB). It ends at 3 MiB saying `more`, and the next page goes
+// on after its last event: every event once, in order; `holdfast audit` pages so.
+TEST(AuditTest, APageOfLargeEventsEndsAtItsSizeBoundAndSaysThereIsMore) {
+  testing::TestCluster::Options o;
+  std::string dir = ::testing::TempDir() + "/hf-audit-large-XXXXXX";
+  ASSERT_NE(::mkdtemp(dir.data()), nullptr);
+  const std::string db = dir + "/audit.db";
+  o.holdfastd_args = {"--audit-store", "sqlite:" + db};
+  auto cluster = testing::TestCluster::Start(o);
+  ASSERT_TRUE(cluster.ok()) << cluster.status();
+  auto client = std::move(*(*cluster)->NewClient());
+
+  // Another cluster's trail, written straight to the shared store.
+  constexpr uint64_t kOtherCluster = 42;
+  constexpr int kEvents = 6000;
+  auto store = audit::OpenSqliteStore(db);
+  ASSERT_TRUE(store.ok()) << store.status();
+  std::vector<audit::AuditEvent> events;
+  for (int i = 0; i < kEvents; ++i) {
+    audit::AuditEvent e;
+    e.cluster_id = kOtherCluster;
+    e.revision = 1000 + i;
+    e.ns = "default";
+    e.lock_key = absl::StrCat(std::string(494, 'k'), "/", i);
+    e.session_id = 7000 + i;
+    e.type = audit::EventType::kGrant;
+    e.spiffe_id = absl::StrCat("spiffe://acme.org/", std::string(900, 's'));
+    e.token = e.revision;
+    e.time_unix_ms = 1'700'000'000'000;
+    events.push_back(std::move(e));
+  }
+  ASSERT_TRUE((*store)->Record(kOtherCluster, 1000 + kEvents, events, {}).ok());
+
+  v1::QueryAuditRequest q;
+  q.set_cluster_id(absl::StrCat(kOtherCluster));
+  q.set_limit(10000);
+  std::vector<int64_t> revisions;
+  int pages = 0;
+  while (true) {
+    auto page = client->QueryAudit(q);
+    ASSERT_TRUE(page.ok()) << page.status();
+    ++pages;
+    EXPECT_LE(page->ByteSizeLong(), 3u << 20);
+    for (const auto& e : page->events()) revisions.push_back(e.revision());
+    if (!page->more()) {
+      EXPECT_LT(page->events_size(), q.limit());
+      break;
+    }
+    ASSERT_GT(page->events_size(), 0);
+    *q.mutable_after() = page->events(page->events_size() - 1);
+  }
+  EXPECT_GE(pages, 3);  // about 8.7 MB of events
+  ASSERT_EQ(revisions.size(), static_cast<size_t>(kEvents));
+  for (int i = 0; i < kEvents; ++i) ASSERT_EQ(revisions[i], 1000 + i) << i;
+
+  // The CLI reads them all the same, a page at a time.
+  const std::string out = dir + "/audit.out";
+  dev::SpawnOptions cli;
+  cli.argv = {testing::BinDir() + "/holdfast", "--endpoint", (*cluster)->endpoint(), "audit",
+              "--cluster", absl::StrCat(kOtherCluster), "--limit", "10000", "-o", "json"};
+  cli.log_file = out;
+  auto p = dev::Subprocess::Spawn(cli);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->Wait(std::chrono::seconds(60)), 0);
+  std::ifstream in(out);
+  int lines = 0;
+  for (std::string line; std::getline(in, line);) ++lines;
+  EXPECT_EQ(lines, kEvents);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(AuditTest, AnotherReplicaTakesOverFromTheCursorAndCompactionNeverPassesIt) {

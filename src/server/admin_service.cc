@@ -29,6 +29,10 @@ absl::StatusOr<uint64_t> ParseClusterId(absl::string_view field, const std::stri
   }
   return id;
 }
+
+// The most a QueryAudit answer carries (server.cc sends at most 4 MiB a
+// message): a page of large events ends there, with `more` set.
+constexpr size_t kMaxAuditPageBytes = 3 << 20;
 }  // namespace
 
 void AdminService::Serve(RpcServer* rpc) {
@@ -398,7 +402,15 @@ grpc::Status AdminService::QueryAudit(grpc::ServerContext* ctx, const v1::QueryA
   }
   auto rows = audit_store_->Query(q);
   if (!rows.ok()) return ToGrpcStatus(rows.status());
+  size_t bytes = 0;
   for (const auto& e : *rows) {
+    // Each event's own size plus its field tag and length (at most 4 bytes).
+    const size_t size = 4 + e.ns.size() + e.lock_key.size() + e.spiffe_id.size() + 80;
+    if (resp->events_size() > 0 && bytes + size > kMaxAuditPageBytes) {
+      resp->set_more(true);
+      break;
+    }
+    bytes += size;
     auto* out = resp->add_events();
     out->set_cluster_id(absl::StrCat(e.cluster_id));
     out->set_revision(e.revision);
