@@ -263,7 +263,6 @@ int RunStatus(const GlobalOptions& global, const StatusFlags& flags) {
   if (!st.ok()) return ReportError(st.status(), "audit status");
   if (flags.output == OutputFormat::kJson) {
     if (auto s = PrintJson(*st, std::cout); !s.ok()) return ReportError(s);
-    std::cout << "\n";
     return kExitOk;
   }
   PrintFields({{"enabled", st->enabled() ? "yes" : "no (audit.store: none)"},

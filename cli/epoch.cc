@@ -32,7 +32,6 @@ int RunShow(const GlobalOptions& global, const ShowFlags& flags) {
   if (!e.ok()) return ReportError(e.status(), "epoch show");
   if (flags.output == OutputFormat::kJson) {
     if (auto s = PrintJson(*e, std::cout); !s.ok()) return ReportError(s);
-    std::cout << "\n";
     return kExitOk;
   }
   PrintFields({{"cluster", e->cluster().empty() ? "default" : e->cluster()},
@@ -81,7 +80,6 @@ int RunAdvance(const GlobalOptions& global, const AdvanceFlags& flags) {
   if (!e.ok()) return ReportError(e.status(), "epoch advance");
   if (flags.output == OutputFormat::kJson) {
     if (auto s = PrintJson(*e, std::cout); !s.ok()) return ReportError(s);
-    std::cout << "\n";
     return kExitOk;
   }
   std::cout << "epoch advanced to " << e->epoch() << " on etcd cluster " << e->etcd_cluster_id()

@@ -63,7 +63,6 @@ int RunRequest(const GlobalOptions& global, const RequestFlags& flags) {
   if (!r.ok()) return ReportError(r.status(), "force request " + ref->ToString());
   if (flags.output == OutputFormat::kJson) {
     if (auto s = PrintJson(*r, std::cout); !s.ok()) return ReportError(s);
-    std::cout << "\n";
     return kExitOk;
   }
   PrintRequest(*r, std::cout);
@@ -83,7 +82,6 @@ int RunApprove(const GlobalOptions& global, const ApproveFlags& flags) {
   if (!r.ok()) return ReportError(r.status(), "force approve " + flags.request_id);
   if (flags.output == OutputFormat::kJson) {
     if (auto s = PrintJson(*r, std::cout); !s.ok()) return ReportError(s);
-    std::cout << "\n";
     return kExitOk;
   }
   std::cout << "released " << r->request().namespace_() << "/" << r->request().lock_key()
@@ -100,7 +98,6 @@ int RunList(const GlobalOptions& global, const ListFlags& flags) {
   if (!r.ok()) return ReportError(r.status(), "force list");
   if (flags.output == OutputFormat::kJson) {
     if (auto s = PrintJson(*r, std::cout); !s.ok()) return ReportError(s);
-    std::cout << "\n";
     return kExitOk;
   }
   Table table({"REQUEST", "LOCK", "SESSION", "TOKEN", "REQUESTER", "CLASS", "EXPIRES", "REASON"});

@@ -60,7 +60,9 @@ namespace {
 
 using std::chrono::milliseconds;
 
-constexpr milliseconds kMaxWait = std::chrono::hours(1);  // Lock.Acquire's bound
+// The longest wait any holdfastd may allow (acquire.max_wait is at most 24h); a
+// server set lower refuses a longer one itself, naming its bound.
+constexpr milliseconds kMaxWait = std::chrono::hours(24);
 constexpr size_t kMaxMetaBytes = 1024;
 // How long closing the session may take on the way out after the lock was not
 // held (the acquire failed, or a signal ended the wait): holdfast must not sit
@@ -212,7 +214,7 @@ absl::StatusOr<LockRequest> Validate(const LockFlags& flags) {
   r.ttl = *ttl;
   auto wait = ParseDurationFlag("--wait", flags.wait);
   if (!wait.ok()) return wait.status();
-  if (*wait > kMaxWait) return absl::InvalidArgumentError("--wait must be at most 1h");
+  if (*wait > kMaxWait) return absl::InvalidArgumentError("--wait must be at most 24h");
   auto grace = ParseDurationFlag("--grace", flags.grace);
   if (!grace.ok()) return grace.status();
   r.grace = *grace;

@@ -107,6 +107,11 @@ int RunSet(const GlobalOptions& global, const SetFlags& flags) {
     }
     request.set_end_sessions_of_removed(true);
   }
+  if (!flags.held_lease_quota && !flags.op_rate_quota && !request.set_members()) {
+    return ReportUsageError(absl::InvalidArgumentError(absl::StrCat(
+        "ns set ", flags.name, ": nothing to change (give --held-lease-quota, --op-rate-quota, "
+        "--member or --clear-members)")));
+  }
   for (const auto& m : flags.members) {
     if (auto s = spiffe::ValidatePattern(m); !s.ok()) return ReportUsageError(s);
     request.add_members(m);
@@ -123,8 +128,10 @@ void AddSet(CLI::App* ns, CommandContext& ctx) {
   auto flags = std::make_shared<SetFlags>();
   CLI::App* cmd = ns->add_subcommand("set", "Change a namespace's quotas and members live");
   cmd->add_option("name", flags->name, "namespace name")->required();
-  cmd->add_option("--held-lease-quota", flags->held_lease_quota, "live sessions; 0 = unlimited");
-  cmd->add_option("--op-rate-quota", flags->op_rate_quota, "operations per second; 0 = unlimited");
+  cmd->add_option("--held-lease-quota", flags->held_lease_quota, "live sessions; 0 = unlimited")
+      ->check(CLI::NonNegativeNumber);
+  cmd->add_option("--op-rate-quota", flags->op_rate_quota, "operations per second; 0 = unlimited")
+      ->check(CLI::NonNegativeNumber);
   cmd->add_option("--member", flags->members, "replace the members with these patterns");
   cmd->add_flag("--clear-members", flags->clear_members,
                 "remove every member (every authenticated identity may use it)");
@@ -241,6 +248,12 @@ int RunRehome(const GlobalOptions& global, const RehomeFlags& flags) {
   }
   auto deadline = ParseDurationFlag("--deadline", flags.deadline);
   if (!deadline.ok()) return ReportUsageError(deadline.status());
+  // 0 would be the server's default (60s), not "no wait": said rather than guessed.
+  if (deadline->count() <= 0 || *deadline > std::chrono::hours(24)) {
+    return ReportUsageError(absl::InvalidArgumentError(absl::StrCat(
+        "--deadline ", flags.deadline, " is out of range: more than 0, at most 24h (how long "
+        "the move waits for the namespace's holds to end)")));
+  }
   int exit_code = kExitOk;
   std::unique_ptr<Client> client = ConnectOrReport(global, &exit_code);
   if (!client) return exit_code;
@@ -253,7 +266,6 @@ int RunRehome(const GlobalOptions& global, const RehomeFlags& flags) {
   if (!r.ok()) return ReportError(r.status(), "ns rehome " + flags.name);
   if (flags.output == OutputFormat::kJson) {
     if (auto s = PrintJson(*r, std::cout); !s.ok()) return ReportError(s);
-    std::cout << "\n";
     return kExitOk;
   }
   if (r->aborted()) {

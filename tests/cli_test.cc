@@ -342,6 +342,26 @@ TEST_F(CliTest, BadInputIsRefusedBeforeReachingTheServer) {
   EXPECT_NE(r.err.find("--end-sessions-of-removed goes with --member or --clear-members"),
             std::string::npos)
       << r.err;
+  auto quota_before = client_->GetNamespace("default");
+  ASSERT_TRUE(quota_before.ok()) << quota_before.status();
+  r = Run({"ns", "set", "default"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err,
+            "holdfast: ns set default: nothing to change (give --held-lease-quota, "
+            "--op-rate-quota, --member or --clear-members)\n");
+  r = Run({"ns", "set", "default", "--held-lease-quota", "-1"});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.err.find("--held-lease-quota"), std::string::npos) << r.err;
+  for (const char* deadline : {"0", "25h"}) {
+    r = Run({"ns", "rehome", "default", "--to", "elsewhere", "--deadline", deadline});
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_EQ(r.err, absl::StrCat("holdfast: --deadline ", deadline,
+                                  " is out of range: more than 0, at most 24h (how long the move "
+                                  "waits for the namespace's holds to end)\n"));
+  }
+  auto unchanged = client_->GetNamespace("default");
+  ASSERT_TRUE(unchanged.ok()) << unchanged.status();
+  EXPECT_EQ(unchanged->held_lease_quota(), quota_before->held_lease_quota());
 
   auto after = client_->ListNamespaces();
   ASSERT_TRUE(after.ok()) << after.status();
@@ -373,6 +393,16 @@ TEST_F(CliTest, BadInputIsRefusedBeforeReachingTheServer) {
   r = Run({"lock", "default/cli/bad", "touch", file, "--ttl", "1h", "--", "-c"});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.err.find("holdfast: The following argument was not expected: -c"),
+            std::string::npos)
+      << r.err;
+  // --wait: the CLI's bound is the most any server allows; this one (the default
+  // acquire.max_wait, 1h) names its own.
+  r = Run({"lock", "--wait", "25h", "default/cli/bad", "--", "touch", file});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "holdfast: --wait must be at most 24h\n");
+  r = Run({"lock", "--wait", "2h", "default/cli/bad", "--", "touch", file});
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("wait 7200000ms is outside [0, 3600000ms] (this server's acquire.max_wait)"),
             std::string::npos)
       << r.err;
   r = Run({"lock", "default/cli/bad", "--"});
@@ -599,6 +629,7 @@ TEST_F(CliTest, AuditFollowPrintsNewEventsOnceEachAcrossPages) {
 TEST_F(CliTest, EpochShowsTheRecordAndHistoryAndAdvanceChecksItsReason) {
   CliResult r = Run({"epoch", "show", "-o", "json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.out.ends_with("}\n")) << "one document, one newline: " << r.out;
   auto e = ParseJson<v1::Epoch>(r.out);
   EXPECT_GE(e.epoch(), 1);
   EXPECT_EQ(e.etcd_cluster_id(), e.observed_cluster_id());
@@ -623,6 +654,7 @@ TEST_F(CliTest, ForceReleaseRefusesTheRequesterAsApprover) {
   ASSERT_TRUE(hold.ok());
   CliResult r = Run({"force", "request", "default/cli/stuck", "--reason", "hung", "-o", "json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_TRUE(r.out.ends_with("}\n")) << "one document, one newline: " << r.out;
   auto req = ParseJson<v1::ForceRequest>(r.out);
   ASSERT_EQ(req.request_id().size(), 16u);
   r = Run({"force", "list"});

@@ -226,7 +226,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     }
     if (req_.wait_ms() < 0 || req_.wait_ms() > o.max_wait.count()) {
       return absl::InvalidArgumentError(absl::StrCat(
-          "wait ", req_.wait_ms(), "ms is outside [0, ", o.max_wait.count(), "ms]"));
+          "wait ", req_.wait_ms(), "ms is outside [0, ", o.max_wait.count(),
+          "ms] (this server's acquire.max_wait)"));
     }
     if (req_.holder_meta().size() > o.max_holder_meta_bytes) {
       return absl::InvalidArgumentError(absl::StrCat("holder_meta is ", req_.holder_meta().size(),

@@ -619,6 +619,11 @@ absl::Status ValidateConfig(const Config& c) {
         !s.ok()) {
       return s;
     }
+    if (std::find(c.etcd_endpoints.begin(), c.etcd_endpoints.begin() + i, c.etcd_endpoints[i]) !=
+        c.etcd_endpoints.begin() + i) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: etcd.endpoints[", i, "] \"", c.etcd_endpoints[i], "\" is listed twice"));
+    }
   }
   // Upper bounds below: past them a value is more likely a mistaken unit than a
   // wish, and each costs something real (a call stalled that long, a crashed
@@ -720,6 +725,10 @@ absl::Status ValidateConfig(const Config& c) {
         // One etcd under two names: a rehome between them would delete the
         // namespace (its copy clears the target, its end removes the old home).
         if (auto [it, fresh] = endpoint_owner.emplace(e, cc.name); !fresh) {
+          if (it->second == cc.name) {
+            return absl::InvalidArgumentError(absl::StrCat(
+                "config: cluster \"", cc.name, "\" lists endpoint ", e, " twice"));
+          }
           return absl::InvalidArgumentError(absl::StrCat(
               "config: endpoint ", e, " is listed by clusters \"", it->second, "\" and \"",
               cc.name, "\": each cluster must be its own etcd cluster"));

@@ -234,6 +234,10 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
        "etcd.endpoints[0] \"127.0.0.1:99999\" has a bad port (1..65535)"},
       {"insecure: true\nmetrics: {listen: \"127.0.0.1:123456789012\"}",
        "metrics.listen \"127.0.0.1:123456789012\" has a bad port (1..65535)"},
+      {"insecure: true\netcd: {endpoints: [127.0.0.1:2379, 127.0.0.1:2379]}",
+       "config: etcd.endpoints[1] \"127.0.0.1:2379\" is listed twice"},
+      {"insecure: true\nclusters: [{name: a, endpoints: [h:1, h:1]}]",
+       "config: cluster \"a\" lists endpoint h:1 twice"},
       // Settings that contradict each other, or are missing.
       {"insecure: true\netcd: {plaintext: true, tls: {ca_file: a}}",
        "config: etcd.tls and etcd.plaintext: true contradict each other; keep one"},
