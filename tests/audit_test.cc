@@ -328,6 +328,7 @@ TEST(AuditTest, APageOfLargeEventsEndsAtItsSizeBoundAndSaysThereIsMore) {
   cli.argv = {testing::BinDir() + "/holdfast", "--endpoint", (*cluster)->endpoint(), "audit",
               "--cluster", absl::StrCat(kOtherCluster), "--limit", "10000", "-o", "json"};
   cli.log_file = out;
+  cli.env = {{"HOLDFAST_DEV_DIR", dir + "/no-dev"}};  // plaintext, not a local dev's mTLS
   auto p = dev::Subprocess::Spawn(cli);
   ASSERT_TRUE(p.ok()) << p.status();
   EXPECT_EQ((*p)->Wait(std::chrono::seconds(60)), 0);

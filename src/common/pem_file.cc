@@ -35,8 +35,11 @@ absl::Status CheckPemFile(const std::string& path, PemKind kind) {
     const size_t end = pem.find("-----", start);
     if (end == std::string::npos) break;
     const absl::string_view label = absl::string_view(pem).substr(start, end - start);
+    // OpenSSL reads trusted certificates (RHEL's ca-bundle.trust.crt) and the
+    // old X509 label as certificates too.
     found = kind == PemKind::kCertificates
-                ? label == "CERTIFICATE"
+                ? label == "CERTIFICATE" || label == "TRUSTED CERTIFICATE" ||
+                      label == "X509 CERTIFICATE"
                 : label == "PRIVATE KEY" || absl::EndsWith(label, " PRIVATE KEY");
   }
   if (!found) {

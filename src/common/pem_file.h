@@ -12,7 +12,7 @@
 namespace holdfast {
 
 // What the file must hold: certificates (a CA bundle, a certificate chain:
-// "-----BEGIN CERTIFICATE-----") or a private key ("-----BEGIN ... PRIVATE
+// "-----BEGIN CERTIFICATE-----", or TRUSTED or X509 CERTIFICATE) or a private key ("-----BEGIN ... PRIVATE
 // KEY-----": PKCS#8, EC or RSA).
 enum class PemKind { kCertificates, kPrivateKey };
 

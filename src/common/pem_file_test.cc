@@ -23,6 +23,8 @@ TEST(PemFileTest, CertificatesAndKeysAreAcceptedAnythingElseRefusedWithTheReason
   };
   const std::string cert = write("ca.pem", kCert);
   EXPECT_TRUE(CheckPemFile(cert, PemKind::kCertificates).ok());
+  const std::string trusted = write("trust.crt", "-----BEGIN TRUSTED CERTIFICATE-----\nAAAA\n");
+  EXPECT_TRUE(CheckPemFile(trusted, PemKind::kCertificates).ok());
   // A key as openssl writes each kind, one after its parameters.
   for (const char* label : {"PRIVATE KEY", "EC PRIVATE KEY", "RSA PRIVATE KEY"}) {
     const std::string key = write("key.pem", absl::StrCat("-----BEGIN ", label, "-----\nAAAA\n"));

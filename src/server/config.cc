@@ -138,15 +138,42 @@ absl::Status ReadString(const YAML::Node& n, const std::string& name, std::strin
   return absl::OkStatus();
 }
 
-// host:port, the port 1..65535, after an optional gRPC scheme (dns:///,
-// ipv4:, ipv6:). An etcd URL (etcdctl's http://h:2379) is refused by name: gRPC
-// cannot resolve it, and whether TLS is spoken is the tls settings' to say.
-// Errors name `what` ("config: listen", "--etcd").
-absl::Status CheckHostPort(const std::string& what, const std::string& v) {
+// The schemes gRPC takes before an etcd endpoint's host:port.
+constexpr std::string_view kGrpcSchemes[] = {"dns:///", "ipv4:", "ipv6:"};
+
+// An etcd endpoint as compared for duplicates: without its gRPC scheme, lower
+// case (dns:///H:2379 and h:2379 are one member).
+std::string EndpointKey(std::string_view e) {
+  for (std::string_view scheme : kGrpcSchemes) {
+    if (e.starts_with(scheme)) e.remove_prefix(scheme.size());
+  }
+  return absl::AsciiStrToLower(std::string(e));
+}
+
+// host:port, the port 1..65535; an etcd endpoint (`etcd_target`) may carry a
+// gRPC scheme (dns:///, ipv4:, ipv6:), a listen address none. An etcd URL
+// (etcdctl's http://h:2379) is refused by name: gRPC cannot resolve it, and
+// whether TLS is spoken is the tls settings' to say. Errors name `what`
+// ("config: listen", "--etcd").
+absl::Status CheckHostPort(const std::string& what, const std::string& v, bool etcd_target) {
   if (v.starts_with("http://") || v.starts_with("https://")) {
     return absl::InvalidArgumentError(absl::StrCat(
         what, " \"", v, "\": give host:port without http:// or https:// (TLS is set by the tls "
         "settings)"));
+  }
+  std::string_view host_port = v;
+  for (std::string_view scheme : kGrpcSchemes) {
+    if (!host_port.starts_with(scheme)) continue;
+    if (!etcd_target) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " \"", v, "\": give host:port without a scheme"));
+    }
+    host_port.remove_prefix(scheme.size());
+  }
+  if (host_port.find("://") != std::string_view::npos) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        what, " \"", v, "\": give host:port", etcd_target ? " (or dns:///host:port)" : "",
+        " without a scheme"));
   }
   auto colon = v.rfind(':');
   if (v.empty() || colon == std::string::npos || colon + 1 == v.size() || colon == 0) {
@@ -533,7 +560,7 @@ absl::StatusOr<Config> LoadConfig(const std::string& path, const ConfigFlags& fl
   // A flag's own value is checked under its name; the whole, below, in the
   // file's terms.
   if (flags.listen) {
-    if (auto s = CheckHostPort("--listen", *flags.listen); !s.ok()) return s;
+    if (auto s = CheckHostPort("--listen", *flags.listen, false); !s.ok()) return s;
     config.listen = *flags.listen;
   }
   if (flags.insecure) config.insecure = true;
@@ -546,7 +573,9 @@ absl::StatusOr<Config> LoadConfig(const std::string& path, const ConfigFlags& fl
   }
   if (flags.metrics_listen) {
     if (!flags.metrics_listen->empty()) {
-      if (auto s = CheckHostPort("--metrics-listen", *flags.metrics_listen); !s.ok()) return s;
+      if (auto s = CheckHostPort("--metrics-listen", *flags.metrics_listen, false); !s.ok()) {
+        return s;
+      }
     }
     config.metrics_listen = *flags.metrics_listen;
   }
@@ -555,7 +584,7 @@ absl::StatusOr<Config> LoadConfig(const std::string& path, const ConfigFlags& fl
     for (absl::string_view e : absl::StrSplit(*flags.etcd, ',')) {
       e = absl::StripAsciiWhitespace(e);
       if (e.empty()) continue;
-      if (auto s = CheckHostPort("--etcd", std::string(e)); !s.ok()) return s;
+      if (auto s = CheckHostPort("--etcd", std::string(e), true); !s.ok()) return s;
       endpoints.emplace_back(e);
     }
     if (endpoints.empty()) {
@@ -604,8 +633,8 @@ absl::Status CheckConfigFiles(const Config& c) {
 }
 
 absl::Status ValidateConfig(const Config& c) {
-  auto host_port = [](const std::string& what, const std::string& v) {
-    return CheckHostPort(absl::StrCat("config: ", what), v);
+  auto host_port = [](const std::string& what, const std::string& v, bool etcd_target = false) {
+    return CheckHostPort(absl::StrCat("config: ", what), v, etcd_target);
   };
   if (auto s = host_port("listen", c.listen); !s.ok()) return s;
   if (!c.metrics_listen.empty()) {
@@ -615,12 +644,14 @@ absl::Status ValidateConfig(const Config& c) {
     return absl::InvalidArgumentError("config: etcd.endpoints is empty");
   }
   for (size_t i = 0; i < c.etcd_endpoints.size(); ++i) {
-    if (auto s = host_port(absl::StrCat("etcd.endpoints[", i, "]"), c.etcd_endpoints[i]);
+    if (auto s = host_port(absl::StrCat("etcd.endpoints[", i, "]"), c.etcd_endpoints[i], true);
         !s.ok()) {
       return s;
     }
-    if (std::find(c.etcd_endpoints.begin(), c.etcd_endpoints.begin() + i, c.etcd_endpoints[i]) !=
-        c.etcd_endpoints.begin() + i) {
+    if (std::any_of(c.etcd_endpoints.begin(), c.etcd_endpoints.begin() + i,
+                    [&](const std::string& e) {
+                      return EndpointKey(e) == EndpointKey(c.etcd_endpoints[i]);
+                    })) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config: etcd.endpoints[", i, "] \"", c.etcd_endpoints[i], "\" is listed twice"));
     }
@@ -719,12 +750,13 @@ absl::Status ValidateConfig(const Config& c) {
             absl::StrCat("config: cluster \"", cc.name, "\" has no endpoints"));
       }
       for (const auto& e : cc.endpoints) {
-        if (auto s = host_port(absl::StrCat("cluster \"", cc.name, "\" endpoint"), e); !s.ok()) {
+        if (auto s = host_port(absl::StrCat("cluster \"", cc.name, "\" endpoint"), e, true);
+            !s.ok()) {
           return s;
         }
         // One etcd under two names: a rehome between them would delete the
         // namespace (its copy clears the target, its end removes the old home).
-        if (auto [it, fresh] = endpoint_owner.emplace(e, cc.name); !fresh) {
+        if (auto [it, fresh] = endpoint_owner.emplace(EndpointKey(e), cc.name); !fresh) {
           if (it->second == cc.name) {
             return absl::InvalidArgumentError(absl::StrCat(
                 "config: cluster \"", cc.name, "\" lists endpoint ", e, " twice"));

@@ -228,6 +228,17 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\nclusters: [{name: a, endpoints: [\"https://10.0.0.1:2379\"], "
        "plaintext: true}]",
        "cluster \"a\" endpoint \"https://10.0.0.1:2379\": give host:port without http://"},
+      {"insecure: true\nlisten: \"dns:///127.0.0.1:7420\"",
+       "config: listen \"dns:///127.0.0.1:7420\": give host:port without a scheme"},
+      {"insecure: true\nlisten: \"ipv4:127.0.0.1:7420\"", "give host:port without a scheme"},
+      {"insecure: true\netcd: {endpoints: [\"etcd://127.0.0.1:2379\"]}",
+       "config: etcd.endpoints[0] \"etcd://127.0.0.1:2379\": give host:port (or dns:///host:port) "
+       "without a scheme"},
+      {"insecure: true\netcd: {endpoints: [127.0.0.1:2379, \"dns:///127.0.0.1:2379\"]}",
+       "config: etcd.endpoints[1] \"dns:///127.0.0.1:2379\" is listed twice"},
+      {"insecure: true\nclusters: [{name: a, control: true, endpoints: [h:2379], plaintext: true},\n"
+       "  {name: b, endpoints: [\"dns:///H:2379\"], plaintext: true}]",
+       "config: endpoint dns:///H:2379 is listed by clusters \"a\" and \"b\""},
       {"insecure: true\nlisten: 127.0.0.1:74200", "listen \"127.0.0.1:74200\" has a bad port (1..65535)"},
       {"insecure: true\nlisten: 127.0.0.1:0", "listen \"127.0.0.1:0\" has a bad port (1..65535)"},
       {"insecure: true\netcd: {endpoints: [127.0.0.1:99999]}",
