@@ -123,6 +123,14 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
   auto since = ParseSince(flags.since);
   if (!since.ok()) return ReportUsageError(since.status());
   req.set_since_unix_ms(*since);
+  // After `audit`, --key is its lock-key filter: a client key given there (with
+  // --ca and --cert given, and no key) was meant for mTLS.
+  if (!flags.key.empty() && global.key_file.empty() && !global.ca_file.empty() &&
+      !global.cert_file.empty()) {
+    return ReportUsageError(absl::InvalidArgumentError(absl::StrCat(
+        "--key \"", flags.key, "\" after `audit` is its lock-key filter, and --ca/--cert came "
+        "without a client key: put --ca, --cert and --key before `audit`")));
+  }
   int exit_code = kExitOk;
   std::unique_ptr<Client> client = ConnectOrReport(global, &exit_code);
   if (!client) return exit_code;

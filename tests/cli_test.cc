@@ -537,6 +537,12 @@ TEST_F(CliTest, AuditPrintsJsonLinesInRevisionOrder) {
   r = follow->Finish();
   EXPECT_EQ(std::vector<std::string>(absl::StrSplit(r.out, '\n', absl::SkipEmpty())), lines)
       << r.err;
+  // A client key given after `audit` is its --key filter: said so.
+  r = Run({"audit", "--ca", Path("ca.pem"), "--cert", Path("me.pem"), "--key", Path("me.key")});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "holdfast: --key \"" + Path("me.key") +
+                       "\" after `audit` is its lock-key filter, and --ca/--cert came without a "
+                       "client key: put --ca, --cert and --key before `audit`\n");
   // Filters no event could match are refused, not answered with nothing.
   for (const auto& [args, reason] :
        {std::pair{std::vector<std::string>{"--ns", "Default"}, "--ns: namespace \"Default\""},
