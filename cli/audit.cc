@@ -10,7 +10,6 @@
 // integers as decimal strings.
 //
 // `holdfast audit status`: where the auditor is (leader, cursor, lag, compaction).
-#include <algorithm>
 #include <chrono>
 #include <iostream>
 #include <map>
@@ -198,9 +197,6 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
     auto st = client->GetAuditStatus(just_clusters);
     if (!st.ok()) return ReportError(st.status(), "audit");
     clusters.assign(st->audited_cluster_ids().begin(), st->audited_cluster_ids().end());
-    std::sort(clusters.begin(), clusters.end(), [](const std::string& a, const std::string& b) {
-      return a.size() != b.size() ? a.size() < b.size() : a < b;  // decimal, by value
-    });
   }
   if (clusters.empty()) {
     if (auto s = drain(req); !s.ok()) return ReportError(s, "audit");
