@@ -134,8 +134,13 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
   std::unique_ptr<Client> client = ConnectOrReport(global, &exit_code);
   if (!client) return exit_code;
 
-  const std::vector<std::string> header = {"REVISION", "TYPE",     "NAMESPACE", "KEY",
-                                           "SESSION",  "IDENTITY", "TOKEN",     "TIME"};
+  // The revisions of two etcd clusters are unrelated (after a cluster move the
+  // trail holds both, and REVISION starts again lower), so the table names each
+  // row's cluster unless --cluster chose one.
+  const bool cluster_column = req.cluster_id().empty();
+  std::vector<std::string> header = {"REVISION", "TYPE",     "NAMESPACE", "KEY",
+                                     "SESSION",  "IDENTITY", "TOKEN",     "TIME"};
+  if (cluster_column) header.insert(header.begin(), "CLUSTER");
   Table table(header);
   bool header_printed = false;
   // Prints the rows gathered so far (the header only once).
@@ -153,10 +158,13 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
     if (flags.output == OutputFormat::kJson) {
       PrintJsonLine(e);
     } else {
-      table.AddRow({absl::StrCat(e.revision()),
-                    e.type() + (e.unprotected() ? " (unprotected)" : ""),
-                    e.namespace_(), e.lock_key(), absl::StrCat(e.session_id()), e.spiffe_id(),
-                    absl::StrCat(e.token()), FormatUnixMillis(e.time_unix_ms())});
+      std::vector<std::string> row = {absl::StrCat(e.revision()),
+                                      e.type() + (e.unprotected() ? " (unprotected)" : ""),
+                                      e.namespace_(), e.lock_key(), absl::StrCat(e.session_id()),
+                                      e.spiffe_id(), absl::StrCat(e.token()),
+                                      FormatUnixMillis(e.time_unix_ms())};
+      if (cluster_column) row.insert(row.begin(), e.cluster_id());
+      table.AddRow(std::move(row));
     }
   };
   // The last event printed of each cluster: where following it goes on.

@@ -527,6 +527,24 @@ TEST_F(CliTest, AuditPrintsJsonLinesInRevisionOrder) {
   r = Run({"audit", "--ns", "default", "--key", "cli/audited", "--cluster", "42", "-o", "json"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   EXPECT_EQ(r.out, "");
+  // The table names each row's cluster (revisions of two clusters are
+  // unrelated), unless --cluster chose one.
+  r = Run({"audit", "--ns", "default", "--key", "cli/audited"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<std::string> rows = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(rows.size(), 5u) << r.out;
+  EXPECT_EQ(rows[0].rfind("CLUSTER ", 0), 0u) << rows[0];
+  EXPECT_NE(rows[0].find(" REVISION "), std::string::npos) << rows[0];
+  for (size_t i = 1; i < rows.size(); ++i) {
+    EXPECT_EQ(rows[i].rfind(cluster_id + " ", 0), 0u) << rows[i];
+    EXPECT_NE(rows[i].find(i % 2 == 1 ? " grant " : " release "), std::string::npos) << rows[i];
+  }
+  r = Run({"audit", "--ns", "default", "--key", "cli/audited", "--cluster", cluster_id});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  rows = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(rows.size(), 5u) << r.out;
+  EXPECT_EQ(rows[0].rfind("REVISION ", 0), 0u) << rows[0];
+  EXPECT_EQ(r.out.find(cluster_id), std::string::npos) << r.out;
   // The id as the server writes it, however given: followed, each event once.
   auto follow = CliProcess::Start(cluster_->dir(), cluster_->endpoint(),
                                   {"audit", "--follow", "--ns", "default", "--key", "cli/audited",
