@@ -163,6 +163,10 @@ struct Q {
     q.limit = v;
     return *this;
   }
+  Q& deadline(std::chrono::steady_clock::time_point v) {
+    q.deadline = v;
+    return *this;
+  }
   operator AuditQuery() const { return q; }  // NOLINT: implicit on purpose
 };
 
@@ -628,6 +632,80 @@ TEST_P(AuditStoreContract, EveryCallBehindAnotherConnectionsLockAnswersWithinThe
   auto epochs = store_->Epochs();
   ASSERT_TRUE(epochs.ok()) << epochs.status();
   EXPECT_EQ(*epochs, std::vector<EpochRow>{init});
+}
+
+// `n` events straight into the database (the store's Record is one statement a
+// row), revisions first..first+n-1 over two clusters.
+void BulkInsert(Backend backend, const std::string& location, int64_t first, int64_t n) {
+  const std::string last = absl::StrCat(first + n - 1);
+  const std::string values =
+      "i % 2 + 1, i, 'ns', 'key-' || i, i, 'grant', 'spiffe://t/x', i, ";
+  if (backend == Backend::kPostgres) {
+    auto inserted = PostgresScalar(
+        location, absl::StrCat("WITH ins AS (INSERT INTO audit_event SELECT ", values,
+                               "false, 1000 FROM generate_series(", first, ", ", last,
+                               ") i RETURNING 1) SELECT count(*) FROM ins"));
+    ASSERT_TRUE(inserted.ok()) << inserted.status();
+    ASSERT_EQ(*inserted, n);
+    return;
+  }
+  sqlite3* db = nullptr;
+  std::unique_ptr<sqlite3, int (*)(sqlite3*)> closer(nullptr, sqlite3_close);
+  ASSERT_EQ(sqlite3_open_v2(location.c_str(), &db, SQLITE_OPEN_READWRITE, nullptr), SQLITE_OK);
+  closer.reset(db);
+  sqlite3_busy_timeout(db, 10'000);
+  const std::string sql = absl::StrCat(
+      "WITH RECURSIVE s(i) AS (SELECT ", first, " UNION ALL SELECT i + 1 FROM s WHERE i < ", last,
+      ") INSERT INTO audit_event SELECT ", values, "0, 1000 FROM s");
+  char* error = nullptr;
+  ASSERT_EQ(sqlite3_exec(db, sql.c_str(), nullptr, nullptr, &error), SQLITE_OK) << error;
+}
+
+// A query ends at its deadline: DEADLINE_EXCEEDED, no rows, and the store goes
+// on. Left running, it would hold the store's connection after its caller gave
+// up: PostgreSQL cancels it (statement_timeout), SQLite interrupts it.
+TEST_P(AuditStoreContract, AQueryEndsAtItsDeadlineAndTheStoreGoesOn) {
+  const std::string out_of_time =
+      absl::StrCat(GetParam() == Backend::kSqlite ? "sqlite" : "postgres",
+                   " audit store: the query did not finish before its deadline (a read of one "
+                   "cluster, or narrower filters, reads less)");
+  ASSERT_TRUE(store_->Record(kClusterA, 10, {Event(kClusterA, 5, "ns", "a", 1, EventType::kGrant)},
+                             {})
+                  .ok());
+  // A deadline already passed: not read at all.
+  auto r = store_->Query(Q().limit(10).deadline(std::chrono::steady_clock::now()));
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kDeadlineExceeded) << r.status();
+  EXPECT_EQ(r.status().message(), out_of_time);
+  // A read across clusters scans and sorts the whole trail. With 20 ms to do it,
+  // it ends part way once the trail is large enough: grown (doubling) until it
+  // is, so that neither a fast machine nor a slow one decides the outcome.
+  int64_t events = 1;
+  absl::Status timed_out;
+  for (int64_t more = 100'000; more <= 3'200'000 && timed_out.ok(); more *= 2) {
+    ASSERT_NO_FATAL_FAILURE(BulkInsert(GetParam(), location_, 1000 + events, more));
+    events += more;
+    timed_out = store_->Query(Q().limit(10).deadline(std::chrono::steady_clock::now() +
+                                                     std::chrono::milliseconds(20)))
+                    .status();
+  }
+  EXPECT_EQ(timed_out.code(), absl::StatusCode::kDeadlineExceeded) << timed_out;
+  EXPECT_EQ(timed_out.message(), out_of_time);
+  // The bound is the query's alone: a short read that ends in time commits with
+  // its bound, and the whole read after it, without one, still answers.
+  auto one = store_->Query(Q().cluster(kClusterA).limit(10).deadline(
+      std::chrono::steady_clock::now() + std::chrono::milliseconds(20)));
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->size(), 1u);
+  auto unbounded = store_->Query(Q().limit(10));
+  ASSERT_TRUE(unbounded.ok()) << unbounded.status();
+  ASSERT_EQ(unbounded->size(), 10u);
+  EXPECT_EQ((*unbounded)[0].revision, 5);
+  auto all = store_->Query(Q().limit(10).deadline(std::chrono::steady_clock::now() +
+                                                  std::chrono::minutes(5)));
+  ASSERT_TRUE(all.ok()) << all.status();
+  EXPECT_EQ(*unbounded, *all);
+  EXPECT_EQ(Scalar("SELECT count(*) FROM audit_event"), events);
+  EXPECT_EQ(CursorOf(kClusterA), 10);
 }
 
 // A lock wait of zero is no bound to PostgreSQL and no wait to SQLite: refused

@@ -17,6 +17,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "dev/subprocess.h"
 #include "harness/cluster.h"
@@ -904,9 +905,11 @@ TEST_F(RehomeTest, ARehomeRolledBackWhileItWaitsForHoldsStopsAndSealsNothing) {
   EXPECT_TRUE(again.ok()) << again.status();
 }
 
-// A rehome whose caller has gone (its call past its deadline) stops waiting for
-// holds and leaves the rehome where it is, as any interruption: it does not go
-// on to move the namespace behind the operator's back once the holds end.
+// A rehome whose caller has gone (its call cancelled: Ctrl-C on the command)
+// stops waiting for holds and leaves the rehome where it is, as any
+// interruption: it does not go on to move the namespace behind the operator's
+// back once the holds end. (A call's deadline ends the wait before it passes:
+// ARehomeWhoseCallEndsFirstRollsBackInTimeToSaySo.)
 TEST_F(RehomeTest, ARehomeWhoseCallerHasGoneStopsWaitingForHolds) {
   CreateNamespace("pay", "");
   auto s = client_->OpenSession("pay");
@@ -915,15 +918,19 @@ TEST_F(RehomeTest, ARehomeWhoseCallerHasGoneStopsWaitingForHolds) {
   ASSERT_TRUE(h.ok()) << h.status();
   auto stub = v1::Admin::NewStub(
       grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
-  grpc::ClientContext ctx;
-  ctx.set_deadline(std::chrono::system_clock::now() + seconds(1));
+  grpc::ClientContext ctx;  // cancelled after a second (Ctrl-C on the command)
   v1::RehomeNamespaceRequest req;
   req.set_name("pay");
   req.set_to("b");
   req.set_deadline_ms(60'000);
   v1::RehomeNamespaceResponse resp;
+  std::thread cancel([&] {
+    std::this_thread::sleep_for(seconds(1));
+    ctx.TryCancel();
+  });
   grpc::Status gone = stub->RehomeNamespace(&ctx, req, &resp);
-  ASSERT_EQ(gone.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << gone.error_message();
+  cancel.join();
+  ASSERT_EQ(gone.error_code(), grpc::StatusCode::CANCELLED) << gone.error_message();
   // The server notices within a poll; the holds end after that.
   std::this_thread::sleep_for(milliseconds(500));
   ASSERT_TRUE(h->Release().ok());
@@ -936,6 +943,129 @@ TEST_F(RehomeTest, ARehomeWhoseCallerHasGoneStopsWaitingForHolds) {
   auto aborted = Rehome("pay", "b", seconds(20), false, /*abort=*/true);
   ASSERT_TRUE(aborted.ok()) << aborted.status();
   EXPECT_TRUE(RecordOn(a(), "pay").draining_to().empty());
+}
+
+// A call with less time than its deadline_ms (one that waited for a thread, or
+// a caller's shorter deadline) ends its wait for holds in time to roll back and
+// say so, instead of being cut off with its namespace left draining.
+TEST_F(RehomeTest, ARehomeWhoseCallEndsFirstRollsBackInTimeToSaySo) {
+  CreateNamespace("pay", "");
+  auto s = client_->OpenSession("pay");
+  ASSERT_TRUE(s.ok()) << s.status();
+  auto h = (*s)->Acquire("db/primary");
+  ASSERT_TRUE(h.ok()) << h.status();
+  auto stub = v1::Admin::NewStub(
+      grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(20));
+  v1::RehomeNamespaceRequest req;
+  req.set_name("pay");
+  req.set_to("b");
+  req.set_deadline_ms(600'000);
+  v1::RehomeNamespaceResponse resp;
+  grpc::Status s2 = stub->RehomeNamespace(&ctx, req, &resp);
+  ASSERT_EQ(s2.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s2.error_message();
+  EXPECT_NE(s2.error_message().find("1 hold(s) of namespace \"pay\" remain on cluster \"a\" "
+                                    "after "),
+            std::string::npos)
+      << s2.error_message();
+  EXPECT_NE(s2.error_message().find("all the time the call's own deadline left for the wait"),
+            std::string::npos)
+      << s2.error_message();
+  const auto rec = RecordOn(a(), "pay");
+  EXPECT_TRUE(rec.draining_to().empty()) << "the drain was not rolled back";
+  EXPECT_FALSE(rec.moved());
+  EXPECT_FALSE(HasKeysOf(KeySpace(b()), "pay"));
+  auto again = (*s)->Acquire("db/other");
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
+// A cluster move rehomes namespaces side by side, each waiting for its holds.
+// Those waits have threads of their own: the other admin calls (and a rehome's
+// abort) are answered meanwhile, not queued behind them. A rehome queued for a
+// thread past its caller's deadline is not run once one is free: its caller was
+// told DEADLINE_EXCEEDED, and a drain started then would come behind its back.
+TEST_F(RehomeTest, RehomesWaitingForHoldsHoldBackNoOtherAdminCallAndOneQueuedPastItsCallIsNotRun) {
+  constexpr int kWaiting = 8;  // holdfastd's threads for waiting admin calls
+  std::vector<std::unique_ptr<Session>> sessions;
+  std::vector<Hold> holds;
+  for (int i = 0; i <= kWaiting; ++i) {
+    const std::string ns = absl::StrCat("move", i);
+    ASSERT_NO_FATAL_FAILURE(CreateNamespace(ns, ""));
+    auto s = client_->OpenSession(ns);
+    ASSERT_TRUE(s.ok()) << s.status();
+    auto h = (*s)->Acquire("db/primary");
+    ASSERT_TRUE(h.ok()) << h.status();
+    holds.push_back(std::move(*h));
+    sessions.push_back(std::move(*s));
+  }
+  std::vector<absl::StatusOr<v1::RehomeNamespaceResponse>> moved(kWaiting);
+  std::vector<std::thread> waiting;
+  // A failed assertion below returns with the rehomes still waiting: their holds
+  // end, then they are joined.
+  absl::Cleanup join = [&] {
+    for (Hold& h : holds) (void)h.Release();
+    for (std::thread& t : waiting) {
+      if (t.joinable()) t.join();
+    }
+  };
+  for (int i = 0; i < kWaiting; ++i) {
+    waiting.emplace_back([&, i] { moved[i] = Rehome(absl::StrCat("move", i), "b", seconds(120)); });
+  }
+  auto all_draining = [&] {
+    for (int i = 0; i < kWaiting; ++i) {
+      if (RecordOn(a(), absl::StrCat("move", i)).draining_to() != "b") return false;
+    }
+    return true;
+  };
+  for (int i = 0; i < 3000 && !all_draining(); ++i) std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_TRUE(all_draining()) << "the rehomes never all started draining";
+
+  // Every waiting thread is taken: a ninth rehome queues, and its caller leaves.
+  auto stub = v1::Admin::NewStub(
+      grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(1));
+  v1::RehomeNamespaceRequest req;
+  req.set_name(absl::StrCat("move", kWaiting));
+  req.set_to("b");
+  req.set_deadline_ms(60'000);
+  v1::RehomeNamespaceResponse resp;
+  grpc::Status gone = stub->RehomeNamespace(&ctx, req, &resp);
+  ASSERT_EQ(gone.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << gone.error_message();
+  std::this_thread::sleep_for(seconds(1));  // the server sees the call end
+
+  // Brief admin calls are answered while the rehomes wait; so is an abort,
+  // which frees a waiting thread for the queued call.
+  auto ns = client_->GetNamespace("move1");
+  ASSERT_TRUE(ns.ok()) << ns.status();
+  v1::GetAuditStatusRequest status_req;
+  auto status = client_->GetAuditStatus(status_req);
+  ASSERT_TRUE(status.ok()) << status.status();
+  auto aborted = Rehome("move0", "b", seconds(20), false, /*abort=*/true);
+  ASSERT_TRUE(aborted.ok()) << aborted.status();
+  EXPECT_TRUE(aborted->aborted());
+
+  for (Hold& h : holds) ASSERT_TRUE(h.Release().ok());
+  for (std::thread& t : waiting) t.join();
+  EXPECT_EQ(moved[0].status().code(), absl::StatusCode::kAborted) << moved[0].status();
+  const auto in_a = KeySpace(a());
+  const auto in_b = KeySpace(b());
+  for (int i = 1; i < kWaiting; ++i) {
+    ASSERT_TRUE(moved[i].ok()) << i << ": " << moved[i].status();
+    auto got = client_->GetNamespace(absl::StrCat("move", i));
+    ASSERT_TRUE(got.ok()) << got.status();
+    EXPECT_EQ(got->home_cluster(), "b") << i;
+    EXPECT_FALSE(HasKeysOf(in_a, absl::StrCat("move", i))) << i;
+    EXPECT_TRUE(HasKeysOf(in_b, absl::StrCat("move", i))) << i;
+  }
+  EXPECT_TRUE(RecordOn(a(), "move0").draining_to().empty());
+  // The queued rehome never ran: nothing drains, nothing moved.
+  std::this_thread::sleep_for(seconds(1));
+  const auto queued = RecordOn(a(), absl::StrCat("move", kWaiting));
+  EXPECT_TRUE(queued.draining_to().empty()) << "a rehome ran after its caller had gone";
+  EXPECT_FALSE(queued.moved());
+  EXPECT_FALSE(HasKeysOf(KeySpace(b()), absl::StrCat("move", kWaiting)));
 }
 
 TEST(RehomeOneClusterTest, WithOneClusterRehomeSaysSoAndChangesNothing) {

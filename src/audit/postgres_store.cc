@@ -8,7 +8,9 @@
 #include <libpq-fe.h>
 
 #include <algorithm>
+#include <chrono>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -123,8 +125,12 @@ class PostgresStore final : public AuditStore {
   // waits for is waited for up to StoreOptions::lock_wait (SET LOCAL
   // lock_timeout, sent with the BEGIN), unless `bounded` is false (the
   // migrations, which wait for another replica's as long as it takes).
-  absl::Status InTransactionLockHeld(absl::FunctionRef<absl::Status()> body,
-                                     bool bounded = true) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // With `statement_timeout`, each statement of the body is cancelled after it
+  // (SET LOCAL statement_timeout, sent with the BEGIN too).
+  absl::Status InTransactionLockHeld(
+      absl::FunctionRef<absl::Status()> body, bool bounded = true,
+      std::optional<std::chrono::milliseconds> statement_timeout = std::nullopt)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Runs `op`; if it failed because the connection broke, reconnects (PQreset)
   // once and runs it again. Every operation of this store may run twice: reads
   // trivially, Record and AppendEpoch because they are idempotent.
@@ -209,6 +215,8 @@ absl::Status PostgresStore::ErrorLockHeld(const PGresult* r, absl::string_view w
   }
   // lock_not_available: lock_timeout ran out behind another connection; retry.
   if (state == "55P03") return absl::UnavailableError(msg);
+  // query_canceled: statement_timeout ran out (or an operator cancelled it).
+  if (state == "57014") return absl::DeadlineExceededError(msg);
   // Serialisation failure, deadlock: the transaction lost a race; retry it.
   if (state == "40001" || state == "40P01") return absl::AbortedError(msg);
   return absl::InternalError(msg);
@@ -233,12 +241,20 @@ absl::Status PostgresStore::ExecScriptLockHeld(const char* sql, absl::string_vie
   return absl::OkStatus();
 }
 
-absl::Status PostgresStore::InTransactionLockHeld(absl::FunctionRef<absl::Status()> body,
-                                                  bool bounded) {
+absl::Status PostgresStore::InTransactionLockHeld(
+    absl::FunctionRef<absl::Status()> body, bool bounded,
+    std::optional<std::chrono::milliseconds> statement_timeout) {
   // A BEGIN whose SET LOCAL failed leaves an aborted transaction open: the
   // ROLLBACK below ends it, or the connection's next call would fail too.
-  absl::Status s = bounded ? ExecScriptLockHeld(begin_bounded_.c_str(), "BEGIN")
-                           : ExecLockHeld("BEGIN").status();
+  absl::Status s;
+  if (statement_timeout) {
+    const std::string begin = absl::StrCat(begin_bounded_, "; SET LOCAL statement_timeout = ",
+                                           statement_timeout->count());
+    s = ExecScriptLockHeld(begin.c_str(), "BEGIN");
+  } else {
+    s = bounded ? ExecScriptLockHeld(begin_bounded_.c_str(), "BEGIN")
+                : ExecLockHeld("BEGIN").status();
+  }
   if (s.ok()) s = body();
   if (s.ok()) s = ExecLockHeld("COMMIT").status();
   if (!s.ok() && PQstatus(conn_) == CONNECTION_OK && PQtransactionStatus(conn_) != PQTRANS_IDLE) {
@@ -442,7 +458,7 @@ absl::StatusOr<std::vector<AuditEvent>> PostgresStore::Query(const AuditQuery& q
   }
   absl::MutexLock l(&mu_);
   std::vector<AuditEvent> out;
-  HF_RETURN_IF_ERROR(RunBoundedLockHeld([&]() -> absl::Status {
+  auto read = [&]() -> absl::Status {
     HF_ASSIGN_OR_RETURN(Result r, ExecLockHeld(built.sql, params));
     out.clear();
     out.reserve(r.rows());
@@ -468,7 +484,22 @@ absl::StatusOr<std::vector<AuditEvent>> PostgresStore::Query(const AuditQuery& q
       out.push_back(std::move(e));
     }
     return absl::OkStatus();
-  }));
+  };
+  // With a deadline, PostgreSQL cancels the statement when it passes
+  // (statement_timeout): left running, it would hold this connection, and the
+  // database's work, after its caller gave up. A retry after a reconnect gets
+  // only what is left.
+  bool timed = false;
+  absl::Status s = RunLockHeld([&]() -> absl::Status {
+    HF_ASSIGN_OR_RETURN(std::optional<std::chrono::milliseconds> left,
+                        internal::QueryTimeLeft(q, "postgres"));
+    timed = left.has_value();
+    return InTransactionLockHeld(read, /*bounded=*/true, left);
+  });
+  if (timed && s.code() == absl::StatusCode::kDeadlineExceeded) {
+    return internal::QueryOutOfTime("postgres");
+  }
+  HF_RETURN_IF_ERROR(s);
   return out;
 }
 

@@ -6,13 +6,16 @@
 #include <sqlite3.h>
 
 #include <algorithm>
+#include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/functional/function_ref.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -430,12 +433,40 @@ absl::StatusOr<AuditStore::Pruned> SqliteStore::Prune(int64_t before_unix_ms, in
 absl::StatusOr<std::vector<AuditEvent>> SqliteStore::Query(const AuditQuery& q) {
   internal::BuiltQuery built = internal::BuildEventQuery(q, '?');
   absl::MutexLock l(&mu_);
+  HF_ASSIGN_OR_RETURN(std::optional<std::chrono::milliseconds> left,
+                      internal::QueryTimeLeft(q, "sqlite"));
+  // With a deadline, SQLite interrupts the statement when it passes: its
+  // progress handler looks at the clock every kProgressOps virtual-machine
+  // steps (a few microseconds of work) and ends the statement with
+  // SQLITE_INTERRUPT. Left running, a query would hold this connection after
+  // its caller gave up.
+  struct Progress {
+    std::chrono::steady_clock::time_point deadline;
+    bool passed = false;
+  } progress;
+  constexpr int kProgressOps = 1000;
+  if (left) {
+    progress.deadline = *q.deadline;
+    sqlite3_progress_handler(
+        db_, kProgressOps,
+        [](void* arg) -> int {
+          auto* p = static_cast<Progress*>(arg);
+          if (std::chrono::steady_clock::now() >= p->deadline) p->passed = true;
+          return p->passed ? 1 : 0;
+        },
+        &progress);
+  }
+  absl::Cleanup no_progress = [&] {
+    if (left) sqlite3_progress_handler(db_, 0, nullptr, nullptr);
+  };
   HF_ASSIGN_OR_RETURN(Statement select, PrepareLockHeld(built.sql));
   for (const internal::SqlParam& p : built.params) select.Param(p);
   std::vector<AuditEvent> out;
   while (true) {
-    HF_ASSIGN_OR_RETURN(bool row, select.Step());
-    if (!row) break;
+    absl::StatusOr<bool> row = select.Step();
+    if (progress.passed) return internal::QueryOutOfTime("sqlite");
+    HF_RETURN_IF_ERROR(row.status());
+    if (!*row) break;
     AuditEvent e;
     e.cluster_id = ClusterFromSql(select.ColumnInt(0));
     e.revision = select.ColumnInt(1);

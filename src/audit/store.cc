@@ -146,6 +146,23 @@ std::string PruneStatement(bool with_grants, const char* row_id, const char* cut
                       " ORDER BY x.time_unix_ms LIMIT ", limit, ")");
 }
 
+absl::StatusOr<std::optional<std::chrono::milliseconds>> QueryTimeLeft(const AuditQuery& q,
+                                                                        absl::string_view store) {
+  if (!q.deadline) return std::optional<std::chrono::milliseconds>();
+  auto left = std::chrono::ceil<std::chrono::milliseconds>(*q.deadline -
+                                                            std::chrono::steady_clock::now());
+  if (left <= std::chrono::milliseconds(0)) return QueryOutOfTime(store);
+  // PostgreSQL's statement_timeout stops at INT_MAX ms (24.8 days).
+  return std::optional<std::chrono::milliseconds>(std::min<std::chrono::milliseconds>(
+      left, std::chrono::hours(24)));
+}
+
+absl::Status QueryOutOfTime(absl::string_view store) {
+  return absl::DeadlineExceededError(absl::StrCat(
+      store, " audit store: the query did not finish before its deadline (a read of one "
+             "cluster, or narrower filters, reads less)"));
+}
+
 absl::Status ValidateStoreOptions(const StoreOptions& options) {
   if (options.lock_wait < std::chrono::milliseconds(1) || options.lock_wait > kMaxLockWait) {
     return absl::InvalidArgumentError(

@@ -27,8 +27,10 @@
 //
 // Errors, for every method: UNAVAILABLE when the database cannot be reached or
 // stays busy (retry; for a write the outcome is unknown, and retrying is safe
-// because writes are idempotent); INTERNAL for any other database error, with
-// the database's message.
+// because writes are idempotent); DEADLINE_EXCEEDED for a Query past its
+// deadline (and for a statement PostgreSQL cancelled: an operator's
+// pg_cancel_backend or statement_timeout); INTERNAL for any other database
+// error, with the database's message.
 #pragma once
 
 #include <chrono>
@@ -111,6 +113,10 @@ struct AuditQuery {
   // the next page, even inside a revision with more events than a page holds.
   std::optional<AuditEventKey> after_event;
   int limit = 1000;             // at most this many rows (1..10000)
+  // When the query gives up: DEADLINE_EXCEEDED, no rows. The time spent waiting
+  // for the store's connection (another call on it) counts too. Without one, a
+  // query runs as long as it takes.
+  std::optional<std::chrono::steady_clock::time_point> deadline;
 };
 
 // Whether `s` is Record()'s refusal of a cursor that would move back: another

@@ -6,11 +6,14 @@
 
 #include <chrono>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
 #include "audit/store.h"
 
 namespace holdfast::audit::internal {
@@ -91,5 +94,14 @@ struct BuiltQuery {
   std::vector<SqlParam> params;
 };
 BuiltQuery BuildEventQuery(const AuditQuery& q, char placeholder);
+
+// The time a query has left (at least 1 ms, at most 24 h), or none without a deadline;
+// QueryOutOfTime when its deadline has passed. Asked once the store's
+// connection is this query's, so the wait for it counts.
+absl::StatusOr<std::optional<std::chrono::milliseconds>> QueryTimeLeft(const AuditQuery& q,
+                                                                        absl::string_view store);
+// DEADLINE_EXCEEDED: the query did not finish before its deadline. `store` is
+// "sqlite" or "postgres".
+absl::Status QueryOutOfTime(absl::string_view store);
 
 }  // namespace holdfast::audit::internal

@@ -1,5 +1,7 @@
 #include "server/admin_service.h"
 
+#include <algorithm>
+#include <chrono>
 #include <map>
 
 #include "absl/strings/numbers.h"
@@ -33,6 +35,11 @@ absl::StatusOr<uint64_t> ParseClusterId(absl::string_view field, const std::stri
 // The most a QueryAudit answer carries (server.cc sends at most 4 MiB a
 // message): a page of large events ends there, with `more` set.
 constexpr size_t kMaxAuditPageBytes = 3 << 20;
+// The longest a QueryAudit reads from the store, however long its caller waits
+// (or with no deadline at all): a read across clusters of a large trail scans
+// and sorts it whole, on the server's one store connection, which the epoch
+// guard and other admins' calls wait for meanwhile.
+constexpr std::chrono::seconds kMaxAuditQueryTime{30};
 }  // namespace
 
 void AdminService::Serve(RpcServer* rpc) {
@@ -58,7 +65,9 @@ void AdminService::Serve(RpcServer* rpc) {
   rpc->ServeBlocking<S, v1::GetEpochRequest, v1::Epoch>(
       &service_, &S::RequestGetEpoch, [this](auto* ctx, auto* req, auto* resp) { return GetEpoch(ctx, req, resp); });
   rpc->ServeBlocking<S, v1::RehomeNamespaceRequest, v1::RehomeNamespaceResponse>(
-      &service_, &S::RequestRehomeNamespace, [this](auto* ctx, auto* req, auto* resp) { return RehomeNamespace(ctx, req, resp); });
+      &service_, &S::RequestRehomeNamespace, [this](auto* ctx, auto* req, auto* resp) { return RehomeNamespace(ctx, req, resp); },
+      // Its abort ends a waiting one, so does not wait behind them.
+      [](const v1::RehomeNamespaceRequest& r) { return r.abort() ? Blocking::kBrief : Blocking::kWaiting; });
   rpc->ServeBlocking<S, v1::AdvanceEpochRequest, v1::Epoch>(
       &service_, &S::RequestAdvanceEpoch, [this](auto* ctx, auto* req, auto* resp) { return AdvanceEpoch(ctx, req, resp); });
   rpc->ServeBlocking<S, v1::QueryAuditRequest, v1::QueryAuditResponse>(
@@ -356,7 +365,12 @@ grpc::Status AdminService::RehomeNamespace(grpc::ServerContext* ctx,
   lock::Caller who;
   who.identity = caller->identity;
   who.admin = true;
-  return Reply(rehomer_->Rehome(who, *req, [ctx] { return ctx->IsCancelled(); }), resp);
+  // Its wait for holds ends in time for the caller to hear the outcome: a call
+  // that waited for a thread (server/async_rpc.h) has less time left than its
+  // deadline_ms.
+  return Reply(rehomer_->Rehome(who, *req, [ctx] { return ctx->IsCancelled(); },
+                                SteadyCallDeadline(*ctx, std::chrono::hours(25))),
+               resp);
 }
 
 // --- audit and force-release ------------------------------------------------
@@ -400,6 +414,14 @@ grpc::Status AdminService::QueryAudit(grpc::ServerContext* ctx, const v1::QueryA
     }
     q.type = *t;
   }
+  // The store gives up a little before the caller's deadline (so that the
+  // caller is told why, not just that its time ran out), and after
+  // kMaxAuditQueryTime at the latest: a query whose caller is gone is of no use
+  // to anyone.
+  const auto now = std::chrono::steady_clock::now();
+  const auto call_deadline = SteadyCallDeadline(*ctx, kMaxAuditQueryTime);
+  q.deadline = call_deadline - std::max<std::chrono::steady_clock::duration>(
+                                   std::chrono::milliseconds(250), (call_deadline - now) / 10);
   auto rows = audit_store_->Query(q);
   if (!rows.ok()) return ToGrpcStatus(rows.status());
   size_t bytes = 0;

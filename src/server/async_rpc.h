@@ -9,7 +9,13 @@
 // call is answered by UnaryCall::Finish, from whichever thread the work ends on.
 // Blocking handlers (the Admin service: several etcd round trips or an audit
 // store query each) are served by ServeBlocking, which runs them on a worker pool
-// whose threads never poll gRPC.
+// whose threads never poll gRPC. Calls that wait for something outside holdfastd
+// (a rehome waits for the namespace's holds to end, up to its deadline) have a
+// pool of their own: however many of them wait, the other admin calls (a force
+// approval, the epoch, the audit trail) are not queued behind them. A call whose
+// caller has gone while it waited for a thread (its deadline passed, or it was
+// cancelled) is not run: its caller was told DEADLINE_EXCEEDED or CANCELLED,
+// and a change it would make now would come behind the operator's back.
 //
 // Shutdown: Stop() (no call is asked for any more), then the gRPC server's
 // Shutdown (which waits for or cancels the calls in flight, while the loop keeps
@@ -107,11 +113,20 @@ using RequestUnaryFn = void (Service::*)(grpc::ServerContext*, Req*,
                                          grpc::CompletionQueue*, grpc::ServerCompletionQueue*,
                                          void*);
 
+// Which pool a blocking handler runs on.
+enum class Blocking {
+  kBrief,    // a few etcd round trips, an audit store call
+  kWaiting,  // waits for others, up to the call's own deadline (a rehome's drain)
+};
+
 class RpcServer {
  public:
-  // `loop` must have a server queue; `admin_threads` run the blocking handlers.
-  RpcServer(EventLoop* loop, int admin_threads)
-      : loop_(loop), workers_(admin_threads, "holdfastd-admin") {}
+  // `loop` must have a server queue; `brief_threads` and `waiting_threads` run
+  // the blocking handlers of each kind.
+  RpcServer(EventLoop* loop, int brief_threads, int waiting_threads)
+      : loop_(loop),
+        brief_(brief_threads, "holdfastd-admin"),
+        waiting_(waiting_threads, "holdfastd-wait") {}
 
   EventLoop* loop() const { return loop_; }
   // True once Stop() has run: no call is to be asked for any more.
@@ -133,14 +148,28 @@ class RpcServer {
     for (int i = 0; i < backlog; ++i) new Call(method);
   }
 
-  // Serves a unary method whose handler blocks: it runs on the worker pool and
-  // its status answers the call (its response with OK).
+  // Serves a unary method whose handler blocks: it runs on the worker pool of
+  // the call's kind (`kind` of its request; brief without one) and its status
+  // answers the call (its response with OK). A call whose caller has gone before
+  // a thread takes it is answered without running.
   template <class Service, class Req, class Resp>
   void ServeBlocking(Service* service, RequestUnaryFn<Service, Req, Resp> request,
-                     std::function<grpc::Status(grpc::ServerContext*, const Req*, Resp*)> handler) {
+                     std::function<grpc::Status(grpc::ServerContext*, const Req*, Resp*)> handler,
+                     std::function<Blocking(const Req&)> kind = nullptr) {
     ServeUnary<Service, Req, Resp>(
-        service, request, [this, handler = std::move(handler)](UnaryCall<Req, Resp>* call) {
-          bool queued = workers_.Run([call, handler] {
+        service, request,
+        [this, handler = std::move(handler), kind = std::move(kind)](UnaryCall<Req, Resp>* call) {
+          WorkerPool* pool =
+              kind && kind(call->request()) == Blocking::kWaiting ? &waiting_ : &brief_;
+          bool queued = pool->Run([call, handler] {
+            // Known once the loop has seen the call end (ServerContext::IsCancelled
+            // on the asynchronous API): a deadline that passed while queued.
+            if (call->context().IsCancelled()) {
+              call->Finish(absl::CancelledError(
+                  "the call ended (its deadline passed, or its caller left) while it waited "
+                  "for an admin thread; not run"));
+              return;
+            }
             grpc::Status s = handler(&call->context(), &call->request(), call->response());
             call->Finish(FromGrpcStatus(s));
           });
@@ -152,11 +181,15 @@ class RpcServer {
   void Stop() { stopped_.store(true); }
   // Runs the blocking handlers still queued and joins the pool's threads. After
   // the gRPC server's Shutdown, while the loop still runs.
-  void StopWorkers() { workers_.Stop(); }
+  void StopWorkers() {
+    waiting_.Stop();
+    brief_.Stop();
+  }
 
  private:
   EventLoop* const loop_;
-  WorkerPool workers_;
+  WorkerPool brief_;
+  WorkerPool waiting_;
   std::atomic<bool> stopped_{false};
 };
 

@@ -343,7 +343,7 @@ absl::Status Rehomer::RollBack(const std::string& ns, Placed placed, etcd::Deadl
 
 absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
     const lock::Caller& caller, const v1::RehomeNamespaceRequest& req,
-    const std::function<bool()>& cancelled) {
+    const std::function<bool()>& cancelled, std::chrono::steady_clock::time_point call_deadline) {
   const std::string& ns = req.name();
   HF_RETURN_IF_ERROR(keyspace::ValidateNamespaceName(ns));
   if (req.deadline_ms() < 0 || req.deadline_ms() > 24 * 3600 * 1000) {
@@ -473,7 +473,11 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
     MaybeExit(kRehomeDraining);
     const auto wait = req.deadline_ms() > 0 ? std::chrono::milliseconds(req.deadline_ms())
                                             : options_.default_deadline;
-    const auto until = std::chrono::steady_clock::now() + wait;
+    const auto started = std::chrono::steady_clock::now();
+    auto until = started + wait;
+    // The call's own deadline comes first when it waited for a thread.
+    const bool call_first = call_deadline - started < wait + kAfterTheDrain;
+    if (call_first) until = std::max(started, call_deadline - kAfterTheDrain);
     while (true) {
       // Still this rehome's turn: not rolled back (--abort) or finished by
       // another call meanwhile.
@@ -498,10 +502,20 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
       }
       if (std::chrono::steady_clock::now() >= until) {
         HF_RETURN_IF_ERROR(RollBack(ns, placed, Step()));
+        const std::string waited =
+            call_first ? absl::StrCat(
+                             "after ",
+                             std::chrono::duration_cast<std::chrono::milliseconds>(until - started)
+                                 .count(),
+                             "ms, all the time the call's own deadline left for the wait (a "
+                             "rehome call needs its deadline_ms and 15s more, for the steps "
+                             "after the wait; one that waited for a thread behind eight "
+                             "rehomes has less)")
+                       : absl::StrCat("after the deadline of ", wait.count(), "ms");
         return absl::FailedPreconditionError(absl::StrCat(
             holds.size(), " hold(s) of namespace \"", ns, "\" remain on cluster \"", st.from(),
-            "\" after the deadline of ", wait.count(),
-            "ms; the rehome is rolled back and nothing changed. Wait for them to end (`holdfast "
+            "\" ", waited,
+            "; the rehome is rolled back and nothing changed. Wait for them to end (`holdfast "
             "holders ", ns, "/KEY` shows who holds), or have them force-released (`holdfast "
             "force request`, approved by a second admin), then run it again"));
       }

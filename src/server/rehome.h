@@ -77,10 +77,20 @@ class Rehomer {
   // `cancelled` says when the caller has gone (its call cancelled or past its
   // deadline): the drain's wait for holds then stops, leaving the rehome where it
   // is, as any interruption does (the same command resumes it, --abort rolls it
-  // back).
+  // back). The wait for holds ends at the request's deadline_ms, and at the
+  // latest kAfterTheDrain before `call_deadline`, so that a call that came late
+  // to a thread rolls its drain back and says so, rather than being cut off while
+  // its namespace drains.
   absl::StatusOr<v1::RehomeNamespaceResponse> Rehome(
       const lock::Caller& caller, const v1::RehomeNamespaceRequest& req,
-      const std::function<bool()>& cancelled = [] { return false; });
+      const std::function<bool()>& cancelled = [] { return false; },
+      std::chrono::steady_clock::time_point call_deadline =
+          std::chrono::steady_clock::time_point::max());
+
+  // What the steps after the wait for holds (seal, epoch, copy, flip, clean-up:
+  // a few etcd round trips each) are left of the call's time. libholdfast gives
+  // a rehome call its deadline_ms plus 30 s.
+  static constexpr std::chrono::seconds kAfterTheDrain{15};
 
  private:
   struct Placed;  // the placement record as read, with its mod_revision

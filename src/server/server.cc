@@ -41,9 +41,13 @@ audit::StoreOptions AuditStoreOptions(const Config& config) {
 constexpr std::chrono::milliseconds kConfirmRefusalAfter{250};
 
 // Admin calls that run at once (server/async_rpc.h, ServeBlocking); more wait
-// their turn. Each blocks a thread for a few etcd round trips, an audit query,
-// or a rehome's drain.
-constexpr int kAdminThreads = 8;
+// their turn. Each brief one blocks a thread for a few etcd round trips or an
+// audit query (30 s at most); each waiting one (a rehome) for its drain, up to
+// its deadline. A cluster move rehomes namespaces side by side: eight at once
+// wait for their holds while the rest queue, and no other admin call waits
+// behind them.
+constexpr int kBriefAdminThreads = 8;
+constexpr int kWaitingAdminThreads = 8;
 
 }  // namespace
 
@@ -149,7 +153,7 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   // first call, before the server is built at the end.
   grpc::ServerBuilder builder;
   loop_ = std::make_unique<EventLoop>(builder.AddCompletionQueue(), "holdfastd-loop");
-  rpc_ = std::make_unique<RpcServer>(loop_.get(), kAdminThreads);
+  rpc_ = std::make_unique<RpcServer>(loop_.get(), kBriefAdminThreads, kWaitingAdminThreads);
   if (config_.audit_store != "none") {
     auto store = audit::OpenStore(config_.audit_store, AuditStoreOptions(config_));
     if (!store.ok()) {
