@@ -5,9 +5,11 @@
 #include <charconv>
 #include <cstring>
 #include <fstream>
+#include <limits>
 #include <map>
 #include <set>
 #include <sstream>
+#include <tuple>
 
 #include <sys/stat.h>
 
@@ -89,9 +91,40 @@ absl::Status ReadDuration(const YAML::Node& n, const std::string& name,
   return absl::OkStatus();
 }
 
+// The bounds of each integer setting. The file's value is checked against them
+// as it is read, so that one past int's range is named with them too, and
+// ValidateConfig checks them again for a Config built otherwise.
+struct IntRange {
+  int lo;
+  int hi;
+};
+constexpr int kIntMax = std::numeric_limits<int>::max();
+constexpr IntRange kMaxMessageBytesRange{4096, 16 * 1024 * 1024};
+constexpr IntRange kMaxConcurrentStreamsRange{1, 100'000};
+// A queue is read whole when a release decides on etcd's answer: a longer one
+// makes each such read megabytes.
+constexpr IntRange kMaxWaitersPerKeyRange{1, 100'000};
+constexpr IntRange kMaxHoldsPerSessionRange{1, 100'000};
+constexpr IntRange kCompactionKeepRevisionsRange{100, kIntMax};
+constexpr IntRange kLagWarnRevisionsRange{1, kIntMax};
+// Fewer would end the auditor's watch at every small burst while the store lags;
+// more than ten million is gigabytes of holdfastd's memory.
+constexpr IntRange kMaxBufferedEventsRange{1000, 10'000'000};
+
+// "config: NAME must be between LO and HI, not VALUE".
+absl::Status OutOfRange(const std::string& name, IntRange range, const std::string& value) {
+  return absl::InvalidArgumentError(absl::StrCat("config: ", name, " must be between ", range.lo,
+                                                 " and ", range.hi, ", not ", value));
+}
+
+absl::Status CheckRange(const std::string& name, int value, IntRange range) {
+  if (value >= range.lo && value <= range.hi) return absl::OkStatus();
+  return OutOfRange(name, range, absl::StrCat(value));
+}
+
 // Decimal digits only, with an optional minus sign: yaml-cpp would read 010000 as
-// octal (4096) and 0x10 as hex, which nobody writing a limit means.
-absl::Status ReadInt(const YAML::Node& n, const std::string& name, int* out) {
+// octal (4096) and 0x10 as hex, which nobody writing a limit means. In `range`.
+absl::Status ReadInt(const YAML::Node& n, const std::string& name, IntRange range, int* out) {
   if (!n) return absl::OkStatus();
   if (!n.IsScalar()) {
     return absl::InvalidArgumentError(absl::StrCat("config: ", name, " must be an integer"));
@@ -110,9 +143,8 @@ absl::Status ReadInt(const YAML::Node& n, const std::string& name, int* out) {
   }
   int value = 0;
   auto [end, ec] = std::from_chars(v.data(), v.data() + v.size(), value);
-  if (ec != std::errc() || end != v.data() + v.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config: ", name, " ", v, " is out of range"));
+  if (ec != std::errc() || end != v.data() + v.size() || value < range.lo || value > range.hi) {
+    return OutOfRange(name, range, v);
   }
   *out = value;
   return absl::OkStatus();
@@ -415,12 +447,12 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
       return s;
     }
     if (auto s = ReadInt(audit["compaction_keep_revisions"], "audit.compaction_keep_revisions",
-                         &c.audit_compaction_keep_revisions);
+                         kCompactionKeepRevisionsRange, &c.audit_compaction_keep_revisions);
         !s.ok()) {
       return s;
     }
     if (auto s = ReadInt(audit["lag_warn_revisions"], "audit.lag_warn_revisions",
-                         &c.audit_lag_warn_revisions);
+                         kLagWarnRevisionsRange, &c.audit_lag_warn_revisions);
         !s.ok()) {
       return s;
     }
@@ -438,7 +470,7 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
       return s;
     }
     if (auto s = ReadInt(audit["max_buffered_events"], "audit.max_buffered_events",
-                         &c.audit_max_buffered_events);
+                         kMaxBufferedEventsRange, &c.audit_max_buffered_events);
         !s.ok()) {
       return s;
     }
@@ -472,27 +504,25 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
         !s.ok()) {
       return s;
     }
-    if (auto s = ReadInt(limits["max_message_bytes"], "limits.max_message_bytes", &c.max_message_bytes); !s.ok()) return s;
-    if (auto s = ReadInt(limits["max_concurrent_streams"], "limits.max_concurrent_streams", &c.max_concurrent_streams); !s.ok()) return s;
-    if (auto s = ReadInt(limits["max_waiters_per_key"], "limits.max_waiters_per_key",
-                         &c.max_waiters_per_key);
+    if (auto s = ReadInt(limits["max_message_bytes"], "limits.max_message_bytes",
+                         kMaxMessageBytesRange, &c.max_message_bytes);
         !s.ok()) {
       return s;
     }
-    // A queue is read whole when a release decides on etcd's answer: a longer
-    // one makes each such read megabytes.
-    if (c.max_waiters_per_key < 1 || c.max_waiters_per_key > 100'000) {
-      return absl::InvalidArgumentError(
-          "config: limits.max_waiters_per_key must be between 1 and 100000");
+    if (auto s = ReadInt(limits["max_concurrent_streams"], "limits.max_concurrent_streams",
+                         kMaxConcurrentStreamsRange, &c.max_concurrent_streams);
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = ReadInt(limits["max_waiters_per_key"], "limits.max_waiters_per_key",
+                         kMaxWaitersPerKeyRange, &c.max_waiters_per_key);
+        !s.ok()) {
+      return s;
     }
     if (auto s = ReadInt(limits["max_holds_per_session"], "limits.max_holds_per_session",
-                         &c.max_holds_per_session);
+                         kMaxHoldsPerSessionRange, &c.max_holds_per_session);
         !s.ok()) {
       return s;
-    }
-    if (c.max_holds_per_session < 1 || c.max_holds_per_session > 100'000) {
-      return absl::InvalidArgumentError(
-          "config: limits.max_holds_per_session must be between 1 and 100000");
     }
   }
   return c;
@@ -670,17 +700,20 @@ absl::Status ValidateConfig(const Config& c) {
         "config: sessions.ttl_max must be at most 7d (a crashed holder keeps its locks that "
         "long)");
   }
-  if (c.max_message_bytes < 4096 || c.max_message_bytes > 16 * 1024 * 1024) {
-    return absl::InvalidArgumentError(
-        "config: limits.max_message_bytes must be between 4096 and 16777216 (16 MiB)");
-  }
-  if (c.max_concurrent_streams < 1 || c.max_concurrent_streams > 100'000) {
-    return absl::InvalidArgumentError(
-        "config: limits.max_concurrent_streams must be between 1 and 100000");
-  }
-  if (c.audit_compaction_keep_revisions < 100 || c.audit_lag_warn_revisions < 1) {
-    return absl::InvalidArgumentError(
-        "config: audit.compaction_keep_revisions must be >= 100 and lag_warn_revisions >= 1");
+  for (const auto& [name, value, range] : {
+           std::tuple{"limits.max_message_bytes", c.max_message_bytes, kMaxMessageBytesRange},
+           std::tuple{"limits.max_concurrent_streams", c.max_concurrent_streams,
+                      kMaxConcurrentStreamsRange},
+           std::tuple{"limits.max_waiters_per_key", c.max_waiters_per_key, kMaxWaitersPerKeyRange},
+           std::tuple{"limits.max_holds_per_session", c.max_holds_per_session,
+                      kMaxHoldsPerSessionRange},
+           std::tuple{"audit.compaction_keep_revisions", c.audit_compaction_keep_revisions,
+                      kCompactionKeepRevisionsRange},
+           std::tuple{"audit.lag_warn_revisions", c.audit_lag_warn_revisions,
+                      kLagWarnRevisionsRange},
+           std::tuple{"audit.max_buffered_events", c.audit_max_buffered_events,
+                      kMaxBufferedEventsRange}}) {
+    if (auto s = CheckRange(name, value, range); !s.ok()) return s;
   }
   // Rotated SVIDs (an hour's lifetime is common) must be picked up well before the
   // old ones expire; the files are read at most once a second anyway.
@@ -690,12 +723,6 @@ absl::Status ValidateConfig(const Config& c) {
   if (c.audit_flush_interval < std::chrono::milliseconds(0) ||
       c.audit_flush_interval > std::chrono::seconds(1)) {
     return absl::InvalidArgumentError("config: audit.flush_interval must be between 0s and 1s");
-  }
-  // Fewer would end the auditor's watch at every small burst while the store
-  // lags; more than ten million is gigabytes of holdfastd's memory.
-  if (c.audit_max_buffered_events < 1000 || c.audit_max_buffered_events > 10'000'000) {
-    return absl::InvalidArgumentError(
-        "config: audit.max_buffered_events must be between 1000 and 10000000");
   }
   // Under an hour would prune events the auditor has barely written (more likely a
   // mistaken unit, "30m" for "30d", than a wish): refuse it rather than lose the trail.

@@ -142,7 +142,10 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\naudit: {compaction_interval: 48h}", "compaction_interval at most 24h"},
       {"insecure: true\naudit: [x]", "audit must be a map"},
       {"insecure: true\naudit: {leader_ttl: 1s}", "audit.leader_ttl must be >= 2s"},
-      {"insecure: true\naudit: {compaction_keep_revisions: 5}", "compaction_keep_revisions must be >= 100"},
+      {"insecure: true\naudit: {compaction_keep_revisions: 5}",
+       "config: audit.compaction_keep_revisions must be between 100 and 2147483647, not 5"},
+      {"insecure: true\naudit: {lag_warn_revisions: 0}",
+       "config: audit.lag_warn_revisions must be between 1 and 2147483647, not 0"},
       {"insecure: true\naudit: {force_request_ttl: soon}", "audit.force_request_ttl: invalid duration"},
       {"insecure: true\naudit: {flush_interval: 2s}", "audit.flush_interval must be between 0s and 1s"},
       {"insecure: true\naudit: {max_buffered_events: 999}",
@@ -220,7 +223,12 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\nlimits: {max_message_bytes: [1]}",
        "config: limits.max_message_bytes must be an integer"},
       {"insecure: true\naudit: {max_buffered_events: 3000000000}",
-       "config: audit.max_buffered_events 3000000000 is out of range"},
+       "config: audit.max_buffered_events must be between 1000 and 10000000, not 3000000000"},
+      {"insecure: true\nlimits: {max_waiters_per_key: 99999999999999999999999}",
+       "config: limits.max_waiters_per_key must be between 1 and 100000, not "
+       "99999999999999999999999"},
+      {"insecure: true\nlimits: {max_message_bytes: -1}",
+       "config: limits.max_message_bytes must be between 4096 and 16777216, not -1"},
       // Addresses: no scheme, a port in range.
       {"insecure: true\netcd: {endpoints: [\"http://127.0.0.1:2379\"]}",
        "config: etcd.endpoints[0] \"http://127.0.0.1:2379\": give host:port without http:// or "
@@ -322,6 +330,21 @@ TEST(ConfigTest, EtcdPlaintextOptsTheControlClusterIn) {
   SetControlPlaintext(&*c);
   EXPECT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);
   EXPECT_TRUE(EffectiveClusters(*c)[0].plaintext);
+}
+
+// A Config built in code is held to the bounds the file is read with.
+TEST(ConfigTest, IntegersSetInCodeAreCheckedAgainstTheFilesBounds) {
+  auto c = ParseConfig("insecure: true");
+  ASSERT_TRUE(c.ok()) << c.status();
+  c->max_holds_per_session = 0;
+  EXPECT_EQ(ValidateConfig(*c).message(),
+            "config: limits.max_holds_per_session must be between 1 and 100000, not 0");
+  c->max_holds_per_session = 1;
+  c->audit_max_buffered_events = 10'000'001;
+  EXPECT_EQ(ValidateConfig(*c).message(),
+            "config: audit.max_buffered_events must be between 1000 and 10000000, not 10000001");
+  c->audit_max_buffered_events = 10'000'000;
+  EXPECT_TRUE(ValidateConfig(*c).ok()) << ValidateConfig(*c);
 }
 
 TEST(ConfigTest, PlaintextToEtcdOnLoopbackNeedsNoOptIn) {
