@@ -104,9 +104,12 @@ struct ClientOptions {
 };
 
 struct SessionOptions {
-  // Session TTL: how long holds outlive the last renewal. Rounded up to seconds.
+  // Session TTL: how long holds outlive the last renewal. Rounded up to whole
+  // seconds; holdfastd's sessions.ttl_min (at least 1s) and ttl_max bound it
+  // (INVALID_ARGUMENT from holdfastd; zero or less is refused before sending).
   std::chrono::milliseconds ttl{10'000};
-  // Fraction of the TTL kept as a margin for clock drift (local deadline).
+  // Fraction of the TTL kept as a margin for clock drift (local deadline): 0 to
+  // 0.5; anything else is refused by OpenSession (INVALID_ARGUMENT).
   double safety_margin = 0.1;
   // Called when the session, or any hold on it, is lost, with the reason (check
   // Hold::lost() to see which). Must not throw: it runs on libholdfast's threads
@@ -150,7 +153,8 @@ class Hold {
   // expired meanwhile).
   bool unprotected() const;
 
-  // Releases the hold. FAILED_PRECONDITION if it is no longer current. Races
+  // Releases the hold. FAILED_PRECONDITION if it is no longer current (then, as
+  // after OK, Release() answers OK and the hold is done with). Races
   // with the queue, lost connections and streams reset under the call (INTERNAL
   // or UNKNOWN, as a proxy may send), a replica that went silent and one that says
   // it is stopping (then on the next endpoint at once) are retried a few times, all within one
@@ -158,7 +162,11 @@ class Hold {
   // unknown outcome, "not current" means the release went through. If it still
   // fails transiently (ABORTED, UNAVAILABLE, INTERNAL, UNKNOWN, DEADLINE_EXCEEDED, or
   // RESOURCE_EXHAUSTED over the op_rate_quota: see RetryAfter), Release() may be
-  // called again. Once released (or not current), every handle of the hold says
+  // called again; so it may after a refusal (PERMISSION_DENIED: the identity the
+  // client now presents may not use the namespace), which is answered again. A
+  // hold whose release failed either way is released by the Client's keepalive
+  // thread once the Hold is destroyed or assigned over (see the class comment).
+  // Once released (or not current), every handle of the hold says
   // lost() ("was released"), also one an Acquire returned after this handle was
   // lost locally.
   absl::Status Release();
@@ -183,6 +191,10 @@ class Session {
   // Closes the session (ignoring errors) if it was not closed already. A Close()
   // that failed is not sent again here: that session ends with its TTL.
   ~Session();
+  // One handle per session (OpenSession's unique_ptr): a copy would close it
+  // when either went.
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
   int64_t id() const;
   const std::string& ns() const;
@@ -268,6 +280,10 @@ class Client {
   // fail as unreachable until then.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
   ~Client();
+  // One per Connect (its unique_ptr): the first copy destroyed would stop the
+  // renewals of every session of the others.
+  Client(const Client&) = delete;
+  Client& operator=(const Client&) = delete;
 
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(const std::string& ns,
                                                        const SessionOptions& options = {});

@@ -682,11 +682,14 @@ Hold::Hold(Hold&& o) noexcept
 
 Hold& Hold::operator=(Hold&& o) noexcept {
   if (this != &o) {
+    // As the destructor: a release not done here is the pump's.
     (void)Release();
+    LeaveReleaseToPump();
     session_ = std::move(o.session_);
     state_ = std::move(o.state_);
     info_ = std::move(o.info_);
     o.session_.reset();
+    o.info_.Clear();  // not the hold this one had, released above
   }
   return *this;
 }
@@ -703,7 +706,7 @@ bool Hold::lost() const { return state_ ? state_->lost() : true; }
 bool Hold::unprotected() const { return state_ && state_->unprotected(); }
 
 absl::Status Hold::lost_reason() const {
-  if (!state_) return absl::FailedPreconditionError("released");
+  if (!state_) return absl::FailedPreconditionError("this Hold was moved from");
   return state_->lost_reason();
 }
 
@@ -757,13 +760,15 @@ absl::Status Hold::ReleaseBy(std::optional<std::chrono::system_clock::time_point
       },
       &unknown);
   if (unknown && s.code() == absl::StatusCode::kFailedPrecondition) s = absl::OkStatus();
-  // Keep the session on a transient failure, so the caller (or the destructor)
-  // can try again; let go once the release is done or cannot be. The hold's
-  // other handles (an Acquire of the held key returned it again) then say so.
-  // (Over the namespace's op_rate_quota, too: RetryAfter says when.)
-  if (s.code() != absl::StatusCode::kAborted && !OutcomeUnknown(s.code()) &&
-      s.code() != absl::StatusCode::kDeadlineExceeded &&
-      s.code() != absl::StatusCode::kResourceExhausted) {
+  // Let go once the release is done or the hold is not current any more; the
+  // hold's other handles (an Acquire of the held key returned it again) then say
+  // so. Keep the session on any other failure, so the caller (or the
+  // destructor, through the pump) can ask again: a transient one, one over the
+  // namespace's op_rate_quota (RetryAfter says when), and a refusal too
+  // (PERMISSION_DENIED), whose hold is still in etcd: let go, a second Release()
+  // would answer OK and the hold would say it is not lost.
+  if (s.ok() || s.code() == absl::StatusCode::kFailedPrecondition ||
+      s.code() == absl::StatusCode::kNotFound) {
     session_.reset();
   }
   // Released, or not current any more: every handle of the hold says it ended,
@@ -944,6 +949,13 @@ absl::Status Session::CloseWithin(std::optional<std::chrono::milliseconds> timeo
 
 absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
   if (options.endpoints.empty()) return absl::InvalidArgumentError("no holdfastd endpoint given");
+  // Every call's deadline is now + rpc_timeout: zero or less fails each call at
+  // once (as if no holdfastd answered), and a huge one overflows the clock.
+  if (options.rpc_timeout <= std::chrono::milliseconds(0) ||
+      options.rpc_timeout > std::chrono::hours(24)) {
+    return absl::InvalidArgumentError(absl::StrCat("rpc_timeout ", options.rpc_timeout.count(),
+                                                   "ms is outside (0, 24h]"));
+  }
   for (const auto& e : options.endpoints) {
     if (e.empty() || std::any_of(e.begin(), e.end(), [](unsigned char c) {
           return c <= ' ' || c == 0x7f || c == ',';
@@ -991,6 +1003,16 @@ Client::~Client() { core_->pump().Stop(); }  // sessions it renewed count as los
 absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const std::string& ns,
                                                              const SessionOptions& options) {
   if (auto s = names::ValidateNamespaceName(ns); !s.ok()) return s;
+  if (options.ttl <= std::chrono::milliseconds(0)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("session ttl ", options.ttl.count(), "ms must be positive"));
+  }
+  // Not NaN, which passes any comparison's clamp and poisons the local deadline.
+  if (!(options.safety_margin >= 0.0 && options.safety_margin <= 0.5)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "safety_margin ", options.safety_margin, " is outside [0, 0.5] (the fraction of the "
+        "TTL kept as a margin for clock drift)"));
+  }
   v1::OpenSessionRequest req;
   req.set_namespace_(ns);
   req.set_ttl_ms(options.ttl.count());
@@ -1024,6 +1046,9 @@ absl::StatusOr<Resp> Call(internal::ClientCore& core,
 
 absl::StatusOr<v1::DescribeResponse> Client::Describe(const std::string& ns,
                                                       const std::string& key) {
+  // Checked here as Acquire does: a key that is not UTF-8 cannot even be sent.
+  if (auto s = names::ValidateNamespaceName(ns); !s.ok()) return s;
+  if (auto s = names::ValidateLockKey(key); !s.ok()) return s;
   v1::DescribeRequest req;
   req.set_namespace_(ns);
   req.set_lock_key(key);
@@ -1032,6 +1057,8 @@ absl::StatusOr<v1::DescribeResponse> Client::Describe(const std::string& ns,
 
 absl::StatusOr<v1::CheckTokenResponse> Client::CheckToken(const std::string& ns,
                                                           const std::string& key, int64_t token) {
+  if (auto s = names::ValidateNamespaceName(ns); !s.ok()) return s;
+  if (auto s = names::ValidateLockKey(key); !s.ok()) return s;
   v1::CheckTokenRequest req;
   req.set_namespace_(ns);
   req.set_lock_key(key);

@@ -11,7 +11,9 @@
 #include <fstream>
 #include <chrono>
 #include <functional>
+#include <limits>
 #include <thread>
+#include <type_traits>
 #include <memory>
 #include <string>
 #include <vector>
@@ -340,6 +342,45 @@ TEST(EndpointListTest, AnEmptyListOrAMalformedEndpointIsRefusedBeforeAnyCall) {
 
 // Without a CA bundle, only loopback endpoints: holdfastd serves plaintext only
 // there, so whatever answers plaintext elsewhere is not it.
+// Options that would make every call fail, or the client misbehave, are refused
+// where they are given, before anything is sent.
+TEST(EndpointListTest, NonsenseOptionsAreRefusedBeforeAnyCall) {
+  static_assert(!std::is_copy_constructible_v<Client> && !std::is_copy_assignable_v<Client>,
+                "a copy of a Client would stop the other's renewals when destroyed");
+  static_assert(!std::is_copy_constructible_v<Session> && !std::is_move_constructible_v<Session>,
+                "a copy of a Session would close it when destroyed");
+  ClientOptions o;
+  o.endpoints = {"127.0.0.1:1"};  // nothing listens: a call would wait its rpc timeout
+  for (auto bad : {std::chrono::milliseconds(0), std::chrono::milliseconds(-1),
+                   std::chrono::milliseconds(std::chrono::hours(25))}) {
+    o.rpc_timeout = bad;
+    EXPECT_EQ(Client::Connect(o).status().message(),
+              absl::StrCat("rpc_timeout ", bad.count(), "ms is outside (0, 24h]"));
+  }
+  o.rpc_timeout = std::chrono::seconds(10);
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  const auto started = std::chrono::steady_clock::now();
+  auto ttl = (*client)->OpenSession("default", {.ttl = std::chrono::milliseconds(0)});
+  EXPECT_EQ(ttl.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(ttl.status().message(), "session ttl 0ms must be positive");
+  for (double margin : {-0.1, 0.9, std::numeric_limits<double>::quiet_NaN()}) {
+    auto s = (*client)->OpenSession("default", {.safety_margin = margin});
+    EXPECT_EQ(s.status().code(), absl::StatusCode::kInvalidArgument) << margin;
+    EXPECT_NE(s.status().message().find("is outside [0, 0.5]"), std::string::npos)
+        << s.status();
+  }
+  const std::string not_utf8 = "jobs/\xff";
+  EXPECT_EQ((*client)->Describe("default", not_utf8).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*client)->CheckToken("default", not_utf8, 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*client)->CheckToken("Default", "jobs/a", 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  // All refused here: none waited for the endpoint where nothing listens.
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10));
+}
+
 TEST(EndpointListTest, PlaintextGoesOnlyToLoopbackUnlessAllowed) {
   ClientOptions o;
   for (const std::string& remote :

@@ -92,6 +92,7 @@ class FakeLocks final : public v1::Lock::Service {
   std::atomic<int> release_delay_ms{0};  // each Release answers this late
   std::mutex mu;
   std::vector<int64_t> released_tokens;  // guarded by mu
+  std::vector<std::string> released_keys;  // guarded by mu
   // How long each Release had left of its deadline when it arrived (guarded by mu).
   std::vector<std::chrono::milliseconds> release_deadline_left;
   // The deadline of each Acquire and each Release (guarded by mu).
@@ -117,6 +118,7 @@ class FakeLocks final : public v1::Lock::Service {
     {
       std::lock_guard l(mu);
       released_tokens.push_back(req->token());
+      released_keys.push_back(req->lock_key());
       release_deadlines.push_back(ctx->deadline());
       release_deadline_left.push_back(std::chrono::duration_cast<std::chrono::milliseconds>(
           ctx->deadline() - std::chrono::system_clock::now()));
@@ -336,6 +338,60 @@ TEST_F(RetryTest, AHoldDroppedWhileItsReleaseFailsIsReleasedOnceHoldfastdCan) {
   // Done: not asked again.
   std::this_thread::sleep_for(std::chrono::seconds(3));
   EXPECT_EQ(locks_.release.calls(), tried + 1);
+}
+
+// A Hold assigned over releases the hold it had, as its destructor would: a
+// release that fails there is left to the pump, not forgotten with the key
+// held for the rest of the session.
+TEST_F(RetryTest, AHoldAssignedOverWhileItsReleaseFailsIsReleasedByThePump) {
+  auto first = session_->Acquire("jobs/first");
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = session_->Acquire("jobs/second");
+  ASSERT_TRUE(second.ok()) << second.status();
+  const grpc::Status unreachable(grpc::StatusCode::UNAVAILABLE, "etcd: no leader");
+  for (int i = 0; i < 5; ++i) locks_.release.Push(unreachable);
+  *first = std::move(*second);  // releases jobs/first: every try fails
+  const int tried = locks_.release.calls();
+  ASSERT_EQ(tried, 5);
+  EXPECT_EQ(first->key(), "jobs/second");
+  // The moved-from handle holds nothing, and says why.
+  EXPECT_EQ(second->key(), "");
+  EXPECT_EQ(second->lost_reason().message(), "this Hold was moved from");
+  EXPECT_TRUE(second->Release().ok());
+  EXPECT_EQ(locks_.release.calls(), tried);
+  for (int i = 0; i < 100 && locks_.release.calls() == tried; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_EQ(locks_.release.calls(), tried + 1) << "the assigned-over hold was not released";
+  {
+    std::lock_guard l(locks_.mu);
+    EXPECT_EQ(locks_.released_keys.back(), "jobs/first");
+  }
+  EXPECT_FALSE(first->lost());  // jobs/second is held still
+}
+
+// A refused release (the identity the client now presents may not use the
+// namespace) leaves the hold held: Release() answers the refusal again rather
+// than OK, the hold does not claim to be released, and once dropped, the pump
+// asks until holdfastd says.
+TEST_F(RetryTest, ARefusedReleaseIsAnsweredAgainAndNotTakenForDone) {
+  auto hold = session_->Acquire("jobs/refused");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  const grpc::Status refused(grpc::StatusCode::PERMISSION_DENIED,
+                             "spiffe://t/other may not use namespace \"default\"");
+  locks_.release.Push(refused);
+  locks_.release.Push(refused);
+  EXPECT_EQ(hold->Release().code(), absl::StatusCode::kPermissionDenied);
+  EXPECT_FALSE(hold->lost());
+  const absl::Status again = hold->Release();
+  EXPECT_EQ(again.code(), absl::StatusCode::kPermissionDenied) << again;
+  EXPECT_EQ(again.message(), "spiffe://t/other may not use namespace \"default\"");
+  EXPECT_EQ(locks_.release.calls(), 2);
+  EXPECT_FALSE(hold->lost());
+  hold = absl::UnknownError("dropped");  // ~Hold asks once more: answered OK
+  EXPECT_EQ(locks_.release.calls(), 3);
+  std::lock_guard l(locks_.mu);
+  EXPECT_EQ(locks_.released_keys.back(), "jobs/refused");
 }
 
 // An Acquire answered with the session's own hold that was lost here releases
