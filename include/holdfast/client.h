@@ -106,7 +106,7 @@ struct ClientOptions {
 struct SessionOptions {
   // Session TTL: how long holds outlive the last renewal. Rounded up to whole
   // seconds; holdfastd's sessions.ttl_min (at least 1s) and ttl_max bound it
-  // (INVALID_ARGUMENT from holdfastd; zero or less is refused before sending).
+  // (INVALID_ARGUMENT from holdfastd, naming its bounds).
   std::chrono::milliseconds ttl{10'000};
   // Fraction of the TTL kept as a margin for clock drift (local deadline): 0 to
   // 0.5; anything else is refused by OpenSession (INVALID_ARGUMENT).
@@ -128,10 +128,12 @@ struct AcquireOptions {
 
 class Session;
 
-// A granted lock. Releases itself when destroyed; a release that fails there
-// (holdfastd or etcd unreachable) is asked again by the Client's keepalive thread,
-// without blocking it, 1 s later, then each pause twice the last up to 30 s, until
-// done, no longer current, or the session ends.
+// A granted lock. Releases itself when destroyed, or when assigned over; a
+// release that fails there (holdfastd or etcd unreachable) is asked again by the
+// Client's keepalive thread, without blocking it, 1 s later, then each pause
+// twice the last up to 30 s, until done, no longer current, refused (see
+// Release), or the session ends. Once it is done, every handle of the hold says
+// lost() ("was released").
 class Hold {
  public:
   Hold(Hold&&) noexcept;
@@ -162,10 +164,13 @@ class Hold {
   // unknown outcome, "not current" means the release went through. If it still
   // fails transiently (ABORTED, UNAVAILABLE, INTERNAL, UNKNOWN, DEADLINE_EXCEEDED, or
   // RESOURCE_EXHAUSTED over the op_rate_quota: see RetryAfter), Release() may be
-  // called again; so it may after a refusal (PERMISSION_DENIED: the identity the
-  // client now presents may not use the namespace), which is answered again. A
-  // hold whose release failed either way is released by the Client's keepalive
-  // thread once the Hold is destroyed or assigned over (see the class comment).
+  // called again, and a hold whose release failed so is released by the
+  // Client's keepalive thread once the Hold is destroyed or assigned over (see
+  // the class comment). A refusal (PERMISSION_DENIED: the identity the client now
+  // presents may not use the namespace; INVALID_ARGUMENT, UNIMPLEMENTED) leaves
+  // the hold held: Release() answers it again, never OK, and once the Hold is
+  // dropped the keepalive thread asks once more, then leaves the hold to its
+  // session's end.
   // Once released (or not current), every handle of the hold says
   // lost() ("was released"), also one an Acquire returned after this handle was
   // lost locally.

@@ -74,6 +74,23 @@ bool OutcomeUnknown(absl::StatusCode code) {
          code == absl::StatusCode::kUnknown;
 }
 
+// A release that ended so is over: done, or the hold is not current any more
+// (released already, expired, forced). Its handles let go of the session.
+bool ReleaseIsOver(absl::StatusCode code) {
+  return code == absl::StatusCode::kOk || code == absl::StatusCode::kFailedPrecondition ||
+         code == absl::StatusCode::kNotFound;
+}
+
+// A release that ended so would be refused again, however often asked: the
+// identity the client presents may not use the namespace (PERMISSION_DENIED),
+// or holdfastd cannot take the request (INVALID_ARGUMENT, UNIMPLEMENTED). A
+// Release() answers it again when asked; the pump asks once and gives up,
+// leaving the hold to its session's end.
+bool ReleaseIsRefused(absl::StatusCode code) {
+  return code == absl::StatusCode::kPermissionDenied ||
+         code == absl::StatusCode::kInvalidArgument || code == absl::StatusCode::kUnimplemented;
+}
+
 // A call cancelled because its replica was passed over (ClientCore::Moveable)
 // ended with its outcome unknown: said as UNAVAILABLE, so that it is asked again
 // (and, when it cannot be any more, answered so). True if it was.
@@ -560,24 +577,32 @@ void SessionState::SendOwedReleases(const std::shared_ptr<SessionState>& self,
         [weak, call, key = key, token = token](grpc::Status st) {
           auto state = weak.lock();
           if (!state) return;
-          absl::MutexLock l(&state->mu_);
-          for (auto it = state->owed_.begin(); it != state->owed_.end(); ++it) {
-            if (it->lock_key != key || it->token != token) continue;
-            // Done, or not current any more (released, expired, forced): no
-            // longer owed. Anything else: later, each pause twice the last.
-            const auto code = st.error_code();
-            if (code == grpc::StatusCode::OK || code == grpc::StatusCode::FAILED_PRECONDITION ||
-                code == grpc::StatusCode::NOT_FOUND ||
-                code == grpc::StatusCode::PERMISSION_DENIED) {
-              state->owed_.erase(it);
-              state->owes_ = !state->owed_.empty();
-            } else {
-              it->in_flight = false;
-              it->next = SteadyClock::now() + it->backoff;
-              it->backoff = std::min<std::chrono::milliseconds>(it->backoff * 2,
-                                                                std::chrono::seconds(30));
+          const absl::StatusCode code = FromGrpcStatus(st).code();
+          {
+            absl::MutexLock l(&state->mu_);
+            for (auto it = state->owed_.begin(); it != state->owed_.end(); ++it) {
+              if (it->lock_key != key || it->token != token) continue;
+              // Done, not current any more (released, expired, forced), or
+              // refused for good: no longer owed. Anything else: later, each
+              // pause twice the last.
+              if (ReleaseIsOver(code) || ReleaseIsRefused(code)) {
+                state->owed_.erase(it);
+                state->owes_ = !state->owed_.empty();
+              } else {
+                it->in_flight = false;
+                it->next = SteadyClock::now() + it->backoff;
+                it->backoff = std::min<std::chrono::milliseconds>(it->backoff * 2,
+                                                                  std::chrono::seconds(30));
+              }
+              break;
             }
-            return;
+          }
+          // Every handle of the hold still about (an Acquire of the key returned
+          // it again) says it ended, as a Release() that went through does.
+          if (ReleaseIsOver(code)) {
+            state->EndHold(key, token,
+                           absl::FailedPreconditionError(absl::StrCat(
+                               "hold on \"", key, "\" (token ", token, ") was released")));
           }
         });
   }
@@ -682,9 +707,13 @@ Hold::Hold(Hold&& o) noexcept
 
 Hold& Hold::operator=(Hold&& o) noexcept {
   if (this != &o) {
-    // As the destructor: a release not done here is the pump's.
-    (void)Release();
-    LeaveReleaseToPump();
+    // As the destructor: a release not done here is the pump's. Unless `o` is
+    // a handle of this same hold (an Acquire of the held key returned it
+    // again): that one goes on being held.
+    if (state_ != o.state_) {
+      (void)Release();
+      LeaveReleaseToPump();
+    }
     session_ = std::move(o.session_);
     state_ = std::move(o.state_);
     info_ = std::move(o.info_);
@@ -696,8 +725,8 @@ Hold& Hold::operator=(Hold&& o) noexcept {
 
 Hold::~Hold() {
   (void)Release();
-  // Not done, and nobody left to ask again (Release keeps the session only on a
-  // failure worth asking again): the pump does.
+  // Not done, and nobody left to ask again (Release keeps the session on any
+  // failure but a hold not current): the pump does.
   if (session_) session_->OweRelease(info_.lock_key(), info_.token());
 }
 
@@ -767,15 +796,11 @@ absl::Status Hold::ReleaseBy(std::optional<std::chrono::system_clock::time_point
   // namespace's op_rate_quota (RetryAfter says when), and a refusal too
   // (PERMISSION_DENIED), whose hold is still in etcd: let go, a second Release()
   // would answer OK and the hold would say it is not lost.
-  if (s.ok() || s.code() == absl::StatusCode::kFailedPrecondition ||
-      s.code() == absl::StatusCode::kNotFound) {
-    session_.reset();
-  }
+  if (ReleaseIsOver(s.code())) session_.reset();
   // Released, or not current any more: every handle of the hold says it ended,
   // also one whose Acquire came after this handle's hold was lost here (a state
   // of its own: a lost state is never shared again).
-  if (s.ok() || s.code() == absl::StatusCode::kFailedPrecondition ||
-      s.code() == absl::StatusCode::kNotFound) {
+  if (ReleaseIsOver(s.code())) {
     const absl::Status why = absl::FailedPreconditionError(absl::StrCat(
         "hold on \"", info_.lock_key(), "\" (token ", info_.token(), ") was released"));
     session->EndHold(info_.lock_key(), info_.token(), why);  // this handle's state too
@@ -1003,10 +1028,6 @@ Client::~Client() { core_->pump().Stop(); }  // sessions it renewed count as los
 absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const std::string& ns,
                                                              const SessionOptions& options) {
   if (auto s = names::ValidateNamespaceName(ns); !s.ok()) return s;
-  if (options.ttl <= std::chrono::milliseconds(0)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("session ttl ", options.ttl.count(), "ms must be positive"));
-  }
   // Not NaN, which passes any comparison's clamp and poisons the local deadline.
   if (!(options.safety_margin >= 0.0 && options.safety_margin <= 0.5)) {
     return absl::InvalidArgumentError(absl::StrCat(

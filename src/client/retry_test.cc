@@ -370,6 +370,42 @@ TEST_F(RetryTest, AHoldAssignedOverWhileItsReleaseFailsIsReleasedByThePump) {
   EXPECT_FALSE(first->lost());  // jobs/second is held still
 }
 
+// A handle assigned the same hold again (an Acquire of a key this session holds
+// is answered with its hold) keeps it: nothing is released.
+TEST_F(RetryTest, AHoldAssignedItsOwnHoldAgainKeepsIt) {
+  auto held = session_->Acquire("jobs/same");
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto again = session_->Acquire("jobs/same");
+  ASSERT_TRUE(again.ok()) << again.status();
+  *held = std::move(*again);
+  EXPECT_EQ(locks_.release.calls(), 0);
+  EXPECT_FALSE(held->lost()) << held->lost_reason();
+  EXPECT_EQ(held->key(), "jobs/same");
+  EXPECT_EQ(held->token(), kToken);
+}
+
+// A release the pump gets through ends the hold's other handles too, as a
+// Release() does: one still about must not go on using a key another client
+// may now hold.
+TEST_F(RetryTest, AReleaseThePumpGetsThroughEndsEveryHandleOfTheHold) {
+  auto first = session_->Acquire("jobs/shared-handle");
+  ASSERT_TRUE(first.ok()) << first.status();
+  auto second = session_->Acquire("jobs/shared-handle");
+  ASSERT_TRUE(second.ok()) << second.status();
+  const grpc::Status unreachable(grpc::StatusCode::UNAVAILABLE, "etcd: no leader");
+  for (int i = 0; i < 5; ++i) locks_.release.Push(unreachable);
+  first = absl::UnknownError("dropped");  // ~Hold: every try fails; the pump's then
+  ASSERT_EQ(locks_.release.calls(), 5);
+  EXPECT_FALSE(second->lost());
+  for (int i = 0; i < 100 && !second->lost(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_EQ(locks_.release.calls(), 6);
+  ASSERT_TRUE(second->lost()) << "the other handle of a released hold does not say so";
+  EXPECT_EQ(second->lost_reason().message(),
+            absl::StrCat("hold on \"jobs/shared-handle\" (token ", kToken, ") was released"));
+}
+
 // A refused release (the identity the client now presents may not use the
 // namespace) leaves the hold held: Release() answers the refusal again rather
 // than OK, the hold does not claim to be released, and once dropped, the pump
