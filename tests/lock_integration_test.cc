@@ -796,6 +796,61 @@ TEST_F(LockTest, HeldLeaseQuotaIsExactUnderConcurrency) {
   EXPECT_EQ(client_->UpdateNamespace(raise).status().code(), absl::StatusCode::kInvalidArgument);
 }
 
+// Admin requests that could not mean what they say are refused, naming the
+// field, and write nothing: members without set_members (they would be
+// dropped), an update of nothing (it would rewrite the record all the same), an
+// enum value this holdfastd does not know (proto3 lets any integer through).
+TEST_F(LockTest, AdminRequestsThatCannotMeanWhatTheySayAreRefusedAndWriteNothing) {
+  v1::CreateNamespaceRequest create;
+  create.mutable_namespace_()->set_name("members");
+  create.mutable_namespace_()->add_members("spiffe://t/app/*");
+  ASSERT_TRUE(client_->CreateNamespace(create).ok());
+  const int64_t rev = Revision();
+
+  v1::UpdateNamespaceRequest dropped;
+  dropped.set_name("members");
+  dropped.add_members("spiffe://t/other/*");
+  auto r = client_->UpdateNamespace(dropped);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "members given without set_members: set it to replace the member list");
+  v1::UpdateNamespaceRequest nothing;
+  nothing.set_name("members");
+  r = client_->UpdateNamespace(nothing);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "nothing to change: give held_lease_quota, op_rate_quota, or set_members with the "
+            "new list");
+
+  v1::LockClass cls;
+  cls.set_namespace_("members");
+  cls.set_class_id("odd");
+  cls.set_key_prefix("odd/");
+  cls.set_enforcement(static_cast<v1::Enforcement>(7));
+  auto c = client_->CreateClass(cls);
+  EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(c.status().message(), "class enforcement 7 is not one this holdfastd knows");
+
+  EXPECT_EQ(Revision(), rev);
+  auto got = client_->GetNamespace("members");
+  ASSERT_TRUE(got.ok()) << got.status();
+  ASSERT_EQ(got->members_size(), 1);
+  EXPECT_EQ(got->members(0), "spiffe://t/app/*");
+}
+
+// A refusal that echoes what the caller sent (a 50 KB cluster name here) is
+// still a refusal the client can read: the message is cut to 2 KiB, saying how
+// much was left out, not lost to the client's limit on trailers.
+TEST_F(LockTest, ARefusalEchoingALongRequestIsCutToFitTheAnswer) {
+  const std::string name(50'000, 'c');
+  auto e = client_->GetEpoch(name);
+  ASSERT_EQ(e.status().code(), absl::StatusCode::kNotFound) << e.status().message().substr(0, 200);
+  const std::string m(e.status().message());
+  EXPECT_LE(m.size(), 2048u);
+  EXPECT_EQ(m.rfind("no etcd cluster named \"ccc", 0), 0u) << m.substr(0, 100);
+  EXPECT_NE(m.find(" more bytes)"), std::string::npos) << m.substr(m.size() - 100);
+}
+
 // A quota beyond the most a namespace may be allowed is refused and changes
 // nothing; one stored before that bound (written by hand here) costs an open no
 // more than a small one: the work is the live sessions', not the quota's.

@@ -90,6 +90,19 @@ class RehomeTest : public ::testing::Test {
     return client_->RehomeNamespace(req);
   }
 
+  // RehomeNamespace of `ns` to "b" straight through a stub, on `ctx` (its
+  // deadline, its cancel), as a caller other than libholdfast would ask.
+  grpc::Status RawRehome(grpc::ClientContext* ctx, const std::string& ns, int64_t deadline_ms) {
+    auto stub = v1::Admin::NewStub(
+        grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
+    v1::RehomeNamespaceRequest req;
+    req.set_name(ns);
+    req.set_to("b");
+    req.set_deadline_ms(deadline_ms);
+    v1::RehomeNamespaceResponse resp;
+    return stub->RehomeNamespace(ctx, req, &resp);
+  }
+
   etcd::Client& a() { return cluster_->etcd_client(); }
   etcd::Client& b() { return cluster_->extra_etcd_client(0); }
 
@@ -916,19 +929,12 @@ TEST_F(RehomeTest, ARehomeWhoseCallerHasGoneStopsWaitingForHolds) {
   ASSERT_TRUE(s.ok()) << s.status();
   auto h = (*s)->Acquire("db/primary");
   ASSERT_TRUE(h.ok()) << h.status();
-  auto stub = v1::Admin::NewStub(
-      grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;  // cancelled after a second (Ctrl-C on the command)
-  v1::RehomeNamespaceRequest req;
-  req.set_name("pay");
-  req.set_to("b");
-  req.set_deadline_ms(60'000);
-  v1::RehomeNamespaceResponse resp;
   std::thread cancel([&] {
     std::this_thread::sleep_for(seconds(1));
     ctx.TryCancel();
   });
-  grpc::Status gone = stub->RehomeNamespace(&ctx, req, &resp);
+  grpc::Status gone = RawRehome(&ctx, "pay", 60'000);
   cancel.join();
   ASSERT_EQ(gone.error_code(), grpc::StatusCode::CANCELLED) << gone.error_message();
   // The server notices within a poll; the holds end after that.
@@ -945,6 +951,33 @@ TEST_F(RehomeTest, ARehomeWhoseCallerHasGoneStopsWaitingForHolds) {
   EXPECT_TRUE(RecordOn(a(), "pay").draining_to().empty());
 }
 
+// A create refused for its fields writes nothing, also when its tier homes the
+// namespace on another cluster: no claim is left on the control cluster to
+// route the name to a cluster that never gets it (ALREADY_EXISTS to the
+// corrected request, NOT_FOUND to every read).
+TEST_F(RehomeTest, ACreateRefusedForItsFieldsClaimsNoName) {
+  v1::CreateNamespaceRequest req;
+  req.mutable_namespace_()->set_name("pay");
+  req.mutable_namespace_()->set_cluster_tier("b");
+  req.mutable_namespace_()->set_held_lease_quota(-1);
+  auto refused = client_->CreateNamespace(req);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_EQ(refused.status().message(), "quotas must be >= 0 (0 = unlimited)");
+  req.mutable_namespace_()->set_held_lease_quota(0);
+  req.mutable_namespace_()->add_members("not a pattern");
+  refused = client_->CreateNamespace(req);
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_EQ(KeySpace(a()).count(keyspace::PlacementKey("pay")), 0u);
+  EXPECT_FALSE(HasKeysOf(KeySpace(a()), "pay"));
+  EXPECT_FALSE(HasKeysOf(KeySpace(b()), "pay"));
+  // Corrected, on the control cluster's tier this time: created there.
+  req.mutable_namespace_()->clear_members();
+  req.mutable_namespace_()->set_cluster_tier("");
+  auto created = client_->CreateNamespace(req);
+  ASSERT_TRUE(created.ok()) << created.status();
+  EXPECT_EQ(created->home_cluster(), "a");
+}
+
 // A call with less time than its deadline_ms (one that waited for a thread, or
 // a caller's shorter deadline) ends its wait for holds in time to roll back and
 // say so, instead of being cut off with its namespace left draining.
@@ -954,16 +987,9 @@ TEST_F(RehomeTest, ARehomeWhoseCallEndsFirstRollsBackInTimeToSaySo) {
   ASSERT_TRUE(s.ok()) << s.status();
   auto h = (*s)->Acquire("db/primary");
   ASSERT_TRUE(h.ok()) << h.status();
-  auto stub = v1::Admin::NewStub(
-      grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + seconds(20));
-  v1::RehomeNamespaceRequest req;
-  req.set_name("pay");
-  req.set_to("b");
-  req.set_deadline_ms(600'000);
-  v1::RehomeNamespaceResponse resp;
-  grpc::Status s2 = stub->RehomeNamespace(&ctx, req, &resp);
+  grpc::Status s2 = RawRehome(&ctx, "pay", 600'000);
   ASSERT_EQ(s2.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s2.error_message();
   EXPECT_NE(s2.error_message().find("1 hold(s) of namespace \"pay\" remain on cluster \"a\" "
                                     "after "),
@@ -1022,16 +1048,9 @@ TEST_F(RehomeTest, RehomesWaitingForHoldsHoldBackNoOtherAdminCallAndOneQueuedPas
   ASSERT_TRUE(all_draining()) << "the rehomes never all started draining";
 
   // Every waiting thread is taken: a ninth rehome queues, and its caller leaves.
-  auto stub = v1::Admin::NewStub(
-      grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
   grpc::ClientContext ctx;
   ctx.set_deadline(std::chrono::system_clock::now() + seconds(1));
-  v1::RehomeNamespaceRequest req;
-  req.set_name(absl::StrCat("move", kWaiting));
-  req.set_to("b");
-  req.set_deadline_ms(60'000);
-  v1::RehomeNamespaceResponse resp;
-  grpc::Status gone = stub->RehomeNamespace(&ctx, req, &resp);
+  grpc::Status gone = RawRehome(&ctx, absl::StrCat("move", kWaiting), 60'000);
   ASSERT_EQ(gone.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED) << gone.error_message();
   std::this_thread::sleep_for(seconds(1));  // the server sees the call end
 

@@ -2,6 +2,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/status.h"
 
 namespace holdfast::spiffe {
 
@@ -57,8 +58,18 @@ absl::StatusOr<Id> Parse(absl::string_view uri) {
 
 absl::Status ValidatePattern(absl::string_view pattern) {
   absl::string_view id = pattern;
-  if (absl::EndsWith(pattern, "/*")) id = pattern.substr(0, pattern.size() - 2);
-  return Parse(id).status();
+  const bool wildcard = absl::EndsWith(pattern, "/*");
+  if (wildcard) id = pattern.substr(0, pattern.size() - 2);
+  HF_ASSIGN_OR_RETURN(Id parsed, Parse(id));
+  // A caller's SVID always has a path (holdfastd refuses one without), so an
+  // exact pattern without one would admit nobody.
+  if (!wildcard && parsed.path.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "\"", pattern.substr(0, 200), "\" names a trust domain, which no caller's SPIFFE ID "
+        "is (each has a path): \"", pattern.substr(0, 200), "/*\" admits the whole trust "
+        "domain"));
+  }
+  return absl::OkStatus();
 }
 
 bool Matches(absl::string_view id, absl::string_view pattern) {

@@ -28,7 +28,9 @@ struct Id {
 // INVALID_ARGUMENT naming the rule that failed.
 absl::StatusOr<Id> Parse(absl::string_view uri);
 
-// INVALID_ARGUMENT unless `pattern` is a valid ID or a valid ID followed by "/*".
+// INVALID_ARGUMENT unless `pattern` is a valid ID with a path (every caller's
+// has one) or a valid ID followed by "/*" ("spiffe://acme.org/*": the whole
+// trust domain).
 absl::Status ValidatePattern(absl::string_view pattern);
 bool Matches(absl::string_view id, absl::string_view pattern);
 

@@ -49,6 +49,11 @@ TEST(SpiffeTest, PatternsMatchExactlyOrBelowAPrefix) {
   EXPECT_TRUE(ValidatePattern("spiffe://acme.org/ops/*").ok());
   EXPECT_FALSE(ValidatePattern("spiffe://acme.org/ops*").ok());
   EXPECT_FALSE(ValidatePattern("acme.org/*").ok());
+  // A trust domain alone is no caller's ID: refused, saying what would admit it.
+  EXPECT_TRUE(ValidatePattern("spiffe://acme.org/*").ok());
+  EXPECT_EQ(ValidatePattern("spiffe://acme.org").message(),
+            "\"spiffe://acme.org\" names a trust domain, which no caller's SPIFFE ID is (each "
+            "has a path): \"spiffe://acme.org/*\" admits the whole trust domain");
 }
 
 }  // namespace

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <map>
 #include <set>
+#include <tuple>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -295,9 +296,16 @@ absl::StatusOr<v1::LockClass> Registry::NormalizeClass(v1::LockClass c) {
   if (c.on_quorum_loss() == v1::ON_QUORUM_LOSS_UNSPECIFIED) {
     c.set_on_quorum_loss(v1::ON_QUORUM_LOSS_CLOSED);
   }
-  if (!v1::LockMode_IsValid(c.mode()) || !v1::Enforcement_IsValid(c.enforcement()) ||
-      !v1::OnQuorumLoss_IsValid(c.on_quorum_loss())) {
-    return absl::InvalidArgumentError("class has an unknown mode, enforcement or on_quorum_loss");
+  for (const auto& [field, value, valid] :
+       {std::tuple{"mode", static_cast<int>(c.mode()), v1::LockMode_IsValid(c.mode())},
+        std::tuple{"enforcement", static_cast<int>(c.enforcement()),
+                   v1::Enforcement_IsValid(c.enforcement())},
+        std::tuple{"on_quorum_loss", static_cast<int>(c.on_quorum_loss()),
+                   v1::OnQuorumLoss_IsValid(c.on_quorum_loss())}}) {
+    if (!valid) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("class ", field, " ", value, " is not one this holdfastd knows"));
+    }
   }
   if (c.ttl_min_ms() == 0) c.set_ttl_min_ms(kTtlFloorMs);
   if (c.ttl_max_ms() == 0) c.set_ttl_max_ms(3600 * 1000);
@@ -311,9 +319,8 @@ absl::StatusOr<v1::LockClass> Registry::NormalizeClass(v1::LockClass c) {
   return c;
 }
 
-absl::StatusOr<v1::Namespace> Registry::CreateNamespace(const v1::CreateNamespaceRequest& req,
-                                                        etcd::Deadline d,
-                                                        const std::string& also_absent) {
+absl::StatusOr<v1::LockClass> Registry::CheckCreateNamespace(
+    const v1::CreateNamespaceRequest& req) {
   const v1::Namespace& n = req.namespace_();
   if (auto s = keyspace::ValidateNamespaceName(n.name()); !s.ok()) return s;
   if (n.held_lease_quota() < 0 || n.op_rate_quota() < 0) {
@@ -333,7 +340,14 @@ absl::StatusOr<v1::Namespace> Registry::CreateNamespace(const v1::CreateNamespac
   def.set_namespace_(n.name());
   def.set_class_id(kCatchAllClassId);
   def.set_key_prefix("");
-  auto cls = NormalizeClass(def);
+  return NormalizeClass(def);
+}
+
+absl::StatusOr<v1::Namespace> Registry::CreateNamespace(const v1::CreateNamespaceRequest& req,
+                                                        etcd::Deadline d,
+                                                        const std::string& also_absent) {
+  const v1::Namespace& n = req.namespace_();
+  auto cls = CheckCreateNamespace(req);
   if (!cls.ok()) return cls.status();
 
   records::NamespaceRecord rec;
@@ -441,6 +455,17 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
   if (req.end_sessions_of_removed() && !req.set_members()) {
     return absl::InvalidArgumentError(
         "end_sessions_of_removed needs a new member list (set_members)");
+  }
+  // Members without set_members would be dropped, and an update of nothing
+  // would rewrite the record all the same: both are a caller's mistake.
+  if (req.members_size() > 0 && !req.set_members()) {
+    return absl::InvalidArgumentError(
+        "members given without set_members: set it to replace the member list");
+  }
+  if (!req.has_held_lease_quota() && !req.has_op_rate_quota() && !req.set_members()) {
+    return absl::InvalidArgumentError(
+        "nothing to change: give held_lease_quota, op_rate_quota, or set_members with the "
+        "new list");
   }
   const std::string sessions = keyspace::SessionPrefix(req.name());
   auto add_session_read = [&](pb::TxnRequest* txn) {

@@ -53,6 +53,12 @@ class Registry {
 
   absl::StatusOr<v1::Epoch> GetEpoch(etcd::Deadline d);
 
+  // Checks a create request's fields (name, quotas, tenant, tier length,
+  // members, the catch-all class) and returns that class, normalized. Nothing is
+  // read or written: the multi-cluster create calls it before it claims the
+  // name on the control cluster.
+  static absl::StatusOr<v1::LockClass> CheckCreateNamespace(const v1::CreateNamespaceRequest& req);
+
   // Checks a class's fields (id, prefix, TTL bounds, enums); fills defaults for
   // UNSPECIFIED enums (exclusive, fenced, closed) and TTL bounds (1 s, 1 h).
   static absl::StatusOr<v1::LockClass> NormalizeClass(v1::LockClass cls);

@@ -120,7 +120,11 @@ void AdminService::AddPlacement(v1::Namespace* n) const {
 absl::StatusOr<v1::Namespace> AdminService::CreateNamespaceOn(
     const v1::CreateNamespaceRequest& req, etcd::Deadline d) {
   const std::string& name = req.namespace_().name();
-  if (auto s = keyspace::ValidateNamespaceName(name); !s.ok()) return s;
+  // The whole request is checked before the name is claimed below: a claim
+  // left by a request refused afterwards would route the name to a cluster
+  // that never gets it (ALREADY_EXISTS to a corrected retry with another tier,
+  // NOT_FOUND to every read).
+  if (auto s = lock::Registry::CheckCreateNamespace(req); !s.ok()) return s.status();
   auto home = clusters_->ForTier(req.namespace_().cluster_tier());
   if (!home.ok()) return home.status();
   Cluster& control = clusters_->control();

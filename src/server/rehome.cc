@@ -509,8 +509,8 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
                                  .count(),
                              "ms, all the time the call's own deadline left for the wait (a "
                              "rehome call needs its deadline_ms and 15s more, for the steps "
-                             "after the wait; one that waited for a thread behind eight "
-                             "rehomes has less)")
+                             "after the wait: the caller's deadline was shorter, or the call "
+                             "waited for a thread behind eight rehomes)")
                        : absl::StrCat("after the deadline of ", wait.count(), "ms");
         return absl::FailedPreconditionError(absl::StrCat(
             holds.size(), " hold(s) of namespace \"", ns, "\" remain on cluster \"", st.from(),
