@@ -804,6 +804,11 @@ TEST_F(ForceReleaseTest, BadRequestsAreRefusedAndChangeNothing) {
 
   auto malformed = Approve(*admin2_, "../../epoch");
   EXPECT_EQ(malformed.status().code(), absl::StatusCode::kInvalidArgument);
+  auto upper = Approve(*admin2_, "00000000000000FF");
+  EXPECT_EQ(upper.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(upper.status().message(),
+            "\"00000000000000FF\" is not a request id (16 lower-case hex digits, from `force "
+            "request`)");
   EXPECT_EQ(Approve(*admin2_, "00000000000000ff").status().code(), absl::StatusCode::kNotFound);
 
   // Two shared holders: the request must name one.

@@ -830,6 +830,12 @@ TEST_F(LockTest, AdminRequestsThatCannotMeanWhatTheySayAreRefusedAndWriteNothing
   auto c = client_->CreateClass(cls);
   EXPECT_EQ(c.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(c.status().message(), "class enforcement 7 is not one this holdfastd knows");
+  v1::CreateNamespaceRequest tenant;
+  tenant.mutable_namespace_()->set_name("tenant");
+  tenant.mutable_namespace_()->set_tenant_id("acme\x1b[2J");
+  auto t = client_->CreateNamespace(tenant);
+  EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(t.status().message(), "tenant_id contains control character 0x1b: use plain text");
 
   EXPECT_EQ(Revision(), rev);
   auto got = client_->GetNamespace("members");

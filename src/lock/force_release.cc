@@ -149,7 +149,8 @@ absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
     const std::string& approver, const v1::ApproveForceReleaseRequest& req, etcd::Deadline d) {
   if (!ValidRequestId(req.request_id())) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "\"", req.request_id(), "\" is not a request id (16 hex digits, from `force request`)"));
+        "\"", req.request_id(), "\" is not a request id (16 lower-case hex digits, from `force "
+        "request`)"));
   }
   pb::RangeRequest r;
   r.set_key(keyspace::ForceRequestKey(req.request_id()));
