@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <netdb.h>
+#include <arpa/inet.h>
 #include <netinet/in.h>
 #include <openssl/err.h>
 #include <openssl/pem.h>
@@ -19,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
+#include <map>
 #include <set>
 #include <thread>
 #include <vector>
@@ -114,6 +116,19 @@ std::string PemOf(X509* cert) {
   return out;
 }
 
+// The address a connection comes from, without its port ("" if unknown): the
+// unit of the per-source bounds.
+std::string SourceOf(const sockaddr_storage& a) {
+  char text[INET6_ADDRSTRLEN] = {};
+  if (a.ss_family == AF_INET) {
+    inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&a)->sin_addr, text, sizeof(text));
+  } else if (a.ss_family == AF_INET6) {
+    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr, text,
+              sizeof(text));
+  }
+  return text;
+}
+
 const char* Reason(int code) {
   switch (code) {
     case 200: return "OK";
@@ -130,6 +145,9 @@ const char* Reason(int code) {
 
 class MetricsEndpoint::Impl {
  public:
+  // The most connections one source address holds at once.
+  static constexpr int kMaxPerSource = 8;
+
   explicit Impl(Options options) : options_(std::move(options)) {}
   ~Impl() { Stop(); }
 
@@ -175,7 +193,7 @@ class MetricsEndpoint::Impl {
       if (w.joinable()) w.join();
     }
     absl::MutexLock l(&mu_);
-    for (int fd : pending_) close(fd);
+    for (const Queued& q : pending_) close(q.fd);
     pending_.clear();
     stopped_ = true;
     for (int fd : {listen_fd_, wake_[0], wake_[1]}) {
@@ -241,30 +259,82 @@ class MetricsEndpoint::Impl {
   // Accepts until Stop. Out of descriptors or memory (or with the listening
   // socket in error) it pauses 100 ms rather than spin; what waits in the
   // backlog is taken when it can be.
+  //
+  // A connection goes to a worker only once its client has sent something (a
+  // TLS ClientHello, a request line): until then it waits here, in `quiet`, and
+  // is closed `io_deadline` after it was accepted. So clients that connect and
+  // say nothing (anyone who can reach the port, no certificate needed) take no
+  // worker from a scrape. One source address holds at most kMaxPerSource
+  // connections at once (quiet, queued or served); more are closed at once.
   void AcceptLoop() {
+    std::vector<Queued> quiet;
     for (;;) {
-      pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
-      if (poll(fds, 2, -1) < 0) continue;  // EINTR
-      if (fds[1].revents != 0) return;      // Stop
-      if ((fds[0].revents & (POLLERR | POLLNVAL)) != 0) {
-        if (!Pause()) return;
-        continue;
+      std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
+      for (const Queued& q : quiet) fds.push_back({q.fd, POLLIN, 0});
+      int timeout_ms = -1;
+      if (!quiet.empty()) {
+        const auto first = std::min_element(quiet.begin(), quiet.end(), [](auto& x, auto& y) {
+                             return x.accepted < y.accepted;
+                           })->accepted;
+        timeout_ms = static_cast<int>(std::clamp<int64_t>(
+            std::chrono::ceil<std::chrono::milliseconds>(first + options_.io_deadline -
+                                                         Clock::now())
+                .count(),
+            0, 60'000));
       }
-      if ((fds[0].revents & POLLIN) == 0) continue;
-      const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
-      if (fd < 0) {
-        if ((errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) &&
-            !Pause()) {
+      if (poll(fds.data(), fds.size(), timeout_ms) < 0) continue;  // EINTR
+      if (fds[1].revents != 0) {  // Stop
+        for (const Queued& q : quiet) close(q.fd);
+        return;
+      }
+      // Spoken (or closed, or in error: a worker's first read says which):
+      // queued for a worker. Silent past the deadline: closed.
+      {
+        const auto now = Clock::now();
+        absl::MutexLock l(&mu_);
+        std::vector<Queued> still;
+        for (size_t i = 0; i < quiet.size(); ++i) {
+          if (fds[2 + i].revents != 0) {
+            pending_.push_back(quiet[i]);
+          } else if (now - quiet[i].accepted >= options_.io_deadline) {
+            close(quiet[i].fd);
+            if (--held_[quiet[i].source] == 0) held_.erase(quiet[i].source);
+          } else {
+            still.push_back(quiet[i]);
+          }
+        }
+        quiet = std::move(still);
+      }
+      if ((fds[0].revents & (POLLERR | POLLNVAL)) != 0) {
+        if (!Pause()) {
+          for (const Queued& q : quiet) close(q.fd);
           return;
         }
         continue;
       }
+      if ((fds[0].revents & POLLIN) == 0) continue;
+      sockaddr_storage peer{};
+      socklen_t peer_len = sizeof(peer);
+      const int fd = accept4(listen_fd_, reinterpret_cast<sockaddr*>(&peer), &peer_len,
+                             SOCK_CLOEXEC | SOCK_NONBLOCK);
+      if (fd < 0) {
+        if ((errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) &&
+            !Pause()) {
+          for (const Queued& q : quiet) close(q.fd);
+          return;
+        }
+        continue;
+      }
+      Queued q{fd, SourceOf(peer), Clock::now()};
       absl::MutexLock l(&mu_);
-      if (stopping_ || static_cast<int>(pending_.size()) >= options_.max_pending) {
+      if (stopping_ || static_cast<int>(quiet.size() + pending_.size()) >= options_.max_pending ||
+          held_[q.source] >= kMaxPerSource) {
+        if (held_[q.source] == 0) held_.erase(q.source);
         close(fd);
         continue;
       }
-      pending_.push_back(fd);
+      ++held_[q.source];
+      quiet.push_back(std::move(q));
     }
   }
 
@@ -282,23 +352,32 @@ class MetricsEndpoint::Impl {
     sigaddset(&pipe, SIGPIPE);
     pthread_sigmask(SIG_BLOCK, &pipe, nullptr);
     for (;;) {
-      int fd;
+      Queued q;
       {
         absl::MutexLock l(&mu_);
         mu_.Await(absl::Condition(this, &Impl::WorkOrStop));
         if (stopping_) return;
-        fd = pending_.front();
-        pending_.pop_front();
-        active_.insert(fd);
+        // The first connection in line whose source no other worker serves: a
+        // client that trickles its bytes holds one worker at most, not all.
+        auto it = std::find_if(pending_.begin(), pending_.end(), [this](const Queued& p) {
+          mu_.AssertHeld();
+          return serving_.count(p.source) == 0;
+        });
+        q = *it;
+        pending_.erase(it);
+        active_.insert(q.fd);
+        ++serving_[q.source];
       }
       const Clock::time_point deadline = Clock::now() + options_.io_deadline;
-      Serve(fd, deadline);
-      Linger(fd, deadline);
+      Serve(q.fd, deadline);
+      Linger(q.fd, deadline);
       {
         absl::MutexLock l(&mu_);
-        active_.erase(fd);
+        active_.erase(q.fd);
+        if (--serving_[q.source] == 0) serving_.erase(q.source);
+        if (--held_[q.source] == 0) held_.erase(q.source);
       }
-      close(fd);
+      close(q.fd);
     }
   }
 
@@ -318,8 +397,18 @@ class MetricsEndpoint::Impl {
   }
 
   bool WorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    return stopping_ || !pending_.empty();
+    return stopping_ || std::any_of(pending_.begin(), pending_.end(), [this](const Queued& p) {
+             mu_.AssertHeld();
+             return serving_.count(p.source) == 0;
+           });
   }
+
+  // An accepted connection.
+  struct Queued {
+    int fd = -1;
+    std::string source;
+    Clock::time_point accepted;
+  };
 
   // One connection, from the handshake to the answer, by `deadline`. (The time it
   // waited for a worker does not count: a client that gave up meanwhile has
@@ -533,8 +622,13 @@ class MetricsEndpoint::Impl {
   absl::Mutex mu_;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   bool stopped_ ABSL_GUARDED_BY(mu_) = false;  // the threads are joined
-  std::deque<int> pending_ ABSL_GUARDED_BY(mu_);  // accepted, waiting for a worker
+  // Spoken, waiting for a worker.
+  std::deque<Queued> pending_ ABSL_GUARDED_BY(mu_);
   std::set<int> active_ ABSL_GUARDED_BY(mu_);  // being served: Stop shuts them down
+  // Per source address: its connections held (quiet, pending or served), and
+  // those being served.
+  std::map<std::string, int> held_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, int> serving_ ABSL_GUARDED_BY(mu_);
 
   absl::Mutex ctx_mu_;
   SslCtx ctx_ ABSL_GUARDED_BY(ctx_mu_);

@@ -25,8 +25,15 @@
 // - Bounded: `workers` threads serve connections one at a time each; at most
 //   `max_pending` accepted connections wait for one (more are closed at once);
 //   each connection is done `io_deadline` after a worker takes it, handshake,
-//   request and answer all counted, however slowly the client sends: a client
-//   that sends nothing, or a byte at a time, holds a worker that long at most.
+//   request and answer all counted, however slowly the client sends.
+// - Not held back by clients that connect and say nothing (anyone who can reach
+//   the port can, no certificate needed): a connection gets a worker only once
+//   its client has sent something, and is closed `io_deadline` after it was
+//   accepted if it has not. One source address holds at most 8 connections at
+//   once (more are closed at once), and a worker goes first to a connection
+//   whose source no other worker serves, so a client that trickles its bytes
+//   holds one worker at most: a scrape from another address is answered
+//   meanwhile.
 // - Listens on the first address `listen` resolves to (a name that resolves to
 //   both IPv4 and IPv6 gets one of them; give an address to choose).
 //

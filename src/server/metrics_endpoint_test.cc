@@ -10,9 +10,11 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <gtest/gtest.h>
 
@@ -29,9 +31,14 @@ using std::chrono::milliseconds;
 
 constexpr char kBody[] = "# TYPE holdfast_test counter\nholdfast_test 7\n";
 
-// A connected socket that sends nothing.
-int Connect(int port) {
+// A connected socket that sends nothing, from `source` (any 127.0.0.0/8
+// address is this host's loopback).
+int Connect(int port, const char* source = "127.0.0.1") {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in from{};
+  from.sin_family = AF_INET;
+  EXPECT_EQ(inet_pton(AF_INET, source, &from.sin_addr), 1);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0) << strerror(errno);
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -155,28 +162,66 @@ TEST_F(PlainEndpointTest, AnswersGetAndHeadOfMetricsAndRefusesEverythingElse) {
   EXPECT_EQ(renders_.load(), 6);
 }
 
-TEST_F(PlainEndpointTest, ASilentClientHoldsAWorkerOnlyUntilItsDeadline) {
+// Whether the server has closed `fd` (its FIN has arrived), without waiting.
+bool ClosedByServer(int fd) {
+  char c;
+  const ssize_t n = recv(fd, &c, 1, MSG_DONTWAIT);
+  return n == 0 || (n < 0 && errno != EAGAIN && errno != EWOULDBLOCK);
+}
+
+// A client that connects and says nothing takes no worker: a scrape is answered
+// by the only one while it waits, and it is closed at its deadline.
+TEST_F(PlainEndpointTest, ASilentClientTakesNoWorkerAndIsClosedAtItsDeadline) {
   MetricsEndpoint::Options o;
   o.workers = 1;
-  o.io_deadline = milliseconds(300);
+  o.io_deadline = milliseconds(2000);
   Start(o);
   const auto start = std::chrono::steady_clock::now();
   const int silent = Connect(endpoint_->port());
-  // Served once the silent one's deadline has passed (the only worker had it).
   auto a = dev::HttpGet(endpoint_->port(), "/metrics");
   ASSERT_TRUE(a.ok()) << a.status();
   EXPECT_EQ(a->code, 200);
+  EXPECT_FALSE(ClosedByServer(silent)) << "the scrape waited for the silent client's deadline";
   EXPECT_EQ(ReadToClose(silent), "") << "closed without an answer";
   // Not before its deadline (a slow machine only makes this longer).
-  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(300));
+  EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(2000));
   close(silent);
+}
+
+// One address opening connections that say nothing, or trickle a request,
+// cannot keep a scrape from another address waiting: it holds 8 connections
+// (more are closed at once) and one worker at most.
+TEST_F(PlainEndpointTest, OneSourceCannotHoldBackAScrapeFromAnother) {
+  MetricsEndpoint::Options o;
+  o.workers = 2;
+  o.io_deadline = std::chrono::seconds(20);
+  Start(o);
+  std::vector<int> held;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = Connect(endpoint_->port(), "127.0.0.2");
+    // Half of them trickle: a request begun, never ended, waits for a worker.
+    if (i % 2 == 1) EXPECT_EQ(write(fd, "GET /met", 8), 8);
+    held.push_back(fd);
+  }
+  auto a = dev::HttpGet(endpoint_->port(), "/metrics");  // from 127.0.0.1
+  ASSERT_TRUE(a.ok()) << a.status();
+  EXPECT_EQ(a->code, 200);
+  EXPECT_EQ(a->body, kBody);
+  // Accepted in order before the scrape: the first 8 are held, the rest closed.
+  for (int i = 0; i < 20; ++i) {
+    EXPECT_EQ(ClosedByServer(held[i]), i >= 8) << "connection " << i;
+  }
+  endpoint_->Stop();
+  for (int fd : held) close(fd);
 }
 
 TEST_F(PlainEndpointTest, StopEndsTheConnectionsInProgress) {
   MetricsEndpoint::Options o;
   o.io_deadline = std::chrono::minutes(10);
   Start(o);
-  const int silent = Connect(endpoint_->port());
+  // From another address than the scrape's below, which a worker serves
+  // alongside it.
+  const int silent = Connect(endpoint_->port(), "127.0.0.2");
   // Wait until a worker has it: a partial request keeps it reading.
   ASSERT_EQ(write(silent, "GET /met", 8), 8);
   auto a = dev::HttpGet(endpoint_->port(), "/metrics");  // the other worker
