@@ -116,17 +116,25 @@ std::string PemOf(X509* cert) {
   return out;
 }
 
-// The address a connection comes from, without its port ("" if unknown): the
-// unit of the per-source bounds.
+// Where a connection comes from, the unit of the per-source bounds: an IPv4
+// address (also one an IPv6 socket shows as ::ffff:a.b.c.d), or an IPv6 /64,
+// the least one host is given, so that a host cannot pass the bounds by
+// connecting from many addresses of its own prefix.
 std::string SourceOf(const sockaddr_storage& a) {
   char text[INET6_ADDRSTRLEN] = {};
   if (a.ss_family == AF_INET) {
     inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(&a)->sin_addr, text, sizeof(text));
-  } else if (a.ss_family == AF_INET6) {
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr, text,
-              sizeof(text));
+    return text;
   }
-  return text;
+  if (a.ss_family != AF_INET6) return text;
+  in6_addr addr = reinterpret_cast<const sockaddr_in6*>(&a)->sin6_addr;
+  if (IN6_IS_ADDR_V4MAPPED(&addr)) {
+    inet_ntop(AF_INET, &addr.s6_addr[12], text, sizeof(text));
+    return text;
+  }
+  std::fill(addr.s6_addr + 8, addr.s6_addr + 16, 0);
+  inet_ntop(AF_INET6, &addr, text, sizeof(text));
+  return absl::StrCat(text, "/64");
 }
 
 const char* Reason(int code) {
@@ -195,6 +203,8 @@ class MetricsEndpoint::Impl {
     absl::MutexLock l(&mu_);
     for (const Queued& q : pending_) close(q.fd);
     pending_.clear();
+    held_.clear();
+    serving_.clear();
     stopped_ = true;
     for (int fd : {listen_fd_, wake_[0], wake_[1]}) {
       if (fd >= 0) close(fd);
@@ -360,7 +370,7 @@ class MetricsEndpoint::Impl {
         // The first connection in line whose source no other worker serves: a
         // client that trickles its bytes holds one worker at most, not all.
         auto it = std::find_if(pending_.begin(), pending_.end(), [this](const Queued& p) {
-          mu_.AssertHeld();
+          mu_.AssertReaderHeld();
           return serving_.count(p.source) == 0;
         });
         q = *it;
@@ -398,7 +408,7 @@ class MetricsEndpoint::Impl {
 
   bool WorkOrStop() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     return stopping_ || std::any_of(pending_.begin(), pending_.end(), [this](const Queued& p) {
-             mu_.AssertHeld();
+             mu_.AssertReaderHeld();
              return serving_.count(p.source) == 0;
            });
   }

@@ -29,11 +29,12 @@
 // - Not held back by clients that connect and say nothing (anyone who can reach
 //   the port can, no certificate needed): a connection gets a worker only once
 //   its client has sent something, and is closed `io_deadline` after it was
-//   accepted if it has not. One source address holds at most 8 connections at
-//   once (more are closed at once), and a worker goes first to a connection
-//   whose source no other worker serves, so a client that trickles its bytes
-//   holds one worker at most: a scrape from another address is answered
-//   meanwhile.
+//   accepted if it has not. One source (an IPv4 address, an IPv6 /64) holds at
+//   most 8 connections at once (more are closed at once), and a worker goes
+//   first to a connection whose source no other worker serves, so a client that
+//   trickles its bytes holds one worker at most: with two workers or more, a
+//   scrape from another source is answered meanwhile. Clients sharing a source
+//   (one host, one NAT) share its 8 places and its worker.
 // - Listens on the first address `listen` resolves to (a name that resolves to
 //   both IPv4 and IPv6 gets one of them; give an address to choose).
 //
