@@ -15,6 +15,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -856,6 +857,22 @@ absl::Status ValidateConfig(const Config& c) {
       if (auto id = spiffe::Parse("spiffe://" + td); !id.ok() || !id->path.empty()) {
         return absl::InvalidArgumentError(
             absl::StrCat("config: tls.trust_domains: \"", td, "\" is not a trust domain"));
+      }
+    }
+    // A pattern in a trust domain holdfastd does not accept admits nobody: a
+    // caller from there is refused before any pattern is looked at.
+    for (const auto& [key, patterns] : {std::pair{"admin_ids", &c.admin_ids},
+                                        std::pair{"metrics.readers", &c.metrics_readers}}) {
+      for (const auto& p : *patterns) {
+        const std::string id = absl::EndsWith(p, "/*") ? p.substr(0, p.size() - 2) : p;
+        auto parsed = spiffe::Parse(id);  // valid: checked above
+        if (parsed.ok() && std::find(c.trust_domains.begin(), c.trust_domains.end(),
+                                     parsed->trust_domain) == c.trust_domains.end()) {
+          return absl::InvalidArgumentError(absl::StrCat(
+              "config: ", key, ": \"", p, "\" is in trust domain \"", parsed->trust_domain,
+              "\", which is not in tls.trust_domains (", absl::StrJoin(c.trust_domains, ", "),
+              "): it would admit nobody"));
+        }
       }
     }
     for (const auto& [td, file] : c.trust_bundles) {

@@ -107,6 +107,16 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [acme.org]}\n"
        "metrics: {readers: [prometheus]}",
        "config: metrics.readers: "},
+      {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [acme.org]}\n"
+       "metrics: {listen: 10.0.0.1:9420, readers: [spiffe://acme.prod/prometheus]}",
+       "config: metrics.readers: \"spiffe://acme.prod/prometheus\" is in trust domain "
+       "\"acme.prod\", which is not in tls.trust_domains (acme.org): it would admit nobody"},
+      {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [acme.org]}\n"
+       "admin_ids: [spiffe://acme.org/ops/*, spiffe://other.org/ops/*]",
+       "config: admin_ids: \"spiffe://other.org/ops/*\" is in trust domain \"other.org\""},
+      {"tls: {ca_file: a, cert_file: b, key_file: c, trust_domains: [acme.org]}\n"
+       "admin_ids: [spiffe://acme.org]",
+       "config: admin_ids: \"spiffe://acme.org\" names a trust domain"},
       {"insecure: true\nmetrics: {plaintext: sometimes}", "metrics.plaintext must be true or false"},
       {"insecure: true\nmetrics: {listen: 127.0.0.1:9420, readers: [spiffe://a.org/p]}",
        "config: metrics.readers needs metrics over HTTPS, but insecure: true serves them over "
