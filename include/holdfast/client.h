@@ -277,7 +277,7 @@ class Client {
  public:
   // Creates the channels; does not wait for a connection. INVALID_ARGUMENT for no
   // endpoint, or one that is empty or has spaces, commas or control characters in
-  // it; plaintext to an endpoint off loopback (see ca_file); cert_file without
+  // it; an rpc_timeout outside (0, 24h]; plaintext to an endpoint off loopback (see ca_file); cert_file without
   // key_file or either without ca_file; and an mTLS file that is there but is not
   // what it is named for ("key_file PATH holds no PEM private key ...", a
   // directory, unreadable). A file not there yet is not an error: it is read once
@@ -293,6 +293,8 @@ class Client {
   absl::StatusOr<std::unique_ptr<Session>> OpenSession(const std::string& ns,
                                                        const SessionOptions& options = {});
 
+  // Describe and CheckToken check the namespace name and the key, as Acquire
+  // does, before sending (INVALID_ARGUMENT).
   absl::StatusOr<v1::DescribeResponse> Describe(const std::string& ns, const std::string& key);
   absl::StatusOr<v1::CheckTokenResponse> CheckToken(const std::string& ns,
                                                     const std::string& key, int64_t token);
