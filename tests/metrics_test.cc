@@ -1236,6 +1236,25 @@ TEST(MetricsTlsTest, OnlyReadersAndAdminsScrapeAndOthersLearnNothing) {
   EXPECT_NE(forged.status().message().find("unknown ca"), std::string::npos) << forged.status();
   auto plain = HttpGet(*port, "/metrics");
   EXPECT_FALSE(plain.ok() && plain->code == 200) << plain->body;
+
+  // Each of those connections is counted by how it ended (each just after it
+  // closed: scraped again until the last ones are in).
+  std::string text;
+  for (int i = 0; i < 50; ++i) {
+    auto a = as("prometheus");
+    ASSERT_TRUE(a.ok()) << a.status();
+    text = a->body;
+    if (Sample(text, "holdfast_metrics_connections_total", {{"outcome", "handshake_failed"}}) >=
+        3) {
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  EXPECT_GE(Sample(text, "holdfast_metrics_connections_total", {{"outcome", "scraped"}}), 2);
+  EXPECT_EQ(Sample(text, "holdfast_metrics_connections_total", {{"outcome", "forbidden"}}), 2);
+  EXPECT_EQ(Sample(text, "holdfast_metrics_connections_total", {{"outcome", "handshake_failed"}}),
+            3);
+  EXPECT_EQ(Sample(text, "holdfast_metrics_connections_total", {{"outcome", "refused"}}), 0);
 }
 
 // metrics.plaintext: true serves plain HTTP to anyone though the API is mTLS

@@ -178,6 +178,17 @@ Metrics::Metrics(Clock now)
                       .Name("holdfast_etcd_request_errors_total")
                       .Help("Unary etcd calls that failed, by method and status code")
                       .Register(r);
+  auto& connections =
+      prometheus::BuildCounter()
+          .Name("holdfast_metrics_connections_total")
+          .Help("Connections to this metrics endpoint, by how they ended: scraped, forbidden, "
+                "bad_request, handshake_failed, no_request, silent (closed having sent "
+                "nothing), refused (closed at once: its source's places or the queue full)")
+          .Register(r);
+  for (const char* outcome : {"scraped", "forbidden", "bad_request", "handshake_failed",
+                              "no_request", "silent", "refused"}) {
+    metrics_connections_[outcome] = &connections.Add({{"outcome", outcome}});
+  }
   for (const char* method : {"Range", "Put", "DeleteRange", "Txn", "Compact", "LeaseGrant",
                              "LeaseRevoke", "LeaseTimeToLive", "Status"}) {
     etcd_method_seconds_[method] = &etcd_seconds_->Add({{"method", method}}, kEtcdBuckets);
@@ -196,6 +207,11 @@ absl::Status Metrics::Serve(const std::string& listen,
   o.listen = listen;
   o.tls = std::move(tls);
   o.render = [this] { return Render(); };
+  o.on_connection = [this](const char* outcome) {
+    if (auto it = metrics_connections_.find(outcome); it != metrics_connections_.end()) {
+      it->second->Increment();
+    }
+  };
   auto endpoint = MetricsEndpoint::Start(std::move(o));
   if (!endpoint.ok()) return endpoint.status();
   endpoint_ = *std::move(endpoint);

@@ -146,6 +146,9 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
   // Made up front for etcd's methods, so a call's hook takes no family lock.
   std::map<std::string, prometheus::Histogram*, std::less<>> etcd_method_seconds_;
   prometheus::Family<prometheus::Counter>* etcd_errors_;
+  // By outcome (MetricsEndpoint::Options::on_connection), made up front: the
+  // endpoint's threads take no family lock.
+  std::map<std::string, prometheus::Counter*, std::less<>> metrics_connections_;
 
   // Lock order: serve_mu_ before mu_.
   absl::Mutex serve_mu_;

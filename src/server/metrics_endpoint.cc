@@ -299,6 +299,7 @@ class MetricsEndpoint::Impl {
       }
       // Spoken (or closed, or in error: a worker's first read says which):
       // queued for a worker. Silent past the deadline: closed.
+      int silent = 0;
       {
         const auto now = Clock::now();
         absl::MutexLock l(&mu_);
@@ -309,12 +310,14 @@ class MetricsEndpoint::Impl {
           } else if (now - quiet[i].accepted >= options_.io_deadline) {
             close(quiet[i].fd);
             if (--held_[quiet[i].source] == 0) held_.erase(quiet[i].source);
+            ++silent;
           } else {
             still.push_back(quiet[i]);
           }
         }
         quiet = std::move(still);
       }
+      for (int i = 0; i < silent; ++i) Report("silent");
       if ((fds[0].revents & (POLLERR | POLLNVAL)) != 0) {
         if (!Pause()) {
           for (const Queued& q : quiet) close(q.fd);
@@ -336,16 +339,26 @@ class MetricsEndpoint::Impl {
         continue;
       }
       Queued q{fd, SourceOf(peer), Clock::now()};
-      absl::MutexLock l(&mu_);
-      if (stopping_ || static_cast<int>(quiet.size() + pending_.size()) >= options_.max_pending ||
-          held_[q.source] >= kMaxPerSource) {
-        if (held_[q.source] == 0) held_.erase(q.source);
-        close(fd);
-        continue;
+      bool refused = false;
+      {
+        absl::MutexLock l(&mu_);
+        refused = stopping_ ||
+                  static_cast<int>(quiet.size() + pending_.size()) >= options_.max_pending ||
+                  held_[q.source] >= kMaxPerSource;
+        if (refused) {
+          if (held_[q.source] == 0) held_.erase(q.source);
+          close(fd);
+        } else {
+          ++held_[q.source];
+          quiet.push_back(std::move(q));
+        }
       }
-      ++held_[q.source];
-      quiet.push_back(std::move(q));
+      if (refused) Report("refused");
     }
+  }
+
+  void Report(const char* outcome) const {
+    if (options_.on_connection) options_.on_connection(outcome);
   }
 
   // 100 ms, or until Stop (false).
@@ -432,10 +445,16 @@ class MetricsEndpoint::Impl {
       if (conn.ssl == nullptr || SSL_set_fd(conn.ssl, fd) != 1 || !Handshake(conn)) {
         if (conn.ssl != nullptr) SSL_free(conn.ssl);
         ERR_clear_error();
+        Report("handshake_failed");
         return;  // no HTTP can be spoken: the client sees the TLS alert
       }
     }
-    const bool answered = Answer(conn);
+    int code = 0;
+    const bool answered = Answer(conn, &code);
+    Report(code == 0     ? "no_request"
+           : code == 200 ? "scraped"
+           : code == 403 ? "forbidden"
+                         : "bad_request");
     if (conn.ssl != nullptr) {
       // Our close_notify, sent once without waiting for theirs, and only after a
       // whole answer with time left: otherwise the connection just ends.
@@ -544,7 +563,14 @@ class MetricsEndpoint::Impl {
   }
 
   // Reads the request and answers it; true when a whole answer went out.
-  bool Answer(const Conn& c) {
+  // `*code`: the status answered, 0 when there was no request to answer.
+  bool Answer(const Conn& c, int* code) {
+    auto reply = [&c, code](int status, absl::string_view body, bool head_only = false,
+                            absl::string_view content_type = "text/plain; charset=utf-8",
+                            absl::string_view extra_headers = "") {
+      *code = status;
+      return Reply(c, status, body, head_only, content_type, extra_headers);
+    };
     // The head: up to its blank line (lines may end in a bare LF, as RFC 9112
     // allows). A body (there should be none) is ignored.
     std::string head;
@@ -552,34 +578,34 @@ class MetricsEndpoint::Impl {
     size_t end;
     auto head_end = [&head] { return std::min(head.find("\r\n\r\n"), head.find("\n\n")); };
     while ((end = head_end()) == std::string::npos) {
-      if (head.size() > kMaxHeadBytes) return Reply(c, 431, "request head over 8 KiB\n");
+      if (head.size() > kMaxHeadBytes) return reply(431, "request head over 8 KiB\n");
       const ssize_t n = Read(c, buf, sizeof(buf));
       if (n <= 0) return false;  // gone, or silent past the deadline: nothing to answer
       head.append(buf, static_cast<size_t>(n));
     }
-    if (end > kMaxHeadBytes) return Reply(c, 431, "request head over 8 KiB\n");
+    if (end > kMaxHeadBytes) return reply(431, "request head over 8 KiB\n");
     std::string line = head.substr(0, head.find('\n'));
     if (!line.empty() && line.back() == '\r') line.pop_back();
     std::vector<std::string> parts = absl::StrSplit(line, ' ');
     if (parts.size() != 3 || !absl::StartsWith(parts[2], "HTTP/1.") || parts[1].empty() ||
         parts[1][0] != '/') {
-      return Reply(c, 400, "not an HTTP/1.x request line\n");
+      return reply(400, "not an HTTP/1.x request line\n");
     }
     // A HEAD is answered as its GET would be, without the body, errors included.
     const bool head_only = parts[0] == "HEAD";
     // Who asks, before anything about what is there.
     if (c.ssl != nullptr) {
       if (auto s = Authorize(c.ssl); !s.ok()) {
-        return Reply(c, 403, absl::StrCat(s.message(), "\n"), head_only);
+        return reply(403, absl::StrCat(s.message(), "\n"), head_only);
       }
     }
     const std::string path = parts[1].substr(0, parts[1].find('?'));
-    if (path != "/metrics") return Reply(c, 404, "only /metrics is served here\n", head_only);
+    if (path != "/metrics") return reply(404, "only /metrics is served here\n", head_only);
     if (parts[0] != "GET" && !head_only) {
-      return Reply(c, 405, "GET or HEAD only\n", false, "text/plain; charset=utf-8",
+      return reply(405, "GET or HEAD only\n", false, "text/plain; charset=utf-8",
                    "Allow: GET, HEAD\r\n");
     }
-    return Reply(c, 200, options_.render(), head_only, "text/plain; version=0.0.4; charset=utf-8");
+    return reply(200, options_.render(), head_only, "text/plain; version=0.0.4; charset=utf-8");
   }
 
   absl::Status Authorize(SSL* ssl) {

@@ -71,6 +71,13 @@ class MetricsEndpoint {
     int workers = 2;
     int max_pending = 64;
     std::chrono::milliseconds io_deadline{5000};
+    // Called once per accepted connection with how it ended, from the endpoint's
+    // threads (never under its locks): "scraped" (200), "forbidden" (403),
+    // "bad_request" (400, 404, 405, 431), "handshake_failed" (TLS), "no_request"
+    // (gone, or past its deadline, before a whole request), "silent" (closed
+    // having sent nothing), "refused" (closed at once: its source's places or the
+    // queue were full).
+    std::function<void(const char* outcome)> on_connection;
   };
 
   // Binds and starts serving. Errors: UNAVAILABLE when it cannot listen there,

@@ -12,6 +12,8 @@
 #include <atomic>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
@@ -70,6 +72,10 @@ class PlainEndpointTest : public ::testing::Test {
       ++renders_;
       return std::string(kBody);
     };
+    o.on_connection = [this](const char* outcome) {
+      std::lock_guard l(outcomes_mu_);
+      ++outcomes_[outcome];
+    };
     auto e = MetricsEndpoint::Start(std::move(o));
     ASSERT_TRUE(e.ok()) << e.status();
     endpoint_ = std::move(*e);
@@ -79,8 +85,24 @@ class PlainEndpointTest : public ::testing::Test {
     return dev::HttpExchange(endpoint_->port(), request);
   }
 
+  // How many connections ended with `outcome`, once at least `at_least` have
+  // (each is counted just after its connection closes), or after 10 s.
+  int Outcomes(const std::string& outcome, int at_least = 0) {
+    for (int i = 0; i < 1000; ++i) {
+      {
+        std::lock_guard l(outcomes_mu_);
+        if (outcomes_[outcome] >= at_least) return outcomes_[outcome];
+      }
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    std::lock_guard l(outcomes_mu_);
+    return outcomes_[outcome];
+  }
+
   std::atomic<int> renders_{0};
   std::unique_ptr<MetricsEndpoint> endpoint_;
+  std::mutex outcomes_mu_;
+  std::map<std::string, int> outcomes_;
 };
 
 TEST_F(PlainEndpointTest, AnswersGetAndHeadOfMetricsAndRefusesEverythingElse) {
@@ -186,6 +208,26 @@ TEST_F(PlainEndpointTest, ASilentClientTakesNoWorkerAndIsClosedAtItsDeadline) {
   // Not before its deadline (a slow machine only makes this longer).
   EXPECT_GE(std::chrono::steady_clock::now() - start, milliseconds(2000));
   close(silent);
+  EXPECT_EQ(Outcomes("silent", 1), 1);
+  EXPECT_EQ(Outcomes("scraped", 1), 1);
+}
+
+// Each connection is counted once by how it ended
+// (holdfast_metrics_connections_total).
+TEST_F(PlainEndpointTest, EachConnectionIsCountedByHowItEnded) {
+  Start();
+  auto bad = Send("BOGUS\r\n\r\n");
+  ASSERT_TRUE(bad.ok()) << bad.status();
+  EXPECT_EQ(bad->code, 400);
+  auto missing = dev::HttpGet(endpoint_->port(), "/nothing");
+  ASSERT_TRUE(missing.ok()) << missing.status();
+  EXPECT_EQ(missing->code, 404);
+  const int gone = Connect(endpoint_->port());
+  ASSERT_EQ(write(gone, "GET /met", 8), 8);
+  close(gone);  // before its request was whole
+  EXPECT_EQ(Outcomes("bad_request", 2), 2);
+  EXPECT_EQ(Outcomes("no_request", 1), 1);
+  EXPECT_EQ(Outcomes("scraped"), 0);
 }
 
 // One address opening connections that say nothing, or trickle a request,
@@ -211,6 +253,7 @@ TEST_F(PlainEndpointTest, OneSourceCannotHoldBackAScrapeFromAnother) {
   for (int i = 0; i < 20; ++i) {
     EXPECT_EQ(ClosedByServer(held[i]), i >= 8) << "connection " << i;
   }
+  EXPECT_EQ(Outcomes("refused", 12), 12);
   endpoint_->Stop();
   for (int fd : held) close(fd);
 }
