@@ -727,7 +727,7 @@ Hold::~Hold() {
   (void)Release();
   // Not done, and nobody left to ask again (Release keeps the session on any
   // failure but a hold not current): the pump does.
-  if (session_) session_->OweRelease(info_.lock_key(), info_.token());
+  LeaveReleaseToPump();
 }
 
 bool Hold::lost() const { return state_ ? state_->lost() : true; }

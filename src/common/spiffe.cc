@@ -56,7 +56,9 @@ absl::StatusOr<Id> Parse(absl::string_view uri) {
   return Id{std::string(td), std::string(path)};
 }
 
-absl::Status ValidatePattern(absl::string_view pattern) {
+absl::Status ValidatePattern(absl::string_view pattern) { return ParsePattern(pattern).status(); }
+
+absl::StatusOr<Id> ParsePattern(absl::string_view pattern) {
   absl::string_view id = pattern;
   const bool wildcard = absl::EndsWith(pattern, "/*");
   if (wildcard) id = pattern.substr(0, pattern.size() - 2);
@@ -69,7 +71,7 @@ absl::Status ValidatePattern(absl::string_view pattern) {
         "is (each has a path): \"", pattern.substr(0, 200), "/*\" admits the whole trust "
         "domain"));
   }
-  return absl::OkStatus();
+  return parsed;
 }
 
 bool Matches(absl::string_view id, absl::string_view pattern) {

@@ -32,6 +32,9 @@ absl::StatusOr<Id> Parse(absl::string_view uri);
 // has one) or a valid ID followed by "/*" ("spiffe://acme.org/*": the whole
 // trust domain).
 absl::Status ValidatePattern(absl::string_view pattern);
+// The ID a valid pattern names (for one ending in "/*", the ID before it);
+// ValidatePattern's error otherwise.
+absl::StatusOr<Id> ParsePattern(absl::string_view pattern);
 bool Matches(absl::string_view id, absl::string_view pattern);
 
 }  // namespace holdfast::spiffe

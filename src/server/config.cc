@@ -15,7 +15,6 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
@@ -864,8 +863,7 @@ absl::Status ValidateConfig(const Config& c) {
     for (const auto& [key, patterns] : {std::pair{"admin_ids", &c.admin_ids},
                                         std::pair{"metrics.readers", &c.metrics_readers}}) {
       for (const auto& p : *patterns) {
-        const std::string id = absl::EndsWith(p, "/*") ? p.substr(0, p.size() - 2) : p;
-        auto parsed = spiffe::Parse(id);  // valid: checked above
+        auto parsed = spiffe::ParsePattern(p);  // valid: checked above
         if (parsed.ok() && std::find(c.trust_domains.begin(), c.trust_domains.end(),
                                      parsed->trust_domain) == c.trust_domains.end()) {
           return absl::InvalidArgumentError(absl::StrCat(

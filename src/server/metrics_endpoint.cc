@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
@@ -278,6 +279,9 @@ class MetricsEndpoint::Impl {
   // connections at once (quiet, queued or served); more are closed at once.
   void AcceptLoop() {
     std::vector<Queued> quiet;
+    absl::Cleanup close_quiet = [&quiet] {  // on Stop, or a pause cut short by it
+      for (const Queued& q : quiet) close(q.fd);
+    };
     for (;;) {
       std::vector<pollfd> fds = {{listen_fd_, POLLIN, 0}, {wake_[0], POLLIN, 0}};
       for (const Queued& q : quiet) fds.push_back({q.fd, POLLIN, 0});
@@ -293,10 +297,7 @@ class MetricsEndpoint::Impl {
             0, 60'000));
       }
       if (poll(fds.data(), fds.size(), timeout_ms) < 0) continue;  // EINTR
-      if (fds[1].revents != 0) {  // Stop
-        for (const Queued& q : quiet) close(q.fd);
-        return;
-      }
+      if (fds[1].revents != 0) return;  // Stop
       // Spoken (or closed, or in error: a worker's first read says which):
       // queued for a worker. Silent past the deadline: closed.
       int silent = 0;
@@ -319,10 +320,7 @@ class MetricsEndpoint::Impl {
       }
       for (int i = 0; i < silent; ++i) Report("silent");
       if ((fds[0].revents & (POLLERR | POLLNVAL)) != 0) {
-        if (!Pause()) {
-          for (const Queued& q : quiet) close(q.fd);
-          return;
-        }
+        if (!Pause()) return;
         continue;
       }
       if ((fds[0].revents & POLLIN) == 0) continue;
@@ -333,7 +331,6 @@ class MetricsEndpoint::Impl {
       if (fd < 0) {
         if ((errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) &&
             !Pause()) {
-          for (const Queued& q : quiet) close(q.fd);
           return;
         }
         continue;

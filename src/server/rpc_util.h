@@ -34,14 +34,13 @@ inline lock::Deadline RpcDeadline(const grpc::ServerContextBase& ctx,
   return std::min(ctx.deadline(), limit);
 }
 
-// The client's deadline as a point on the steady clock, at most `cap` from now
-// (no deadline, or a far one, is `cap`); now when it has passed.
+// RpcDeadline as a point on the steady clock (now when it has passed).
 inline std::chrono::steady_clock::time_point SteadyCallDeadline(
     const grpc::ServerContextBase& ctx, std::chrono::milliseconds cap) {
-  const auto left = std::clamp(std::chrono::duration_cast<std::chrono::milliseconds>(
-                                   ctx.deadline() - std::chrono::system_clock::now()),
-                               std::chrono::milliseconds(0), cap);
-  return std::chrono::steady_clock::now() + left;
+  const auto left = RpcDeadline(ctx, cap) - std::chrono::system_clock::now();
+  return std::chrono::steady_clock::now() +
+         std::max<std::chrono::steady_clock::duration>(
+             std::chrono::duration_cast<std::chrono::steady_clock::duration>(left), {});
 }
 
 // An engine callback that answers `call` with the result.
