@@ -272,6 +272,31 @@ TEST_F(IdentityTest, NamespacePolicyAdmitsMembersAndAdminsOnly) {
   bad.mutable_namespace_()->set_name("bad");
   bad.mutable_namespace_()->add_members("team/*");
   EXPECT_EQ((*admin)->CreateNamespace(bad).status().code(), absl::StatusCode::kInvalidArgument);
+  // So is one in a trust domain this holdfastd does not accept: no caller from
+  // there gets as far as the member list, so it would admit nobody.
+  rev = Revision();
+  const std::string foreign =
+      "member pattern \"spiffe://partner.org/team/*\" is in trust domain \"partner.org\", which "
+      "this holdfastd does not accept (tls.trust_domains: test.holdfast): it would admit nobody";
+  bad.mutable_namespace_()->clear_members();
+  bad.mutable_namespace_()->add_members("spiffe://test.holdfast/team/*");
+  bad.mutable_namespace_()->add_members("spiffe://partner.org/team/*");
+  auto created = (*admin)->CreateNamespace(bad);
+  EXPECT_EQ(created.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(created.status().message(), foreign);
+  v1::UpdateNamespaceRequest update;
+  update.set_name("team");
+  update.set_set_members(true);
+  update.add_members("spiffe://partner.org/team/*");
+  auto updated = (*admin)->UpdateNamespace(update);
+  EXPECT_EQ(updated.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(updated.status().message(), foreign);
+  EXPECT_EQ(Revision(), rev);
+  auto team = (*admin)->GetNamespace("team");
+  ASSERT_TRUE(team.ok()) << team.status();
+  ASSERT_EQ(team->members_size(), 1);
+  EXPECT_EQ(team->members(0), "spiffe://test.holdfast/team/alice");
+  EXPECT_EQ((*admin)->GetNamespace("bad").status().code(), absl::StatusCode::kNotFound);
 }
 
 // A caller learns nothing of a namespace it may not use, not even whether it

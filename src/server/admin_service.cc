@@ -113,6 +113,19 @@ void AdminService::AddPlacement(v1::Namespace* n) const {
   }
 }
 
+// A member pattern in a trust domain this holdfastd does not accept would admit
+// nobody, silently (every caller from there is refused before the member list
+// is read), as an admin_ids pattern would (config.cc): refused, after the
+// Registry's own checks of the patterns' syntax where those come first.
+absl::Status AdminService::CheckMembersAccepted(
+    const google::protobuf::RepeatedPtrField<std::string>& members) const {
+  if (members.size() > 1000) return absl::OkStatus();  // the Registry refuses it
+  for (const auto& m : members) {
+    if (auto s = auth_->CheckPatternAccepted("member pattern", m); !s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
 // A namespace is homed on a cluster of its tier. Its name is claimed on the
 // control cluster first (keyspace.h): by its record there when the control
 // cluster homes it, else by a placement record, each created only if neither
@@ -125,6 +138,7 @@ absl::StatusOr<v1::Namespace> AdminService::CreateNamespaceOn(
   // that never gets it (ALREADY_EXISTS to a corrected retry with another tier,
   // NOT_FOUND to every read).
   if (auto s = lock::Registry::CheckCreateNamespace(req); !s.ok()) return s.status();
+  if (auto s = CheckMembersAccepted(req.namespace_().members()); !s.ok()) return s;
   auto home = clusters_->ForTier(req.namespace_().cluster_tier());
   if (!home.ok()) return home.status();
   Cluster& control = clusters_->control();
@@ -206,6 +220,7 @@ grpc::Status AdminService::UpdateNamespace(grpc::ServerContext* ctx,
                                            v1::Namespace* resp) {
   HF_ADMIN_ONLY(ctx);
   if (auto s = NotRehoming(req->name()); !s.ok()) return ToGrpcStatus(s);
+  if (auto s = CheckMembersAccepted(req->members()); !s.ok()) return ToGrpcStatus(s);
   auto n = RegistryOf(req->name()).UpdateNamespace(
       *req, RpcDeadline(*ctx, kUnaryCap),
       [this](const std::string& identity) { return auth_->IsAdmin(identity); });

@@ -97,6 +97,9 @@ class AdminService {
   // FAILED_PRECONDITION while a rehome of `ns` is unfinished: a change of its
   // records then could miss the copy (as this replica's placements show it).
   absl::Status NotRehoming(const std::string& ns) const;
+  // INVALID_ARGUMENT for a member pattern in a trust domain not accepted here.
+  absl::Status CheckMembersAccepted(
+      const google::protobuf::RepeatedPtrField<std::string>& members) const;
   // Fills home_cluster and rehoming_to.
   void AddPlacement(v1::Namespace* n) const;
   absl::StatusOr<v1::Namespace> CreateNamespaceOn(const v1::CreateNamespaceRequest& req,

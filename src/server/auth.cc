@@ -7,12 +7,14 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <climits>
 #include <fstream>
 #include <memory>
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "common/spiffe.h"
 
 namespace holdfast::server {
@@ -171,6 +173,23 @@ absl::StatusOr<lock::Caller> Authenticator::CallerOfCertificate(absl::string_vie
   if (by_pem_.size() >= options_.max_cached_certificates) by_pem_.clear();
   by_pem_.emplace(key, caller);
   return caller;
+}
+
+absl::Status Authenticator::CheckPatternAccepted(absl::string_view field,
+                                                 absl::string_view pattern) const {
+  if (options_.insecure) return absl::OkStatus();
+  auto parsed = spiffe::ParsePattern(pattern);
+  if (!parsed.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(field, ": ", parsed.status().message()));
+  }
+  const auto& tds = options_.trust_domains;
+  if (std::find(tds.begin(), tds.end(), parsed->trust_domain) != tds.end()) {
+    return absl::OkStatus();
+  }
+  return absl::InvalidArgumentError(absl::StrCat(
+      field, " \"", pattern, "\" is in trust domain \"", parsed->trust_domain,
+      "\", which this holdfastd does not accept (tls.trust_domains: ", absl::StrJoin(tds, ", "),
+      "): it would admit nobody"));
 }
 
 size_t Authenticator::cached_certificates() const {

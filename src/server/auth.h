@@ -74,6 +74,12 @@ class Authenticator {
   // Whether `identity` (a SPIFFE ID) matches one of the admin patterns; in
   // insecure mode, whether it is the dev identity.
   bool IsAdmin(const std::string& identity) const;
+  // INVALID_ARGUMENT naming the pattern when `pattern` (a valid SPIFFE ID
+  // pattern) is in a trust domain this holdfastd does not accept: it would admit
+  // nobody, since a caller from there is refused before any pattern is looked at.
+  // OK in insecure mode, where every caller is the dev identity. `field` leads
+  // the message ("member pattern").
+  absl::Status CheckPatternAccepted(absl::string_view field, absl::string_view pattern) const;
 
  private:
   struct Bundle;
