@@ -857,10 +857,10 @@ TEST_F(LockTest, ARefusalEchoingALongRequestIsCutToFitTheAnswer) {
   EXPECT_NE(m.find(" more bytes)"), std::string::npos) << m.substr(m.size() - 100);
 }
 
-// A quota beyond the most a namespace may be allowed is refused and changes
-// nothing; one stored before that bound (written by hand here) costs an open no
+// A quota beyond the most a namespace may be allowed (held_lease_quota,
+// op_rate_quota) is refused and changes nothing; one stored before that bound (written by hand here) costs an open no
 // more than a small one: the work is the live sessions', not the quota's.
-TEST_F(LockTest, AHeldLeaseQuotaTooLargeIsRefusedAndAStoredOneCostsOnlyTheLiveSessions) {
+TEST_F(LockTest, AQuotaTooLargeIsRefusedAndAStoredOneCostsOnlyTheLiveSessions) {
   v1::CreateNamespaceRequest req;
   req.mutable_namespace_()->set_name("huge");
   req.mutable_namespace_()->set_held_lease_quota(1'000'000'000'000);
@@ -887,6 +887,28 @@ TEST_F(LockTest, AHeldLeaseQuotaTooLargeIsRefusedAndAStoredOneCostsOnlyTheLiveSe
   auto got = client_->GetNamespace("huge");
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->held_lease_quota(), 1'000'000);
+  // So is an op_rate_quota beyond a million a second, at create and update.
+  v1::CreateNamespaceRequest fast;
+  fast.mutable_namespace_()->set_name("fast");
+  fast.mutable_namespace_()->set_op_rate_quota(1'000'001);
+  auto fast_created = client_->CreateNamespace(fast);
+  ASSERT_EQ(fast_created.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(fast_created.status().message(),
+            "op_rate_quota 1000001 is above 1000000, the most operations per second a "
+            "namespace may be allowed (0 = unlimited)");
+  EXPECT_EQ(client_->GetNamespace("fast").status().code(), absl::StatusCode::kNotFound);
+  v1::UpdateNamespaceRequest faster;
+  faster.set_name("huge");
+  faster.set_op_rate_quota(int64_t{1} << 62);
+  auto fast_set = client_->UpdateNamespace(faster);
+  ASSERT_EQ(fast_set.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(fast_set.status().message().find("op_rate_quota 4611686018427387904 is above 1000000"),
+            std::string::npos)
+      << fast_set.status();
+  EXPECT_EQ(Revision(), rev);
+  got = client_->GetNamespace("huge");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->op_rate_quota(), 0);
 
   // A record with a quota of 10^12 (as no holdfastd writes now).
   pb::RangeRequest r;

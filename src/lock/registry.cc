@@ -36,6 +36,17 @@ absl::Status CheckHeldLeaseQuota(int64_t quota) {
                    ", the most live sessions a namespace may be allowed (0 = unlimited)"));
 }
 
+// Far above what one etcd cluster commits a second: a larger figure is a typo
+// (or meant "unlimited", which is 0).
+constexpr int64_t kMaxOpRateQuota = 1'000'000;
+
+absl::Status CheckOpRateQuota(int64_t quota) {
+  if (quota <= kMaxOpRateQuota) return absl::OkStatus();
+  return absl::InvalidArgumentError(absl::StrCat(
+      "op_rate_quota ", quota, " is above ", kMaxOpRateQuota,
+      ", the most operations per second a namespace may be allowed (0 = unlimited)"));
+}
+
 // What one session of a namespace holds and waits for, read from its claims
 // (keyspace: a claim key per lock key the session holds or waits for).
 struct Involvement {
@@ -327,6 +338,7 @@ absl::StatusOr<v1::LockClass> Registry::CheckCreateNamespace(
     return absl::InvalidArgumentError("quotas must be >= 0 (0 = unlimited)");
   }
   if (auto s = CheckHeldLeaseQuota(n.held_lease_quota()); !s.ok()) return s;
+  if (auto s = CheckOpRateQuota(n.op_rate_quota()); !s.ok()) return s;
   if (n.tenant_id().size() > 256 || n.cluster_tier().size() > 63) {
     return absl::InvalidArgumentError("tenant_id (256) or cluster_tier (63 bytes) too long");
   }
@@ -453,6 +465,9 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
   }
   if (req.has_held_lease_quota()) {
     if (auto s = CheckHeldLeaseQuota(req.held_lease_quota()); !s.ok()) return s;
+  }
+  if (req.has_op_rate_quota()) {
+    if (auto s = CheckOpRateQuota(req.op_rate_quota()); !s.ok()) return s;
   }
   if (req.members_size() > 1000) return absl::InvalidArgumentError("at most 1000 members");
   for (const auto& m : req.members()) {
