@@ -799,7 +799,8 @@ TEST_F(ForceReleaseTest, BadRequestsAreRefusedAndChangeNothing) {
   r.set_reason(std::string("hung\0 job", 9));
   auto nul = admin_->RequestForceRelease(r);
   EXPECT_EQ(nul.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(nul.status().message(), "the reason contains control character 0x00: use plain text");
+  EXPECT_EQ(nul.status().message(),
+            "the reason contains control character U+0000 at byte 4: use plain text");
   r.set_reason("x");
 
   auto malformed = Approve(*admin2_, "../../epoch");

@@ -835,7 +835,12 @@ TEST_F(LockTest, AdminRequestsThatCannotMeanWhatTheySayAreRefusedAndWriteNothing
   tenant.mutable_namespace_()->set_tenant_id("acme\x1b[2J");
   auto t = client_->CreateNamespace(tenant);
   EXPECT_EQ(t.status().code(), absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(t.status().message(), "tenant_id contains control character 0x1b: use plain text");
+  EXPECT_EQ(t.status().message(),
+            "tenant_id contains control character U+001B at byte 4: use plain text");
+  tenant.mutable_namespace_()->set_tenant_id("acme\xc2\x9b" "2J");  // C1: an 8-bit CSI
+  t = client_->CreateNamespace(tenant);
+  EXPECT_EQ(t.status().message(),
+            "tenant_id contains control character U+009B at byte 4: use plain text");
 
   EXPECT_EQ(Revision(), rev);
   auto got = client_->GetNamespace("members");

@@ -65,25 +65,33 @@ size_t DecodeUtf8(absl::string_view s, size_t i, uint32_t* cp) {
   return n;
 }
 
+bool IsControl(uint32_t cp) { return cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp <= 0x9F); }
+
+// OK, or INVALID_ARGUMENT naming the first byte of invalid UTF-8 or the first
+// control character; `control` formats the latter from (what, code point, byte).
+template <class F>
+absl::Status CheckUtf8Text(absl::string_view what, absl::string_view text, F control) {
+  for (size_t i = 0; i < text.size();) {
+    uint32_t cp;
+    size_t n = DecodeUtf8(text, i, &cp);
+    if (n == 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, " is not valid UTF-8 at byte ", i));
+    }
+    if (IsControl(cp)) return absl::InvalidArgumentError(control(what, cp, i));
+    i += n;
+  }
+  return absl::OkStatus();
+}
+
 absl::Status ValidateKeyBytes(absl::string_view what, absl::string_view key) {
   if (key.size() > kMaxLockKeyBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat(what, " is ", key.size(), " bytes; at most ", kMaxLockKeyBytes));
   }
-  for (size_t i = 0; i < key.size();) {
-    uint32_t cp;
-    size_t n = DecodeUtf8(key, i, &cp);
-    if (n == 0) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(what, " is not valid UTF-8 at byte ", i));
-    }
-    if (cp < 0x20 || cp == 0x7F || (cp >= 0x80 && cp <= 0x9F)) {
-      return absl::InvalidArgumentError(absl::StrFormat(
-          "%s has a control character (U+%04X) at byte %d", what, cp, i));
-    }
-    i += n;
-  }
-  return absl::OkStatus();
+  return CheckUtf8Text(what, key, [](absl::string_view w, uint32_t cp, size_t i) {
+    return absl::StrFormat("%s has a control character (U+%04X) at byte %d", w, cp, i);
+  });
 }
 
 }  // namespace
@@ -98,6 +106,13 @@ absl::Status ValidateLockKey(absl::string_view key) {
 
 absl::Status ValidateKeyPrefix(absl::string_view prefix) {
   return ValidateKeyBytes("key prefix", prefix);
+}
+
+absl::Status ValidatePlainText(absl::string_view what, absl::string_view text) {
+  return CheckUtf8Text(what, text, [](absl::string_view w, uint32_t cp, size_t i) {
+    return absl::StrFormat("%s contains control character U+%04X at byte %d: use plain text", w,
+                           cp, i);
+  });
 }
 
 }  // namespace holdfast::names

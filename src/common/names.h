@@ -23,5 +23,9 @@ absl::Status ValidateNamespaceName(absl::string_view ns);
 absl::Status ValidateClassId(absl::string_view class_id);
 absl::Status ValidateLockKey(absl::string_view key);
 absl::Status ValidateKeyPrefix(absl::string_view prefix);
+// Free text shown in tables and stored as text (a tenant id, a force-release
+// reason): valid UTF-8 without control characters (C0, DEL, C1). `what` leads
+// the message: `<what> contains control character U+001B at byte 3: use plain text`.
+absl::Status ValidatePlainText(absl::string_view what, absl::string_view text);
 
 }  // namespace holdfast::names

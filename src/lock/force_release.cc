@@ -4,6 +4,7 @@
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/names.h"
 #include "common/status.h"
 #include "etcd/errors.h"
 #include "lock/keyspace.h"
@@ -67,13 +68,7 @@ absl::StatusOr<v1::ForceRequest> ForceReleases::Request(const std::string& reque
   }
   // The reason is read in tables and stored as text: a NUL would cut it short in
   // PostgreSQL (and not in SQLite), other control characters garble the listings.
-  for (unsigned char ch : req.reason()) {
-    if (ch < 0x20 || ch == 0x7f) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "the reason contains control character 0x", absl::Hex(ch, absl::kZeroPad2),
-          ": use plain text"));
-    }
-  }
+  HF_RETURN_IF_ERROR(names::ValidatePlainText("the reason", req.reason()));
   pb::TxnRequest read;
   AddSnapshotReads(ns, /*session=*/0, key, read.mutable_success());
   HF_ASSIGN_OR_RETURN(auto t, etcd_->TxnSync(std::move(read), d));

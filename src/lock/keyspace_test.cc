@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include "common/names.h"
+
 namespace holdfast::keyspace {
 namespace {
 
@@ -106,6 +108,23 @@ TEST(KeyspaceTest, ValidatesNames) {
             std::string::npos);
   EXPECT_TRUE(ValidateKeyPrefix("").ok());
   EXPECT_FALSE(ValidateKeyPrefix("\x01").ok());
+}
+
+// Free text (a tenant id, a force reason) is any UTF-8 a table can show.
+TEST(KeyspaceTest, PlainTextIsUtf8WithoutControlCharacters) {
+  EXPECT_TRUE(names::ValidatePlainText("tenant_id", "").ok());
+  EXPECT_TRUE(names::ValidatePlainText("tenant_id", "Team Ä, 日本 (prod)").ok());
+  EXPECT_EQ(names::ValidatePlainText("tenant_id", "a\x1b[2J").message(),
+            "tenant_id contains control character U+001B at byte 1: use plain text");
+  EXPECT_EQ(names::ValidatePlainText("the reason", "\0"s).message(),
+            "the reason contains control character U+0000 at byte 0: use plain text");
+  EXPECT_EQ(names::ValidatePlainText("the reason", "ok\x7f").message(),
+            "the reason contains control character U+007F at byte 2: use plain text");
+  // C1: U+009B is a one-character CSI to terminals that take 8-bit controls.
+  EXPECT_EQ(names::ValidatePlainText("tenant_id", "ab\xc2\x9b" "2J").message(),
+            "tenant_id contains control character U+009B at byte 2: use plain text");
+  EXPECT_EQ(names::ValidatePlainText("tenant_id", "ok\xff").message(),
+            "tenant_id is not valid UTF-8 at byte 2");
 }
 
 TEST(KeyspaceTest, PrefixEnd) {

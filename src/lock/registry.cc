@@ -8,6 +8,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "common/names.h"
 #include "common/spiffe.h"
 #include "lock/engine.h"
 #include "lock/keyspace.h"
@@ -343,13 +344,7 @@ absl::StatusOr<v1::LockClass> Registry::CheckCreateNamespace(
     return absl::InvalidArgumentError("tenant_id (256) or cluster_tier (63 bytes) too long");
   }
   // Shown in tables (`holdfast ns list`): control characters would garble them.
-  for (unsigned char ch : n.tenant_id()) {
-    if (ch < 0x20 || ch == 0x7f) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "tenant_id contains control character 0x", absl::Hex(ch, absl::kZeroPad2),
-          ": use plain text"));
-    }
-  }
+  if (auto s = names::ValidatePlainText("tenant_id", n.tenant_id()); !s.ok()) return s;
   if (n.members_size() > 1000) return absl::InvalidArgumentError("at most 1000 members");
   for (const auto& m : n.members()) {
     if (auto s = spiffe::ValidatePattern(m); !s.ok()) {
