@@ -672,6 +672,92 @@ TEST_F(LockTest, SharedHoldsCoexistButNotWithExclusive) {
   EXPECT_EQ(HoldsInEtcd("cfg").size(), 2u);
 }
 
+// A hold never changes mode: a session holding a key shared that asks for it
+// exclusive (waiting or not) is refused, not answered with its shared hold, which
+// would tell it the key is its alone while another session shares it; and the
+// other way round. Nothing changes.
+TEST_F(LockTest, AHoldIsNotAnsweredToACallAskingTheOtherMode) {
+  auto a = Open(), b = Open(), c = Open();
+  AcquireOptions shared;
+  shared.shared = true;
+  auto ra = a->Acquire("cfg", shared);
+  auto rb = b->Acquire("cfg", shared);
+  ASSERT_TRUE(ra.ok() && rb.ok());
+  auto rc = c->Acquire("solo");
+  ASSERT_TRUE(rc.ok());
+  const int64_t rev = Revision();
+  AcquireOptions exclusive_wait;
+  exclusive_wait.wait = seconds(5);
+  for (const AcquireOptions& o : {AcquireOptions{}, exclusive_wait}) {
+    auto up = a->Acquire("cfg", o);
+    ASSERT_EQ(up.status().code(), absl::StatusCode::kFailedPrecondition) << up.status();
+    EXPECT_EQ(up.status().message(),
+              absl::StrCat("session ", a->id(), " holds \"cfg\" shared, and this call asked for "
+                           "it exclusive: a hold does not change mode (release it, then acquire "
+                           "the key exclusive)"));
+  }
+  auto down = c->Acquire("solo", shared);
+  ASSERT_EQ(down.status().code(), absl::StatusCode::kFailedPrecondition) << down.status();
+  EXPECT_NE(down.status().message().find("holds \"solo\" exclusive, and this call asked for it "
+                                         "shared"),
+            std::string::npos)
+      << down.status();
+  EXPECT_EQ(Revision(), rev);
+  auto d = client_->Describe("default", "cfg");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 2);
+  EXPECT_EQ(d->waiters_size(), 0);
+  EXPECT_FALSE(ra->lost());
+  // The same mode is answered with the hold, as ever.
+  auto again = a->Acquire("cfg", shared);
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->token(), ra->token());
+}
+
+// Two calls of one session waiting for one key in different modes: the later
+// takes the session's place in the queue over in its own mode, so a hand-over
+// gives the session a hold in that mode. The call that asked for the other mode
+// is refused, not answered with it; the hold stays the other call's.
+TEST_F(LockTest, TwoWaitsOfASessionInDifferentModesGetOneHoldInTheLatersMode) {
+  auto a = Open(), b = Open();
+  auto held = a->Acquire("cfg");
+  ASSERT_TRUE(held.ok()) << held.status();
+  AcquireOptions exclusive;
+  exclusive.wait = seconds(30);
+  AcquireOptions shared = exclusive;
+  shared.shared = true;
+  auto waiter_of_b = [&]() -> std::optional<v1::WaiterInfo> {
+    auto d = client_->Describe("default", "cfg");
+    if (!d.ok() || d->waiters_size() != 1) return std::nullopt;
+    return d->waiters(0);
+  };
+  auto first = std::async(std::launch::async, [&] { return b->Acquire("cfg", exclusive); });
+  for (int i = 0; i < 1000 && !waiter_of_b(); ++i) std::this_thread::sleep_for(milliseconds(10));
+  ASSERT_TRUE(waiter_of_b());
+  ASSERT_FALSE(waiter_of_b()->shared());
+  auto second = std::async(std::launch::async, [&] { return b->Acquire("cfg", shared); });
+  for (int i = 0; i < 1000 && !(waiter_of_b() && waiter_of_b()->shared()); ++i) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_TRUE(waiter_of_b() && waiter_of_b()->shared());
+  ASSERT_TRUE(held->Release().ok());
+  auto got = second.get();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_TRUE(got->info().shared());
+  auto refused = first.get();
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("holds \"cfg\" shared, and this call asked for it "
+                                            "exclusive"),
+            std::string::npos)
+      << refused.status();
+  auto d = client_->Describe("default", "cfg");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->holders_size(), 1);
+  EXPECT_EQ(d->holders(0).session_id(), b->id());
+  EXPECT_TRUE(d->holders(0).shared());
+  EXPECT_EQ(d->waiters_size(), 0);
+}
+
 // Sessions opened while a namespace had no quota count against one set later:
 // with three live and a quota of two, a fourth is refused and nothing is written.
 TEST_F(LockTest, SessionsOpenedBeforeAQuotaCountAgainstIt) {

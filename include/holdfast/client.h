@@ -211,6 +211,9 @@ class Session {
   // "Endpoints": then at once on the next endpoint) asks again within that same
   // bound (the call is idempotent per session and key: a grant already made is
   // returned again, a queued waiter is taken over in place and keeps its place).
+  // A hold never changes mode: asking for a key this session holds in the other
+  // mode (exclusive while it holds it shared, or the other way round) is refused
+  // with FAILED_PRECONDITION; release it first.
   // Errors as the Lock.Acquire RPC: ABORTED (held, try), DEADLINE_EXCEEDED (not
   // granted in time), INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
   // UNAVAILABLE; FAILED_PRECONDITION too when this session is already lost.

@@ -365,6 +365,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // id: nothing tells the two apart, and its token may be below tokens issued
   // after the backup.
   void ReturnOwnHold(const KeySnapshot& snap, const HoldEntry& hold) {
+    // In the other mode: not this call's to return, and nothing of the
+    // session's (its hold, a waiter of another call) is touched.
+    if (auto other = OtherMode(hold.record.shared())) return Finish(*std::move(other));
     for (const auto& w : snap.waiters) {
       if (w.lease == req_.session_id()) LeaveQueue(w.create_revision);
     }
@@ -1272,7 +1275,27 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (wake) engine_->etcd().timers().Cancel(wake);
   }
 
+  // Why a hold of the session in mode `shared` does not answer this call: it
+  // asked for the other mode. A hold never changes mode, and the session may hold
+  // a key once: a shared hold answered to a call that asked for the key
+  // exclusive would tell it the key is its alone while other sessions share it.
+  // Such a hold was granted to an earlier call of the session, or handed over to
+  // a waiter another call of the session took over in its own mode (Decide): it
+  // stays that call's, and this call is refused (FAILED_PRECONDITION).
+  std::optional<absl::Status> OtherMode(bool shared) const {
+    if (shared == req_.shared()) return std::nullopt;
+    const char* held = shared ? "shared" : "exclusive";
+    const char* asked = req_.shared() ? "shared" : "exclusive";
+    return absl::FailedPreconditionError(absl::StrCat(
+        "session ", req_.session_id(), " holds \"", req_.lock_key(), "\" ", held,
+        ", and this call asked for it ", asked, ": a hold does not change mode (release it, "
+        "then acquire the key ", asked, ")"));
+  }
+
+  // Every answer of a hold goes through here: the caller gets the mode it asked
+  // for, or a refusal (OtherMode).
   void Granted(v1::HoldInfo info) {
+    if (auto other = OtherMode(info.shared())) return Finish(*std::move(other));
     v1::AcquireResponse resp;
     *resp.mutable_hold() = std::move(info);
     Finish(std::move(resp));
