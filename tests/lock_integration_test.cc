@@ -938,6 +938,34 @@ TEST_F(LockTest, AdminRequestsThatCannotMeanWhatTheySayAreRefusedAndWriteNothing
 // A refusal that echoes what the caller sent (a 50 KB cluster name here) is
 // still a refusal the client can read: the message is cut to 2 KiB, saying how
 // much was left out, not lost to the client's limit on trailers.
+// A second holdfastd started on the port of a running one (another etcd, say)
+// must not share it: gRPC's SO_REUSEPORT would have the kernel spread
+// connections between the two, and each would grant the same key. It exits
+// naming the address and why; the first goes on serving.
+TEST_F(LockTest, ASecondHoldfastdOnAPortInUseExitsAndTheFirstServesOn) {
+  const std::string log = cluster_->dir() + "/second_holdfastd.log";
+  dev::SpawnOptions so;
+  so.argv = {testing::BinDir() + "/holdfastd", "--listen", cluster_->endpoint(), "--etcd",
+             cluster_->etcd().endpoint(), "--insecure", "--audit-store",
+             "sqlite:" + cluster_->dir() + "/second_audit.db"};
+  so.log_file = log;
+  auto second = dev::Subprocess::Spawn(std::move(so));
+  ASSERT_TRUE(second.ok()) << second.status();
+  auto code = (*second)->Wait(seconds(30));
+  ASSERT_TRUE(code.has_value()) << "the second holdfastd is still running";
+  EXPECT_EQ(*code, 1);
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NE(text.str().find(absl::StrCat("holdfastd: UNAVAILABLE: cannot listen on ",
+                                         cluster_->endpoint(), ": Address already in use")),
+            std::string::npos)
+      << text.str();
+  auto s = Open();
+  auto hold = s->Acquire("still-serving");
+  EXPECT_TRUE(hold.ok()) << hold.status();
+}
+
 TEST_F(LockTest, ARefusalEchoingALongRequestIsCutToFitTheAnswer) {
   const std::string name(50'000, 'c');
   auto e = client_->GetEpoch(name);

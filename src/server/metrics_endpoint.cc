@@ -31,6 +31,7 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/listen.h"
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "common/openssl_error.h"
@@ -216,54 +217,15 @@ class MetricsEndpoint::Impl {
   int port() const { return port_; }
 
  private:
+  // Non-blocking (ListenTcp): a connection gone between poll and accept must not
+  // leave the acceptor in accept, where Stop's wake cannot reach it.
   absl::Status Listen() {
-    const auto colon = options_.listen.rfind(':');
-    if (colon == std::string::npos) {
-      return absl::InvalidArgumentError("metrics: listen \"" + options_.listen +
-                                        "\" is not host:port");
+    auto l = net::ListenTcp(options_.listen, 64);
+    if (!l.ok()) {
+      return absl::Status(l.status().code(), absl::StrCat("metrics: ", l.status().message()));
     }
-    std::string host = options_.listen.substr(0, colon);
-    const std::string port = options_.listen.substr(colon + 1);
-    if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
-      host = host.substr(1, host.size() - 2);
-    }
-    addrinfo hints{};
-    hints.ai_family = AF_UNSPEC;
-    hints.ai_socktype = SOCK_STREAM;
-    hints.ai_flags = AI_PASSIVE;
-    addrinfo* found = nullptr;
-    if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
-        rc != 0) {
-      return absl::UnavailableError(absl::StrCat("metrics: cannot listen on ", options_.listen,
-                                                 ": ", gai_strerror(rc)));
-    }
-    std::string error = "no address";
-    for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-      // Non-blocking: a connection gone between poll and accept must not leave the
-      // acceptor in accept, where Stop's wake cannot reach it.
-      int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK,
-                      a->ai_protocol);
-      if (fd < 0) continue;
-      int one = 1;
-      setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-      if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && listen(fd, 64) == 0) {
-        sockaddr_storage bound{};
-        socklen_t len = sizeof(bound);
-        getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
-        port_ = ntohs(bound.ss_family == AF_INET6
-                          ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
-                          : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
-        listen_fd_ = fd;
-        break;
-      }
-      error = strerror(errno);
-      close(fd);
-    }
-    freeaddrinfo(found);
-    if (listen_fd_ < 0) {
-      return absl::UnavailableError(
-          absl::StrCat("metrics: cannot listen on ", options_.listen, ": ", error));
-    }
+    listen_fd_ = l->fd;
+    port_ = l->port;
     return absl::OkStatus();
   }
 

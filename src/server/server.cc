@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "absl/strings/str_cat.h"
+#include "common/listen.h"
 #include "common/spiffe.h"
 #include "lock/keyspace.h"
 
@@ -265,9 +266,24 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MIN_RECV_PING_INTERVAL_WITHOUT_DATA_MS, 5000);
   builder.AddChannelArgument(GRPC_ARG_HTTP2_MAX_PING_STRIKES, 2);
   builder.AddChannelArgument(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
+  // gRPC sets SO_REUSEPORT on Linux unless told not to: a second holdfastd (or
+  // anything else) started on a port in use would then share it, the kernel
+  // spreading the connections between the two, and two holdfastds on one port
+  // with different etcds would each grant the same lock key. A port in use
+  // fails the start instead.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   grpc_server_ = builder.BuildAndStart();
   if (!grpc_server_ || port == 0) {
-    return absl::UnavailableError(absl::StrCat("cannot listen on ", config_.listen));
+    // gRPC logs why, but answers only that it could not: a bind of our own says
+    // why (the port is in use, the address is not this host's).
+    std::string why;
+    if (auto probe = net::ListenTcp(config_.listen, 1); probe.ok()) {
+      close(probe->fd);
+    } else if (probe.status().code() == absl::StatusCode::kUnavailable) {
+      why = std::string(probe.status().message());
+    }
+    if (why.empty()) why = absl::StrCat("cannot listen on ", config_.listen);
+    return absl::UnavailableError(why);
   }
   session_service_->Serve(rpc_.get());
   lock_service_->Serve(rpc_.get());

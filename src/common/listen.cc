@@ -1,0 +1,66 @@
+#include "common/listen.h"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+
+#include "absl/strings/str_cat.h"
+
+namespace holdfast::net {
+
+absl::StatusOr<Listener> ListenTcp(const std::string& listen, int backlog) {
+  const auto colon = listen.rfind(':');
+  if (colon == std::string::npos) {
+    return absl::InvalidArgumentError(absl::StrCat("listen \"", listen, "\" is not host:port"));
+  }
+  std::string host = listen.substr(0, colon);
+  const std::string port = listen.substr(colon + 1);
+  if (host.size() >= 2 && host.front() == '[' && host.back() == ']') {
+    host = host.substr(1, host.size() - 2);
+  }
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE;
+  addrinfo* found = nullptr;
+  if (int rc = getaddrinfo(host.empty() ? nullptr : host.c_str(), port.c_str(), &hints, &found);
+      rc != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot listen on ", listen, ": ", gai_strerror(rc)));
+  }
+  std::string error = "no address";
+  Listener out;
+  for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    if (fd < 0) {
+      error = strerror(errno);
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, backlog) == 0) {
+      sockaddr_storage bound{};
+      socklen_t len = sizeof(bound);
+      getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+      out.port = ntohs(bound.ss_family == AF_INET6
+                           ? reinterpret_cast<sockaddr_in6*>(&bound)->sin6_port
+                           : reinterpret_cast<sockaddr_in*>(&bound)->sin_port);
+      out.fd = fd;
+      break;
+    }
+    error = strerror(errno);
+    close(fd);
+  }
+  freeaddrinfo(found);
+  if (out.fd < 0) {
+    return absl::UnavailableError(absl::StrCat("cannot listen on ", listen, ": ", error));
+  }
+  return out;
+}
+
+}  // namespace holdfast::net
