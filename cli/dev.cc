@@ -25,6 +25,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <filesystem>
@@ -39,6 +40,7 @@
 #include "absl/strings/str_split.h"
 #include "cli/common.h"
 #include "cli/signal_waiter.h"
+#include "common/listen.h"
 #include "common/loopback.h"
 #include "common/spiffe.h"
 #include "dev/certs.h"
@@ -123,12 +125,39 @@ absl::Status SavePorts(const fs::path& file, const EtcdPorts& ports) {
   return absl::OkStatus();
 }
 
-// The ports of DIR/ports, or two free ones (then saved there).
+// Whether nothing listens on 127.0.0.1:`port` (a bind of our own says so).
+bool PortFree(int port) {
+  auto probe = net::ListenTcp(absl::StrCat("127.0.0.1:", port), 1);
+  if (!probe.ok()) return false;
+  ::close(probe->fd);
+  return true;
+}
+
+// The ports of DIR/ports, or two free ones (then saved there). A saved client
+// port something else took since (PickFreePort's ports are the kernel's
+// ephemeral ones, which outgoing connections use too) is picked anew: etcd
+// publishes its client URL afresh at every start. The peer URL is kept with
+// etcd's data, so a peer port in use is an error that says what to do.
 absl::StatusOr<EtcdPorts> LoadOrPickPorts(const fs::path& dir) {
   fs::path file = dir / "ports";
   auto loaded = LoadPorts(file);
   if (!loaded.ok()) return loaded.status();
-  if (*loaded) return **loaded;
+  if (*loaded) {
+    EtcdPorts ports = **loaded;
+    if (!PortFree(ports.peer)) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "etcd's peer port ", ports.peer, " (saved in ", file.string(),
+          ") is in use by another program: stop it (an etcd left running by an earlier "
+          "`holdfast dev`?), or start afresh with another --data-dir"));
+    }
+    if (!PortFree(ports.client)) {
+      auto client = dev::PickFreePort();
+      if (!client.ok()) return client.status();
+      ports.client = *client;
+      if (auto s = SavePorts(file, ports); !s.ok()) return s;
+    }
+    return ports;
+  }
   EtcdPorts ports;
   auto client = dev::PickFreePort();
   if (!client.ok()) return client.status();
@@ -217,6 +246,9 @@ absl::Status StartEtcd(DevStack& stack) {
   options.client_port = ports->client;
   options.peer_port = ports->peer;
   options.log_file = stack.etcd_log().string();
+  // Neither etcd nor holdfastd outlives `holdfast dev`, even one SIGKILLed: a
+  // stack left running would hold the ports and the data of the next start.
+  options.kill_with_parent = true;
   auto etcd = dev::EtcdProcess::Start(std::move(options));
   if (!etcd.ok()) {
     return absl::Status(etcd.status().code(),
@@ -245,6 +277,7 @@ absl::Status StartHoldfastd(DevStack& stack, const std::string& listen) {
     options.argv.push_back("--insecure");
   }
   options.log_file = stack.holdfastd_log().string();
+  options.kill_with_parent = true;  // as etcd (StartEtcd)
   auto process = dev::Subprocess::Spawn(std::move(options));
   if (!process.ok()) return process.status();
   stack.holdfastd = *std::move(process);
@@ -313,9 +346,35 @@ absl::Status CreateDefaultNamespace(Client& client) {
   return absl::OkStatus();
 }
 
+// Where a shell finds `program` on the PATH ("" if nowhere).
+fs::path FindOnPath(const std::string& program) {
+  const char* path = std::getenv("PATH");
+  if (path == nullptr) return {};
+  for (absl::string_view dir : absl::StrSplit(path, ':')) {
+    if (dir.empty()) dir = ".";
+    fs::path candidate = fs::path(std::string(dir)) / program;
+    if (::access(candidate.c_str(), X_OK) == 0 && fs::is_regular_file(candidate)) {
+      return candidate;
+    }
+  }
+  return {};
+}
+
 void PrintBanner(const DevStack& stack) {
   std::string flag =
       stack.endpoint == kDefaultEndpoint ? "" : absl::StrCat("--endpoint ", stack.endpoint, " ");
+  // The command as it can be typed here: `holdfast` when the PATH finds this
+  // binary, else its path (build/bin/holdfast after `make dev`).
+  std::string cmd = "holdfast";
+  if (const std::string self = dev::SelfDir(); !self.empty()) {
+    const fs::path bin = fs::path(self) / "holdfast";
+    std::error_code ec;
+    const fs::path found = FindOnPath("holdfast");
+    if (found.empty() || !fs::equivalent(found, bin, ec)) {
+      const fs::path rel = fs::relative(bin, ec);
+      cmd = !ec && !rel.empty() && *rel.begin() != ".." ? rel.string() : bin.string();
+    }
+  }
   std::cout << "holdfast dev is running\n"
             << "  endpoint:   " << stack.endpoint << "\n"
             << "  etcd:       " << stack.etcd->endpoint() << " (data in "
@@ -336,10 +395,10 @@ void PrintBanner(const DevStack& stack) {
                  "admin\n";
   }
   std::cout << "Try, in another terminal:\n"
-            << "  holdfast " << flag << "lock default/demo -- echo hi\n"
-            << "  holdfast " << flag << "holders default/demo\n";
+            << "  " << cmd << " " << flag << "lock default/demo -- echo hi\n"
+            << "  " << cmd << " " << flag << "holders default/demo\n";
   if (stack.pki) {
-    std::cout << "  holdfast dev issue-cert --spiffe-id spiffe://holdfast.dev/ops/me --out me/"
+    std::cout << "  " << cmd << " dev issue-cert --spiffe-id spiffe://holdfast.dev/ops/me --out me/"
               << (stack.dir == fs::absolute(dev::kDefaultDevDir)
                       ? std::string()
                       : " --data-dir " + stack.dir.string())
@@ -409,6 +468,19 @@ int RunDev(const GlobalOptions& /*global*/, const DevFlags& flags) {
     stack.pki = *std::move(pki);
   }
   if (auto s = MarkInsecure(stack.dir, flags.insecure); !s.ok()) return ReportError(s, "dev");
+  // A port in use would make holdfastd exit at start, after etcd came up and
+  // with its reason at the end of a log; and a client waiting for holdfastd to
+  // answer there could be answered by whatever listens (another `holdfast dev`).
+  if (auto probe = net::ListenTcp(flags.listen, 1); !probe.ok()) {
+    return ReportError(
+        absl::Status(probe.status().code(),
+                     absl::StrCat(probe.status().message(),
+                                  " (another `holdfast dev`, or another program, listens "
+                                  "there? give another address with --listen HOST:PORT)")),
+        "dev");
+  } else {
+    ::close(probe->fd);
+  }
 
   if (auto s = StartEtcd(stack); !s.ok()) return ReportError(s, "dev");
   if (auto s = StartHoldfastd(stack, flags.listen); !s.ok()) return Finish(stack, s, "dev");

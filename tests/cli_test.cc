@@ -30,6 +30,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "common/listen.h"
 #include "dev/certs.h"
 #include "dev/subprocess.h"
 #include "etcd/client.h"
@@ -1913,6 +1914,83 @@ TEST_F(CliDevTest, DevServesMtlsAndKeepsItsDataAndCaAcrossRestarts) {
   r = Run({"ns", "get", "kept"});
   EXPECT_EQ(r.exit_code, 0) << r.err;
   dev->Signal(SIGINT);
+  r = dev->Finish();
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+}
+
+// Whether nothing listens on 127.0.0.1:`port`.
+bool LoopbackPortFree(int port) {
+  auto probe = net::ListenTcp(absl::StrCat("127.0.0.1:", port), 1);
+  if (!probe.ok()) return false;
+  ::close(probe->fd);
+  return true;
+}
+
+// The etcd ports `holdfast dev` saved in DIR/ports: {client, peer}.
+std::pair<int, int> SavedEtcdPorts(const std::string& data_dir) {
+  std::pair<int, int> ports{0, 0};
+  std::istringstream in(ReadFile(data_dir + "/ports"));
+  for (std::string line; std::getline(in, line);) {
+    if (absl::StartsWith(line, "client_port=")) {
+      EXPECT_TRUE(absl::SimpleAtoi(line.substr(12), &ports.first)) << line;
+    }
+    if (absl::StartsWith(line, "peer_port=")) {
+      EXPECT_TRUE(absl::SimpleAtoi(line.substr(10), &ports.second)) << line;
+    }
+  }
+  return ports;
+}
+
+// A port in use is said at once, before anything starts (a second holdfastd on
+// it would not share it, and the banner would come from the first); a `holdfast
+// dev` killed outright takes etcd and holdfastd with it; and a saved etcd client
+// port another program took meanwhile is picked anew.
+TEST_F(CliDevTest, APortInUseIsRefusedAtOnceAndAKilledDevLeavesNothingRunning) {
+  auto dev = StartDev();
+  ASSERT_NE(dev, nullptr);
+  EXPECT_NE(dev->Output().find("lock default/demo -- echo hi"), std::string::npos);
+  const std::string other_dir = dir_.path() + "/other";
+  auto second = CliProcess::Start(dir_.path(), "",
+                                  {"dev", "--listen", endpoint_, "--data-dir", other_dir});
+  ASSERT_NE(second, nullptr);
+  CliResult r = second->Finish(seconds(15));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find(absl::StrCat("dev: UNAVAILABLE: cannot listen on ", endpoint_,
+                                    ": Address already in use (another `holdfast dev`, or "
+                                    "another program, listens there? give another address "
+                                    "with --listen HOST:PORT)")),
+            std::string::npos)
+      << r.err;
+  EXPECT_FALSE(std::filesystem::exists(other_dir + "/etcd"));
+  EXPECT_EQ(r.out.find("holdfast dev is running"), std::string::npos) << r.out;
+
+  const auto [client_port, peer_port] = SavedEtcdPorts(data_dir_);
+  ASSERT_GT(client_port, 0);
+  ASSERT_GT(peer_port, 0);
+  int api_port = 0;
+  ASSERT_TRUE(absl::SimpleAtoi(endpoint_.substr(endpoint_.rfind(':') + 1), &api_port));
+  EXPECT_FALSE(LoopbackPortFree(client_port));
+  dev->Signal(SIGKILL);
+  dev->Finish();
+  EXPECT_TRUE(WaitFor(
+      [&] {
+        return LoopbackPortFree(api_port) && LoopbackPortFree(client_port) &&
+               LoopbackPortFree(peer_port);
+      },
+      seconds(10)))
+      << "etcd or holdfastd outlived a SIGKILLed holdfast dev";
+
+  // Another program on the saved client port: the next start picks another.
+  auto squatter = net::ListenTcp(absl::StrCat("127.0.0.1:", client_port), 1);
+  ASSERT_TRUE(squatter.ok()) << squatter.status();
+  dev = StartDev();
+  ASSERT_NE(dev, nullptr);
+  EXPECT_NE(SavedEtcdPorts(data_dir_).first, client_port);
+  EXPECT_EQ(SavedEtcdPorts(data_dir_).second, peer_port);
+  r = Run({"lock", "default/demo", "--", "true"});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  ::close(squatter->fd);
+  dev->Signal(SIGTERM);
   r = dev->Finish();
   EXPECT_EQ(r.exit_code, 0) << r.err;
 }

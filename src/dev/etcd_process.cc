@@ -105,6 +105,8 @@ absl::Status EtcdProcess::Launch(bool wait_healthy) {
   if (options_.pre_vote) so.argv.push_back("--pre-vote");
   for (const auto& a : options_.extra_args) so.argv.push_back(a);
   // etcd 3.4 reads ETCD_* variables as flags: keep the caller's out.
+  so.drop_env_prefixes = {"ETCD_"};
+  so.kill_with_parent = options_.kill_with_parent;
   so.log_file = options_.log_file;
   auto p = Subprocess::Spawn(std::move(so));
   if (!p.ok()) return p.status();

@@ -43,6 +43,10 @@ struct EtcdOptions {
   // by its higher term when it returns. Off by default in etcd 3.4; holdfast
   // recommends it (docs/operations.md).
   bool pre_vote = true;
+  // SpawnOptions::kill_with_parent for the etcd process (`holdfast dev`: etcd
+  // must not outlive it, even when it is SIGKILLed). Start() must then be called
+  // from a thread that lives as long as etcd is to run.
+  bool kill_with_parent = false;
 };
 
 class EtcdProcess {

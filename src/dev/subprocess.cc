@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <string_view>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -38,15 +39,22 @@ int DecodeWaitStatus(int status) {
   return 255;
 }
 
-// The child's environment as "NAME=value" strings: this process's, with
-// `overrides` put in (replacing entries of the same name; the later of two
+// The child's environment as "NAME=value" strings: this process's, less the
+// entries whose names start with one of `drop_prefixes`, with `overrides` put in (replacing entries of the same name; the later of two
 // overrides wins). Built before fork: in the child of a multi-threaded process,
 // setenv() could deadlock on a lock another thread held at the fork, and it
 // allocates.
 std::vector<std::string> ChildEnvironment(
-    const std::vector<std::pair<std::string, std::string>>& overrides) {
+    const std::vector<std::pair<std::string, std::string>>& overrides,
+    const std::vector<std::string>& drop_prefixes) {
   std::vector<std::string> env;
-  for (char** e = environ; e != nullptr && *e != nullptr; ++e) env.emplace_back(*e);
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string_view entry(*e);
+    if (std::none_of(drop_prefixes.begin(), drop_prefixes.end(),
+                     [&](const std::string& p) { return entry.starts_with(p); })) {
+      env.emplace_back(entry);
+    }
+  }
   for (const auto& [name, value] : overrides) {
     const std::string prefix = name + "=";
     std::erase_if(env, [&](const std::string& e) { return e.starts_with(prefix); });
@@ -230,7 +238,7 @@ absl::StatusOr<std::unique_ptr<Subprocess>> Subprocess::Spawn(SpawnOptions optio
   std::vector<char*> argv;
   for (auto& a : options.argv) argv.push_back(a.data());
   argv.push_back(nullptr);
-  std::vector<std::string> env = ChildEnvironment(options.env);
+  std::vector<std::string> env = ChildEnvironment(options.env, options.drop_env_prefixes);
   std::vector<char*> envp;
   for (auto& e : env) envp.push_back(e.data());
   envp.push_back(nullptr);

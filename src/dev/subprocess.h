@@ -26,6 +26,10 @@ struct SpawnOptions {
   // Added to (or replacing in) the parent's environment; of two entries of one
   // name, the later wins.
   std::vector<std::pair<std::string, std::string>> env;
+  // Entries of the parent's environment whose names start with one of these are
+  // left out (before `env` is put in): "ETCD_" keeps a caller's etcd settings
+  // away from an etcd started here.
+  std::vector<std::string> drop_env_prefixes;
   // Appends stdout and stderr here; empty: inherit the parent's.
   std::string log_file;
   // Put the child in a new process group (signals then go to the whole group).

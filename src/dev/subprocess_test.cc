@@ -166,6 +166,22 @@ TEST(SubprocessTest, EnvReplacesTheParentsEntriesAndTheLaterWins) {
   EXPECT_EQ((*p)->Wait(milliseconds(10'000)), 0);
 }
 
+TEST(SubprocessTest, DroppedPrefixesLeaveTheParentsEntriesOutButNotTheOverrides) {
+  ASSERT_EQ(::setenv("HF_DROP_ONE", "parent", 1), 0);
+  ASSERT_EQ(::setenv("HF_DROPX", "parent", 1), 0);
+  SpawnOptions o;
+  o.argv = {"sh", "-c",
+            "[ -z \"${HF_DROP_ONE+set}\" ] && [ \"$HF_DROPX\" = parent ] && "
+            "[ \"$HF_DROP_MINE\" = child ] && [ -n \"$PATH\" ]"};
+  o.drop_env_prefixes = {"HF_DROP_"};
+  o.env = {{"HF_DROP_MINE", "child"}};
+  auto p = Subprocess::Spawn(o);
+  ::unsetenv("HF_DROP_ONE");
+  ::unsetenv("HF_DROPX");
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ((*p)->Wait(milliseconds(10'000)), 0);
+}
+
 // `holdfast lock` tells "not found" (127) from "cannot run" (126) by the code.
 TEST(SubprocessTest, AFailedExecSaysWhetherTheProgramExists) {
   SpawnOptions o;
