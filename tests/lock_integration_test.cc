@@ -19,6 +19,7 @@
 #include "etcd/watch_hub.h"
 #include "harness/cluster.h"
 #include "holdfast/v1/lock.grpc.pb.h"
+#include "holdfast/v1/session.grpc.pb.h"
 #include "lock/keyspace.h"
 #include "lock/records.pb.h"
 
@@ -322,6 +323,38 @@ TEST_F(LockTest, BadSessionTtlIsRefused) {
   }
   EXPECT_EQ(Revision(), rev);
   EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("default")), 0);
+}
+
+// etcd raises a lease TTL below its minimum (1.5 election timeouts, in whole
+// seconds; 2 s for the test etcd's defaults): a session asked for 1 s lives as
+// long as its lease, and says so, in its answer and its record, against which
+// the classes' bounds are checked.
+TEST_F(LockTest, ASessionsTtlIsTheOneEtcdGranted) {
+  auto stub = v1::Session::NewStub(
+      grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::OpenSessionRequest req;
+  req.set_namespace_("default");
+  req.set_ttl_ms(1000);
+  v1::OpenSessionResponse opened;
+  ASSERT_TRUE(stub->Open(&ctx, req, &opened).ok());
+  std::promise<absl::StatusOr<pb::LeaseTimeToLiveResponse>> p;
+  pb::LeaseTimeToLiveRequest ttl;
+  ttl.set_id(opened.session_id());
+  cluster_->etcd_client().LeaseTimeToLive(ttl, etcd::DeadlineIn(seconds(5)),
+                                          [&](auto r) { p.set_value(std::move(r)); });
+  auto lease = p.get_future().get();
+  ASSERT_TRUE(lease.ok()) << lease.status();
+  ASSERT_GE(lease->grantedttl(), 1);
+  EXPECT_EQ(opened.ttl_ms(), lease->grantedttl() * 1000);
+  EXPECT_GT(lease->grantedttl(), 1) << "the test etcd's minimum TTL is 2 s";
+  pb::RangeRequest r;
+  r.set_key(keyspace::SessionKey("default", opened.session_id()));
+  auto kv = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(kv.ok() && kv->kvs_size() == 1) << kv.status();
+  records::SessionRecord rec;
+  ASSERT_TRUE(rec.ParseFromString(kv->kvs(0).value()));
+  EXPECT_EQ(rec.ttl_ms(), opened.ttl_ms());
 }
 
 TEST_F(LockTest, SessionTtlOutsideTheClassBoundsIsRefused) {

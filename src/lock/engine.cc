@@ -232,9 +232,14 @@ void Engine::GrantSession(SessionOpen open, Deadline d, Done<v1::OpenSessionResp
   pb::LeaseGrantRequest grant;
   grant.set_ttl(open.ttl_s);
   etcd_->LeaseGrant(grant, EtcdDeadline(d), [this, open = std::move(open), d,
-                                            done](absl::StatusOr<pb::LeaseGrantResponse> g) {
+                                            done](absl::StatusOr<pb::LeaseGrantResponse> g) mutable {
     if (!g.ok()) return done(g.status());
     if (!g->error().empty()) return done(absl::UnavailableError("etcd: " + g->error()));
+    // etcd raises a TTL below its minimum (1.5 election timeouts, in whole
+    // seconds: 2 s with its defaults) to that minimum: the session lives as long
+    // as the lease does, so that is its TTL, in the record (the classes' bounds
+    // are checked against it) and in the answer.
+    if (g->ttl() > open.ttl_s) open.ttl_s = g->ttl();
     CommitSession(open, g->id(), /*attempts_left=*/8, d, done);
   });
 }
