@@ -600,10 +600,11 @@ TEST_F(RideTest, AnAcquireThatJoinedBehindReturnsAHoldTheViewHadNotSeen) {
   for (int i = 0; i < 3; ++i) PutWaiter(*cluster_, key, w[i]->id());
   auto tried = x->Acquire(key);  // reads the key: the view shows a's hold and three waiters
   ASSERT_EQ(tried.status().code(), absl::StatusCode::kAborted) << tried.status();
-  // d is handed a shared hold behind the replica's back.
+  // d is handed a hold behind the replica's back, exclusive as d asks below (a
+  // hold is answered only to a call asking for its mode).
   records::HoldRecord rec;
   rec.set_class_id("default");
-  rec.set_shared(true);
+  rec.set_shared(false);
   rec.set_epoch(held->info().epoch());
   rec.set_identity(held->info().identity());
   etcdserverpb::TxnRequest put;
