@@ -439,6 +439,39 @@ TEST_F(QueueTest, ACancelledWaiterLeavesNoWaiterBehind) {
   EXPECT_EQ(client_->Describe("default", "c")->holders(0).session_id(), a->id());
 }
 
+// A raw caller whose deadline comes before its wait_ms (here 2 s against 60 s):
+// the wait ends before the deadline, so the caller hears holdfastd's
+// DEADLINE_EXCEEDED, and the waiter has left the queue by then; it is not left
+// queued for a caller that gave up, to be handed the key later.
+TEST_F(QueueTest, AWaitLongerThanItsCallsDeadlineEndsBeforeItAndLeavesNoWaiter) {
+  auto a = Open(), b = Open();
+  auto held = a->Acquire("c");
+  ASSERT_TRUE(held.ok());
+  auto stub = v1::Lock::NewStub(
+      grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(2));
+  v1::AcquireRequest req;
+  req.set_namespace_("default");
+  req.set_session_id(b->id());
+  req.set_lock_key("c");
+  req.set_wait_ms(60'000);
+  v1::AcquireResponse resp;
+  grpc::Status st = stub->Acquire(&ctx, req, &resp);
+  EXPECT_EQ(st.error_code(), grpc::StatusCode::DEADLINE_EXCEEDED);
+  EXPECT_NE(st.error_message().find("\"c\" was not granted within "), std::string::npos)
+      << st.error_message();
+  EXPECT_NE(st.error_message().find("cut to end before the call's deadline"), std::string::npos)
+      << st.error_message();
+  auto d = client_->Describe("default", "c");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->waiters_size(), 0);
+  ASSERT_TRUE(held->Release().ok());
+  d = client_->Describe("default", "c");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0);
+}
+
 // The same acquire asked twice on one session (a first attempt whose answer was
 // lost, asked again): the second takes the waiter over in place (same create
 // revision, a new mod revision), and the first one's cancel, 2 s later, leaves

@@ -92,11 +92,31 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         caller_(std::move(caller)),
         req_(std::move(req)),
         rpc_deadline_(rpc_deadline),
-        // Clamped: Validate refuses a wait out of range, but runs later.
-        deadline_unix_ms_(NowUnixMs() +
-                          std::clamp<int64_t>(req_.wait_ms(), 0, engine->options().max_wait.count())),
+        wait_ms_(WaitWithin(req_.wait_ms(), engine->options().max_wait.count(), rpc_deadline)),
+        deadline_unix_ms_(NowUnixMs() + wait_ms_),
         started_(std::chrono::steady_clock::now()),
         done_(std::move(done)) {}
+
+  // How long a call asking to wait `wait_ms` (clamped to [0, max_wait]: Validate
+  // refuses one out of range, but runs later) waits: no longer than its caller
+  // does. A wait that outlasted the call's deadline (a raw gRPC client's deadline
+  // shorter than its wait_ms) kept its waiter queued after the caller had given
+  // up, to be handed the key nobody was waiting for; and every step after that
+  // deadline failed as DEADLINE_EXCEEDED, which leaves a waiter in place for a
+  // retry. It ends a tenth of the call's time before the deadline (at least
+  // 50 ms, at most 1 s), so the caller hears DEADLINE_EXCEEDED and the waiter
+  // goes; a waiting call always waits at least 1 ms, so that it tries once.
+  // libholdfast's calls, whose deadline is the wait plus its rpc timeout, wait
+  // what they ask for.
+  static int64_t WaitWithin(int64_t wait_ms, int64_t max_wait_ms, Deadline rpc_deadline) {
+    const int64_t wait = std::clamp<int64_t>(wait_ms, 0, max_wait_ms);
+    if (wait == 0) return 0;
+    const int64_t left = std::chrono::duration_cast<std::chrono::milliseconds>(
+                             rpc_deadline - std::chrono::system_clock::now())
+                             .count();
+    const int64_t margin = std::clamp<int64_t>(left / 10, 50, 1000);
+    return std::clamp<int64_t>(left - margin, 1, wait);
+  }
 
   void Start() {
     if (auto s = Validate(); !s.ok()) return Finish(s);
@@ -106,7 +126,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (req_.wait_ms() > 0) {
       auto self = shared_from_this();
       absl::MutexLock l(&mu_);
-      timer_ = engine_->After(std::chrono::milliseconds(req_.wait_ms()),
+      timer_ = engine_->After(std::chrono::milliseconds(wait_ms_),
                               [self] { self->OnWaitDeadline(); });
     }
     if (BeginStep() && !FastStart()) Read();
@@ -264,7 +284,10 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       hint = blocked_by_;
     }
     End(absl::DeadlineExceededError(
-        absl::StrCat("\"", req_.lock_key(), "\" was not granted within ", req_.wait_ms(), "ms",
+        absl::StrCat("\"", req_.lock_key(), "\" was not granted within ", wait_ms_, "ms",
+                     wait_ms_ < req_.wait_ms() ? " (the wait asked for, cut to end before the call's "
+                                                 "deadline)"
+                                               : "",
                      hint.empty() ? "" : absl::StrCat(" (blocked by ", hint, ")"))));
   }
 
@@ -1369,6 +1392,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   const Caller caller_;
   const v1::AcquireRequest req_;
   const Deadline rpc_deadline_;
+  const int64_t wait_ms_;           // WaitWithin
   const int64_t deadline_unix_ms_;  // stored in the waiter record
   const std::chrono::steady_clock::time_point started_;
   int retries_left_ = 2;            // touched by one step at a time
