@@ -381,6 +381,7 @@ class RideTest : public MetricsTest {
   }
   void ExpectRide(bool c_seen);
   void ExpectJoinBehind(bool last_gone);
+  void JoinBehindAHoldTheViewHadNotSeen(bool planted_shared);
 };
 
 // An acquire behind another waiter waits for the key's next release and joins
@@ -583,7 +584,13 @@ TEST_F(RideTest, AnAcquireThatFindsTheLastWaiterGoneReadsTheQueue) {
 // replica's view of the key has not seen) and asks again from the views joins
 // behind the view's last waiter; its commit finds its own hold, and the call
 // returns that hold instead of waiting for it.
-TEST_F(RideTest, AnAcquireThatJoinedBehindReturnsAHoldTheViewHadNotSeen) {
+// A waiting acquire of a key whose view shows it held by another session joins
+// the queue from the views at once (FastStart); its commit reads back the
+// session's own hold, put behind the replica's back: `planted_shared` says in
+// which mode (the call asks exclusive). Either way the waiter the call put goes
+// again and the claim stays with the hold; the call returns the hold, or, in the
+// other mode, is refused.
+void RideTest::JoinBehindAHoldTheViewHadNotSeen(bool planted_shared) {
   auto a = Open(), d = Open(), x = Open();
   ASSERT_TRUE(a && d && x);
   std::vector<std::unique_ptr<Session>> w;
@@ -600,11 +607,10 @@ TEST_F(RideTest, AnAcquireThatJoinedBehindReturnsAHoldTheViewHadNotSeen) {
   for (int i = 0; i < 3; ++i) PutWaiter(*cluster_, key, w[i]->id());
   auto tried = x->Acquire(key);  // reads the key: the view shows a's hold and three waiters
   ASSERT_EQ(tried.status().code(), absl::StatusCode::kAborted) << tried.status();
-  // d is handed a hold behind the replica's back, exclusive as d asks below (a
-  // hold is answered only to a call asking for its mode).
+  // d is handed a hold behind the replica's back.
   records::HoldRecord rec;
   rec.set_class_id("default");
-  rec.set_shared(false);
+  rec.set_shared(planted_shared);
   rec.set_epoch(held->info().epoch());
   rec.set_identity(held->info().identity());
   etcdserverpb::TxnRequest put;
@@ -616,9 +622,16 @@ TEST_F(RideTest, AnAcquireThatJoinedBehindReturnsAHoldTheViewHadNotSeen) {
   ASSERT_TRUE(granted.ok()) << granted.status();
 
   auto again = d->Acquire(key, testing::Waiting(seconds(10)));
-  ASSERT_TRUE(again.ok()) << again.status();
-  EXPECT_EQ(again->info().session_id(), d->id());
-  EXPECT_EQ(again->info().grant_revision(), granted->header().revision());
+  if (planted_shared) {
+    ASSERT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition) << again.status();
+    EXPECT_NE(again.status().message().find("shared, and this call asked for it exclusive"),
+              std::string::npos)
+        << again.status();
+  } else {
+    ASSERT_TRUE(again.ok()) << again.status();
+    EXPECT_EQ(again->info().session_id(), d->id());
+    EXPECT_EQ(again->info().grant_revision(), granted->header().revision());
+  }
   // The waiter key the enqueue put goes again (else d's own release would hand the
   // key back to d), and the claim stays with the hold.
   etcdserverpb::RangeRequest own_wait;
@@ -638,6 +651,14 @@ TEST_F(RideTest, AnAcquireThatJoinedBehindReturnsAHoldTheViewHadNotSeen) {
   auto c = cluster_->etcd_client().RangeSync(claim, etcd::DeadlineIn(seconds(5)));
   ASSERT_TRUE(c.ok()) << c.status();
   EXPECT_EQ(c->kvs_size(), 1);
+}
+
+TEST_F(RideTest, AnAcquireThatJoinedBehindReturnsAHoldTheViewHadNotSeen) {
+  JoinBehindAHoldTheViewHadNotSeen(/*planted_shared=*/false);
+}
+
+TEST_F(RideTest, AnAcquireThatJoinedBehindAHoldOfTheOtherModeLeavesTheQueue) {
+  JoinBehindAHoldTheViewHadNotSeen(/*planted_shared=*/true);
 }
 
 TEST_F(MetricsTest, SessionsRenewalsAndCloses) {

@@ -439,6 +439,53 @@ TEST_F(QueueTest, ACancelledWaiterLeavesNoWaiterBehind) {
   EXPECT_EQ(client_->Describe("default", "c")->holders(0).session_id(), a->id());
 }
 
+// Two waits of one session on one key: a shorter one that takes the waiter over
+// (keeping the longer deadline) and ends leaves the longer one's place in the
+// queue; and one refused for its own request (shared in a class of mode X) leaves
+// it too. The longer wait is then granted first, ahead of a session that queued
+// after it.
+TEST_F(QueueTest, AShorterOrRefusedSecondWaitOfASessionLeavesTheFirstOnesPlace) {
+  v1::LockClass cls;
+  cls.set_namespace_("default");
+  cls.set_class_id("excl");
+  cls.set_key_prefix("x/");
+  cls.set_mode(v1::LOCK_MODE_EXCLUSIVE);
+  ASSERT_TRUE(client_->CreateClass(cls).ok());
+  auto a = Open(), b = Open(), c = Open();
+  auto held = a->Acquire("x/k");
+  ASSERT_TRUE(held.ok()) << held.status();
+  AcquireOptions long_wait;
+  long_wait.wait = seconds(60);
+  auto first = std::async(std::launch::async, [&] { return b->Acquire("x/k", long_wait); });
+  auto queued = DescribeUntil("x/k", [](auto& d) { return d.waiters_size() == 1; });
+  ASSERT_EQ(queued.waiters_size(), 1);
+  const int64_t place = queued.waiters(0).create_revision();
+
+  AcquireOptions short_wait;
+  short_wait.wait = seconds(1);
+  auto second = b->Acquire("x/k", short_wait);
+  EXPECT_EQ(second.status().code(), absl::StatusCode::kDeadlineExceeded) << second.status();
+  AcquireOptions shared = long_wait;
+  shared.shared = true;
+  auto refused = b->Acquire("x/k", shared);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+
+  auto behind = std::async(std::launch::async, [&] { return c->Acquire("x/k", long_wait); });
+  auto d = DescribeUntil("x/k", [](auto& d) { return d.waiters_size() == 2; });
+  ASSERT_EQ(d.waiters_size(), 2);
+  EXPECT_EQ(d.waiters(0).session_id(), b->id());
+  EXPECT_EQ(d.waiters(0).create_revision(), place);
+  EXPECT_EQ(d.waiters(1).session_id(), c->id());
+
+  ASSERT_TRUE(held->Release().ok());
+  auto granted = first.get();
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  EXPECT_EQ(behind.wait_for(seconds(0)), std::future_status::timeout);
+  ASSERT_TRUE(granted->Release().ok());
+  auto last = behind.get();
+  ASSERT_TRUE(last.ok()) << last.status();
+}
+
 // A raw caller whose deadline comes before its wait_ms (here 2 s against 60 s):
 // the wait ends before the deadline, so the caller hears holdfastd's
 // DEADLINE_EXCEEDED, and the waiter has left the queue by then; it is not left

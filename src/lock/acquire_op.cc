@@ -81,6 +81,13 @@ constexpr int kRideWaitFactor = 40;
 // answered its connection (ClientCore::kConnectGrace, 1 s).
 constexpr std::chrono::milliseconds kCancelGrace{2000};
 
+// The shortest a wait is cut to by its call's deadline (AcquireOp::WaitWithin).
+constexpr std::chrono::milliseconds kMinCutWait{250};
+
+// How much later than a call's own deadline the deadline of the session's waiter
+// it ends with must be for it to be another, longer call's (AcquireOp::EndNow).
+constexpr std::chrono::milliseconds kLongerCallSlack{1000};
+
 // The first pause between tries of a refused grant's delete (AcquireOp::UndoThenFail).
 constexpr std::chrono::milliseconds kUndoPause{250};
 
@@ -105,9 +112,12 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // deadline failed as DEADLINE_EXCEEDED, which leaves a waiter in place for a
   // retry. It ends a tenth of the call's time before the deadline (at least
   // 50 ms, at most 1 s), so the caller hears DEADLINE_EXCEEDED and the waiter
-  // goes; a waiting call always waits at least 1 ms, so that it tries once.
+  // goes; but a waiting call waits at least kMinCutWait (or its wait_ms, if
+  // less), so that a call with a very short deadline is still granted a free
+  // key rather than have its wait end under its grant (which would be undone).
   // libholdfast's calls, whose deadline is the wait plus its rpc timeout, wait
-  // what they ask for.
+  // what they ask for with an rpc timeout of 1 s or more (with less, up to a
+  // tenth of the call's time less).
   static int64_t WaitWithin(int64_t wait_ms, int64_t max_wait_ms, Deadline rpc_deadline) {
     const int64_t wait = std::clamp<int64_t>(wait_ms, 0, max_wait_ms);
     if (wait == 0) return 0;
@@ -115,7 +125,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                              rpc_deadline - std::chrono::system_clock::now())
                              .count();
     const int64_t margin = std::clamp<int64_t>(left / 10, 50, 1000);
-    return std::clamp<int64_t>(left - margin, 1, wait);
+    return std::clamp<int64_t>(left - margin, std::min<int64_t>(wait, kMinCutWait.count()), wait);
   }
 
   void Start() {
@@ -307,13 +317,20 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // waiter was handed the lock before that, the call returns the hold.
   void EndNow(absl::Status why) {
     StopWaiting();
-    int64_t own, own_mod;
+    int64_t own, own_mod, own_deadline;
     {
       absl::MutexLock l(&mu_);
       own = own_waiter_rev_;
       own_mod = own_waiter_mod_;
+      own_deadline = own_waiter_deadline_;
     }
     if (own == 0) return Finish(why);
+    // A waiter whose deadline is well past this call's was taken over from a
+    // call of the session that waits longer (Enqueue keeps the later deadline):
+    // it is that call's place in the queue, left in place. (The same call asked
+    // again, as libholdfast does, asks for what is left of the same wait: the
+    // two deadlines are within a round trip of each other.)
+    if (own_deadline > deadline_unix_ms_ + kLongerCallSlack.count()) return Finish(why);
     const std::string wait_key =
         keyspace::WaitKey(req_.namespace_(), req_.lock_key(), req_.session_id());
     pb::TxnRequest txn;
@@ -388,9 +405,22 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // id: nothing tells the two apart, and its token may be below tokens issued
   // after the backup.
   void ReturnOwnHold(const KeySnapshot& snap, const HoldEntry& hold) {
-    // In the other mode: not this call's to return, and nothing of the
-    // session's (its hold, a waiter of another call) is touched.
-    if (auto other = OtherMode(hold.record.shared())) return Finish(*std::move(other));
+    // In the other mode: not this call's to return, and nothing else of the
+    // session's (its hold, a waiter of another call) is touched; a waiter this
+    // call put (from a view that did not show the hold) leaves the queue.
+    if (auto other = OtherMode(hold.record.shared())) {
+      int64_t put;
+      {
+        absl::MutexLock l(&mu_);
+        put = put_rev_;
+      }
+      for (const auto& w : snap.waiters) {
+        if (w.lease == req_.session_id() && put != 0 && w.create_revision == put) {
+          LeaveQueue(w.create_revision);
+        }
+      }
+      return Finish(*std::move(other));
+    }
     for (const auto& w : snap.waiters) {
       if (w.lease == req_.session_id()) LeaveQueue(w.create_revision);
     }
@@ -453,6 +483,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         if (w.lease == req_.session_id() && req_.wait_ms() > 0 && own_session) {
           own_waiter_rev_ = w.create_revision;
           own_waiter_mod_ = w.create_revision == put_rev_ ? put_mod_ : w.mod_revision;
+          own_waiter_deadline_ = w.record.deadline_unix_ms();
         }
       }
     }
@@ -498,6 +529,12 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
           c.ttl_min_ms(), "ms, ", c.ttl_max_ms(), "ms]")));
     }
     if (req_.shared() && c.mode() != v1::LOCK_MODE_SHARED) {
+      // This request's own mistake: a waiter of the session that this call did
+      // not put is another call's, and keeps its place.
+      {
+        absl::MutexLock l(&mu_);
+        if (own_waiter_rev_ != put_rev_) own_waiter_rev_ = own_waiter_mod_ = 0;
+      }
       return Fail(absl::InvalidArgumentError(absl::StrCat(
           "class \"", cls->class_id, "\" is exclusive (mode X): a shared hold cannot be asked")));
     }
@@ -676,6 +713,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         absl::MutexLock l(&self->mu_);
         self->own_waiter_rev_ = own.create_revision;
         self->own_waiter_mod_ = own.mod_revision;
+        self->own_waiter_deadline_ = rec.deadline_unix_ms();
         self->put_rev_ = own.create_revision;
         self->put_mod_ = own.mod_revision;
       }
@@ -1417,6 +1455,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // it last read it): its end takes the waiter out only if no other call of the
   // session has put it since (EndNow).
   int64_t own_waiter_mod_ ABSL_GUARDED_BY(mu_) = 0;
+  // The own waiter's deadline as last put or read (EndNow).
+  int64_t own_waiter_deadline_ ABSL_GUARDED_BY(mu_) = 0;
   // The create and mod revisions of the waiter this call last put (0: none).
   int64_t put_rev_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t put_mod_ ABSL_GUARDED_BY(mu_) = 0;
