@@ -214,6 +214,8 @@ std::vector<GroupCommit::Batch> GroupCommit::TakeLocked() {
       break;
     }
     Batch batch;
+    const etcd::Deadline short_before = std::chrono::system_clock::now() + kShortLeft;
+    bool batch_short = false;  // the class of the batch's first unit
     std::set<std::pair<std::string, std::string>> keys;
     std::set<int64_t> sessions;
     std::unordered_set<std::string> compared;  // the batch's distinct compares
@@ -236,13 +238,17 @@ std::vector<GroupCommit::Batch> GroupCommit::TakeLocked() {
         o += r.txn.success_size();
         conflicts = conflicts || sessions.count(r.footprint.session) > 0;
       }
+      etcd::Deadline unit_deadline = it->deadline;
+      for (const auto& r : it->riders) unit_deadline = std::min(unit_deadline, r.deadline);
+      const bool unit_short = unit_deadline < short_before;
       const bool fits =
           batch.empty() || (static_cast<int>(compared.size()) + c <= options_.max_txn_ops &&
-                            ops + o <= options_.max_txn_ops);
+                            ops + o <= options_.max_txn_ops && unit_short == batch_short);
       if (conflicts || !fits) {
         ++it;  // a later batch takes it, in queue order
         continue;
       }
+      if (batch.empty()) batch_short = unit_short;
       keys.insert({f.ns, f.lock_key});
       sessions.insert(f.session);
       for (const auto& r : it->riders) sessions.insert(r.footprint.session);

@@ -28,6 +28,12 @@
 // four compares of its own instead of eight), and etcd evaluates each repeated
 // range compare once instead of once per member.
 //
+// A batch is sent with its members' earliest deadline, so a member with little
+// time left (less than kShortLeft: a call near its own deadline) would cut the
+// others' short, each of them then hearing DEADLINE_EXCEEDED, an unknown
+// outcome: such members batch only with each other, and the rest only with the
+// rest.
+//
 // A batch that committed answers each member with the batch's header and the
 // member's own success responses. A transport error reaches every member (an
 // unknown outcome, handled by each as for its own transaction).
@@ -122,6 +128,10 @@ class GroupCommit {
     std::vector<Member> riders;
   };
   using Batch = std::vector<Member>;
+  // Less time left than this makes a unit (a member and its rider) short: it
+  // never shares a batch with one that is not (the batch's deadline is its
+  // members' earliest).
+  static constexpr std::chrono::milliseconds kShortLeft{1000};
   struct Waiting {
     Member rider;
     uint64_t id = 0;

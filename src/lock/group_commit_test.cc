@@ -67,10 +67,10 @@ class GroupCommitTest : public ::testing::Test {
 
   using Result = std::future<absl::StatusOr<pb::TxnResponse>>;
   Result Submit(const std::string& ns, const std::string& key, int64_t session,
-                pb::TxnRequest txn) {
+                pb::TxnRequest txn, etcd::Deadline d = etcd::DeadlineIn(seconds(10))) {
     auto p = std::make_shared<std::promise<absl::StatusOr<pb::TxnResponse>>>();
     auto f = p->get_future();
-    commits_->Txn({ns, key, session}, std::move(txn), etcd::DeadlineIn(seconds(10)),
+    commits_->Txn({ns, key, session}, std::move(txn), d,
                   [p](absl::StatusOr<pb::TxnResponse> t) { p->set_value(std::move(t)); });
     return f;
   }
@@ -227,6 +227,25 @@ TEST_F(GroupCommitTest, AMemberEtcdRefusesFailsAloneAndTheOthersCommit) {
   auto batches = Batches();
   EXPECT_NE(std::find(batches.begin(), batches.end(), 3), batches.end())
       << "a, bad and c queued behind the first and went as one batch";
+}
+
+// A member whose call is about to end (here: its deadline has passed) does not
+// share a batch with members that have time: the batch would go with its
+// deadline, and every member would hear DEADLINE_EXCEEDED.
+TEST_F(GroupCommitTest, AMemberNearItsDeadlineDoesNotCutTheOthersShort) {
+  auto first = Submit("ns", "/k/first", 1, PutIfAbsent("/k/first", "first"));
+  auto a = Submit("ns", "/k/a", 2, PutIfAbsent("/k/a", "a"));
+  auto late = Submit("ns", "/k/late", 3, PutIfAbsent("/k/late", "late"),
+                     std::chrono::system_clock::now() - std::chrono::milliseconds(1));
+  auto c = Submit("ns", "/k/c", 4, PutIfAbsent("/k/c", "c"));
+  ASSERT_TRUE(first.get().ok());
+  auto ta = a.get(), tc = c.get(), tl = late.get();
+  ASSERT_TRUE(ta.ok()) << ta.status();
+  ASSERT_TRUE(tc.ok()) << tc.status();
+  EXPECT_TRUE(ta->succeeded() && tc->succeeded());
+  EXPECT_EQ(ta->header().revision(), tc->header().revision());  // together
+  EXPECT_EQ(tl.status().code(), absl::StatusCode::kDeadlineExceeded) << tl.status();
+  EXPECT_EQ(CreateRevision("/k/late"), 0);
 }
 
 TEST_F(GroupCommitTest, MembersSharingAKeyOrASessionNeverShareABatch) {
