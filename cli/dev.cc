@@ -373,6 +373,8 @@ void PrintBanner(const DevStack& stack) {
     if (found.empty() || !fs::equivalent(found, bin, ec)) {
       const fs::path rel = fs::relative(bin, ec);
       cmd = !ec && !rel.empty() && *rel.begin() != ".." ? rel.string() : bin.string();
+      // A bare name is looked up on the PATH, not here.
+      if (cmd.find('/') == std::string::npos) cmd = "./" + cmd;
     }
   }
   std::cout << "holdfast dev is running\n"
@@ -471,15 +473,13 @@ int RunDev(const GlobalOptions& /*global*/, const DevFlags& flags) {
   // A port in use would make holdfastd exit at start, after etcd came up and
   // with its reason at the end of a log; and a client waiting for holdfastd to
   // answer there could be answered by whatever listens (another `holdfast dev`).
-  if (auto probe = net::ListenTcp(flags.listen, 1); !probe.ok()) {
+  if (auto probe = net::CheckCanListen(flags.listen); !probe.ok()) {
     return ReportError(
-        absl::Status(probe.status().code(),
-                     absl::StrCat(probe.status().message(),
+        absl::Status(probe.code(),
+                     absl::StrCat(probe.message(),
                                   " (another `holdfast dev`, or another program, listens "
                                   "there? give another address with --listen HOST:PORT)")),
         "dev");
-  } else {
-    ::close(probe->fd);
   }
 
   if (auto s = StartEtcd(stack); !s.ok()) return ReportError(s, "dev");

@@ -1956,7 +1956,7 @@ TEST_F(CliDevTest, APortInUseIsRefusedAtOnceAndAKilledDevLeavesNothingRunning) {
   CliResult r = second->Finish(seconds(15));
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find(absl::StrCat("dev: UNAVAILABLE: cannot listen on ", endpoint_,
-                                    ": Address already in use (another `holdfast dev`, or "
+                                    ": Address already in use (on 127.0.0.1) (another `holdfast dev`, or "
                                     "another program, listens there? give another address "
                                     "with --listen HOST:PORT)")),
             std::string::npos)

@@ -991,7 +991,7 @@ TEST_F(LockTest, ASecondHoldfastdOnAPortInUseExitsAndTheFirstServesOn) {
   std::stringstream text;
   text << in.rdbuf();
   EXPECT_NE(text.str().find(absl::StrCat("holdfastd: UNAVAILABLE: cannot listen on ",
-                                         cluster_->endpoint(), ": Address already in use")),
+                                         cluster_->endpoint(), ": Address already in use (on 127.0.0.1)")),
             std::string::npos)
       << text.str();
   auto s = Open();

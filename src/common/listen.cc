@@ -13,7 +13,11 @@
 
 namespace holdfast::net {
 
-absl::StatusOr<Listener> ListenTcp(const std::string& listen, int backlog) {
+namespace {
+
+// The addresses `listen` ("host:port") resolves to, for a passive socket; the
+// caller frees them.
+absl::StatusOr<addrinfo*> Resolve(const std::string& listen) {
   const auto colon = listen.rfind(':');
   if (colon == std::string::npos) {
     return absl::InvalidArgumentError(absl::StrCat("listen \"", listen, "\" is not host:port"));
@@ -33,17 +37,58 @@ absl::StatusOr<Listener> ListenTcp(const std::string& listen, int backlog) {
     return absl::UnavailableError(
         absl::StrCat("cannot listen on ", listen, ": ", gai_strerror(rc)));
   }
+  return found;
+}
+
+// A socket for `a`, bound (SO_REUSEADDR), or -1 with errno set.
+int BindOne(const addrinfo* a) {
+  int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+  if (fd < 0) return -1;
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
+  if (bind(fd, a->ai_addr, a->ai_addrlen) != 0) {
+    const int e = errno;
+    close(fd);
+    errno = e;
+    return -1;
+  }
+  return fd;
+}
+
+}  // namespace
+
+absl::Status CheckCanListen(const std::string& listen) {
+  auto found = Resolve(listen);
+  if (!found.ok()) return found.status();
+  absl::Status out;
+  for (addrinfo* a = *found; a != nullptr && out.ok(); a = a->ai_next) {
+    const int fd = BindOne(a);
+    if (fd < 0) {
+      char host[NI_MAXHOST] = "?";
+      getnameinfo(a->ai_addr, a->ai_addrlen, host, sizeof(host), nullptr, 0, NI_NUMERICHOST);
+      out = absl::UnavailableError(absl::StrCat("cannot listen on ", listen, ": ",
+                                                strerror(errno), " (on ", host, ")"));
+    } else {
+      close(fd);
+    }
+  }
+  freeaddrinfo(*found);
+  return out;
+}
+
+absl::StatusOr<Listener> ListenTcp(const std::string& listen, int backlog) {
+  auto resolved = Resolve(listen);
+  if (!resolved.ok()) return resolved.status();
+  addrinfo* found = *resolved;
   std::string error = "no address";
   Listener out;
   for (addrinfo* a = found; a != nullptr; a = a->ai_next) {
-    int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+    int fd = BindOne(a);
     if (fd < 0) {
       error = strerror(errno);
       continue;
     }
-    int one = 1;
-    setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-    if (bind(fd, a->ai_addr, a->ai_addrlen) == 0 && ::listen(fd, backlog) == 0) {
+    if (::listen(fd, backlog) == 0) {
       sockaddr_storage bound{};
       socklen_t len = sizeof(bound);
       getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);

@@ -104,8 +104,13 @@ absl::Status EtcdProcess::Launch(bool wait_healthy) {
                  options_.command_prefix.end());
   if (options_.pre_vote) so.argv.push_back("--pre-vote");
   for (const auto& a : options_.extra_args) so.argv.push_back(a);
-  // etcd 3.4 reads ETCD_* variables as flags: keep the caller's out.
+  // etcd 3.4 reads ETCD_* variables as flags: keep the caller's out, but for
+  // ETCD_UNSUPPORTED_ARCH, which etcd needs to start at all on some machines
+  // (arm64, say) and which no flag replaces.
   so.drop_env_prefixes = {"ETCD_"};
+  if (const char* arch = std::getenv("ETCD_UNSUPPORTED_ARCH"); arch != nullptr) {
+    so.env.emplace_back("ETCD_UNSUPPORTED_ARCH", arch);
+  }
   so.kill_with_parent = options_.kill_with_parent;
   so.log_file = options_.log_file;
   auto p = Subprocess::Spawn(std::move(so));

@@ -115,8 +115,9 @@ void AdminService::AddPlacement(v1::Namespace* n) const {
 
 // A member pattern in a trust domain this holdfastd does not accept would admit
 // nobody, silently (every caller from there is refused before the member list
-// is read), as an admin_ids pattern would (config.cc): refused, after the
-// Registry's own checks of the patterns' syntax where those come first.
+// is read), as an admin_ids pattern would (config.cc): refused before anything
+// is written (a pattern of bad syntax is refused here too, with the Registry's
+// words).
 absl::Status AdminService::CheckMembersAccepted(
     const google::protobuf::RepeatedPtrField<std::string>& members) const {
   if (members.size() > 1000) return absl::OkStatus();  // the Registry refuses it

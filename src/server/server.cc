@@ -251,6 +251,13 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   }
 
   health_ = std::make_unique<HealthService>();
+  // Every address the listen name resolves to must be free: gRPC starts when it
+  // binds any of them, so with 127.0.0.1:7420 taken, `localhost:7420` would
+  // serve on ::1 alone, beside whatever holds the other.
+  if (auto s = net::CheckCanListen(config_.listen);
+      !s.ok() && s.code() == absl::StatusCode::kUnavailable) {
+    return s;
+  }
   int port = 0;
   builder.AddListeningPort(config_.listen, Credentials(), &port);
   builder.RegisterService(session_service_->grpc_service());
