@@ -63,6 +63,10 @@ absl::Status CheckCanListen(const std::string& listen) {
   absl::Status out;
   for (addrinfo* a = *found; a != nullptr && out.ok(); a = a->ai_next) {
     const int fd = BindOne(a);
+    // An address this host cannot have (::1 with IPv6 off, a name's address of
+    // another machine) is skipped, as gRPC skips it: only a port taken, or one
+    // not ours to bind, is refused.
+    if (fd < 0 && errno != EADDRINUSE && errno != EACCES) continue;
     if (fd < 0) {
       char host[NI_MAXHOST] = "?";
       getnameinfo(a->ai_addr, a->ai_addrlen, host, sizeof(host), nullptr, 0, NI_NUMERICHOST);

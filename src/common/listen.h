@@ -22,10 +22,13 @@ struct Listener {
 // and the system's reason ("Address already in use") otherwise.
 absl::StatusOr<Listener> ListenTcp(const std::string& listen, int backlog);
 
-// Whether every address `listen` resolves to can be bound now (each bound and
-// closed in turn): a name such as localhost resolves to 127.0.0.1 and ::1, and a
-// server that binds all it can would start on one alone while something else
-// holds the other. The errors of ListenTcp, naming the address that failed.
+// Whether no address `listen` resolves to is taken now (each bound and closed in
+// turn): a name such as localhost resolves to 127.0.0.1 and ::1, and a server
+// that binds all it can would start on one alone while something else holds the
+// other. UNAVAILABLE naming the address when one is in use (EADDRINUSE) or not
+// ours to bind (EACCES); an address this host cannot bind otherwise (::1 with
+// IPv6 off) is skipped, as gRPC skips it. INVALID_ARGUMENT when `listen` is not
+// host:port.
 absl::Status CheckCanListen(const std::string& listen);
 
 }  // namespace holdfast::net

@@ -84,10 +84,6 @@ constexpr std::chrono::milliseconds kCancelGrace{2000};
 // The shortest a wait is cut to by its call's deadline (AcquireOp::WaitWithin).
 constexpr std::chrono::milliseconds kMinCutWait{250};
 
-// How much later than a call's own deadline the deadline of the session's waiter
-// it ends with must be for it to be another, longer call's (AcquireOp::EndNow).
-constexpr std::chrono::milliseconds kLongerCallSlack{1000};
-
 // The first pause between tries of a refused grant's delete (AcquireOp::UndoThenFail).
 constexpr std::chrono::milliseconds kUndoPause{250};
 
@@ -317,20 +313,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // waiter was handed the lock before that, the call returns the hold.
   void EndNow(absl::Status why) {
     StopWaiting();
-    int64_t own, own_mod, own_deadline;
+    int64_t own, own_mod;
     {
       absl::MutexLock l(&mu_);
       own = own_waiter_rev_;
       own_mod = own_waiter_mod_;
-      own_deadline = own_waiter_deadline_;
     }
     if (own == 0) return Finish(why);
-    // A waiter whose deadline is well past this call's was taken over from a
-    // call of the session that waits longer (Enqueue keeps the later deadline):
-    // it is that call's place in the queue, left in place. (The same call asked
-    // again, as libholdfast does, asks for what is left of the same wait: the
-    // two deadlines are within a round trip of each other.)
-    if (own_deadline > deadline_unix_ms_ + kLongerCallSlack.count()) return Finish(why);
     const std::string wait_key =
         keyspace::WaitKey(req_.namespace_(), req_.lock_key(), req_.session_id());
     pb::TxnRequest txn;
@@ -483,7 +472,6 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         if (w.lease == req_.session_id() && req_.wait_ms() > 0 && own_session) {
           own_waiter_rev_ = w.create_revision;
           own_waiter_mod_ = w.create_revision == put_rev_ ? put_mod_ : w.mod_revision;
-          own_waiter_deadline_ = w.record.deadline_unix_ms();
         }
       }
     }
@@ -713,7 +701,6 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         absl::MutexLock l(&self->mu_);
         self->own_waiter_rev_ = own.create_revision;
         self->own_waiter_mod_ = own.mod_revision;
-        self->own_waiter_deadline_ = rec.deadline_unix_ms();
         self->put_rev_ = own.create_revision;
         self->put_mod_ = own.mod_revision;
       }
@@ -1455,8 +1442,6 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // it last read it): its end takes the waiter out only if no other call of the
   // session has put it since (EndNow).
   int64_t own_waiter_mod_ ABSL_GUARDED_BY(mu_) = 0;
-  // The own waiter's deadline as last put or read (EndNow).
-  int64_t own_waiter_deadline_ ABSL_GUARDED_BY(mu_) = 0;
   // The create and mod revisions of the waiter this call last put (0: none).
   int64_t put_rev_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t put_mod_ ABSL_GUARDED_BY(mu_) = 0;
