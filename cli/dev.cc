@@ -126,12 +126,7 @@ absl::Status SavePorts(const fs::path& file, const EtcdPorts& ports) {
 }
 
 // Whether nothing listens on 127.0.0.1:`port` (a bind of our own says so).
-bool PortFree(int port) {
-  auto probe = net::ListenTcp(absl::StrCat("127.0.0.1:", port), 1);
-  if (!probe.ok()) return false;
-  ::close(probe->fd);
-  return true;
-}
+bool PortFree(int port) { return net::CheckCanListen(absl::StrCat("127.0.0.1:", port)).ok(); }
 
 // The ports of DIR/ports, or two free ones (then saved there). A saved client
 // port something else took since (PickFreePort's ports are the kernel's

@@ -1920,10 +1920,7 @@ TEST_F(CliDevTest, DevServesMtlsAndKeepsItsDataAndCaAcrossRestarts) {
 
 // Whether nothing listens on 127.0.0.1:`port`.
 bool LoopbackPortFree(int port) {
-  auto probe = net::ListenTcp(absl::StrCat("127.0.0.1:", port), 1);
-  if (!probe.ok()) return false;
-  ::close(probe->fd);
-  return true;
+  return net::CheckCanListen(absl::StrCat("127.0.0.1:", port)).ok();
 }
 
 // The etcd ports `holdfast dev` saved in DIR/ports: {client, peer}.

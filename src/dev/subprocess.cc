@@ -13,7 +13,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <string_view>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -24,6 +23,7 @@
 #include <mutex>
 #include <set>
 #include <sstream>
+#include <string_view>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -40,8 +40,8 @@ int DecodeWaitStatus(int status) {
 }
 
 // The child's environment as "NAME=value" strings: this process's, less the
-// entries whose names start with one of `drop_prefixes`, with `overrides` put in (replacing entries of the same name; the later of two
-// overrides wins). Built before fork: in the child of a multi-threaded process,
+// entries whose names start with one of `drop_prefixes`, with `overrides` put in
+// (replacing entries of the same name; the later of two overrides wins). Built before fork: in the child of a multi-threaded process,
 // setenv() could deadlock on a lock another thread held at the fork, and it
 // allocates.
 std::vector<std::string> ChildEnvironment(

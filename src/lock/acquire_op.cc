@@ -397,22 +397,18 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     // In the other mode: not this call's to return, and nothing else of the
     // session's (its hold, a waiter of another call) is touched; a waiter this
     // call put (from a view that did not show the hold) leaves the queue.
-    if (auto other = OtherMode(hold.record.shared())) {
-      int64_t put;
-      {
-        absl::MutexLock l(&mu_);
-        put = put_rev_;
-      }
-      for (const auto& w : snap.waiters) {
-        if (w.lease == req_.session_id() && put != 0 && w.create_revision == put) {
-          LeaveQueue(w.create_revision);
-        }
-      }
-      return Finish(*std::move(other));
+    auto other = OtherMode(hold.record.shared());
+    int64_t put = 0;
+    if (other) {
+      absl::MutexLock l(&mu_);
+      put = put_rev_;
     }
     for (const auto& w : snap.waiters) {
-      if (w.lease == req_.session_id()) LeaveQueue(w.create_revision);
+      if (w.lease == req_.session_id() && (!other || (put != 0 && w.create_revision == put))) {
+        LeaveQueue(w.create_revision);
+      }
     }
+    if (other) return Finish(*std::move(other));
     if (auto refused = HandOverElsewhere(hold.record, snap.cluster_id, /*found=*/true)) {
       return UndoThenFail(hold.create_revision, *std::move(refused));
     }
