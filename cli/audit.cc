@@ -259,7 +259,8 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
     if (retrying) PrintMessage("audit: following again");
     retrying = false;
     flush_table();
-    std::cout.flush();
+    // Nobody reads any more (`audit -f | grep -m1 force`): the follow ends.
+    if (int code = CheckOutput(kExitOk); code != kExitOk) return code;
   }
 }
 

@@ -50,6 +50,13 @@ int ReportError(const absl::Status& status, absl::string_view context) {
   return kExitError;
 }
 
+int CheckOutput(int code) {
+  std::cout.flush();
+  if (!std::cout.fail()) return code;
+  PrintMessage("writing the output failed (stdout closed or full): it is incomplete");
+  return kExitError;
+}
+
 int ReportUsageError(const absl::Status& status) {
   PrintMessage(status.message());
   return kExitUsage;

@@ -89,6 +89,10 @@ int ReportError(const absl::Status& status, absl::string_view context = "");
 int ReportUsageError(const absl::Status& status);
 // Prints "holdfast: <message>" on stderr.
 void PrintMessage(absl::string_view message);
+// Flushes stdout. If anything written to it was lost (its reader went away: a
+// pipe to `head`; a full disk), says so and returns kExitError: a script must
+// not take a cut-off listing for a whole one. Otherwise returns `code`.
+int CheckOutput(int code);
 
 // ---- Input validation (INVALID_ARGUMENT with a message meant for users) ----
 

@@ -69,6 +69,9 @@ constexpr size_t kMaxMetaBytes = 1024;
 // for the call timeout on a holdfastd that went away. A close not answered in
 // time leaves the session to its TTL.
 constexpr milliseconds kCloseOnExit{2000};
+// The longest --grace: a stop that takes longer is a stuck command, and the wait
+// must fit the waiter's timeout (milliseconds in an int).
+constexpr milliseconds kMaxGrace = std::chrono::hours(1);
 
 // Signals holdfast passes on to CMD's process group. Any signal whose default
 // action ends holdfast without it stopping CMD belongs here (SIGQUIT would end
@@ -84,7 +87,9 @@ struct LockFlags {
   bool separated = false;
   std::string ttl = "15s";
   std::string wait = "0";
-  std::string grace = "5s";
+  // Empty: the session's safety margin (a tenth of --ttl), the time between the
+  // local deadline and the lease's end (Validate).
+  std::string grace;
   bool shared = false;
   std::string meta;
 };
@@ -215,9 +220,17 @@ absl::StatusOr<LockRequest> Validate(const LockFlags& flags) {
   auto wait = ParseDurationFlag("--wait", flags.wait);
   if (!wait.ok()) return wait.status();
   if (*wait > kMaxWait) return absl::InvalidArgumentError("--wait must be at most 24h");
-  auto grace = ParseDurationFlag("--grace", flags.grace);
-  if (!grace.ok()) return grace.status();
-  r.grace = *grace;
+  if (flags.grace.empty()) {
+    // A lost hold's CMD gets SIGKILL by the time its lease can have ended (the
+    // local deadline is the TTL less this margin), so that by default nothing it
+    // runs overlaps the next holder, even under an advisory class.
+    r.grace = std::chrono::duration_cast<milliseconds>(*ttl * SessionOptions{}.safety_margin);
+  } else {
+    auto grace = ParseDurationFlag("--grace", flags.grace);
+    if (!grace.ok()) return grace.status();
+    if (*grace > kMaxGrace) return absl::InvalidArgumentError("--grace must be at most 1h");
+    r.grace = *grace;
+  }
   if (flags.meta.size() > kMaxMetaBytes) {
     return absl::InvalidArgumentError(
         absl::StrCat("--meta is ", flags.meta.size(), " bytes, at most ", kMaxMetaBytes));
@@ -391,6 +404,11 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
   using Clock = std::chrono::steady_clock;
   std::optional<Clock::time_point> kill_at;  // set once the loss is handled
   bool killed = false;
+  // Set when holdfast first passed a signal on to CMD's group: holdfast started
+  // that stop, so CMD's exit does not end it; the rest of the group has until
+  // then (--grace after the signal) before SIGKILL, and the lock is released
+  // only once the group is gone.
+  std::optional<Clock::time_point> forwarded_until;
   // Signal first, then tell: a write to stderr may fail (a closed pipe) or
   // block, and must not keep CMD running without the lock.
   // Each signal is followed by SIGCONT, so that a CMD stopped on its own (a read
@@ -442,6 +460,7 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
     } else if (signalled && IsForwarded(event.signal)) {
       child.Signal(event.signal);
       child.Signal(SIGCONT);
+      if (!forwarded_until) forwarded_until = Clock::now() + request.grace;
     } else if (event.kind == SignalWaiter::Event::Kind::kTimeout && kill_at && !killed &&
                Clock::now() >= *kill_at && !child.Exited()) {
       child.Signal(SIGKILL);
@@ -478,34 +497,54 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
       }
     }
   }
-  if (kill_at && !killed) {
-    // CMD is gone but others of its group may not be (one that ignores SIGTERM,
-    // say): the rest of the grace, then SIGKILL.
-    while (child.GroupAlive() && Clock::now() < *kill_at) {
+  // CMD is gone but others of its group may not be (one that ignores SIGTERM,
+  // or still shutting down): after a loss, or a signal holdfast passed on, the
+  // rest of the grace, then SIGKILL. SIGKILL is sent whatever the scan of the
+  // group says (it can miss a process forking as it reads): CMD, not reaped yet,
+  // keeps the group's id taken, so the signal reaches no other group.
+  std::optional<Clock::time_point> until = kill_at ? kill_at : forwarded_until;
+  if (until && !killed) {
+    while (child.GroupAlive() && Clock::now() < *until) {
       auto event = waiter.Wait(milliseconds(20));
       if (event.kind == SignalWaiter::Event::Kind::kSignal && IsForwarded(event.signal)) {
         child.SignalGroup(event.signal);
       }
+      if (!kill_at && hold.lost()) break;  // lost meanwhile: no grace left to give
     }
-    if (child.GroupAlive()) child.SignalGroup(SIGKILL);
+    child.SignalGroup(SIGKILL);
   }
   CommandOutcome outcome;
-  outcome.exit_code = *child.Wait();
   outcome.hold_lost = kill_at.has_value();
-  outcome.terminal_lent = terminal != nullptr;
   if (!outcome.hold_lost && hold.lost()) {
-    // Lost at about the time CMD ended: it may have run unprotected at the end.
+    // Lost at about the time CMD ended: it may have run unprotected at the end,
+    // and what it left in its group runs without the lock.
+    child.SignalGroup(SIGKILL);
     PrintMessage(absl::StrCat("lost the hold on ", request.ref.ToString(),
                               " before the command's exit was seen (",
                               hold.lost_reason().ToString(), ")"));
     outcome.hold_lost = true;
   }
+  outcome.exit_code = *child.Wait();
+  outcome.terminal_lent = terminal != nullptr;
   return outcome;
 }
 
-void ReleaseAndClose(Hold& hold, Session& session, const LockRequest& request) {
+// Returns false when the hold was found no longer current as it was released
+// (lost locally, or released, expired or forced in etcd before the renewals said
+// so): CMD may have run at its end without the lock.
+bool ReleaseAndClose(Hold& hold, Session& session, const LockRequest& request) {
   absl::Status closed;
-  if (auto s = hold.Release(); !s.ok()) {
+  const bool lost_before = hold.lost() || session.lost();
+  absl::Status released = lost_before ? absl::OkStatus() : hold.Release();
+  const bool not_current = released.code() == absl::StatusCode::kFailedPrecondition ||
+                           released.code() == absl::StatusCode::kNotFound;
+  if (lost_before || not_current) {
+    PrintMessage(absl::StrCat("the hold on ", request.ref.ToString(),
+                              " was no longer current when the command ended (",
+                              lost_before ? hold.lost_reason().ToString() : released.ToString(),
+                              "): the command may have run without the lock at its end"));
+    closed = session.Close(kCloseOnExit);
+  } else if (auto s = released; !s.ok()) {
     PrintMessage(absl::StrCat("warning: release of ", request.ref.ToString(),
                               " failed (", s.ToString(), "); closing the session ends it"));
     // Most often no holdfastd answered the release's whole call timeout.
@@ -517,6 +556,7 @@ void ReleaseAndClose(Hold& hold, Session& session, const LockRequest& request) {
     PrintMessage(absl::StrCat("warning: closing the session failed (", s.ToString(),
                               "); its holds end when its TTL runs out"));
   }
+  return !(lost_before || not_current);
 }
 
 int RunLock(const GlobalOptions& global, const LockFlags& flags) {
@@ -555,6 +595,14 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
   auto hold = AcquireInterruptibly(**session, *request, **waiter, &signal_received);
   if (!hold.ok()) {
     (void)(*session)->Close(kCloseOnExit);
+    if (signal_received != 0) {
+      // The signal ended holdfast's wait as much as the answer did: its exit
+      // status says so, as for a signal that came first.
+      PrintMessage(absl::StrCat(SignalName(signal_received), " while waiting for ",
+                                request->ref.ToString(), "; not acquired (",
+                                hold.status().ToString(), ")"));
+      return 128 + signal_received;
+    }
     return ReportAcquireError(hold.status(), *request);
   }
   if (signal_received != 0) {
@@ -608,7 +656,7 @@ int RunLock(const GlobalOptions& global, const LockFlags& flags) {
     (void)(*session)->Close(kCloseOnExit);
     return kExitHoldLost;
   }
-  ReleaseAndClose(*hold, **session, *request);
+  if (!ReleaseAndClose(*hold, **session, *request)) return kExitHoldLost;
   if (outcome.terminal_lent && (*child)->killed_by() == SIGINT) {
     // Ctrl-C went to CMD alone (it had the terminal). A shell running holdfast
     // from a script stops the script only if holdfast dies of SIGINT too
@@ -637,13 +685,19 @@ void RegisterLockCommand(CLI::App& app, CommandContext& ctx) {
   cmd->add_flag("--shared", flags->shared, "take a shared hold (classes of mode S)");
   cmd->add_option("--meta", flags->meta, "text shown to operators by `holdfast holders`");
   cmd->add_option("--grace", flags->grace,
-                  "after the hold is lost: time between SIGTERM and SIGKILL to the command")
-      ->capture_default_str();
+                  "after the hold is lost, or a signal passed on: time between the signal "
+                  "and SIGKILL to what is left of the command's group; default a tenth of "
+                  "--ttl (the session's safety margin), at most 1h");
   cmd->add_option("lock", flags->lock, "NS/KEY: namespace, '/', lock key")->required();
   // Not required(): Validate says what is missing in holdfast's words.
   cmd->add_option("command", flags->command, "the command to run (after --) and its arguments");
+  // Separated only when what follows the first `--` is the command, word for
+  // word: not a `--` at the end (`make --shared --`), nor one taken as a value.
   cmd->parse_complete_callback([flags, &ctx] {
-    flags->separated = std::find(ctx.args.begin(), ctx.args.end(), "--") != ctx.args.end();
+    auto dashes = std::find(ctx.args.begin(), ctx.args.end(), "--");
+    flags->separated = dashes != ctx.args.end() &&
+                       std::equal(std::next(dashes), ctx.args.end(), flags->command.begin(),
+                                  flags->command.end());
   });
   SetAction(cmd, ctx, flags, RunLock);
 }

@@ -74,7 +74,7 @@ int main(int argc, char** argv) {
   if (int code = Parse(app, argc, argv); code >= 0) return code;
   if (!ctx.action) return holdfast::cli::kExitUsage;
   try {
-    return ctx.action();
+    return holdfast::cli::CheckOutput(ctx.action());
   } catch (const std::exception& e) {
     holdfast::cli::PrintMessage(absl::StrCat("INTERNAL: ", e.what()));
     return holdfast::cli::kExitError;

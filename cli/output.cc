@@ -5,6 +5,7 @@
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "absl/time/time.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -127,6 +128,10 @@ void PrintNamespace(const v1::Namespace& ns, std::ostream& out) {
                {"cluster tier", ns.cluster_tier().empty() ? "default" : ns.cluster_tier()},
                {"home cluster", OrDash(ns.home_cluster())},
                {"rehoming to", OrDash(ns.rehoming_to())},
+               // Who may use it: the field that says the most about a namespace.
+               {"members", ns.members().empty()
+                               ? "- (any authenticated caller)"
+                               : absl::StrJoin(ns.members(), ", ")},
                {"create revision", absl::StrCat(ns.create_revision())}},
               out);
 }

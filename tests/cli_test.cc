@@ -38,6 +38,7 @@
 #include "gtest/gtest.h"
 #include "harness/cluster.h"
 #include "holdfast/client.h"
+#include "lock/keyspace.h"
 
 namespace holdfast::testing {
 namespace {
@@ -287,6 +288,8 @@ TEST_F(CliTest, NamespaceCreateGetListDelete) {
   CliResult r = Run({"ns", "create", "cli-team", "--tenant", "acme", "--held-lease-quota", "5",
                      "--mode", "S", "--ttl-max", "10m"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
+  // The text says who may use it: anyone, until members are set.
+  EXPECT_NE(r.out.find("- (any authenticated caller)"), std::string::npos) << r.out;
 
   r = Run({"ns", "get", "cli-team", "-o", "json"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -318,6 +321,10 @@ TEST_F(CliTest, NamespaceCreateGetListDelete) {
   ns = ParseJson<v1::Namespace>(r.out);
   ASSERT_EQ(ns.members_size(), 1) << r.out;
   EXPECT_EQ(ns.members(0), "spiffe://holdfast.dev/team/*");
+  r = Run({"ns", "get", "cli-team"});
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("spiffe://holdfast.dev/team/*"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("any authenticated caller"), std::string::npos) << r.out;
 
   r = Run({"ns", "delete", "cli-team"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -401,6 +408,19 @@ TEST_F(CliTest, BadInputIsRefusedBeforeReachingTheServer) {
   r = Run({"lock", "--wait", "25h", "default/cli/bad", "--", "touch", file});
   EXPECT_EQ(r.exit_code, 2);
   EXPECT_EQ(r.err, "holdfast: --wait must be at most 24h\n");
+  r = Run({"lock", "--grace", "25d", "default/cli/bad", "--", "touch", file});
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_EQ(r.err, "holdfast: --grace must be at most 1h\n");
+  // A `--` that does not stand right before the command: at the end (the
+  // options before it would be holdfast's), or as an option's value.
+  for (const auto& args : {std::vector<std::string>{"lock", "default/cli/bad", "touch", file,
+                                                    "--shared", "--"},
+                           std::vector<std::string>{"lock", "--meta", "--", "default/cli/bad",
+                                                    "touch", file}}) {
+    r = Run(args);
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("put the command after --"), std::string::npos) << r.err;
+  }
   r = Run({"lock", "--wait", "2h", "default/cli/bad", "--", "touch", file});
   EXPECT_EQ(r.exit_code, 1) << r.err;
   EXPECT_NE(r.err.find("wait 7200000ms is outside [0, 3600000ms] (this server's acquire.max_wait)"),
@@ -414,6 +434,7 @@ TEST_F(CliTest, BadInputIsRefusedBeforeReachingTheServer) {
   bad = client_->Describe("default", "cli/bad");
   ASSERT_TRUE(bad.ok()) << bad.status();
   EXPECT_EQ(bad->holders_size(), 0);
+  EXPECT_FALSE(FileExists(file)) << "a refused command ran";
   // mTLS files that cannot be used, named by their flag, before any connection.
   const std::string not_pem = Path("not-a-cert.txt");
   std::ofstream(not_pem) << "hello\n";
@@ -860,6 +881,117 @@ bool Ended(pid_t pid) {
 // The command's process group, killed if a test left it running.
 void KillLeftover(pid_t command_pid) {
   if (command_pid > 0 && !Ended(command_pid)) ::kill(-command_pid, SIGKILL);
+}
+
+// A signal holdfast passes on stops the whole group, not only CMD: the lock is
+// released once the group is gone. A process still finishing its work after the
+// SIGTERM (a worker flushing a batch) ends before the release; one that ignores
+// the signal gets SIGKILL after --grace. holdfast used to release as soon as CMD
+// (the shell) died, with both still running.
+TEST_F(CliTest, ASignalPassedOnIsFollowedByTheWholeGroupBeforeTheRelease) {
+  const std::string pid_file = Path("group-stop-pid");
+  const std::string done = Path("group-stop-done");
+  // The shell started by the command flushes for a second after SIGTERM.
+  const std::string flushing = "trap 'sleep 1; echo flushed > \"" + done +
+                               "\"; exit 0' TERM; echo $$ > '" + pid_file +
+                               "'; while :; do sleep 0.1; done";
+  auto p = CliProcess::Start(cluster_->dir(), cluster_->endpoint(),
+                             {"lock", "--grace", "20s", "default/cli/group-stop", "--", "sh",
+                              "-c", "sh -c \"$0\" & wait", flushing});
+  ASSERT_NE(p, nullptr);
+  pid_t worker = CommandPid(pid_file);
+  ASSERT_GT(worker, 0) << "the worker never wrote its pid to " << pid_file;
+  p->Signal(SIGTERM);
+  CliResult r = p->Finish(seconds(30));
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_TRUE(FileExists(done)) << "the lock was let go while the worker still flushed";
+  EXPECT_TRUE(Ended(worker));
+  auto d = client_->Describe("default", "cli/group-stop");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0) << "not released";
+  if (!Ended(worker)) ::kill(worker, SIGKILL);
+
+  // One that ignores SIGTERM: SIGKILL after --grace, then the release.
+  std::filesystem::remove(pid_file);
+  const std::string stubborn = "trap '' TERM; echo $$ > '" + pid_file + "'; exec sleep 60";
+  p = CliProcess::Start(cluster_->dir(), cluster_->endpoint(),
+                        {"lock", "--grace", "1s", "default/cli/group-stop", "--", "sh", "-c",
+                         "sh -c \"$0\" & wait", stubborn});
+  ASSERT_NE(p, nullptr);
+  worker = CommandPid(pid_file);
+  ASSERT_GT(worker, 0) << "the worker never wrote its pid to " << pid_file;
+  p->Signal(SIGTERM);
+  r = p->Finish(seconds(30));
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM) << r.err;
+  EXPECT_TRUE(WaitFor([&] { return Ended(worker); }, seconds(5)))
+      << "pid " << worker << " outlived the release";
+  d = client_->Describe("default", "cli/group-stop");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0) << "not released";
+  if (!Ended(worker)) ::kill(worker, SIGKILL);
+}
+
+// A hold that ended in etcd while CMD ran (released, expired or forced), before
+// any renewal answer said so: the release at CMD's exit finds it not current, and
+// the exit code is 74, not CMD's 0: CMD may have run without the lock.
+TEST_F(CliTest, AHoldFoundNotCurrentAtTheReleaseExits74) {
+  const std::string go = MakeGoFifo(Path("not-current-go"));
+  // Renewals every 10 s: the command ends long before one says the hold ended.
+  auto p = CliProcess::Start(cluster_->dir(), cluster_->endpoint(),
+                             {"lock", "--ttl", "30s", "default/cli/not-current", "--", "sh",
+                              "-c", "read _ < '" + go + "'"});
+  ASSERT_NE(p, nullptr);
+  int64_t session = 0;
+  ASSERT_TRUE(WaitFor(
+      [&] {
+        auto d = client_->Describe("default", "cli/not-current");
+        if (!d.ok() || d->holders_size() != 1) return false;
+        session = d->holders(0).session_id();
+        return true;
+      },
+      seconds(30)));
+  pb::DeleteRangeRequest del;
+  del.set_key(keyspace::HoldKey("default", "cli/not-current", session));
+  auto deleted = cluster_->etcd_client().DeleteRangeSync(del, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(deleted.ok()) << deleted.status();
+  ASSERT_EQ(deleted->deleted(), 1);
+  GoOn(go);
+  CliResult r = p->Finish(seconds(30));
+  EXPECT_EQ(r.exit_code, 74) << r.err;
+  EXPECT_NE(r.err.find("the hold on default/cli/not-current was no longer current when the "
+                       "command ended"),
+            std::string::npos)
+      << r.err;
+}
+
+// Output that cannot be written is an error, not a listing cut short that exits
+// 0: a full disk, a reader that went away. A follow whose reader went away
+// (`audit -f | grep -m1 force`) ends instead of polling on forever.
+TEST_F(CliTest, OutputThatCannotBeWrittenIsAnErrorAndEndsAFollow) {
+  auto p = CliProcess::Start(cluster_->dir(), cluster_->endpoint(), {"ns", "list", "-o", "json"},
+                             "", {{"HF_TEST_OUT", "/dev/full"}});
+  ASSERT_NE(p, nullptr);
+  CliResult r = p->Finish(seconds(30));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_EQ(r.err, "holdfast: writing the output failed (stdout closed or full): it is "
+                   "incomplete\n");
+
+  ASSERT_EQ(Run({"lock", "default/cli/follow-gone", "--", "true"}).exit_code, 0);
+  const std::string fifo = Path("follow-gone");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0) << std::strerror(errno);
+  p = CliProcess::Start(cluster_->dir(), cluster_->endpoint(), {"audit", "-f", "-o", "json"}, "",
+                        {{"HF_TEST_OUT", fifo}});
+  ASSERT_NE(p, nullptr);
+  // Following (it has written the cycle above), then the reader goes.
+  pollfd readable{reader, POLLIN, 0};
+  ASSERT_EQ(::poll(&readable, 1, 30'000), 1) << "the follow wrote nothing";
+  ::close(reader);
+  ASSERT_EQ(Run({"lock", "default/cli/follow-gone", "--", "true"}).exit_code, 0);
+  r = p->Finish(seconds(30));
+  EXPECT_EQ(r.exit_code, 1) << r.err;
+  EXPECT_NE(r.err.find("writing the output failed"), std::string::npos) << r.err;
 }
 
 // The CLI session's lease revoked straight on etcd: holdfastd reports the session
