@@ -570,6 +570,50 @@ TEST_F(LockTest, ACloseFromOnLostDoesNotDelayTheNextSessionsLoss) {
   ASSERT_TRUE(cluster_->holdfastd().Restart().ok());  // so that the second Close is answered
 }
 
+// An on_lost that blocks (here for three TTLs) holds up none of the Client's
+// other sessions: they are renewed, and their holds stay theirs. (Run on the
+// keepalive thread that saw the loss, it stopped every renewal answer of the
+// Client: the other session was declared lost while its lease was fine, or its
+// lease ran out while its Hold said held.)
+TEST_F(LockTest, AnOnLostThatBlocksKeepsTheClientsOtherSessionsRenewed) {
+  std::promise<void> go;
+  std::shared_future<void> go_f = go.get_future().share();
+  std::atomic<bool> inside{false};
+  SessionOptions o1;
+  o1.ttl = seconds(2);
+  o1.on_lost = [&](const absl::Status&) {
+    inside = true;
+    go_f.wait_for(seconds(30));
+  };
+  auto s1 = client_->OpenSession("default", o1);
+  ASSERT_TRUE(s1.ok()) << s1.status();
+  auto s2 = Open(seconds(2));
+  ASSERT_NE(s2, nullptr);
+  auto h2 = s2->Acquire("blocked-callback");
+  ASSERT_TRUE(h2.ok()) << h2.status();
+  // The first session's lease revoked straight on etcd: its next renewal answer
+  // says it is gone, and its on_lost runs, and blocks.
+  pb::LeaseRevokeRequest revoke;
+  revoke.set_id((*s1)->id());
+  std::promise<absl::StatusOr<pb::LeaseRevokeResponse>> revoked;
+  cluster_->etcd_client().LeaseRevoke(revoke, etcd::DeadlineIn(seconds(5)),
+                                      [&](auto r) { revoked.set_value(std::move(r)); });
+  ASSERT_TRUE(revoked.get_future().get().ok());
+  auto until = std::chrono::steady_clock::now() + seconds(20);
+  while (!inside && std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_TRUE(inside) << "the first session's loss was never told";
+  std::this_thread::sleep_for(seconds(6));  // three of the second session's TTLs
+  EXPECT_FALSE(s2->lost()) << s2->lost_reason();
+  EXPECT_FALSE(h2->lost()) << h2->lost_reason();
+  auto d = client_->Describe("default", "blocked-callback");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->holders_size(), 1);
+  EXPECT_EQ(d->holders(0).session_id(), s2->id());
+  go.set_value();
+}
+
 // A waiting Acquire whose holdfastd goes away asks again on a new connection,
 // but within the bound it started with (the wait plus the rpc timeout, from the
 // call): it does not wait anew from the retry. Close(timeout) then returns

@@ -12,7 +12,7 @@
 // (one owner), but its lost()/lost_token() may be read from any thread.
 //
 // Liveness: a Client runs one keepalive stream and two threads for all of its
-// sessions. Each session is renewed every ttl/3. The library keeps a local
+// sessions, and a third for their on_lost callbacks. Each session is renewed every ttl/3. The library keeps a local
 // deadline per session: the send time of the last renewal etcd confirmed, plus the
 // TTL etcd reported, minus a safety margin for clock drift (ARCHITECTURE §5).
 //   - The server reports the lease gone: the session and all its holds are lost.
@@ -24,20 +24,23 @@
 //     FAILED_PRECONDITION and the request's reason, on the first renewal answer
 //     after the approval (within ttl/3 or so). Best effort: the fencing token is
 //     what stops a write; this tells the holder to stop working.
-// Lost is final: the hold's stop token is stopped and on_lost runs (on the
-// keepalive thread, never under a lock of libholdfast; for sessions left when
-// their Client is destroyed, on the thread destroying it). Session::Close (and
-// ~Session) returns only once no on_lost call of the session is running, and
-// none starts after, so on_lost may use what its owner frees after closing;
-// on_lost itself may call Close (it does not wait for the on_lost calls it is
-// made from, so two callbacks that each close the session both return, and a
-// Close on another thread still waits for them; from inside any on_lost, a
-// CloseSession, and a Release (a Hold released or dropped there), is asked for
-// at most 1 s in all, retries included, without waiting for a connection, so that
-// the keepalive thread goes back to the Client's other sessions' deadlines; an
-// unanswered close leaves the lease to expire, or to a Close called again from
-// another thread, and an unanswered release leaves the hold to its session). So do
-// not close a session while holding a lock its on_lost takes. Closing a session
+// Lost is final: the hold's stop token is stopped at once (on the keepalive
+// thread that saw the loss), and on_lost runs on the Client's callback thread:
+// one at a time, in order, never under a lock of libholdfast. A callback may
+// block (take the lock again, say): that delays only the callbacks after it, not
+// the renewals and deadline checks of the Client's other sessions. The callbacks
+// of sessions left when their Client is destroyed, and any still queued, have
+// run when ~Client returns (a callback may destroy the Client: then those run
+// after it returns). Session::Close (and ~Session) returns only once no on_lost
+// call of the session is running, and none starts after, so on_lost may use what
+// its owner frees after closing; on_lost itself may call Close, of its own
+// session or another (it does not wait for the on_lost call it is made from).
+// From inside any on_lost, a CloseSession, and a Release (a Hold released or
+// dropped there), is asked for at most 1 s in all, retries included, without
+// waiting for a connection, so that the other sessions' callbacks are not held
+// up by a holdfastd that does not answer; an unanswered close leaves the lease to
+// expire, or to a Close called again from another thread, and an unanswered
+// release leaves the hold to its session. So do not close a session while holding a lock its on_lost takes. Closing a session
 // ends its holds: each Hold then says lost ("was closed"), also one whose
 // Acquire answered after the Close. Sessions are renewed only while their Client exists: destroy
 // Sessions and Holds before their Client; those left count as lost when it goes.
@@ -112,8 +115,9 @@ struct SessionOptions {
   // 0.5; anything else is refused by OpenSession (INVALID_ARGUMENT).
   double safety_margin = 0.1;
   // Called when the session, or any hold on it, is lost, with the reason (check
-  // Hold::lost() to see which). Must not throw: it runs on libholdfast's threads
-  // and in ~Client, where an exception ends the process.
+  // Hold::lost() to see which), on the Client's callback thread (see the top of
+  // this file). Must not throw: it runs on libholdfast's thread, where an
+  // exception ends the process.
   std::function<void(const absl::Status&)> on_lost;
 };
 
@@ -217,6 +221,11 @@ class Session {
   // Errors as the Lock.Acquire RPC: ABORTED (held, try), DEADLINE_EXCEEDED (not
   // granted in time), INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
   // UNAVAILABLE; FAILED_PRECONDITION too when this session is already lost.
+  // After UNAVAILABLE or DEADLINE_EXCEEDED whose last attempt lost its answer
+  // (no holdfastd could be reached to ask again in time), the grant may have been
+  // made: the session then holds the key with no Hold to release it. Acquire the
+  // key again on the session (it is answered with that hold: release that), or
+  // close the session; otherwise the key stays held as long as the session lives.
   absl::StatusOr<Hold> Acquire(const std::string& lock_key, const AcquireOptions& options = {});
 
   // Ends the session: every hold on it is released by etcd. Renewals stop, and

@@ -7,6 +7,8 @@
 #include <random>
 #include <tuple>
 #include <thread>
+
+#include <pthread.h>
 #include <vector>
 
 #include "absl/cleanup/cleanup.h"
@@ -117,16 +119,16 @@ struct Retry {
   // ABORTED is asked again too (a Release that raced with the queue). It says the
   // call was not done, so it is no unknown outcome.
   bool aborted_too = false;
-  // False: no waiting for a connection (a Close from inside on_lost, on a
-  // keepalive thread that must get back to the other sessions' deadlines): each
+  // False: no waiting for a connection (a Close from inside on_lost, on the
+  // callback thread the other sessions' callbacks wait for): each
   // attempt goes to an endpoint connected now or fails at once, and one that
   // found no connection ends the call.
   bool wait_for_connection = true;
 };
 
-// From inside an on_lost, on a keepalive thread, which must get back to checking
-// the deadlines of the Client's other sessions: at most a second, retries
-// included, and no waiting for a connection that is not there.
+// From inside an on_lost, on the Client's callback thread, which the other
+// sessions' callbacks wait for: at most a second, retries included, and no
+// waiting for a connection that is not there.
 Retry FromInsideOnLost(const internal::ClientCore& core, bool aborted_too) {
   constexpr std::chrono::milliseconds kFromOnLostTimeout{1000};
   return Retry{.bound = std::chrono::system_clock::now() +
@@ -242,6 +244,49 @@ ClientCore::ClientCore(ClientOptions options) : options_(std::move(options)) {
 }
 
 ClientCore::~ClientCore() { pump_.reset(); }
+
+OnLostRunner::OnLostRunner() : thread_([q = q_] { Run(q); }) {}
+
+void OnLostRunner::Run(const std::shared_ptr<Queue>& q) {
+  ::pthread_setname_np(::pthread_self(), "holdfast-onlost");
+  for (;;) {
+    std::function<void()> fn;
+    {
+      absl::MutexLock l(&q->mu);
+      q->mu.Await(absl::Condition(
+          +[](Queue* q) ABSL_NO_THREAD_SAFETY_ANALYSIS { return q->stopping || !q->fns.empty(); },
+          q.get()));
+      if (q->fns.empty()) return;  // stopping, and all run
+      fn = std::move(q->fns.front());
+      q->fns.pop_front();
+    }
+    fn();
+  }
+}
+
+void OnLostRunner::Post(std::function<void()> fn) {
+  {
+    absl::MutexLock l(&q_->mu);
+    if (!q_->stopping) {
+      q_->fns.push_back(std::move(fn));
+      return;
+    }
+  }
+  fn();
+}
+
+void OnLostRunner::Stop() {
+  {
+    absl::MutexLock l(&q_->mu);
+    q_->stopping = true;
+  }
+  if (!thread_.joinable()) return;
+  if (thread_.get_id() == std::this_thread::get_id()) {
+    thread_.detach();  // runs the rest after the callback that called this
+  } else {
+    thread_.join();
+  }
+}
 
 ClientCore::Endpoint& ClientCore::Connected(std::chrono::system_clock::time_point deadline,
                                             bool* connected) {
@@ -450,6 +495,8 @@ void SessionState::Suspect(const absl::Status& why, bool deadline_passed) {
   {
     absl::MutexLock l(&mu_);
     if (lost_ || closed_) return;
+    // A renewal confirmed since the pump saw the deadline pass moved it on.
+    if (deadline_passed && SteadyClock::now() < deadline_) return;
     if (deadline_passed) deadline_passed_ = true;
     for (auto& w : holds_) {
       if (auto h = w.lock()) holds.push_back(std::move(h));
@@ -531,6 +578,19 @@ void SessionState::OweRelease(const std::string& lock_key, int64_t token) {
   }
   owed_.push_back({lock_key, token, SteadyClock::now() + std::chrono::seconds(1)});
   owes_ = true;
+}
+
+SessionState::TakeBack SessionState::TakeBackRelease(const std::string& lock_key,
+                                                     int64_t token) {
+  absl::MutexLock l(&mu_);
+  for (auto it = owed_.begin(); it != owed_.end(); ++it) {
+    if (it->lock_key != lock_key || it->token != token) continue;
+    if (it->in_flight) return TakeBack::kInFlight;
+    owed_.erase(it);
+    owes_ = !owed_.empty();
+    return TakeBack::kTakenBack;
+  }
+  return TakeBack::kNotOwed;
 }
 
 size_t SessionState::owed_releases() const {
@@ -617,6 +677,12 @@ bool SessionState::RunningOwnOnLost() const {
 
 void SessionState::RunOnLost(const absl::Status& why) {
   if (!on_lost_) return;
+  core_->on_lost_runner().Post([weak = weak_from_this(), why] {
+    if (auto self = weak.lock()) self->RunOnLostNow(why);
+  });
+}
+
+void SessionState::RunOnLostNow(const absl::Status& why) {
   {
     absl::MutexLock l(&mu_);
     if (closed_) return;
@@ -875,7 +941,9 @@ absl::StatusOr<Hold> Session::AcquireBy(const std::string& lock_key,
     if (!OutcomeUnknown(s.code()) || state_->lost()) break;
     auto left = std::chrono::duration_cast<std::chrono::milliseconds>(
         wait_until - std::chrono::steady_clock::now());
-    req.set_wait_ms(std::max<int64_t>(left.count(), 0));
+    // A wait asked again stays a wait, if only of 1 ms: 0 would make it a try,
+    // answered ABORTED instead of the wait's DEADLINE_EXCEEDED.
+    req.set_wait_ms(std::max<int64_t>(left.count(), wait_ms > 0 ? 1 : 0));
     if (moved || SkipStopping(core, endpoint, s)) continue;  // the next endpoint is current
     const auto backoff = std::chrono::milliseconds(50 * (attempt + 1));
     if (std::chrono::system_clock::now() + backoff >= call_deadline) break;
@@ -886,7 +954,12 @@ absl::StatusOr<Hold> Session::AcquireBy(const std::string& lock_key,
   // renewals) and is still in etcd: a lost hold is final, so it is released and
   // the key asked for anew with what is left of the wait (a new grant, a new
   // token; FIFO behind whoever queued meanwhile), all within the call's bounds.
-  if (state_->LostHere(resp.hold().lock_key(), resp.hold().token())) {
+  // So too a hold whose owed release (its Hold dropped while holdfastd could not
+  // release it) is on its way now: it may end the hold just returned. One not
+  // sent yet is no longer owed: the caller holds the key again.
+  if (state_->LostHere(resp.hold().lock_key(), resp.hold().token()) ||
+      state_->TakeBackRelease(resp.hold().lock_key(), resp.hold().token()) ==
+          internal::SessionState::TakeBack::kInFlight) {
     Hold stale(state_,
                state_->HoldFor(resp.hold().lock_key(),
                                resp.hold().on_quorum_loss() == v1::ON_QUORUM_LOSS_OPEN,
@@ -1023,7 +1096,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
       new Client(std::make_shared<internal::ClientCore>(std::move(options))));
 }
 
-Client::~Client() { core_->pump().Stop(); }  // sessions it renewed count as lost
+Client::~Client() {
+  core_->pump().Stop();  // sessions it renewed count as lost
+  // Their callbacks, and any still queued, run before it returns (but for the
+  // one this is called from, if it is).
+  core_->on_lost_runner().Stop();
+}
 
 absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const std::string& ns,
                                                              const SessionOptions& options) {
@@ -1046,7 +1124,7 @@ absl::StatusOr<std::unique_ptr<Session>> Client::OpenSession(const std::string& 
   if (!s.ok()) return s;
   auto state = std::make_shared<internal::SessionState>(
       core_, ns, resp.session_id(), std::chrono::milliseconds(resp.ttl_ms()), options, sent_at);
-  core_->pump().Add(state);
+  core_->pump().Add(state, sent_at);
   return std::unique_ptr<Session>(new Session(std::move(state)));
 }
 

@@ -36,6 +36,40 @@ inline bool SaysStopping(const grpc::ClientContext& ctx) {
 
 class KeepAlivePump;
 
+// Runs the on_lost callbacks of one Client's sessions, one at a time and in the
+// order they were posted, on a thread of its own (`holdfast-onlost`). The
+// keepalive pump's threads, which find the losses, post and go on: a callback
+// that blocks (an Acquire to take the lock again, a slow log) holds up only the
+// callbacks after it, never the renewals and deadline checks of the Client's
+// other sessions, whose leases would run out while their Holds said held.
+// Thread-safe.
+class OnLostRunner {
+ public:
+  OnLostRunner();
+  ~OnLostRunner() { Stop(); }
+  OnLostRunner(const OnLostRunner&) = delete;
+  OnLostRunner& operator=(const OnLostRunner&) = delete;
+
+  // Runs `fn` on the runner's thread after what was posted before; once stopped,
+  // on the calling thread, at once.
+  void Post(std::function<void()> fn);
+  // Runs what was posted, then ends the thread (idempotent). Called on the
+  // runner's own thread (a callback that destroys the Client), it does not wait
+  // for itself: the thread runs the rest once that callback returns, then ends.
+  void Stop();
+
+ private:
+  struct Queue {
+    absl::Mutex mu;
+    std::deque<std::function<void()>> fns ABSL_GUARDED_BY(mu);
+    bool stopping ABSL_GUARDED_BY(mu) = false;
+  };
+  static void Run(const std::shared_ptr<Queue>& q);
+  // Shared with the thread, which may outlive this object (Stop from inside).
+  const std::shared_ptr<Queue> q_ = std::make_shared<Queue>();
+  std::thread thread_;
+};
+
 // The channels and stubs of one Client, shared with its sessions (which may
 // outlive the Client object). Thread-safe.
 //
@@ -60,6 +94,7 @@ class ClientCore {
 
   const ClientOptions& options() const { return options_; }
   KeepAlivePump& pump() { return *pump_; }
+  OnLostRunner& on_lost_runner() { return on_lost_runner_; }
 
   // The endpoint to call: the current one if it is connected; else the first,
   // from the current one on in the Client's order, that connects by `deadline`.
@@ -121,6 +156,8 @@ class ClientCore {
   std::atomic<size_t> current_{0};
   absl::Mutex moveable_mu_;
   std::vector<Moveable*> moveable_ ABSL_GUARDED_BY(moveable_mu_);
+  // Before the pump: it posts to the runner, so it goes first.
+  OnLostRunner on_lost_runner_;
   std::unique_ptr<KeepAlivePump> pump_;
 };
 
@@ -159,7 +196,7 @@ class HoldState {
 
 // One session's shared state: its liveness as the keepalive pump sees it, and
 // the liveness of the holds on it. Thread-safe.
-class SessionState {
+class SessionState : public std::enable_shared_from_this<SessionState> {
  public:
   SessionState(std::shared_ptr<ClientCore> core, std::string ns, int64_t id,
                std::chrono::milliseconds ttl, const SessionOptions& options,
@@ -230,13 +267,19 @@ class SessionState {
   static void SendOwedReleases(const std::shared_ptr<SessionState>& self,
                                SteadyClock::time_point now);
   size_t owed_releases() const;
+  // An Acquire was answered with the session's hold of `lock_key` with `token`,
+  // whose release is owed: the caller holds it again, so the release is no
+  // longer owed (kTakenBack), unless it is being sent now (kInFlight: it may end
+  // the hold, which Acquire then treats as lost here). kNotOwed otherwise.
+  enum class TakeBack { kNotOwed, kTakenBack, kInFlight };
+  TakeBack TakeBackRelease(const std::string& lock_key, int64_t token);
   // Whether any release is owed: read by the pump on every turn for every
   // session, so a plain atomic, not the mutex.
   bool owes_releases() const { return owes_.load(std::memory_order_relaxed); }
   // True on a thread that is running this session's on_lost.
   bool RunningOwnOnLost() const;
-  // True on a thread that is running any session's on_lost (a keepalive thread
-  // of the Client, which other sessions' deadline checks wait for).
+  // True on a thread that is running any session's on_lost (the Client's
+  // callback thread, which the other sessions' callbacks wait for).
   static bool RunningAnyOnLost();
 
  private:
@@ -245,9 +288,12 @@ class SessionState {
   const int64_t id_;
   const std::chrono::milliseconds ttl_;
   const std::chrono::milliseconds margin_;
+  // Posts a run of on_lost_ to the Client's OnLostRunner (a session already
+  // gone by then runs none).
+  void RunOnLost(const absl::Status& why);
   // Runs on_lost_ unless the session is closed; MarkClosed waits for a run in
   // progress, so no callback runs once Close (or ~Session) has returned.
-  void RunOnLost(const absl::Status& why);
+  void RunOnLostNow(const absl::Status& why);
 
   const std::function<void(const absl::Status&)> on_lost_;
   std::stop_source stop_;
@@ -294,7 +340,10 @@ class KeepAlivePump {
   // pump thread never drops the last reference to the core that owns it.
   void Stop();
 
-  void Add(std::shared_ptr<SessionState> s);
+  // `opened_at`: when the OpenSession that made it was sent. Its lease counts
+  // from about then, so its first renewal is due a third of the TTL after that,
+  // at once if the call took longer (etcd electing a leader, say).
+  void Add(std::shared_ptr<SessionState> s, SteadyClock::time_point opened_at = SteadyClock::now());
   void Remove(int64_t session_id);
 
   // Test seam: what a turn of the pump does, told on the pump thread in order.

@@ -40,10 +40,10 @@ void KeepAlivePump::Stop() {
   }
 }
 
-void KeepAlivePump::Add(std::shared_ptr<SessionState> s) {
+void KeepAlivePump::Add(std::shared_ptr<SessionState> s, SteadyClock::time_point opened_at) {
   absl::MutexLock l(&mu_);
-  // The first renewal goes out after a third of the TTL, like every other.
-  sessions_[s->id()] = Entry{s, SteadyClock::now() + s->ttl() / 3};
+  // The first renewal goes out a third of the TTL after the open, like every other.
+  sessions_[s->id()] = Entry{s, opened_at + s->ttl() / 3};
   cv_.Signal();
 }
 

@@ -52,14 +52,14 @@ TEST(KeepAlivePumpTest, DeadlinesAreCheckedWithATimeReadAfterWaitingForAConnecti
   // TTL 1 s, margin 10%: its local deadline 300 ms from now, a few turns away.
   const auto opened_at = SteadyClock::now() - milliseconds(600);
   std::atomic<bool> lost_seen{false};
-  SessionOptions o;
-  o.on_lost = [&](const absl::Status&) {
-    // Runs inside the Tick that saw the deadline pass: the last step recorded.
+  session = std::make_shared<SessionState>(core, "ns", 42, seconds(1), SessionOptions(), opened_at);
+  // The session's stop token is stopped inside the Tick that saw the deadline
+  // pass (on_lost runs later, on the callback thread): the last step recorded.
+  std::stop_callback on_stop(session->lost_token(), [&] {
     std::lock_guard l(mu);
     if (!steps.empty()) steps.back().lost_after = true;
     lost_seen = true;
-  };
-  session = std::make_shared<SessionState>(core, "ns", 42, seconds(1), o, opened_at);
+  });
   core->pump().Add(session);
   // Another session, far from its deadline, keeps the pump waiting for a
   // connection after the first one is lost.

@@ -36,34 +36,127 @@ void ReturnsOrDie(std::future<void>& f, const char* what) {
   }
 }
 
-// The reader thread (a hold ended on the server) and the pump (the session's
-// deadline passed) can each be running on_lost when each callback closes the
-// session: neither Close may wait for the other callback.
-TEST_F(SessionStateTest, TwoOnLostCallsThatEachCloseTheSessionBothReturn) {
-  std::shared_ptr<SessionState> session;
-  std::atomic<int> entered{0}, closed_first{0};
-  SessionOptions o;
-  o.on_lost = [&](const absl::Status&) {
+// Two sessions whose callbacks each close the other, lost at the same time on
+// two threads (the reader: a lease gone; the pump: a deadline passed): both
+// losses are told at once, and neither Close waits for the other's callback.
+// (Run on the threads that found the losses, each callback waited for the other
+// one: neither returned, and every other session of the Client went unrenewed.)
+TEST_F(SessionStateTest, TwoSessionsWhoseCallbacksCloseEachOtherBothReturn) {
+  std::shared_ptr<SessionState> a, b;
+  std::atomic<int> entered{0};
+  // Each callback waits (a second at most) for the other to be running too.
+  auto both_inside = [&] {
     ++entered;
-    while (entered.load() < 2) std::this_thread::sleep_for(milliseconds(1));  // both inside
-    if (session->MarkClosed()) ++closed_first;
+    const auto until = SteadyClock::now() + seconds(1);
+    while (entered.load() < 2 && SteadyClock::now() < until) {
+      std::this_thread::sleep_for(milliseconds(1));
+    }
   };
-  session = NewSession(o);
-  auto hold = session->HoldFor("k", /*open_class=*/false, 7);
-  google::protobuf::RepeatedPtrField<v1::EndedHold> ended;
-  ended.Add()->set_lock_key("k");
-  ended.Mutable(0)->set_token(7);
-  ended.Mutable(0)->set_reason("forced open");
-  auto reader = std::async(std::launch::async, [&] { session->HoldsEnded(ended); });
-  while (entered.load() < 1) std::this_thread::sleep_for(milliseconds(1));  // the hold first
+  std::atomic<bool> a_closed_b{false}, b_closed_a{false};
+  SessionOptions oa, ob;
+  oa.on_lost = [&](const absl::Status&) {
+    both_inside();
+    a_closed_b = b->MarkClosed();
+  };
+  ob.on_lost = [&](const absl::Status&) {
+    both_inside();
+    b_closed_a = a->MarkClosed();
+  };
+  a = NewSession(oa);
+  b = NewSession(ob);
+  auto reader = std::async(std::launch::async,
+                           [&] { a->MarkLost(absl::NotFoundError("session lost: lease gone")); });
   auto pump = std::async(std::launch::async,
-                         [&] { session->MarkLost(absl::UnavailableError("deadline passed")); });
-  ReturnsOrDie(reader, "the reader's on_lost");
-  ReturnsOrDie(pump, "the pump's on_lost");
-  EXPECT_EQ(entered.load(), 2);
-  EXPECT_EQ(closed_first.load(), 1) << "one Close closes, the other finds it closed";
-  EXPECT_TRUE(session->closed());
+                         [&] { b->MarkLost(absl::UnavailableError("deadline passed")); });
+  ReturnsOrDie(reader, "the reader's loss");
+  ReturnsOrDie(pump, "the pump's loss");
+  EXPECT_TRUE(a->lost());
+  EXPECT_TRUE(b->lost());
+  // One callback ran and closed the other session, whose callback then did not run.
+  for (int i = 0; i < 20'000 && !a_closed_b && !b_closed_a; ++i) {
+    std::this_thread::sleep_for(milliseconds(1));
+  }
+  EXPECT_NE(a_closed_b.load(), b_closed_a.load());
+  EXPECT_EQ(entered.load(), 1);
+  // The callback thread goes on.
+  std::promise<void> ran;
+  SessionOptions oc;
+  oc.on_lost = [&](const absl::Status&) { ran.set_value(); };
+  auto c = NewSession(oc);
+  c->MarkLost(absl::UnavailableError("deadline passed"));
+  EXPECT_EQ(ran.get_future().wait_for(seconds(20)), std::future_status::ready);
+}
+
+// A callback that blocks (an Acquire to take the lock again) holds up neither
+// the thread that found the loss nor the losses of other sessions: their holds
+// are lost, and their stop tokens stopped, at once; their callbacks run after it.
+TEST_F(SessionStateTest, AnOnLostThatBlocksHoldsUpNoOtherSessionsLoss) {
+  std::promise<void> go;
+  std::shared_future<void> go_f = go.get_future().share();
+  std::atomic<bool> a_inside{false}, b_ran{false};
+  SessionOptions oa, ob;
+  oa.on_lost = [&](const absl::Status&) {
+    a_inside = true;
+    go_f.wait();
+  };
+  ob.on_lost = [&](const absl::Status&) { b_ran = true; };
+  auto a = NewSession(oa);
+  auto b = NewSession(ob);
+  auto a_hold = a->HoldFor("k", /*open_class=*/false, 7);
+  auto b_hold = b->HoldFor("j", /*open_class=*/false, 8);
+  auto lose_a = std::async(std::launch::async,
+                           [&] { a->MarkLost(absl::UnavailableError("deadline passed")); });
+  const bool a_told = lose_a.wait_for(seconds(5)) == std::future_status::ready;
+  EXPECT_TRUE(a_told) << "the loss waited for its callback";
+  EXPECT_TRUE(a_hold->lost());
+  EXPECT_TRUE(a_hold->lost_token().stop_requested());
+  for (int i = 0; i < 20'000 && !a_inside; ++i) std::this_thread::sleep_for(milliseconds(1));
+  ASSERT_TRUE(a_inside);
+  google::protobuf::RepeatedPtrField<v1::EndedHold> ended;
+  ended.Add()->set_lock_key("j");
+  ended.Mutable(0)->set_token(8);
+  ended.Mutable(0)->set_reason("forced open");
+  auto lose_b = std::async(std::launch::async, [&] { b->HoldsEnded(ended); });
+  const bool b_told = lose_b.wait_for(seconds(5)) == std::future_status::ready;
+  EXPECT_TRUE(b_told) << "another session's loss waited for a blocked callback";
+  EXPECT_TRUE(b_hold->lost());
+  EXPECT_TRUE(b_hold->lost_token().stop_requested());
+  EXPECT_FALSE(b_ran) << "callbacks run one at a time, in order";
+  go.set_value();
+  lose_a.get();
+  lose_b.get();
+  for (int i = 0; i < 20'000 && !b_ran; ++i) std::this_thread::sleep_for(milliseconds(1));
+  EXPECT_TRUE(b_ran);
+}
+
+// The pump saw the deadline pass, then a renewal answer moved it on before the
+// pump got to the session: the session is not lost.
+TEST_F(SessionStateTest, ADeadlineMovedOnSinceThePumpLookedLosesNothing) {
+  auto session = NewSession();  // opened now, TTL 10 s: its deadline 9 s away
+  auto hold = session->HoldFor("k", /*open_class=*/false, 7);
+  session->Suspect(absl::UnavailableError("no renewal was confirmed"), /*deadline_passed=*/true);
+  EXPECT_FALSE(session->lost());
+  EXPECT_FALSE(hold->lost());
+  // etcd unreachable, with the deadline not passed: the closed hold is lost.
+  session->Suspect(absl::UnavailableError("etcd unreachable"), /*deadline_passed=*/false);
   EXPECT_TRUE(hold->lost());
+  EXPECT_FALSE(session->lost());
+}
+
+// An Acquire answered with a hold whose dropped Hold's release is owed takes the
+// release back (the caller holds the key again); one being sent is not taken.
+TEST_F(SessionStateTest, AnOwedReleaseIsTakenBackByAnAcquireAnsweredWithItsHold) {
+  auto session = NewSession();
+  EXPECT_EQ(session->TakeBackRelease("k", 7), SessionState::TakeBack::kNotOwed);
+  session->OweRelease("k", 7);
+  session->OweRelease("k", 9);
+  EXPECT_EQ(session->owed_releases(), 2u);
+  EXPECT_EQ(session->TakeBackRelease("k", 7), SessionState::TakeBack::kTakenBack);
+  EXPECT_EQ(session->owed_releases(), 1u);
+  EXPECT_TRUE(session->owes_releases());
+  EXPECT_EQ(session->TakeBackRelease("k", 7), SessionState::TakeBack::kNotOwed);
+  EXPECT_EQ(session->TakeBackRelease("k", 9), SessionState::TakeBack::kTakenBack);
+  EXPECT_FALSE(session->owes_releases());
 }
 
 // Close from another thread still waits for a callback that is running.
