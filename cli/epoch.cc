@@ -1,8 +1,9 @@
 // `holdfast epoch show [--cluster NAME] [-o json]`: the cluster's current epoch
 //   record, whether a restore was detected (grants then wait for an advance), the
 //   history, and with several clusters (none named) every cluster's record.
-// `holdfast epoch advance [--cluster NAME] --reason restore|rehome [-o json]`:
-//   new epoch = 1 + max(the record, the history's highest); admins only.
+// `holdfast epoch advance [--cluster NAME] --reason restore|rehome [--min-epoch N]
+//   [-o json]`: new epoch = 1 + max(the record, the history's highest, N); admins
+//   only. Without an audit store (no history), a restore needs --min-epoch.
 // Runbook: docs/operations.md.
 #include <iostream>
 
@@ -21,6 +22,7 @@ struct ShowFlags {
 struct AdvanceFlags {
   std::string reason;
   std::string cluster;
+  int min_epoch = 0;
   OutputFormat output = OutputFormat::kTable;
 };
 
@@ -76,6 +78,7 @@ int RunAdvance(const GlobalOptions& global, const AdvanceFlags& flags) {
   v1::AdvanceEpochRequest req;
   req.set_reason(flags.reason);
   req.set_cluster(flags.cluster);
+  req.set_min_epoch(flags.min_epoch);
   auto e = client->AdvanceEpoch(req);
   if (!e.ok()) return ReportError(e.status(), "epoch advance");
   if (flags.output == OutputFormat::kJson) {
@@ -104,6 +107,10 @@ void RegisterEpochCommand(CLI::App& app, CommandContext& ctx) {
   advance->add_option("--reason", af->reason, "restore | rehome")->required();
   advance->add_option("--cluster", af->cluster,
                       "etcd cluster name (required with several; one cluster: leave out)");
+  advance->add_option("--min-epoch", af->min_epoch,
+                      "the highest epoch the cluster has had, if the server may not know it "
+                      "(required for a restore without an audit store): the new one is above it")
+      ->check(CLI::Range(0, 32766));
   AddOutputOption(advance, &af->output);
   SetAction(advance, ctx, af, RunAdvance);
 }

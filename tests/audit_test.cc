@@ -683,6 +683,32 @@ TEST_F(ForceReleaseTest, TheHolderIsToldOnItsNextRenewal) {
   EXPECT_TRUE(kept->Release().ok());
 }
 
+// Fenced is judged at the approval: a class that makes the key advisory after
+// the request (here a new class of a longer prefix) leaves the holder unfenced,
+// and the approval needs the acknowledgement, which the audit then records.
+TEST_F(ForceReleaseTest, AKeyMadeAdvisorySinceTheRequestNeedsTheAcknowledgement) {
+  auto session = std::move(*alice_->OpenSession("default"));
+  auto hold = session->Acquire("late-adv/report");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  v1::ForceRequest req = Request("late-adv/report");
+  EXPECT_TRUE(req.class_is_fenced());
+  v1::LockClass cls;
+  cls.set_namespace_("default");
+  cls.set_class_id("late-adv");
+  cls.set_key_prefix("late-adv/");
+  cls.set_enforcement(v1::ENFORCEMENT_ADVISORY);
+  ASSERT_TRUE(admin_->CreateClass(cls).ok());
+  auto refused = Approve(*admin2_, req.request_id());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("(made advisory since the request)"),
+            std::string::npos)
+      << refused.status();
+  EXPECT_EQ(Holders("late-adv/report"), std::vector<int64_t>{hold->token()});
+  auto ok = Approve(*admin2_, req.request_id(), /*ack=*/true);
+  ASSERT_TRUE(ok.ok()) << ok.status();
+  EXPECT_TRUE(Holders("late-adv/report").empty());
+}
+
 TEST_F(ForceReleaseTest, AdvisoryHoldNeedsAnAcknowledgement) {
   auto session = std::move(*alice_->OpenSession("default"));
   auto hold = session->Acquire("adv/report");

@@ -62,9 +62,11 @@ void RunTogether(const std::function<void()>& a, const std::function<void()>& b)
 
 class EpochTest : public ::testing::Test {
  protected:
-  void Start(const std::string& extra_config = "") {
+  void Start(const std::string& extra_config = "",
+             std::vector<std::string> holdfastd_args = {}) {
     testing::TestCluster::Options o;
     o.extra_config = extra_config;
+    o.holdfastd_args = std::move(holdfastd_args);
     auto c = testing::TestCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status();
     cluster_ = std::move(*c);
@@ -405,6 +407,52 @@ TEST_F(EpochTest, RestoredClusterRefusesGrantsUntilAdvancedThenTokensAreAboveAll
   EXPECT_EQ(shown->history(1).reason(), "restore");
   EXPECT_EQ(shown->history(1).actor(), "spiffe://holdfast.dev/dev");
   EXPECT_EQ(shown->history(1).etcd_cluster_id(), shown->observed_cluster_id());
+}
+
+// Without an audit store there is no epoch history: the restored record alone
+// could name an epoch already used since the snapshot (restore one snapshot
+// twice, and 1 + its epoch comes round twice, with the same revisions), so a
+// restore's advance needs the highest epoch the operator knows of.
+TEST_F(EpochTest, WithoutAnAuditStoreARestoresAdvanceNeedsTheHighestEpochKnown) {
+  Start("", {"--audit-store", "none"});
+  Cycles("before/", 3);
+  SnapshotAndRestore([&] { Cycles("after-snapshot/", 3); }, "restored-no-store");
+  auto refused = TryAcquire("post-restore");
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+
+  auto record_revision = [&] {
+    pb::RangeRequest r;
+    r.set_key(keyspace::EpochKey());
+    auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    return got.ok() && got->kvs_size() == 1 ? got->kvs(0).mod_revision() : int64_t{-1};
+  };
+  const int64_t before = record_revision();
+  ASSERT_GT(before, 0);
+  v1::AdvanceEpochRequest req;
+  req.set_reason("restore");
+  auto r = client_->AdvanceEpoch(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kFailedPrecondition) << r.status();
+  EXPECT_NE(r.status().message().find(
+                "this holdfastd has no audit store (audit.store: none), so no epoch history"),
+            std::string::npos)
+      << r.status();
+  EXPECT_NE(r.status().message().find("--min-epoch N"), std::string::npos) << r.status();
+  req.set_min_epoch(-1);
+  r = client_->AdvanceEpoch(req);
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+  EXPECT_EQ(record_revision(), before) << "a refused advance wrote the record";
+  EXPECT_EQ(EtcdRecord().epoch(), 1);
+  refused = TryAcquire("still-refused");
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+
+  // The operator knows epoch 4 was used (a token's high bits): the new one is above.
+  req.set_min_epoch(4);
+  auto advanced = client_->AdvanceEpoch(req);
+  ASSERT_TRUE(advanced.ok()) << advanced.status();
+  EXPECT_EQ(advanced->epoch(), 5);
+  auto t = AcquireOnceAllowed("post-advance");
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_EQ(token::EpochOf(*t), 5);
 }
 
 TEST_F(EpochTest, RestoreThatKeepsTheClusterIdIsCaughtByTheAuditCursor) {

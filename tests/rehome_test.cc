@@ -713,6 +713,51 @@ TEST_F(RehomeTest, AnInterruptedRehomeCanBeRolledBack) {
   EXPECT_TRUE((*s)->Acquire("x").ok());
 }
 
+// An abort marks the placement record before it undoes anything, so no step of
+// a rehome command still running can follow it (flip the home after the old one
+// took sessions again, remove the old one after the abort removed the copy). An
+// abort cut short after marking leaves the rehome to the abort: the forward
+// command refuses to resume it and changes nothing; the abort asked again
+// finishes it.
+TEST_F(RehomeTest, AnAbortMarksTheRehomeFirstAndOnlyAnAbortFinishesIt) {
+  CreateNamespace("pay", "");
+  auto before_b = KeySpace(b());
+  ::setenv("HOLDFAST_TEST_REHOME_EXIT_AFTER", "2", 1);  // right after the seal
+  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+  EXPECT_FALSE(Rehome("pay", "b", seconds(5)).ok());
+  ::setenv("HOLDFAST_TEST_REHOME_EXIT_AFTER", "100", 1);  // right after the abort's mark
+  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+  ::unsetenv("HOLDFAST_TEST_REHOME_EXIT_AFTER");
+  client_ = std::move(*cluster_->NewClient());
+  EXPECT_FALSE(Rehome("pay", "b", seconds(5), false, /*abort=*/true).ok());
+  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+  client_ = std::move(*cluster_->NewClient());
+  records::PlacementRecord p;
+  ASSERT_TRUE(p.ParseFromString(KeySpace(a())[keyspace::PlacementKey("pay")]));
+  EXPECT_TRUE(p.rehome().aborting());
+  EXPECT_EQ(p.rehome().phase(), 2);
+
+  auto a_before = KeySpace(a());
+  auto resumed = Rehome("pay", "b", seconds(5));
+  EXPECT_EQ(resumed.status().code(), absl::StatusCode::kFailedPrecondition) << resumed.status();
+  EXPECT_NE(resumed.status().message().find(
+                "is being rolled back (an abort began and did not finish): finish the roll-back "
+                "with `holdfast ns rehome pay --to b --abort`"),
+            std::string::npos)
+      << resumed.status();
+  EXPECT_EQ(KeySpace(a()), a_before) << "a refused resume wrote on the home cluster";
+  EXPECT_EQ(KeySpace(b()), before_b) << "a refused resume wrote on the target";
+
+  auto undone = Rehome("pay", "b", seconds(5), false, /*abort=*/true);
+  ASSERT_TRUE(undone.ok()) << undone.status();
+  EXPECT_TRUE(undone->aborted());
+  EXPECT_EQ(KeySpace(a()).count(keyspace::PlacementKey("pay")), 0u);
+  EXPECT_EQ(KeySpace(b()), before_b);
+  auto s = client_->OpenSession("pay");
+  ASSERT_TRUE(s.ok()) << s.status();
+  EXPECT_TRUE((*s)->Acquire("x").ok());
+}
+
 struct CliResult {
   int exit_code = -1;
   std::string out, err;

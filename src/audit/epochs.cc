@@ -164,6 +164,20 @@ absl::StatusOr<records::EpochRecord> Epochs::Advance(const std::string& reason,
     return absl::InvalidArgumentError(
         absl::StrCat("--reason \"", reason, "\": use restore or rehome"));
   }
+  if (floor < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("--min-epoch ", floor, " is negative"));
+  }
+  if (store_ == nullptr && reason == "restore" && floor == 0) {
+    // The record came back with the snapshot, and nothing else remembers the
+    // epochs used since: 1 + the record's could be one already used, and its
+    // tokens would repeat (a second restore of the same snapshot, say).
+    return absl::FailedPreconditionError(
+        "this holdfastd has no audit store (audit.store: none), so no epoch history: the "
+        "restored epoch record may be older than epochs already used, and an advance from it "
+        "could repeat tokens. Give the highest epoch this cluster has had: holdfast epoch "
+        "advance --reason restore --min-epoch N (N from `holdfast epoch show` before the "
+        "restore, or from any token a resource has seen: token >> 48); nothing changed");
+  }
   HF_ASSIGN_OR_RETURN(EpochState s, Read(d));
   const int32_t current = s.exists ? s.record.epoch() : 0;
   const int32_t next = 1 + std::max({current, s.history_max, floor});

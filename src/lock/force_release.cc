@@ -171,14 +171,39 @@ absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
         "a force-release needs two people: ", approver,
         " requested it, so another admin must approve it; nothing released"));
   }
-  if (!rec.class_was_fenced() && !req.ack_unfenced()) {
+  // Fenced as it is now, not as it was at the request: a class made advisory
+  // since (its enforcement changed, or a new advisory class now matches the key)
+  // leaves the holder unfenced too, and needs the acknowledgement. The classes
+  // read here are compared in the release's transaction.
+  pb::TxnRequest read;
+  AddSnapshotReads(rec.ns(), /*session=*/0, rec.lock_key(), read.mutable_success());
+  HF_ASSIGN_OR_RETURN(auto now_read, etcd_->TxnSync(std::move(read), d));
+  HF_ASSIGN_OR_RETURN(KeySnapshot snap, ParseSnapshot(now_read.header(), now_read.responses()));
+  const ClassEntry* cls = ResolveClass(snap.classes, rec.lock_key());
+  const bool class_advisory_now =
+      cls != nullptr && cls->record.enforcement() == v1::ENFORCEMENT_ADVISORY;
+  const bool fenced = rec.class_was_fenced() && !class_advisory_now;
+  if (!fenced && !req.ack_unfenced()) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "\"", rec.lock_key(), "\" is held under an advisory class: its holder (", rec.holder_identity(),
+        "\"", rec.lock_key(), "\" is held under an advisory class",
+        rec.class_was_fenced() ? " (made advisory since the request)" : "", ": its holder (",
+        rec.holder_identity(),
         ") is NOT fenced off and may go on writing after the release. Approve again with "
         "--ack-unfenced to release it anyway; nothing released"));
   }
   const std::string hold_key = keyspace::HoldKey(rec.ns(), rec.lock_key(), rec.session_id());
   pb::TxnRequest txn;
+  // No class of the namespace changed, none was added, and the one resolved is
+  // still there, since the read that judged the hold fenced.
+  const std::string class_prefix = keyspace::ClassPrefix(rec.ns());
+  auto* classes = AddCompare(&txn, class_prefix, pb::Compare::MOD, pb::Compare::LESS);
+  classes->set_range_end(keyspace::PrefixEnd(class_prefix));
+  classes->set_mod_revision(snap.revision + 1);
+  if (cls != nullptr) {
+    AddCompare(&txn, keyspace::ClassKey(rec.ns(), cls->class_id), pb::Compare::MOD,
+               pb::Compare::EQUAL)
+        ->set_mod_revision(cls->mod_revision);
+  }
   AddCompare(&txn, hold_key, pb::Compare::CREATE, pb::Compare::EQUAL)
       ->set_create_revision(rec.grant_revision());
   AddCompare(&txn, got.kvs(0).key(), pb::Compare::CREATE, pb::Compare::EQUAL)
@@ -198,7 +223,7 @@ absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
   mark.set_requester(rec.requester());
   mark.set_approver(approver);
   mark.set_reason(rec.reason());
-  mark.set_class_was_fenced(rec.class_was_fenced());
+  mark.set_class_was_fenced(fenced);
   mark.set_requested_at_unix_ms(rec.requested_at_unix_ms());
   AddAuditMark(&txn, std::move(mark));
   auto sent = etcd_->TxnSync(std::move(txn), d);
@@ -220,6 +245,16 @@ absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
     if (still->kvs_size() == 0) {
       return absl::NotFoundError(absl::StrCat("force-release request ", req.request_id(),
                                               " expired or was approved meanwhile"));
+    }
+    pb::RangeRequest hold_now;
+    hold_now.set_key(hold_key);
+    auto held = etcd_->RangeSync(hold_now, d);
+    if (!held.ok()) return held.status();
+    if (held->kvs_size() == 1 && held->kvs(0).create_revision() == rec.grant_revision()) {
+      return absl::AbortedError(absl::StrCat(
+          "the lock classes of namespace \"", rec.ns(), "\" changed while request ",
+          req.request_id(), " was approved (whether the hold is fenced is judged again): "
+          "approve again; nothing released"));
     }
     return absl::FailedPreconditionError(absl::StrCat(
         "the hold named by request ", req.request_id(), " (session ", rec.session_id(),

@@ -364,7 +364,8 @@ grpc::Status AdminService::AdvanceEpoch(grpc::ServerContext* ctx,
   auto cluster = ClusterNamed(req->cluster(), /*empty_is_control=*/false);
   if (!cluster.ok()) return ToGrpcStatus(cluster.status());
   auto advanced =
-      (*cluster)->epochs->Advance(req->reason(), caller->identity, RpcDeadline(*ctx, kUnaryCap));
+      (*cluster)->epochs->Advance(req->reason(), caller->identity, RpcDeadline(*ctx, kUnaryCap),
+                                  req->min_epoch());
   if (!advanced.ok()) return ToGrpcStatus(advanced.status());
   if (on_advanced_) on_advanced_();
   resp->set_epoch(advanced->epoch());

@@ -688,6 +688,15 @@ absl::Status ValidateConfig(const Config& c) {
   // Upper bounds below: past them a value is more likely a mistaken unit than a
   // wish, and each costs something real (a call stalled that long, a crashed
   // holder's locks held that long, a message or a stream count that much memory).
+  if (c.auto_advance_on_restore && c.audit_store == "none") {
+    // Without the epoch history, an advance after a restore starts from the
+    // restored record, which may be older than epochs already used: an operator
+    // must name the floor (holdfast epoch advance --min-epoch).
+    return absl::InvalidArgumentError(
+        "config: epochs.auto_advance_on_restore needs an audit store (audit.store is none): "
+        "without the epoch history an advance after a restore could reuse an epoch, and "
+        "tokens would repeat; advance by hand with --min-epoch");
+  }
   if (c.etcd_timeout < std::chrono::milliseconds(100) || c.etcd_timeout > std::chrono::minutes(1)) {
     return absl::InvalidArgumentError("config: etcd.timeout must be between 100ms and 1m");
   }

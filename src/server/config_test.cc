@@ -125,6 +125,8 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
        "metrics: {listen: 10.0.0.1:9420, plaintext: true, readers: [spiffe://acme.org/p]}",
        "but metrics.plaintext: true serves them"},
       {"insecure: true\nepochs: {auto_advance_on_restore: maybe}", "true or false"},
+      {"insecure: true\naudit: {store: none}\nepochs: {auto_advance_on_restore: true}",
+       "config: epochs.auto_advance_on_restore needs an audit store (audit.store is none)"},
       {"insecure: true\nepochs: {check_interval: 1ms}", "check_interval must be between 100ms"},
       {"insecure: true\nlimits: {max_waiters_per_key: 0}",
        "max_waiters_per_key must be between 1 and 100000"},

@@ -30,6 +30,7 @@ const char* PhaseName(int32_t phase) {
     case kRehomeEpochReady: return "epoch-ready";
     case kRehomeCopied: return "copied";
     case kRehomeFlipped: return "flipped";
+    case kRehomeAbortMarked: return "abort-marked";
     default: return "unknown";
   }
 }
@@ -322,6 +323,19 @@ absl::Status Rehomer::Undrain(Cluster& from, const std::string& ns, etcd::Deadli
 }
 
 absl::Status Rehomer::RollBack(const std::string& ns, Placed placed, etcd::Deadline d) {
+  if (!placed.rec->rehome().aborting()) {
+    // Marked first: from here no forward step of a command still running can
+    // commit (each compares the record), so none follows what is undone below.
+    records::PlacementRecord marked = *placed.rec;
+    marked.mutable_rehome()->set_aborting(true);
+    HF_RETURN_IF_ERROR(WritePlacement(ns, placed, marked, d));
+    HF_ASSIGN_OR_RETURN(placed, ReadPlacement(ns, d));
+    if (!placed.rec || !placed.rec->has_rehome() || !placed.rec->rehome().aborting()) {
+      return absl::AbortedError(absl::StrCat(
+          "the placement of namespace \"", ns, "\" changed meanwhile; run the command again"));
+    }
+    MaybeExit(kRehomeAbortMarked);
+  }
   const records::RehomeState st = placed.rec->rehome();
   Cluster* from = clusters_->Named(st.from());
   Cluster* to = clusters_->Named(st.to());
@@ -399,6 +413,12 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
 
   if (in_progress) {
     const auto& st = placed.rec->rehome();
+    if (st.aborting()) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "the rehome of \"", ns, "\" to \"", st.to(), "\" is being rolled back (an abort began "
+          "and did not finish): finish the roll-back with `holdfast ns rehome ", ns, " --to ",
+          st.to(), " --abort`, then start again; nothing changed"));
+    }
     if (st.to() != req.to()) {
       return absl::FailedPreconditionError(absl::StrCat(
           "a rehome of \"", ns, "\" to \"", st.to(), "\" is in progress (", PhaseName(st.phase()),

@@ -36,6 +36,16 @@
 //               records deleted; the placement record keeps only {home: to}
 //               (deleted when the target is the control cluster).
 //
+// Abort (before kFlipped): the placement record is marked aborting first, by a
+// compare-and-swap, and only then is the target's copy removed and `from`
+// undrained, and the record restored. A rehome command still running (an abort
+// runs beside one, on the brief pool) fails its next step's compare-and-swap,
+// so it can neither flip the home after `from` took sessions again nor remove
+// `from` after the abort removed the target's copy; a command run later refuses
+// to resume a rehome marked so (the abort, asked again, finishes it). A copy
+// step in flight as the abort removes the target's copy can still leave records
+// of the namespace there (not its home; a later rehome there replaces them).
+//
 // Thread-safe; blocking (the Admin service's synchronous pool). Two rehomes of
 // one namespace at once are kept apart by the compare-and-swaps on its
 // placement record: the loser gets ABORTED.
@@ -59,6 +69,9 @@ enum RehomePhase : int32_t {
   kRehomeEpochReady = 3,
   kRehomeCopied = 4,
   kRehomeFlipped = 5,
+  // Not a phase: for Options::exit_after_phase, right after an abort marked the
+  // record (RehomeState.aborting) and before it undid anything.
+  kRehomeAbortMarked = 100,
 };
 
 class Rehomer {
