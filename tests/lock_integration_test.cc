@@ -1266,6 +1266,122 @@ TEST_F(LockTest, WaitersHoldNoServerThread) {
 
 // Invariant 1 under two replicas: never two holders, checked from etcd's own
 // history of the key's hold range.
+// holdfastd reaches etcd through a relay that can hold etcd's answers back or
+// cut the link (testing::StallProxy): writes whose outcome holdfastd
+// cannot know, as in a partition or a leader election.
+class UnansweredWriteTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    testing::TestCluster::Options o;
+    o.etcd_via_proxy = true;
+    o.extra_config = "etcd:\n  timeout: 1s\n";
+    auto c = testing::TestCluster::Start(o);
+    ASSERT_TRUE(c.ok()) << c.status();
+    cluster_ = std::move(*c);
+    ASSERT_TRUE(cluster_->CreateNamespace("default").ok());
+    auto client = cluster_->NewClient();
+    ASSERT_TRUE(client.ok()) << client.status();
+    client_ = std::move(*client);
+  }
+
+  // The holds and waiters of `key` as etcd has them (not through holdfastd).
+  std::pair<int64_t, int64_t> HoldsAndWaiters(const std::string& key) {
+    auto count = [&](const std::string& begin, const std::string& end) -> int64_t {
+      pb::RangeRequest r;
+      r.set_key(begin);
+      r.set_range_end(end);
+      r.set_count_only(true);
+      auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+      return got.ok() ? got->count() : -1;
+    };
+    return {count(keyspace::HoldRangeBegin("default", key), keyspace::HoldRangeEnd("default", key)),
+            count(keyspace::WaitRangeBegin("default", key), keyspace::WaitRangeEnd("default", key))};
+  }
+
+  bool Eventually(const std::function<bool()>& f, milliseconds within) {
+    const auto until = std::chrono::steady_clock::now() + within;
+    while (!f()) {
+      if (std::chrono::steady_clock::now() >= until) return false;
+      std::this_thread::sleep_for(milliseconds(50));
+    }
+    return true;
+  }
+
+  std::unique_ptr<testing::TestCluster> cluster_;
+  std::unique_ptr<Client> client_;
+};
+
+// A grant etcd commits but whose answer does not come back before the call's
+// wait ends: the call used to answer "not granted within" at once, and the
+// session kept the key, which its caller did not know it held, for as long as
+// the session lived. The call now reads what it has once etcd answers again,
+// and undoes the grant before it answers.
+TEST_F(UnansweredWriteTest, AGrantUnansweredAsTheWaitEndsIsUndoneNotLeftHeld) {
+  SessionOptions so;
+  so.ttl = seconds(30);
+  auto s = client_->OpenSession("default", so);
+  ASSERT_TRUE(s.ok()) << s.status();
+  {
+    // Once, so that the next grant goes from the views, with no read first.
+    auto warm = (*s)->Acquire("unanswered");
+    ASSERT_TRUE(warm.ok()) << warm.status();
+    ASSERT_TRUE(warm->Release().ok());
+  }
+  cluster_->etcd_proxy().StallAnswers(true);
+  auto got = std::async(std::launch::async,
+                        [&] { return (*s)->Acquire("unanswered", testing::Waiting(milliseconds(300))); });
+  // The grant reaches etcd and commits; its answer waits in the relay.
+  ASSERT_TRUE(Eventually([&] { return HoldsAndWaiters("unanswered").first == 1; }, seconds(10)))
+      << "the grant never reached etcd";
+  std::this_thread::sleep_for(milliseconds(2000));  // past the wait and etcd.timeout
+  cluster_->etcd_proxy().StallAnswers(false);
+  auto answer = got.get();
+  ASSERT_FALSE(answer.ok()) << "token " << answer->token();
+  EXPECT_EQ(answer.status().code(), absl::StatusCode::kDeadlineExceeded) << answer.status();
+  EXPECT_TRUE(Eventually([&] { return HoldsAndWaiters("unanswered").first == 0; }, seconds(5)))
+      << "the session holds a key its caller was told it did not get";
+  // The key is free for anyone.
+  auto other = client_->OpenSession("default");
+  ASSERT_TRUE(other.ok()) << other.status();
+  EXPECT_TRUE((*other)->Acquire("unanswered").ok());
+}
+
+// A cancelled call's waiter leaves the queue at the end of its grace by a
+// guarded delete. When that delete is lost (etcd never got it), it is asked
+// again once etcd answers: the waiter used to stay until its own deadline (here
+// a minute), and the next release handed its session a hold nobody waited for.
+TEST_F(UnansweredWriteTest, AWaiterWhoseLeavingIsLostLeavesOnceEtcdAnswers) {
+  auto holder = client_->OpenSession("default");
+  ASSERT_TRUE(holder.ok()) << holder.status();
+  auto held = (*holder)->Acquire("lost-leave");
+  ASSERT_TRUE(held.ok()) << held.status();
+  SessionOptions so;
+  so.ttl = seconds(30);
+  auto waiter = client_->OpenSession("default", so);
+  ASSERT_TRUE(waiter.ok()) << waiter.status();
+  auto stub = v1::Lock::NewStub(
+      grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  v1::AcquireRequest req;
+  req.set_namespace_("default");
+  req.set_session_id((*waiter)->id());
+  req.set_lock_key("lost-leave");
+  req.set_wait_ms(60'000);
+  v1::AcquireResponse resp;
+  auto call = std::async(std::launch::async, [&] { return stub->Acquire(&ctx, req, &resp); });
+  ASSERT_TRUE(Eventually([&] { return HoldsAndWaiters("lost-leave").second == 1; }, seconds(10)));
+  cluster_->etcd_proxy().Cut(true);
+  ctx.TryCancel();  // the waiter stays for the grace (2 s), then its delete is lost
+  EXPECT_EQ(call.get().error_code(), grpc::StatusCode::CANCELLED);
+  std::this_thread::sleep_for(milliseconds(4000));
+  cluster_->etcd_proxy().Cut(false);
+  EXPECT_TRUE(Eventually([&] { return HoldsAndWaiters("lost-leave").second == 0; }, seconds(15)))
+      << "the waiter of a call that ended stayed in the queue";
+  // The release hands the key to nobody.
+  ASSERT_TRUE(held->Release().ok());
+  EXPECT_EQ(HoldsAndWaiters("lost-leave").first, 0);
+}
+
 TEST(LockReplicasTest, TwoReplicas200ConcurrentAcquiresNeverTwoHolders) {
   testing::TestCluster::Options o;
   o.replicas = 2;

@@ -41,7 +41,9 @@
 //
 // One etcd step is in flight at a time; a deadline or cancel that arrives during a
 // step takes effect when the step completes. A grant that commits after the call
-// has ended is deleted again by a guarded delete.
+// has ended is deleted again by a guarded delete; a grant or enqueue etcd did not
+// answer as the call ended is read back first (EndUncertain), and a waiter whose
+// delete at the end etcd did not answer is deleted again later (KeepLeaving).
 #include <algorithm>
 #include <atomic>
 #include <memory>
@@ -343,12 +345,16 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                      txn.mutable_failure());
     auto self = shared_from_this();
     engine_->etcd().Txn(std::move(txn), etcd::DeadlineIn(engine_->options().etcd_timeout),
-                        [self, why, own](absl::StatusOr<pb::TxnResponse> t) {
+                        [self, why, own, own_mod](absl::StatusOr<pb::TxnResponse> t) {
                           if (t.ok() && t->succeeded()) {
                             self->engine_->views_.WaiterGone(self->req_.namespace_(),
                                                              self->req_.lock_key(),
                                                              self->req_.session_id(), own);
                           }
+                          // Not taken out (etcd did not answer): asked again after
+                          // the answer, or the waiter would stand until its own
+                          // deadline and be handed a hold no call waits for.
+                          if (!t.ok()) self->KeepLeaving(own, own_mod, kUndoPause);
                           if (t.ok() && !t->succeeded()) {
                             auto snap = ParseSnapshot(t->header(), t->responses());
                             if (snap.ok()) {
@@ -700,7 +706,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         self->put_rev_ = own.create_revision;
         self->put_mod_ = own.mod_revision;
       }
-      if (auto end = self->StepDone()) return self->EndNow(*end);
+      if (auto end = self->StepDone()) {
+        // The enqueue may have committed: its waiter must not stay behind.
+        if (!t.ok() && etcd::WriteOutcomeUnknown(t.status())) {
+          return self->EndUncertain(*end, false);
+        }
+        return self->EndNow(*end);
+      }
       if (!t.ok()) {
         // Unknown outcome: read and decide with the queue as it is.
         if (!self->RetryUnknown(t.status())) return self->Finish(t.status());
@@ -943,6 +955,20 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       AddCompare(&txn, keyspace::WaitKey(ns, key, lease), pb::Compare::CREATE, pb::Compare::EQUAL)
           ->set_create_revision(d.own_waiter->create_revision);
       txn.add_success()->mutable_request_delete_range()->set_key(keyspace::WaitKey(ns, key, lease));
+      // Shared past live waiters ahead, which were shared as read: each is
+      // unchanged (one taken over in place by a retry of its session may now ask
+      // for the key exclusive, and must not be passed).
+      if (req_.shared()) {
+        for (const auto& w : snap.waiters) {
+          if (w.create_revision >= d.own_waiter->create_revision) continue;
+          if (std::find(d.dead_ahead.begin(), d.dead_ahead.end(), &w) != d.dead_ahead.end()) {
+            continue;
+          }
+          AddCompare(&txn, keyspace::WaitKey(ns, key, w.lease), pb::Compare::MOD,
+                     pb::Compare::EQUAL)
+              ->set_mod_revision(w.mod_revision);
+        }
+      }
     } else {
       // Not queued: no waiter joined since the read (the ones seen were dead).
       auto* waiters = AddCompare(&txn, keyspace::WaitRangeBegin(ns, key), pb::Compare::MOD,
@@ -976,6 +1002,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                    const records::HoldRecord& rec, const std::vector<ClassEntry>& classes) {
     auto end = StepDone();
     if (!t.ok()) {
+      // Ending, with the grant's outcome unknown: it may have committed, and the
+      // call must not say "not granted" while the session holds the key.
+      if (end && etcd::WriteOutcomeUnknown(t.status())) return EndUncertain(*end, true);
       if (end) return EndNow(*end);
       if (!RetryUnknown(t.status())) return Finish(t.status());
       if (BeginStep()) Read();  // converge: Acquire is idempotent per session
@@ -1017,6 +1046,108 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (retries_left_ <= 0 || std::chrono::system_clock::now() >= rpc_deadline_) return false;
     --retries_left_;
     return true;
+  }
+
+  // The call is ending after a write of its own whose outcome is unknown (etcd
+  // did not answer: a leader election, say, which is also what makes the write
+  // slow enough for the wait or a cancel to end the call meanwhile). Reads what
+  // the session has of the key, asked again until the answer's bound, then ends
+  // as if the write's answer had come: `grant`, a hold created after the read
+  // the grant was decided on is this call's and is undone (as a grant that
+  // commits after the call's end is); an enqueue, a waiter of the session put
+  // after that read is this call's and leaves the queue (EndNow, which returns a
+  // hold handed to it meanwhile).
+  void EndUncertain(absl::Status why, bool grant) {
+    const auto now = std::chrono::system_clock::now();
+    const auto left = std::max<std::chrono::system_clock::duration>(rpc_deadline_ - now, {});
+    EndUncertain(std::move(why), grant,
+                 rpc_deadline_ - std::min<std::chrono::system_clock::duration>(
+                                     left / 4, std::chrono::seconds(1)));
+  }
+
+  void EndUncertain(absl::Status why, bool grant, Deadline answer_by) {
+    StopWaiting();
+    pb::TxnRequest txn;
+    AddSnapshotReads(req_.namespace_(), req_.session_id(), req_.lock_key(),
+                     txn.mutable_success());
+    auto self = shared_from_this();
+    engine_->etcd().Txn(
+        std::move(txn), std::min(answer_by, engine_->EtcdDeadline(rpc_deadline_)),
+        [self, why, grant, answer_by](absl::StatusOr<pb::TxnResponse> t) {
+          absl::StatusOr<KeySnapshot> snap =
+              t.ok() ? ParseSnapshot(t->header(), t->responses()) : t.status();
+          if (!snap.ok()) {
+            if (std::chrono::system_clock::now() + kUndoPause < answer_by) {
+              self->engine_->After(kUndoPause, [self, why, grant, answer_by] {
+                self->EndUncertain(why, grant, answer_by);
+              });
+              return;
+            }
+            return self->Finish(absl::Status(
+                why.code(), absl::StrCat(why.message(), "; but a write of this call was not "
+                                         "answered by etcd, and whether it committed is not "
+                                         "known (", snap.status().message(), "): the session "
+                                         "may hold or wait for the key")));
+          }
+          const int64_t decided_at = self->read_revision_;
+          for (const auto& h : snap->holds) {
+            if (grant && h.lease == self->req_.session_id() && h.create_revision > decided_at) {
+              return self->UndoThenFail(h.create_revision, why);
+            }
+          }
+          if (!grant) {
+            for (const auto& w : snap->waiters) {
+              if (w.lease != self->req_.session_id() || w.mod_revision <= decided_at) continue;
+              absl::MutexLock l(&self->mu_);
+              self->own_waiter_rev_ = w.create_revision;
+              self->own_waiter_mod_ = w.mod_revision;
+            }
+          }
+          self->EndNow(why);
+        });
+  }
+
+  // EndNow's guarded delete of the own waiter, after the call has been answered
+  // and etcd did not answer the delete: asked again, each pause twice the last
+  // (up to 4 s), until etcd answers (deleted, or the waiter is no longer this
+  // call's) or the waiter's own deadline has passed (then nobody is handed the
+  // key through it). Not across a restart of holdfastd.
+  void KeepLeaving(int64_t own, int64_t own_mod, std::chrono::milliseconds pause) {
+    if (NowUnixMs() >= deadline_unix_ms_) return;
+    auto self = shared_from_this();
+    engine_->After(pause, [self, own, own_mod, pause] {
+      const std::string wait_key = keyspace::WaitKey(
+          self->req_.namespace_(), self->req_.lock_key(), self->req_.session_id());
+      pb::TxnRequest txn;
+      AddCompare(&txn, wait_key, pb::Compare::CREATE, pb::Compare::EQUAL)
+          ->set_create_revision(own);
+      if (own_mod != 0) {
+        AddCompare(&txn, wait_key, pb::Compare::MOD, pb::Compare::EQUAL)
+            ->set_mod_revision(own_mod);
+      }
+      AddCompare(&txn,
+                 keyspace::HoldKey(self->req_.namespace_(), self->req_.lock_key(),
+                                   self->req_.session_id()),
+                 pb::Compare::CREATE, pb::Compare::EQUAL)
+          ->set_create_revision(0);
+      txn.add_success()->mutable_request_delete_range()->set_key(wait_key);
+      txn.add_success()->mutable_request_delete_range()->set_key(keyspace::ClaimKey(
+          self->req_.namespace_(), self->req_.lock_key(), self->req_.session_id()));
+      self->engine_->etcd().Txn(
+          std::move(txn), etcd::DeadlineIn(self->engine_->options().etcd_timeout),
+          [self, own, own_mod, pause](absl::StatusOr<pb::TxnResponse> t) {
+            if (t.ok()) {
+              if (t->succeeded()) {
+                self->engine_->views_.WaiterGone(self->req_.namespace_(), self->req_.lock_key(),
+                                                 self->req_.session_id(), own);
+              }
+              return;
+            }
+            self->KeepLeaving(own, own_mod,
+                              std::min<std::chrono::milliseconds>(pause * 2,
+                                                                  std::chrono::seconds(4)));
+          });
+    });
   }
 
   // Deletes the own waiter created at `create_revision`, if it is still that one,

@@ -233,8 +233,18 @@ absl::StatusOr<std::unique_ptr<TestCluster>> TestCluster::Start(Options options)
     holdfastd_args.push_back("--config");
     holdfastd_args.push_back(config);
   }
+  std::vector<std::string> holdfastd_etcd = endpoints;
+  if (options.etcd_via_proxy) {
+    if (endpoints.size() != 1 || options.etcd_tls) {
+      return absl::InvalidArgumentError("etcd_via_proxy: one plaintext etcd member only");
+    }
+    auto proxy = StallProxy::Start(endpoints.front());
+    if (!proxy.ok()) return proxy.status();
+    c->etcd_proxy_ = std::move(*proxy);
+    holdfastd_etcd = {c->etcd_proxy_->endpoint()};
+  }
   for (int i = 0; i < options.replicas; ++i) {
-    auto h = HoldfastdProcess::Start(endpoints,
+    auto h = HoldfastdProcess::Start(holdfastd_etcd,
                                      absl::StrCat(c->dir_.path(), "/holdfastd-", i, ".log"), 0,
                                      holdfastd_args);
     if (!h.ok()) return h.status();

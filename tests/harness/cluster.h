@@ -15,6 +15,7 @@
 #include "dev/etcd_process.h"
 #include "dev/subprocess.h"
 #include "etcd/client.h"
+#include "harness/stall_proxy.h"
 #include "holdfast/client.h"
 
 namespace holdfast::testing {
@@ -102,6 +103,9 @@ class TestCluster {
     // lists `clusters:` "a" (the first etcd, control, tier "a"), "b" (tier "b"),
     // "c" (tier "c")...; etcd() is cluster "a".
     int extra_etcd_clusters = 0;
+    // holdfastd reaches the (single) etcd member through a StallProxy
+    // (etcd_proxy()); etcd_client() goes straight to etcd.
+    bool etcd_via_proxy = false;
   };
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start(Options options);
   static absl::StatusOr<std::unique_ptr<TestCluster>> Start() { return Start(Options{}); }
@@ -128,6 +132,8 @@ class TestCluster {
   std::string certs_dir() const { return dir_.path() + "/certs"; }
   // Direct access to etcd, for checks that must not trust holdfast.
   etcd::Client& etcd_client() { return *etcd_client_; }
+  // Options::etcd_via_proxy: the relay between holdfastd and etcd.
+  StallProxy& etcd_proxy() { return *etcd_proxy_; }
   // The extra etcd clusters: i = 0 is cluster "b".
   dev::EtcdProcess& extra_etcd(int i) { return *extra_etcd_[i]; }
   etcd::Client& extra_etcd_client(int i) { return *extra_etcd_clients_[i]; }
@@ -147,6 +153,7 @@ class TestCluster {
   dev::Pem etcd_ca_pem_, etcd_client_pem_;
   std::shared_ptr<TimerQueue> timers_;
   std::vector<std::unique_ptr<dev::EtcdProcess>> etcd_;
+  std::unique_ptr<StallProxy> etcd_proxy_;  // before holdfastd_: it goes after them
   std::vector<std::unique_ptr<HoldfastdProcess>> holdfastd_;
   std::unique_ptr<etcd::Client> etcd_client_;
   std::vector<std::unique_ptr<dev::EtcdProcess>> extra_etcd_;
