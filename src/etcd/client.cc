@@ -33,7 +33,7 @@ Client::Client(ClientOptions options, std::shared_ptr<TimerQueue> timers)
     args.SetInt(GRPC_ARG_KEEPALIVE_PERMIT_WITHOUT_CALLS, 1);
     args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 100);
     args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 2'000);
-    args.SetMaxReceiveMessageSize(64 << 20);
+    args.SetMaxReceiveMessageSize(options_.max_receive_bytes);
     auto e = std::make_unique<Endpoint>();
     e->address = address;
     e->channel = grpc::CreateCustomChannel(address, creds, args);
@@ -51,13 +51,18 @@ Client::~Client() {
   closing_.store(true);
   while (moving_.load() > 0) std::this_thread::yield();
   // Streams first: they call back into the client. Then wait for unary calls,
-  // so no callback runs after the channels are gone.
-  watch_hub_.reset();
-  keepalive_mux_.reset();
+  // so no callback runs after the channels are gone. The hub and the mux stay
+  // (shut down) until then: a unary call's callback may still ask them for a
+  // watch or a renewal (an acquire whose read comes back as holdfastd stops),
+  // which they refuse.
+  watch_hub_->Shutdown();
+  keepalive_mux_->Shutdown();
   {
     absl::MutexLock l(&idle_mu_);
     while (calls_in_flight_.load() > 0) idle_cv_.Wait(&idle_mu_);
   }
+  watch_hub_.reset();
+  keepalive_mux_.reset();
   own_loop_.reset();  // nothing is left on it
 }
 

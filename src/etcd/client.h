@@ -94,6 +94,10 @@ struct ClientOptions {
   // The event loop every call and stream of the client runs on (not owned; must
   // outlive the client). Null: the client starts a loop of its own.
   EventLoop* loop = nullptr;
+  // The largest answer taken from etcd. Watches ask etcd to split a larger
+  // response (into parts of at most its --max-request-bytes, 1.5 MiB by
+  // default), so this must stay above that setting.
+  int max_receive_bytes = 64 << 20;
 };
 
 class KeepAliveMux;

@@ -29,7 +29,7 @@ class KeepAliveMux::Stream
 
 KeepAliveMux::KeepAliveMux(Client* client) : client_(client) {}
 
-KeepAliveMux::~KeepAliveMux() {
+void KeepAliveMux::Shutdown() {
   std::shared_ptr<Stream> s;
   {
     absl::MutexLock l(&mu_);

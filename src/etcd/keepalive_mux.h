@@ -31,8 +31,10 @@ namespace holdfast::etcd {
 class KeepAliveMux {
  public:
   explicit KeepAliveMux(Client* client);
-  // Cancels the stream and waits until gRPC has finished with it.
-  ~KeepAliveMux();
+  // Cancels the stream and waits until gRPC has finished with it; from then on a
+  // KeepAlive is answered UNAVAILABLE at once. Idempotent.
+  void Shutdown();
+  ~KeepAliveMux() { Shutdown(); }
 
   void KeepAlive(int64_t lease_id, Deadline d, Callback<pb::LeaseKeepAliveResponse> cb);
 

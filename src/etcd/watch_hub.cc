@@ -66,7 +66,7 @@ int64_t CompactRevisionOf(const absl::Status& s) {
 
 WatchHub::WatchHub(Client* client) : client_(client) {}
 
-WatchHub::~WatchHub() {
+void WatchHub::Shutdown() {
   std::shared_ptr<Stream> s;
   {
     absl::MutexLock l(&mu_);
@@ -104,9 +104,16 @@ size_t WatchHub::etcd_watches() {
   return watchers_.size();
 }
 
-pb::WatchRequest WatchHub::CreateRequestLocked(WatchId id, const Watcher& w) {
+pb::WatchRequest WatchHub::CreateRequestLocked(WatchId id, Watcher& w) {
+  // Created anew (a new stream): the parts of a split response it had are sent
+  // again whole, from next_revision.
+  w.fragments.clear();
   pb::WatchRequest req;
   auto* c = req.mutable_create_request();
+  // A catch-up of many large revisions (an auditor behind) would otherwise come
+  // as one response past the channel's receive limit, refused every time it was
+  // asked again: etcd splits it into parts under its request size limit instead.
+  c->set_fragment(true);
   c->set_watch_id(id);
   c->set_key(w.spec.key);
   c->set_range_end(w.spec.range_end);
@@ -139,8 +146,8 @@ std::pair<std::shared_ptr<WatchHub::Stream>, bool> WatchHub::EnsureStreamLocked(
 WatchHub::Pending WatchHub::AddWatcherLocked(WatchId id, WatchSpec spec, WatchCallback cb) {
   Pending p;
   Watcher w{std::move(spec), std::make_shared<WatchCallback>(std::move(cb)), 0};
-  p.req = CreateRequestLocked(id, w);
-  watchers_.emplace(id, std::move(w));
+  auto [it, inserted] = watchers_.emplace(id, std::move(w));
+  p.req = CreateRequestLocked(id, it->second);
   if (shutting_down_) return p;
   if (reconnect_scheduled_) return p;  // Reconnect() will create it
   std::tie(p.stream, p.fresh) = EnsureStreamLocked();
@@ -321,12 +328,18 @@ void WatchHub::OnResponse(Stream* s, const pb::WatchResponse& resp) {
       }
       return;
     } else {
-      if (resp.events_size() == 0) return;  // progress notification
+      if (resp.fragment()) {  // more parts of this response follow
+        w.fragments.insert(w.fragments.end(), resp.events().begin(), resp.events().end());
+        return;
+      }
+      if (resp.events_size() == 0 && w.fragments.empty()) return;  // progress notification
       WatchBatch batch;
       batch.header_revision = resp.header().revision();
       batch.cluster_id = resp.header().cluster_id();
-      batch.events.assign(resp.events().begin(), resp.events().end());
-      w.next_revision = resp.events(resp.events_size() - 1).kv().mod_revision() + 1;
+      batch.events = std::move(w.fragments);
+      w.fragments.clear();
+      batch.events.insert(batch.events.end(), resp.events().begin(), resp.events().end());
+      w.next_revision = batch.events.back().kv().mod_revision() + 1;
       delivery = std::move(batch);
       cb = w.cb;
     }
@@ -390,7 +403,7 @@ void WatchHub::Reconnect() {
     // mu_ to find the stream, then sends its cancel after the create. Sent after
     // it, etcd would ignore the cancel of a watch it did not know yet, and then
     // create the watch, which would live as long as the stream.
-    for (const auto& [id, w] : watchers_) stream->Send(CreateRequestLocked(id, w));
+    for (auto& [id, w] : watchers_) stream->Send(CreateRequestLocked(id, w));
   }
   if (fresh) stream->Go();
 }

@@ -68,7 +68,10 @@ int64_t CompactRevisionOf(const absl::Status& s);
 class WatchHub {
  public:
   explicit WatchHub(Client* client);
-  ~WatchHub();
+  // Ends every watch (no callback after it) and waits until gRPC has finished
+  // with the stream; a watch asked for from then on gets none. Idempotent.
+  void Shutdown();
+  ~WatchHub() { Shutdown(); }
 
   WatchId Watch(WatchSpec spec, WatchCallback cb);
   // A watcher inside [group_key, group_end), served by one etcd watch over that
@@ -101,6 +104,9 @@ class WatchHub {
     WatchSpec spec;
     std::shared_ptr<WatchCallback> cb;
     int64_t next_revision = 0;  // resume point; 0 until known
+    // Events of a response etcd split (WatchResponse.fragment) until its last
+    // part: delivered together, so a batch is still whole revisions.
+    std::vector<mvccpb::Event> fragments;
   };
 
   // A watcher of WatchWithin() inside a shared watch.
@@ -130,7 +136,7 @@ class WatchHub {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   static void SendPending(Pending p);
   void OnGroupBatch(const GroupRange& range, WatchId etcd_id, absl::StatusOr<WatchBatch> batch);
-  pb::WatchRequest CreateRequestLocked(WatchId id, const Watcher& w)
+  pb::WatchRequest CreateRequestLocked(WatchId id, Watcher& w)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Opens a stream if there is none. Returns it, and whether Go() is due.
   std::pair<std::shared_ptr<Stream>, bool> EnsureStreamLocked()
