@@ -74,6 +74,13 @@ void PrintJsonLine(const v1::AuditEvent& e) {
       {"unprotected", e.unprotected()},
       {"time", FormatUnixMillis(e.time_unix_ms())},
   };
+  if (e.has_force()) {
+    j["force"] = {{"request_id", e.force().request_id()},
+                  {"requester", e.force().requester()},
+                  {"approver", e.force().approver()},
+                  {"reason", e.force().reason()},
+                  {"class_was_fenced", e.force().class_was_fenced()}};
+  }
   std::cout << j.dump() << "\n";
 }
 
@@ -138,8 +145,9 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
   // trail holds both, and REVISION starts again lower), so the table names each
   // row's cluster unless --cluster chose one.
   const bool cluster_column = req.cluster_id().empty();
-  std::vector<std::string> header = {"REVISION", "TYPE",     "NAMESPACE", "KEY",
-                                     "SESSION",  "IDENTITY", "TOKEN",     "TIME"};
+  // FORCED_BY: for a force, who asked, who approved, and why.
+  std::vector<std::string> header = {"REVISION", "TYPE",     "NAMESPACE", "KEY",      "SESSION",
+                                     "IDENTITY", "TOKEN",    "TIME",      "FORCED_BY"};
   if (cluster_column) header.insert(header.begin(), "CLUSTER");
   Table table(header);
   bool header_printed = false;
@@ -162,7 +170,12 @@ int RunAudit(const GlobalOptions& global, const AuditFlags& flags) {
                                       e.type() + (e.unprotected() ? " (unprotected)" : ""),
                                       e.namespace_(), e.lock_key(), absl::StrCat(e.session_id()),
                                       e.spiffe_id(), absl::StrCat(e.token()),
-                                      FormatUnixMillis(e.time_unix_ms())};
+                                      FormatUnixMillis(e.time_unix_ms()),
+                                      e.has_force()
+                                          ? absl::StrCat(e.force().requester(), ", approved by ",
+                                                         e.force().approver(), ": ",
+                                                         e.force().reason())
+                                          : "-"};
       if (cluster_column) row.insert(row.begin(), e.cluster_id());
       table.AddRow(std::move(row));
     }

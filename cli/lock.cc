@@ -221,9 +221,10 @@ absl::StatusOr<LockRequest> Validate(const LockFlags& flags) {
   if (!wait.ok()) return wait.status();
   if (*wait > kMaxWait) return absl::InvalidArgumentError("--wait must be at most 24h");
   if (flags.grace.empty()) {
-    // A lost hold's CMD gets SIGKILL by the time its lease can have ended (the
-    // local deadline is the TTL less this margin), so that by default nothing it
-    // runs overlaps the next holder, even under an advisory class.
+    // A lost hold's CMD gets SIGKILL at about the time its lease could end after a
+    // lost renewal (the local deadline is the TTL less this margin), rather than
+    // seconds after the next holder may have started. (A force-release frees the
+    // key at once: there CMD may run up to the grace past it.)
     r.grace = std::chrono::duration_cast<milliseconds>(*ttl * SessionOptions{}.safety_margin);
   } else {
     auto grace = ParseDurationFlag("--grace", flags.grace);
@@ -397,7 +398,9 @@ struct CommandOutcome {
 // process of CMD's group, also those left after CMD itself exited (they ran under
 // the hold too). (A hold of an open class that is only unprotected keeps CMD
 // running.) When CMD exits with the hold kept, what it left running in its group
-// is not touched: that is CMD's to manage, and it runs without the lock.
+// is not touched: that is CMD's to manage, and it runs without the lock; but
+// after a signal holdfast passed on, the rest of the group gets --grace from the
+// signal, then SIGKILL, before the release.
 CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const Hold& hold,
                          const LockRequest& request, SignalWaiter& waiter,
                          JobTerminal* terminal) {

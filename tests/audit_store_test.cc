@@ -472,6 +472,19 @@ TEST_P(AuditStoreContract, RecordAndQueryRoundTripEveryField) {
   auto by_cluster = store_->Query(Q().cluster(kClusterHigh));
   ASSERT_TRUE(by_cluster.ok()) << by_cluster.status();
   EXPECT_EQ(*by_cluster, Sorted(batch));
+  // The force event comes with its row's people and reason; the others with none.
+  for (const AuditEvent& e : *by_cluster) {
+    if (e.type != EventType::kForce) {
+      EXPECT_EQ(e.force_request_id, "") << EventTypeName(e.type);
+      EXPECT_EQ(e.force_requester, "");
+      continue;
+    }
+    EXPECT_EQ(e.force_request_id, row.request_id);
+    EXPECT_EQ(e.force_requester, row.requester);
+    EXPECT_EQ(e.force_approver, row.approver);
+    EXPECT_EQ(e.force_reason, row.reason);
+    EXPECT_EQ(e.force_class_was_fenced, row.class_was_fenced);
+  }
   EXPECT_EQ(All(), Sorted(batch));
   EXPECT_EQ(Forces(), std::vector<ForceReleaseRow>{row});
   EXPECT_EQ(CursorOf(kClusterHigh), cursor);
@@ -1149,6 +1162,30 @@ TEST_P(AuditStoreContract, PruneDeletesEndedHoldsOldestFirstAndKeepsLiveOnesEpoc
   ASSERT_TRUE(store_->Record(kClusterA, 50, {live_end}, {}).ok());
   prune(2, 0);
   left({grants[3], releases[3], skew_grant, skew_release});
+}
+
+// A force_release row goes with its force event, not before: an old force whose
+// grant is still young keeps its event (an end waits for its grant), and so its
+// row, with the requester, approver and reason the event alone does not carry.
+TEST_P(AuditStoreContract, PruneKeepsAForceReleaseRowWhileItsEventIsKept) {
+  constexpr int64_t kBase = 1'700'000'000'000;
+  ForceReleaseRow row = Force(kClusterA, 12, "req-kept", kBase + 1000);
+  AuditEvent grant = Event(kClusterA, 9, row.ns, row.lock_key, row.session_id, EventType::kGrant,
+                           "spiffe://t/alice", kBase + 9000);  // its server's clock was ahead
+  AuditEvent forced = Event(kClusterA, 12, row.ns, row.lock_key, row.session_id,
+                            EventType::kForce, "spiffe://t/alice", kBase + 1000);
+  ASSERT_TRUE(store_->Record(kClusterA, 12, {grant, forced}, {row}).ok());
+  auto p = store_->Prune(kBase + 5000, 100);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->events, 0);
+  EXPECT_EQ(p->force_releases, 0);
+  EXPECT_EQ(Forces(), std::vector<ForceReleaseRow>{row});
+  // Once both are old, the event goes, and the row with it.
+  p = store_->Prune(kBase + 10'000, 100);
+  ASSERT_TRUE(p.ok()) << p.status();
+  EXPECT_EQ(p->events, 2);
+  EXPECT_EQ(p->force_releases, 1);
+  EXPECT_EQ(Forces(), std::vector<ForceReleaseRow>{});
 }
 
 TEST_P(AuditStoreContract, PruneRefusesABadCutoffOrBatchAndDeletesNothing) {

@@ -629,6 +629,17 @@ TEST_F(ForceReleaseTest, NeedsASecondAdminAndIsAuditedWithItsReason) {
   EXPECT_EQ(forces[0].token(), hold->token());
   EXPECT_EQ(forces[0].spiffe_id(), "spiffe://test.holdfast/team/alice");
   EXPECT_FALSE(forces[0].unprotected());
+  // The two people and why, through the API (the force_release row).
+  ASSERT_TRUE(forces[0].has_force()) << forces[0].DebugString();
+  EXPECT_EQ(forces[0].force().request_id(), req.request_id());
+  EXPECT_EQ(forces[0].force().requester(), "spiffe://test.holdfast/ops/admin");
+  EXPECT_EQ(forces[0].force().approver(), "spiffe://test.holdfast/ops/bob");
+  EXPECT_EQ(forces[0].force().reason(), "job stuck since 03:00, ticket OPS-1");
+  EXPECT_TRUE(forces[0].force().class_was_fenced());
+  // Other events carry none.
+  q.clear_type();
+  auto all = WaitForAudit(*admin_, q, [](const auto& ev) { return ev.size() >= 2; });
+  for (const auto& e : all) EXPECT_EQ(e.has_force(), e.type() == "force") << e.DebugString();
 
   // The force_release row, joined by revision.
   auto store = audit::OpenSqliteStore(cluster_->dir() + "/audit.db");

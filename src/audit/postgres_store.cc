@@ -443,7 +443,7 @@ absl::StatusOr<AuditStore::Pruned> PostgresStore::Prune(int64_t before_unix_ms, 
     }
     HF_ASSIGN_OR_RETURN(
         Result forces,
-        ExecLockHeld("DELETE FROM force_release WHERE approved_at_unix_ms < $1", {before}));
+        ExecLockHeld(internal::PruneForceReleasesStatement("$1"), {before}));
     out.force_releases = forces.Affected();
     return absl::OkStatus();
   }));
@@ -481,6 +481,11 @@ absl::StatusOr<std::vector<AuditEvent>> PostgresStore::Query(const AuditQuery& q
       HF_ASSIGN_OR_RETURN(e.token, r.Int(i, 7));
       e.unprotected = r.Bool(i, 8);
       HF_ASSIGN_OR_RETURN(e.time_unix_ms, r.Int(i, 9));
+      e.force_request_id = r.Text(i, 10);  // NULL (no row): empty
+      e.force_requester = r.Text(i, 11);
+      e.force_approver = r.Text(i, 12);
+      e.force_reason = r.Text(i, 13);
+      e.force_class_was_fenced = r.Bool(i, 14);
       out.push_back(std::move(e));
     }
     return absl::OkStatus();

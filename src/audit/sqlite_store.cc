@@ -421,7 +421,7 @@ absl::StatusOr<AuditStore::Pruned> SqliteStore::Prune(int64_t before_unix_ms, in
       out.events += sqlite3_changes(db_);
     }
     HF_ASSIGN_OR_RETURN(
-        Statement forces, PrepareLockHeld("DELETE FROM force_release WHERE approved_at_unix_ms < ?1"));
+        Statement forces, PrepareLockHeld(internal::PruneForceReleasesStatement("?1")));
     forces.Int(before_unix_ms);
     HF_RETURN_IF_ERROR(forces.Run());
     out.force_releases = sqlite3_changes(db_);
@@ -484,6 +484,11 @@ absl::StatusOr<std::vector<AuditEvent>> SqliteStore::Query(const AuditQuery& q) 
     e.token = select.ColumnInt(7);
     e.unprotected = select.ColumnBool(8);
     e.time_unix_ms = select.ColumnInt(9);
+    e.force_request_id = select.ColumnText(10);  // NULL (no row): empty
+    e.force_requester = select.ColumnText(11);
+    e.force_approver = select.ColumnText(12);
+    e.force_reason = select.ColumnText(13);
+    e.force_class_was_fenced = select.ColumnBool(14);
     out.push_back(std::move(e));
   }
   return out;

@@ -126,6 +126,15 @@ absl::Status ValidateBatch(uint64_t cluster_id, const std::vector<AuditEvent>& e
   return absl::OkStatus();
 }
 
+std::string PruneForceReleasesStatement(const char* cutoff) {
+  return absl::StrCat(
+      "DELETE FROM force_release WHERE approved_at_unix_ms < ", cutoff,
+      " AND NOT EXISTS (SELECT 1 FROM audit_event e WHERE e.cluster_id = "
+      "force_release.cluster_id AND e.revision = force_release.revision AND e.namespace = "
+      "force_release.namespace AND e.lock_key = force_release.lock_key AND e.session_id = "
+      "force_release.session_id)");
+}
+
 std::string PruneStatement(bool with_grants, const char* row_id, const char* cutoff,
                            const char* limit) {
   // x: the candidate; y: another event of the same hold (cluster, namespace, key,
@@ -218,30 +227,38 @@ bool SameEpochRow(const EpochRow& a, const EpochRow& b) {
 
 BuiltQuery BuildEventQuery(const AuditQuery& q, char placeholder) {
   BuiltQuery out;
-  out.sql = absl::StrCat("SELECT ", kEventColumns, " FROM audit_event");
+  // A force event comes with its force_release row (the two people and why),
+  // by the same five columns: at most one row each.
+  out.sql =
+      "SELECT e.cluster_id, e.revision, e.namespace, e.lock_key, e.session_id, e.type, "
+      "e.spiffe_id, e.token, e.unprotected, e.time_unix_ms, f.request_id, f.requester, "
+      "f.approver, f.reason, f.class_was_fenced FROM audit_event e LEFT JOIN force_release f "
+      "ON e.type = 'force' AND f.cluster_id = e.cluster_id AND f.revision = e.revision AND "
+      "f.namespace = e.namespace AND f.lock_key = e.lock_key AND f.session_id = e.session_id";
   const char* glue = " WHERE ";
   auto add = [&](const char* condition, SqlParam value) {
     out.params.push_back(std::move(value));
     absl::StrAppend(&out.sql, glue, condition, " ", std::string(1, placeholder), out.params.size());
     glue = " AND ";
   };
-  if (q.cluster_id) add("cluster_id =", ClusterToSql(*q.cluster_id));
-  if (!q.ns.empty()) add("namespace =", q.ns);
-  if (!q.lock_key.empty()) add("lock_key =", q.lock_key);
-  if (q.type) add("type =", std::string(EventTypeName(*q.type)));
-  if (!q.spiffe_id.empty()) add("spiffe_id =", q.spiffe_id);
-  if (q.since_unix_ms != 0) add("time_unix_ms >=", q.since_unix_ms);
-  if (q.after_revision != 0) add("revision >", q.after_revision);
+  if (q.cluster_id) add("e.cluster_id =", ClusterToSql(*q.cluster_id));
+  if (!q.ns.empty()) add("e.namespace =", q.ns);
+  if (!q.lock_key.empty()) add("e.lock_key =", q.lock_key);
+  if (q.type) add("e.type =", std::string(EventTypeName(*q.type)));
+  if (!q.spiffe_id.empty()) add("e.spiffe_id =", q.spiffe_id);
+  if (q.since_unix_ms != 0) add("e.time_unix_ms >=", q.since_unix_ms);
+  if (q.after_revision != 0) add("e.revision >", q.after_revision);
   if (q.after_event) {
     // A row value compares column by column, as ORDER BY below does. The plain
     // revision bound beside it lets a store that does not seek on a row value
     // still seek the primary key (cluster_id, revision, ...): a follower's poll
     // reads from its place on, not the cluster's whole trail.
     const AuditEventKey& k = *q.after_event;
-    add("revision >=", k.revision);
+    add("e.revision >=", k.revision);
     std::vector<SqlParam> values = {k.revision, k.ns, k.lock_key, k.session_id,
                                     ClusterToSql(k.cluster_id)};
-    absl::StrAppend(&out.sql, glue, "(revision, namespace, lock_key, session_id, cluster_id) > (");
+    absl::StrAppend(&out.sql, glue,
+                    "(e.revision, e.namespace, e.lock_key, e.session_id, e.cluster_id) > (");
     for (size_t i = 0; i < values.size(); ++i) {
       out.params.push_back(std::move(values[i]));
       absl::StrAppend(&out.sql, i == 0 ? "" : ", ", std::string(1, placeholder),
@@ -251,7 +268,8 @@ BuiltQuery BuildEventQuery(const AuditQuery& q, char placeholder) {
     glue = " AND ";
   }
   // cluster_id last only makes the order total when several clusters answer.
-  absl::StrAppend(&out.sql, " ORDER BY revision, namespace, lock_key, session_id, cluster_id");
+  absl::StrAppend(&out.sql,
+                  " ORDER BY e.revision, e.namespace, e.lock_key, e.session_id, e.cluster_id");
   out.params.push_back(int64_t{ClampLimit(q.limit)});
   absl::StrAppend(&out.sql, " LIMIT ", std::string(1, placeholder), out.params.size());
   return out;

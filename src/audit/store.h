@@ -63,6 +63,10 @@ struct AuditEvent {
   int64_t token = 0;          // the hold's fencing token
   bool unprotected = false;   // advisory class: the holder is not fenced off
   int64_t time_unix_ms = 0;   // best known wall time of the event (see auditor.h)
+  // A `force` event, as Query reads it: its force_release row (empty when the
+  // row is not there). Not written by Record, which takes the rows apart.
+  std::string force_request_id, force_requester, force_approver, force_reason;
+  bool force_class_was_fenced = false;
 };
 
 struct ForceReleaseRow {

@@ -52,6 +52,11 @@ absl::Status ValidateBatch(uint64_t cluster_id, const std::vector<AuditEvent>& e
 // audit_event_by_key.
 std::string PruneStatement(bool with_grants, const char* row_id, const char* cutoff,
                            const char* limit);
+// The DELETE of force_release rows approved before `cutoff` whose `force` event
+// is gone: a row goes with its event, never before it (the event waits for its
+// grant, and for its turn among max_events), so an event kept never lacks its
+// requester, approver and reason.
+std::string PruneForceReleasesStatement(const char* cutoff);
 
 // INVALID_ARGUMENT unless 1 ms <= options.lock_wait <= kMaxLockWait. Zero is no
 // bound at all to PostgreSQL (lock_timeout 0) and no wait to SQLite, and more

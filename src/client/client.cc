@@ -256,7 +256,10 @@ void OnLostRunner::Run(const std::shared_ptr<Queue>& q) {
       q->mu.Await(absl::Condition(
           +[](Queue* q) ABSL_NO_THREAD_SAFETY_ANALYSIS { return q->stopping || !q->fns.empty(); },
           q.get()));
-      if (q->fns.empty()) return;  // stopping, and all run
+      if (q->fns.empty()) {  // stopping, and all run
+        q->ended = true;
+        return;
+      }
       fn = std::move(q->fns.front());
       q->fns.pop_front();
     }
@@ -267,7 +270,9 @@ void OnLostRunner::Run(const std::shared_ptr<Queue>& q) {
 void OnLostRunner::Post(std::function<void()> fn) {
   {
     absl::MutexLock l(&q_->mu);
-    if (!q_->stopping) {
+    // Also while stopping: a thread still running (one detached by a Stop from a
+    // callback) keeps them one at a time, in order.
+    if (!q_->ended) {
       q_->fns.push_back(std::move(fn));
       return;
     }

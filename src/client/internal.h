@@ -50,8 +50,8 @@ class OnLostRunner {
   OnLostRunner(const OnLostRunner&) = delete;
   OnLostRunner& operator=(const OnLostRunner&) = delete;
 
-  // Runs `fn` on the runner's thread after what was posted before; once stopped,
-  // on the calling thread, at once.
+  // Runs `fn` on the runner's thread after what was posted before; once its
+  // thread has ended (after Stop), on the calling thread, at once.
   void Post(std::function<void()> fn);
   // Runs what was posted, then ends the thread (idempotent). Called on the
   // runner's own thread (a callback that destroys the Client), it does not wait
@@ -63,6 +63,7 @@ class OnLostRunner {
     absl::Mutex mu;
     std::deque<std::function<void()>> fns ABSL_GUARDED_BY(mu);
     bool stopping ABSL_GUARDED_BY(mu) = false;
+    bool ended ABSL_GUARDED_BY(mu) = false;  // the thread has run its last
   };
   static void Run(const std::shared_ptr<Queue>& q);
   // Shared with the thread, which may outlive this object (Stop from inside).

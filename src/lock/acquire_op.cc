@@ -88,6 +88,8 @@ constexpr std::chrono::milliseconds kMinCutWait{250};
 
 // The first pause between tries of a refused grant's delete (AcquireOp::UndoThenFail).
 constexpr std::chrono::milliseconds kUndoPause{250};
+// Grant: the most live waiters ahead a shared grant compares (one each).
+constexpr int kMaxAheadCompares = 32;
 
 class AcquireOp : public Cancellable, public std::enable_shared_from_this<AcquireOp> {
  public:
@@ -709,7 +711,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       if (auto end = self->StepDone()) {
         // The enqueue may have committed: its waiter must not stay behind.
         if (!t.ok() && etcd::WriteOutcomeUnknown(t.status())) {
-          return self->EndUncertain(*end, false);
+          return self->EndUncertain(*end, false, rec.SerializeAsString());
         }
         return self->EndNow(*end);
       }
@@ -957,13 +959,19 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       txn.add_success()->mutable_request_delete_range()->set_key(keyspace::WaitKey(ns, key, lease));
       // Shared past live waiters ahead, which were shared as read: each is
       // unchanged (one taken over in place by a retry of its session may now ask
-      // for the key exclusive, and must not be passed).
+      // for the key exclusive, and must not be passed). The nearest
+      // kMaxAheadCompares of them, so that the transaction stays within etcd's
+      // --max-txn-ops (128) beside its other operations; past them, the rare
+      // take-over as exclusive can be passed.
       if (req_.shared()) {
-        for (const auto& w : snap.waiters) {
+        int compared = 0;
+        for (auto it = snap.waiters.rbegin(); it != snap.waiters.rend(); ++it) {
+          const WaiterEntry& w = *it;
           if (w.create_revision >= d.own_waiter->create_revision) continue;
           if (std::find(d.dead_ahead.begin(), d.dead_ahead.end(), &w) != d.dead_ahead.end()) {
             continue;
           }
+          if (++compared > kMaxAheadCompares) break;
           AddCompare(&txn, keyspace::WaitKey(ns, key, w.lease), pb::Compare::MOD,
                      pb::Compare::EQUAL)
               ->set_mod_revision(w.mod_revision);
@@ -1004,7 +1012,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     if (!t.ok()) {
       // Ending, with the grant's outcome unknown: it may have committed, and the
       // call must not say "not granted" while the session holds the key.
-      if (end && etcd::WriteOutcomeUnknown(t.status())) return EndUncertain(*end, true);
+      if (end && etcd::WriteOutcomeUnknown(t.status())) {
+        return EndUncertain(*end, true, rec.SerializeAsString());
+      }
       if (end) return EndNow(*end);
       if (!RetryUnknown(t.status())) return Finish(t.status());
       if (BeginStep()) Read();  // converge: Acquire is idempotent per session
@@ -1052,20 +1062,21 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // did not answer: a leader election, say, which is also what makes the write
   // slow enough for the wait or a cancel to end the call meanwhile). Reads what
   // the session has of the key, asked again until the answer's bound, then ends
-  // as if the write's answer had come: `grant`, a hold created after the read
-  // the grant was decided on is this call's and is undone (as a grant that
-  // commits after the call's end is); an enqueue, a waiter of the session put
-  // after that read is this call's and leaves the queue (EndNow, which returns a
-  // hold handed to it meanwhile).
-  void EndUncertain(absl::Status why, bool grant) {
+  // as if the write's answer had come. The write is known by what it wrote
+  // (`written`, the record), put after the read it was decided on: another call
+  // of the session (a retry on another replica) writes a record of its own.
+  // `grant`: such a hold is this call's, and is undone (as a grant that commits
+  // after the call's end is); an enqueue: such a waiter is this call's, and
+  // leaves the queue (EndNow, which returns a hold handed to it meanwhile).
+  void EndUncertain(absl::Status why, bool grant, std::string written) {
     const auto now = std::chrono::system_clock::now();
     const auto left = std::max<std::chrono::system_clock::duration>(rpc_deadline_ - now, {});
-    EndUncertain(std::move(why), grant,
+    EndUncertain(std::move(why), grant, std::move(written),
                  rpc_deadline_ - std::min<std::chrono::system_clock::duration>(
                                      left / 4, std::chrono::seconds(1)));
   }
 
-  void EndUncertain(absl::Status why, bool grant, Deadline answer_by) {
+  void EndUncertain(absl::Status why, bool grant, std::string written, Deadline answer_by) {
     StopWaiting();
     pb::TxnRequest txn;
     AddSnapshotReads(req_.namespace_(), req_.session_id(), req_.lock_key(),
@@ -1073,13 +1084,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     auto self = shared_from_this();
     engine_->etcd().Txn(
         std::move(txn), std::min(answer_by, engine_->EtcdDeadline(rpc_deadline_)),
-        [self, why, grant, answer_by](absl::StatusOr<pb::TxnResponse> t) {
+        [self, why, grant, written, answer_by](absl::StatusOr<pb::TxnResponse> t) {
           absl::StatusOr<KeySnapshot> snap =
               t.ok() ? ParseSnapshot(t->header(), t->responses()) : t.status();
           if (!snap.ok()) {
             if (std::chrono::system_clock::now() + kUndoPause < answer_by) {
-              self->engine_->After(kUndoPause, [self, why, grant, answer_by] {
-                self->EndUncertain(why, grant, answer_by);
+              self->engine_->After(kUndoPause, [self, why, grant, written, answer_by] {
+                self->EndUncertain(why, grant, written, answer_by);
               });
               return;
             }
@@ -1091,13 +1102,17 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
           }
           const int64_t decided_at = self->read_revision_;
           for (const auto& h : snap->holds) {
-            if (grant && h.lease == self->req_.session_id() && h.create_revision > decided_at) {
+            if (grant && h.lease == self->req_.session_id() && h.create_revision > decided_at &&
+                h.record.SerializeAsString() == written) {
               return self->UndoThenFail(h.create_revision, why);
             }
           }
           if (!grant) {
             for (const auto& w : snap->waiters) {
-              if (w.lease != self->req_.session_id() || w.mod_revision <= decided_at) continue;
+              if (w.lease != self->req_.session_id() || w.mod_revision <= decided_at ||
+                  w.record.SerializeAsString() != written) {
+                continue;
+              }
               absl::MutexLock l(&self->mu_);
               self->own_waiter_rev_ = w.create_revision;
               self->own_waiter_mod_ = w.mod_revision;
@@ -1111,7 +1126,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // and etcd did not answer the delete: asked again, each pause twice the last
   // (up to 4 s), until etcd answers (deleted, or the waiter is no longer this
   // call's) or the waiter's own deadline has passed (then nobody is handed the
-  // key through it). Not across a restart of holdfastd.
+  // key through it). Not across a restart of holdfastd. A hand-over to the
+  // waiter before a retry commits gives the session the hold, as one during a
+  // cancel's grace does (docs/errors.md, CANCELLED).
   void KeepLeaving(int64_t own, int64_t own_mod, std::chrono::milliseconds pause) {
     if (NowUnixMs() >= deadline_unix_ms_) return;
     auto self = shared_from_this();

@@ -448,7 +448,9 @@ grpc::Status AdminService::QueryAudit(grpc::ServerContext* ctx, const v1::QueryA
   size_t bytes = 0;
   for (const auto& e : *rows) {
     // Each event's own size plus its field tag and length (at most 4 bytes).
-    const size_t size = 4 + e.ns.size() + e.lock_key.size() + e.spiffe_id.size() + 80;
+    const size_t size = 4 + e.ns.size() + e.lock_key.size() + e.spiffe_id.size() + 80 +
+                        e.force_request_id.size() + e.force_requester.size() +
+                        e.force_approver.size() + e.force_reason.size();
     if (resp->events_size() > 0 && bytes + size > kMaxAuditPageBytes) {
       resp->set_more(true);
       break;
@@ -465,6 +467,14 @@ grpc::Status AdminService::QueryAudit(grpc::ServerContext* ctx, const v1::QueryA
     out->set_token(e.token);
     out->set_unprotected(e.unprotected);
     out->set_time_unix_ms(e.time_unix_ms);
+    if (!e.force_request_id.empty()) {
+      auto* f = out->mutable_force();
+      f->set_request_id(e.force_request_id);
+      f->set_requester(e.force_requester);
+      f->set_approver(e.force_approver);
+      f->set_reason(e.force_reason);
+      f->set_class_was_fenced(e.force_class_was_fenced);
+    }
   }
   return grpc::Status::OK;
 }

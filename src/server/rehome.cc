@@ -503,6 +503,12 @@ absl::StatusOr<v1::RehomeNamespaceResponse> Rehomer::Rehome(
       // another call meanwhile.
       HF_ASSIGN_OR_RETURN(Placed now, ReadPlacement(ns, Step()));
       if (now.mod_revision != placed.mod_revision) {
+        // Rolled back (or being rolled back): this command's drain may have
+        // landed after the abort undrained `from`, and would stay. Undrained
+        // again, unless another rehome has begun since.
+        if (!now.rec || !now.rec->has_rehome() || now.rec->rehome().aborting()) {
+          (void)Undrain(*from, ns, Step());
+        }
         return absl::AbortedError(absl::StrCat(
             "the rehome of \"", ns, "\" to \"", st.to(),
             "\" was rolled back or taken over by another command while it waited for holds; "
