@@ -40,10 +40,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <iterator>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -387,6 +389,47 @@ int ReportStartError(const absl::Status& status) {
   }
 }
 
+// Sends SIGKILL to CMD's group at a set time from a thread of its own: the kill
+// after a loss must not wait for the main thread, which may be blocked writing
+// to a stderr nobody reads (a pipe to a pager, a stalled journal) while CMD's
+// group runs on without the lock. Disarmed before CMD is reaped: the group's id,
+// which the unreaped CMD keeps taken, cannot name another group when it fires.
+class GroupKiller {
+ public:
+  using Clock = std::chrono::steady_clock;
+  explicit GroupKiller(dev::Subprocess& child) : child_(child) {}
+  ~GroupKiller() { Disarm(); }
+  GroupKiller(const GroupKiller&) = delete;
+  GroupKiller& operator=(const GroupKiller&) = delete;
+
+  // Once; later calls change nothing.
+  void ArmAt(Clock::time_point at) {
+    std::lock_guard l(mu_);
+    if (thread_.joinable() || disarmed_) return;
+    thread_ = std::thread([this, at] {
+      std::unique_lock l(mu_);
+      if (!cv_.wait_until(l, at, [this] { return disarmed_; })) child_.SignalGroup(SIGKILL);
+    });
+  }
+
+  // Before CMD is reaped. Returns once the thread has ended.
+  void Disarm() {
+    {
+      std::lock_guard l(mu_);
+      disarmed_ = true;
+    }
+    cv_.notify_all();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  dev::Subprocess& child_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool disarmed_ = false;  // guarded by mu_
+  std::thread thread_;
+};
+
 struct CommandOutcome {
   int exit_code = 0;
   bool hold_lost = false;
@@ -412,14 +455,17 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
   // then (--grace after the signal) before SIGKILL, and the lock is released
   // only once the group is gone.
   std::optional<Clock::time_point> forwarded_until;
+  GroupKiller killer(child);
   // Signal first, then tell: a write to stderr may fail (a closed pipe) or
-  // block, and must not keep CMD running without the lock.
+  // block, and must not keep CMD running without the lock (the SIGKILL after
+  // the grace is the killer's, which a blocked write does not hold back).
   // Each signal is followed by SIGCONT, so that a CMD stopped on its own (a read
   // from the terminal: SIGTTIN) acts on it rather than holding the lock stopped.
   auto stop_command = [&](const std::string& why) {
     child.Signal(SIGTERM);
     child.Signal(SIGCONT);
     kill_at = Clock::now() + request.grace;
+    killer.ArmAt(*kill_at);
     PrintMessage(absl::StrCat("lost the hold on ", request.ref.ToString(), " (", why,
                               "); stopping the command: SIGTERM, SIGKILL after ",
                               request.grace.count(), "ms"));
@@ -527,6 +573,7 @@ CommandOutcome Supervise(dev::Subprocess& child, const Session& session, const H
                               hold.lost_reason().ToString(), ")"));
     outcome.hold_lost = true;
   }
+  killer.Disarm();  // before the reap frees the group's id
   outcome.exit_code = *child.Wait();
   outcome.terminal_lent = terminal != nullptr;
   return outcome;

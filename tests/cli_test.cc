@@ -1036,6 +1036,37 @@ TEST_F(CliTest, ALostHoldStopsTheCommandEvenWithStderrABrokenPipe) {
   KillLeftover(command_pid);
 }
 
+// With stderr a pipe nobody reads that is full (a pager not paging, a stalled
+// journal), the message about the loss blocks holdfast's main thread. The
+// SIGKILL after --grace comes from a thread of its own: the command, which
+// ignores SIGTERM, does not run on without the lock while holdfast waits to
+// write.
+TEST_F(CliTest, ALostHoldKillsTheCommandEvenWithStderrAFullPipe) {
+  const std::string fifo = Path("full-stderr");
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0) << std::strerror(errno);
+  int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);  // never read
+  ASSERT_GE(reader, 0) << std::strerror(errno);
+  const std::string pid_file = Path("full-stderr-pid");
+  // The command fills the pipe (a writer in its group blocks once it is full),
+  // then sleeps, ignoring SIGTERM.
+  auto p = CliProcess::Start(
+      cluster_->dir(), cluster_->endpoint(),
+      {"lock", "--ttl", "2s", "--grace", "1s", "default/cli/full-stderr", "--", "sh", "-c",
+       "trap '' TERM; head -c 200000 /dev/zero >&2 & echo $$ > '" + pid_file +
+           "'; exec sleep 60"},
+      "", {{"HF_TEST_ERR", fifo}});
+  ASSERT_NE(p, nullptr);
+  const pid_t command_pid = CommandPid(pid_file);
+  ASSERT_GT(command_pid, 0) << "the command never wrote its pid to " << pid_file;
+  ASSERT_NO_FATAL_FAILURE(RevokeHoldersSession(*cluster_, *client_, "cli/full-stderr"));
+  EXPECT_TRUE(WaitFor([&] { return Ended(command_pid); }, seconds(15)))
+      << "the command outlived the lost hold while holdfast could not write";
+  ::close(reader);  // holdfast's write fails now, and it goes on
+  CliResult r = p->Finish(seconds(30));
+  EXPECT_EQ(r.exit_code, 74);
+  KillLeftover(command_pid);
+}
+
 // holdfast killed outright cannot stop its command: the kernel does
 // (PR_SET_PDEATHSIG). Without that, the command ran on, orphaned, without the lock.
 TEST_F(CliTest, ACommandDoesNotOutliveAKilledHoldfast) {
