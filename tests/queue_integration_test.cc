@@ -223,6 +223,67 @@ TEST_F(QueueTest, ADeadWaiterRevivedInPlaceIsNotRemovedByARelease) {
   EXPECT_EQ(waiter_left(), 0);
 }
 
+// More dead waiters ahead than one transaction may remove (each costs two
+// compares and two deletes; etcd's --max-txn-ops is 128) are taken out in
+// batches before the grant, whether a newcomer finds them or a live waiter
+// behind them is woken by a release. Such a queue is left by a replica that died
+// with many waits on one key whose callers did not ask again.
+TEST_F(QueueTest, MoreDeadWaitersThanOneTransactionRemovesAreClearedBeforeTheGrant) {
+  constexpr int kDead = 100;
+  std::vector<std::unique_ptr<Session>> dead_sessions;
+  const int64_t now_ms = absl::ToUnixMillis(absl::Now());
+  auto put_dead = [&](const std::string& key) {
+    for (const auto& s : dead_sessions) {
+      records::WaiterRecord w;
+      w.set_deadline_unix_ms(now_ms - 1000);
+      w.set_identity("spiffe://holdfast.dev/dev");
+      pb::PutRequest put;
+      put.set_key(keyspace::WaitKey("default", key, s->id()));
+      put.set_value(w.SerializeAsString());
+      put.set_lease(s->id());
+      ASSERT_TRUE(cluster_->etcd_client().PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+    }
+  };
+  auto waiters_left = [&](const std::string& key) {
+    pb::RangeRequest r;
+    r.set_key(keyspace::WaitRangeBegin("default", key));
+    r.set_range_end(keyspace::WaitRangeEnd("default", key));
+    r.set_count_only(true);
+    return cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)))->count();
+  };
+  for (int i = 0; i < kDead; ++i) dead_sessions.push_back(Open());
+
+  // A newcomer, trying once, finds the free key behind them.
+  put_dead("crowd");
+  ASSERT_EQ(waiters_left("crowd"), kDead);
+  auto c = Open();
+  auto tried = c->Acquire("crowd");
+  ASSERT_TRUE(tried.ok()) << tried.status();
+  EXPECT_EQ(waiters_left("crowd"), 0);
+  EXPECT_EQ(DescribeUntil("crowd", [](auto& d) { return d.holders_size() == 1; })
+                .holders(0)
+                .session_id(),
+            c->id());
+
+  // A live waiter queued behind them while the key is held is granted at the release.
+  auto h = Open();
+  auto held = h->Acquire("behind");
+  ASSERT_TRUE(held.ok()) << held.status();
+  put_dead("behind");
+  auto w = Open();
+  AcquireOptions thirty_s;
+  thirty_s.wait = seconds(30);
+  auto waited = std::async(std::launch::async, [&] { return w->Acquire("behind", thirty_s); });
+  for (auto until = std::chrono::steady_clock::now() + seconds(20);
+       waiters_left("behind") < kDead + 1 && std::chrono::steady_clock::now() < until;) {
+    std::this_thread::sleep_for(milliseconds(10));
+  }
+  ASSERT_EQ(waiters_left("behind"), kDead + 1);
+  ASSERT_TRUE(held->Release().ok());
+  auto got = waited.get();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(waiters_left("behind"), 0);
+}
 TEST_F(QueueTest, TwentyWaitersAreGrantedInQueueOrder) {
   constexpr int kWaiters = 20;
   auto holder = Open();

@@ -917,6 +917,40 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     return true;
   }
 
+  // More dead waiters ahead than one grant may remove beside its other operations
+  // (etcd's --max-txn-ops; a replica that died with many waits on one key whose
+  // callers did not ask again leaves such a queue): the nearest
+  // queue::kMaxDeadPerGrant are removed in a transaction of their own, each
+  // guarded as a grant guards it (one taken over in place since is alive), and
+  // the call decides again on what it reads then. Nothing is granted here.
+  void RemoveDeadAhead(const KeySnapshot& snap, const queue::AcquireDecision& d) {
+    if (!BeginStep()) return;
+    const std::string& ns = req_.namespace_();
+    const std::string& key = req_.lock_key();
+    pb::TxnRequest txn;
+    for (size_t i = 0; i < queue::kMaxDeadPerGrant; ++i) {
+      RemoveDeadWaiter(snap, ns, key, *d.dead_ahead[i], &txn);
+    }
+    AddSnapshotReads(ns, req_.session_id(), key, txn.mutable_failure());
+    auto self = shared_from_this();
+    engine_->etcd().Txn(std::move(txn), EtcdDeadline(), [self](absl::StatusOr<pb::TxnResponse> t) {
+      if (auto end = self->StepDone()) return self->EndNow(*end);
+      if (!t.ok()) {
+        // Removing dead waiters twice is harmless: read and decide again.
+        if (!self->RetryUnknown(t.status())) return self->Fail(t.status());
+        if (self->BeginStep()) self->Read();
+        return;
+      }
+      if (t->succeeded()) {
+        if (self->BeginStep()) self->Read();
+        return;
+      }
+      auto snap = ParseSnapshot(t->header(), t->responses());
+      if (!snap.ok()) return self->Fail(snap.status());
+      self->Decide(std::move(*snap));
+    });
+  }
+
   records::HoldRecord NewHold(const ClassEntry& cls, const records::EpochRecord& epoch) const {
     records::HoldRecord rec;
     rec.set_class_id(cls.class_id);
@@ -931,6 +965,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   }
 
   void Grant(const KeySnapshot& snap, const ClassEntry& cls, const queue::AcquireDecision& d) {
+    if (d.dead_ahead.size() > queue::kMaxDeadPerGrant) return RemoveDeadAhead(snap, d);
     if (!BeginStep()) return;
     claims_before_ = -1;
     const std::string& ns = req_.namespace_();

@@ -28,7 +28,8 @@ inline bool Dead(const WaiterEntry& w, int64_t now_ms) {
 struct AcquireDecision {
   enum class Kind {
     kHeld,     // the session already holds the key: `own_hold`
-    kGrant,    // grant now (deleting `dead_ahead` and `own_waiter` in the same txn)
+    kGrant,    // grant now (deleting `dead_ahead` and `own_waiter` in the same txn;
+               // more than kMaxDeadPerGrant dead ones are removed first)
     kBlocked,  // wait (enqueue first when `own_waiter` is null)
   };
   Kind kind = Kind::kBlocked;
@@ -77,6 +78,12 @@ std::string BlockedBy(const std::vector<HoldEntry>& holds, int64_t waiting_ahead
 // the transaction stays under etcd's --max-txn-ops (128 by default); shared
 // waiters after them claim on their own when their predecessor's key goes.
 inline constexpr size_t kMaxHandOver = 32;
+
+// At most this many dead waiters are removed by one grant (each costs two compares
+// and up to two deletes, beside the grant's own compares and the shared grant's
+// compares of live waiters ahead): a grant that finds more ahead removes this many
+// first, in a transaction of its own, and decides again.
+inline constexpr size_t kMaxDeadPerGrant = 32;
 
 struct HandOver {
   std::vector<const WaiterEntry*> grant;  // in queue order
