@@ -142,9 +142,9 @@ void LockService::Release(UnaryCall<v1::ReleaseRequest, v1::ReleaseResponse>* ca
   if (!caller.ok()) return call->Finish(caller.status());
   const v1::ReleaseRequest* req = &call->request();
   const Route route = router_->RouteFor(req->namespace_());
-  AdmitThen(route.quota, call, *caller, req->namespace_(), [=, caller = *caller] {
-    route.engine->Release(caller, *req, RpcDeadline(call->context(), kUnaryCap), FinishInto(call));
-  });
+  // Counted against op_rate_quota, never refused by it (OpQuota::Charge).
+  if (route.quota != nullptr) route.quota->Charge(*caller, req->namespace_());
+  route.engine->Release(*caller, *req, RpcDeadline(call->context(), kUnaryCap), FinishInto(call));
 }
 
 void LockService::CheckToken(UnaryCall<v1::CheckTokenRequest, v1::CheckTokenResponse>* call) {

@@ -100,6 +100,19 @@ void OpQuota::Admit(const lock::Caller& caller, const std::string& ns, AdmitDone
   Fetch(ns, generation, std::move(uncached));
 }
 
+void OpQuota::Charge(const lock::Caller& caller, const std::string& ns) {
+  std::optional<Policy> policy;
+  {
+    absl::MutexLock l(&mu_);
+    auto it = entries_.find(ns);
+    if (stopped_ || it == entries_.end() || !it->second.ready) return;
+    it->second.last_used = std::chrono::steady_clock::now();
+    policy = it->second.policy;
+  }
+  if (policy->op_rate_quota <= 0 || !lock::CheckMember(caller, ns, policy->members).ok()) return;
+  limiter_->Charge(ns, policy->op_rate_quota);
+}
+
 void OpQuota::Fetch(const std::string& ns, uint64_t generation, std::optional<Waiter> uncached) {
   pb::RangeRequest r;
   r.set_key(keyspace::NamespaceKey(ns));

@@ -2,6 +2,8 @@
 //
 // Operations, each counted once per call whatever it does or waits for:
 //   Session.Open, Session.Close, Lock.Acquire, Lock.Release.
+// Only Open and Acquire are refused over the quota; Close and Release are counted
+// and never refused (Charge).
 // Not counted: Session.KeepAlive (refusing a renewal would make holders lose their
 // locks: the quota must never be what ends a hold), Lock.CheckToken and
 // Lock.Describe (reads that write nothing; resources call CheckToken on their
@@ -63,6 +65,16 @@ class OpQuota {
 
   // Decides one operation of `caller` on namespace `ns`.
   void Admit(const lock::Caller& caller, const std::string& ns, AdmitDone done);
+
+  // Counts one operation of `caller` on `ns` that is never refused: a
+  // Lock.Release or a Session.Close. Refusing what frees a lock or a session
+  // would only keep it held longer (libholdfast asks a refused release again
+  // 1 s later, then at longer pauses) and add the expiry's work later; each is
+  // bounded by the acquire or open before it, which the quota does refuse.
+  // RateLimiter::Charge takes its token, or puts the bucket into debt that the
+  // next Acquire and Open calls wait out. Never waits: a namespace whose policy
+  // is not cached yet is not counted.
+  void Charge(const lock::Caller& caller, const std::string& ns);
 
   // Stops the watches and the expiry sweep; later calls are let through. Waits
   // for reads in flight (bounded by their deadlines). Safe to call twice.

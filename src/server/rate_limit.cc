@@ -70,18 +70,15 @@ double RateLimiter::DemandAtLocked(const Bucket& b,
   return b.demand * std::exp(-dt / tau) / (1.0 - std::exp(-age / tau));
 }
 
-RateLimiter::Decision RateLimiter::Admit(const std::string& ns, int64_t quota) {
-  absl::MutexLock l(&mu_);
-  if (quota <= 0) {
-    buckets_.erase(ns);
-    quotas_.erase(ns);
-    return {};
-  }
+RateLimiter::Bucket& RateLimiter::TakeLocked(const std::string& ns, int64_t quota,
+                                             double* share_out, double* capacity_out) {
   const auto now = clock_();
   Bucket& b = buckets_[ns];
   quotas_[ns] = quota;
   const double share = ShareLocked(ns, quota);
   const double capacity = std::max(1.0, share * options_.burst_seconds);
+  *share_out = share;
+  *capacity_out = capacity;
   if (b.fresh) {
     b.fresh = false;
     b.tokens = capacity;
@@ -97,12 +94,32 @@ RateLimiter::Decision RateLimiter::Admit(const std::string& ns, int64_t quota) {
   const double dt = std::max(0.0, Seconds(now - b.demand_at));
   b.demand = b.demand * std::exp(-dt / tau) + 1.0 / tau;
   b.demand_at = now;
+  return b;
+}
+
+RateLimiter::Decision RateLimiter::Admit(const std::string& ns, int64_t quota) {
+  absl::MutexLock l(&mu_);
+  if (quota <= 0) {
+    buckets_.erase(ns);
+    quotas_.erase(ns);
+    return {};
+  }
+  double share, capacity;
+  Bucket& b = TakeLocked(ns, quota, &share, &capacity);
   if (b.tokens >= 1.0) {
     b.tokens -= 1.0;
     return {};
   }
   const double wait_ms = std::ceil((1.0 - b.tokens) / share * 1000.0);
   return {false, std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(wait_ms)))};
+}
+
+void RateLimiter::Charge(const std::string& ns, int64_t quota) {
+  absl::MutexLock l(&mu_);
+  if (quota <= 0) return;
+  double share, capacity;
+  Bucket& b = TakeLocked(ns, quota, &share, &capacity);
+  b.tokens = std::max(-capacity, b.tokens - 1.0);
 }
 
 void RateLimiter::SetView(PeerView view) {

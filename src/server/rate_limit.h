@@ -79,6 +79,12 @@ class RateLimiter {
   // admitted and not measured). Counts towards the demand either way.
   Decision Admit(const std::string& ns, int64_t quota);
 
+  // One operation on `ns` that is never refused (a release or a session close:
+  // refusing what frees a lock would only keep it held longer). It takes a token
+  // like any other; with none left the bucket runs into debt, of at most its
+  // capacity, which the operations after it wait out. Counts towards the demand.
+  void Charge(const std::string& ns, int64_t quota);
+
   // Replaces the view of the replicas; shares follow at once.
   void SetView(PeerView view);
 
@@ -105,6 +111,10 @@ class RateLimiter {
     bool fresh = true;
   };
 
+  // Refills `ns`'s bucket and counts one operation in its demand; returns the
+  // bucket, with this replica's share and the bucket's capacity.
+  Bucket& TakeLocked(const std::string& ns, int64_t quota, double* share, double* capacity)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   double ShareLocked(const std::string& ns, int64_t quota) const ABSL_SHARED_LOCKS_REQUIRED(mu_);
   double DemandAtLocked(const Bucket& b, std::chrono::steady_clock::time_point now) const;
 

@@ -53,6 +53,35 @@ TEST(RateLimiterTest, OneReplicaAdmitsTheBurstThenTheQuotaPerSecond) {
   EXPECT_TRUE(limiter.Admit("other", 10).admitted);
 }
 
+// Releases and closes are charged, never refused: with the bucket empty they run
+// it into debt (at most its capacity), which the refusable operations wait out.
+TEST(RateLimiterTest, ChargedOperationsAreNeverRefusedAndTheRestWaitForThem) {
+  FakeClock clock;
+  RateLimiter limiter({}, clock.AsClock());
+  // Q = 10/s, burst 0.5 s: a bucket of 5.
+  for (int i = 0; i < 5; ++i) EXPECT_TRUE(limiter.Admit("ns", 10).admitted) << i;
+  EXPECT_FALSE(limiter.Admit("ns", 10).admitted);
+  for (int i = 0; i < 3; ++i) limiter.Charge("ns", 10);  // 3 tokens of debt
+  auto refused = limiter.Admit("ns", 10);
+  EXPECT_FALSE(refused.admitted);
+  EXPECT_EQ(refused.retry_after, milliseconds(400));  // the debt and one token, at 10/s
+  clock.now += milliseconds(399);
+  EXPECT_FALSE(limiter.Admit("ns", 10).admitted);
+  clock.now += milliseconds(1);
+  EXPECT_TRUE(limiter.Admit("ns", 10).admitted);
+
+  // The debt is bounded by the bucket: 100 charges cost at most 5 tokens more.
+  for (int i = 0; i < 100; ++i) limiter.Charge("ns", 10);
+  refused = limiter.Admit("ns", 10);
+  EXPECT_FALSE(refused.admitted);
+  EXPECT_EQ(refused.retry_after, milliseconds(600));
+  // Charges count towards the demand that replicas publish.
+  EXPECT_GT(limiter.Demand().at("ns"), 0.0);
+  // Unlimited namespaces are not measured.
+  limiter.Charge("free", 0);
+  EXPECT_EQ(limiter.Demand().count("free"), 0u);
+}
+
 TEST(RateLimiterTest, AQuotaChangeTakesEffectAtTheNextOperation) {
   FakeClock clock;
   RateLimiter limiter({}, clock.AsClock());

@@ -326,10 +326,10 @@ void SessionService::Close(UnaryCall<v1::CloseSessionRequest, v1::CloseSessionRe
   if (!caller.ok()) return call->Finish(caller.status());
   const v1::CloseSessionRequest* req = &call->request();
   const Route route = router_->RouteFor(req->namespace_());
-  AdmitThen(route.quota, call, *caller, req->namespace_(), [=, caller = *caller] {
-    route.engine->CloseSession(caller, *req, RpcDeadline(call->context(), kUnaryCap),
-                               FinishInto(call));
-  });
+  // Counted against op_rate_quota, never refused by it (OpQuota::Charge).
+  if (route.quota != nullptr) route.quota->Charge(*caller, req->namespace_());
+  route.engine->CloseSession(*caller, *req, RpcDeadline(call->context(), kUnaryCap),
+                             FinishInto(call));
 }
 
 }  // namespace holdfast::server
