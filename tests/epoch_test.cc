@@ -274,35 +274,11 @@ class EpochTest : public ::testing::Test {
     const uint64_t here = ObservedClusterId();
     cluster_->holdfastd().process()->Signal(SIGSTOP);
     auto stale = CommitStaleHandOver(key, q.holder->id(), q.waiter->id(), here + 1);
-    auto alarm = SpaceAlarm(true);
+    auto alarm = cluster_->SpaceAlarm(true);
     cluster_->holdfastd().process()->Signal(SIGCONT);
     EXPECT_TRUE(stale.ok()) << stale;
     EXPECT_TRUE(alarm.ok()) << alarm;
     return stale.ok() && alarm.ok();
-  }
-
-  // Raises (or clears) etcd's NOSPACE alarm, as a backend past its quota does:
-  // etcd then refuses every write and serves reads.
-  absl::Status SpaceAlarm(bool on) {
-    auto stub = pb::Maintenance::NewStub(
-        grpc::CreateChannel(cluster_->etcd().endpoint(), grpc::InsecureChannelCredentials()));
-    grpc::ClientContext status_ctx;
-    status_ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
-    pb::StatusResponse status;
-    if (auto s = stub->Status(&status_ctx, pb::StatusRequest(), &status); !s.ok()) {
-      return absl::UnavailableError(s.error_message());
-    }
-    grpc::ClientContext ctx;
-    ctx.set_deadline(std::chrono::system_clock::now() + seconds(5));
-    pb::AlarmRequest req;
-    req.set_action(on ? pb::AlarmRequest::ACTIVATE : pb::AlarmRequest::DEACTIVATE);
-    req.set_memberid(status.header().member_id());
-    req.set_alarm(pb::NOSPACE);
-    pb::AlarmResponse resp;
-    if (auto s = stub->Alarm(&ctx, req, &resp); !s.ok()) {
-      return absl::UnavailableError(s.error_message());
-    }
-    return absl::OkStatus();
   }
 
   // `session` is granted `key` (free now), with a token above `above`.
@@ -670,7 +646,7 @@ TEST_F(EpochTest, TheDeleteOfARefusedHandOverIsTriedAgainUntilEtcdTakesIt) {
   QueuedBehindAHolder q(this, "stale/retried", seconds(60));
   ASSERT_TRUE(q.queued) << "the waiter never queued";
   ASSERT_TRUE(StaleHandOverWhileEtcdRefusesWrites("stale/retried", q));
-  absl::Cleanup disarm = [&] { EXPECT_TRUE(SpaceAlarm(false).ok()); };
+  absl::Cleanup disarm = [&] { EXPECT_TRUE(cluster_->SpaceAlarm(false).ok()); };
 
   std::this_thread::sleep_for(seconds(2));
   EXPECT_FALSE(q.answered.load()) << "answered while the hold could not be deleted";
@@ -703,7 +679,7 @@ TEST_F(EpochTest, TheDeleteOfARefusedHandOverGoesOnAfterTheAnswer) {
   QueuedBehindAHolder q(this, "stale/after", seconds(2), std::move(*other));
   ASSERT_TRUE(q.queued) << "the waiter never queued";
   ASSERT_TRUE(StaleHandOverWhileEtcdRefusesWrites("stale/after", q));
-  absl::Cleanup disarm = [&] { EXPECT_TRUE(SpaceAlarm(false).ok()); };
+  absl::Cleanup disarm = [&] { EXPECT_TRUE(cluster_->SpaceAlarm(false).ok()); };
 
   const absl::StatusOr<Hold>& handed = q.Answer();
   ASSERT_FALSE(handed.ok()) << "granted token " << handed->token();

@@ -14,6 +14,7 @@
 
 #include <gtest/gtest.h>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "etcd/watch_hub.h"
@@ -306,6 +307,27 @@ TEST_F(LockTest, SessionCloseReleasesEverything) {
   EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("default")), 0);
   auto again = a->Acquire("x");
   EXPECT_EQ(again.status().code(), absl::StatusCode::kFailedPrecondition);
+}
+
+// etcd past its space quota refuses every put, the close's mark for the audit
+// trail among them, but not a lease revoke (which frees space): the close still
+// ends the session and its holds, instead of leaving them for the session's TTL
+// while operators recover etcd.
+TEST_F(LockTest, ACloseEndsTheSessionWhileEtcdRefusesWrites) {
+  auto a = Open(seconds(60));
+  auto h = a->Acquire("x");
+  ASSERT_TRUE(h.ok()) << h.status();
+  ASSERT_TRUE(cluster_->SpaceAlarm(true).ok());
+  absl::Cleanup disarm = [&] { EXPECT_TRUE(cluster_->SpaceAlarm(false).ok()); };
+  // etcd refuses writes now (the mark alone would fail).
+  pb::PutRequest probe;
+  probe.set_key("/probe");
+  EXPECT_EQ(cluster_->etcd_client().PutSync(probe, etcd::DeadlineIn(seconds(5))).status().code(),
+            absl::StatusCode::kResourceExhausted);
+  auto closed = a->Close();
+  EXPECT_TRUE(closed.ok()) << closed;
+  EXPECT_TRUE(HoldsInEtcd("x").empty());
+  EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("default")), 0);
 }
 
 // --- bad input: a clear error, and nothing changes --------------------------

@@ -490,8 +490,9 @@ void Engine::RenewAttempt(const v1::KeepAliveRequest& req, Deadline d, bool agai
 
 // Marks the session record `closing` (so the auditor records the holds the
 // revocation ends as released, not expired), then revokes its lease: the session,
-// its holds, waiters and quota slot go in one revision. Closing a session that is
-// already gone succeeds.
+// its holds, waiters and quota slot go in one revision. A mark that fails does not
+// stop the revoke (its holds are then recorded as expired). Closing a session that
+// is already gone succeeds.
 void Engine::CloseSession(const Caller& caller, const v1::CloseSessionRequest& req, Deadline d,
                           Done<v1::CloseSessionResponse> done) {
   const std::string ns = req.namespace_();
@@ -537,12 +538,14 @@ void Engine::CloseSession(const Caller& caller, const v1::CloseSessionRequest& r
     put->set_key(keyspace::SessionKey(ns, lease));
     put->set_value(rec.SerializeAsString());
     put->set_lease(lease);
-    // Whatever the mark's outcome (the lease may be expiring right now), revoke.
+    // Whatever the mark's outcome, revoke: the lease may be expiring right now,
+    // and the mark only tells the audit trail that the holds ended with a close
+    // rather than by expiry. A mark etcd refused (past its space quota etcd
+    // refuses every put, but not a revoke, which frees space) or did not answer
+    // must not keep the session's holds for its whole TTL; etcd unreachable
+    // fails the revoke too, and the call says so.
     etcd_->Txn(std::move(txn), EtcdDeadline(d),
-               [revoke, done](absl::StatusOr<pb::TxnResponse> t) {
-                 if (!t.ok()) return done(t.status());
-                 revoke();
-               });
+               [revoke](absl::StatusOr<pb::TxnResponse>) { revoke(); });
   });
 }
 

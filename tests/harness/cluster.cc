@@ -384,6 +384,29 @@ absl::StatusOr<std::unique_ptr<Client>> TestCluster::NewClient(int i) {
   return Client::Connect(o);
 }
 
+absl::Status TestCluster::SpaceAlarm(bool on) {
+  auto stub = etcdserverpb::Maintenance::NewStub(
+      grpc::CreateChannel(etcd().endpoint(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext status_ctx;
+  status_ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  etcdserverpb::StatusResponse status;
+  if (auto s = stub->Status(&status_ctx, etcdserverpb::StatusRequest(), &status); !s.ok()) {
+    return absl::UnavailableError(s.error_message());
+  }
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(5));
+  etcdserverpb::AlarmRequest req;
+  req.set_action(on ? etcdserverpb::AlarmRequest::ACTIVATE
+                    : etcdserverpb::AlarmRequest::DEACTIVATE);
+  req.set_memberid(status.header().member_id());
+  req.set_alarm(etcdserverpb::NOSPACE);
+  etcdserverpb::AlarmResponse resp;
+  if (auto s = stub->Alarm(&ctx, req, &resp); !s.ok()) {
+    return absl::UnavailableError(s.error_message());
+  }
+  return absl::OkStatus();
+}
+
 absl::Status TestCluster::CreateNamespace(const std::string& ns) {
   auto client = NewClient();
   if (!client.ok()) return client.status();

@@ -138,6 +138,11 @@ class TestCluster {
   dev::EtcdProcess& extra_etcd(int i) { return *extra_etcd_[i]; }
   etcd::Client& extra_etcd_client(int i) { return *extra_etcd_clients_[i]; }
 
+  // Raises (or clears) etcd's NOSPACE alarm on member 0, as a backend past its
+  // quota does: etcd then refuses every write but deletes and lease revokes, and
+  // serves reads. Plaintext etcd only.
+  absl::Status SpaceAlarm(bool on);
+
   // Namespace "default" with a catch-all class like `holdfast dev` makes it
   // (mode S, fenced, closed, TTL 1 s to 1 h).
   absl::Status CreateNamespace(const std::string& ns = "default");
