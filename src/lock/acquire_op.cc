@@ -1343,7 +1343,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     }
     // Handed the key by a release here after the read, before the entry above.
     if (auto h = engine_->local_waiters_.Recent(keyspace::HoldKey(ns, key, req_.session_id()),
-                                                snap.revision)) {
+                                                snap.revision, snap.cluster_id)) {
       HandedOver(gen, h->revision, h->rec, h->cluster_id);
     }
   }

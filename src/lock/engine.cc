@@ -136,6 +136,9 @@ TimerQueue::TimerId Engine::After(std::chrono::steady_clock::duration d,
 }
 
 void Engine::SetGrantBlock(std::string reason) {
+  // A restore detected: the hand-overs kept for late waiters are of the history
+  // etcd went back from (LocalWaiters::Recent).
+  if (!reason.empty()) local_waiters_.ForgetRecent();
   absl::MutexLock l(&block_mu_);
   block_reason_ = std::move(reason);
 }

@@ -7,7 +7,8 @@
 // by another replica (or any this table misses); a waiter answers once, whichever
 // comes first (acquire_op.cc). The last hand-overs are kept for a waiter that
 // registers only after the release committed (it read just before the commit):
-// Recent() answers it.
+// Recent() answers it, for the etcd cluster the waiter read; they are dropped when
+// a restore is detected (Engine::SetGrantBlock).
 //
 // A waiter is told only of hand-overs after the revision it read at. The release's
 // answer can come later than the watch event of its own commit: the session handed
@@ -90,12 +91,29 @@ class LocalWaiters {
     return static_cast<int>(told.size());
   }
 
-  // The last hand-over that put `hold_key` after `revision`, if still kept.
-  std::optional<Handover> Recent(const std::string& hold_key, int64_t revision) {
+  // The last hand-over that put `hold_key` after `revision` in a commit of etcd
+  // cluster `cluster_id` (the cluster the waiter read), if still kept. A
+  // hand-over committed on another cluster is not this one's history: after a
+  // restore with a new cluster id, revisions start again below ones kept here,
+  // and that hold is not in etcd.
+  std::optional<Handover> Recent(const std::string& hold_key, int64_t revision,
+                                 uint64_t cluster_id) {
     absl::MutexLock l(&mu_);
     auto it = recent_.find(hold_key);
-    if (it == recent_.end() || it->second.handover.revision <= revision) return std::nullopt;
+    if (it == recent_.end() || it->second.handover.revision <= revision ||
+        it->second.handover.cluster_id != cluster_id) {
+      return std::nullopt;
+    }
     return it->second.handover;
+  }
+
+  // Drops every kept hand-over: etcd went back in its history (a restore that
+  // kept the cluster id, once detected), so their revisions may come round again
+  // for other commits.
+  void ForgetRecent() {
+    absl::MutexLock l(&mu_);
+    recent_.clear();
+    order_.clear();
   }
 
   size_t size() {

@@ -52,17 +52,34 @@ TEST(LocalWaitersTest, EachWaiterIsToldOnlyOfItsOwnHoldKey) {
 
 TEST(LocalWaitersTest, RecentAnswersTheNewestHandOverAfterTheRevisionAsked) {
   LocalWaiters w;
-  EXPECT_FALSE(w.Recent("h/k/S", 0));
+  EXPECT_FALSE(w.Recent("h/k/S", 0, 7));
   w.HandedOver("h/k/S", 10, Hold(1), 7);
   w.HandedOver("h/k/S", 20, Hold(2), 8);
   w.HandedOver("h/k/S", 15, Hold(3), 7);  // late and older: does not replace 20
-  auto r = w.Recent("h/k/S", 9);
+  auto r = w.Recent("h/k/S", 9, 8);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->revision, 20);
   EXPECT_EQ(r->rec.epoch(), 2);
   EXPECT_EQ(r->cluster_id, 8u) << "the committing cluster is kept with it";
-  EXPECT_FALSE(w.Recent("h/k/S", 20));
-  EXPECT_FALSE(w.Recent("h/k/other", 0));
+  EXPECT_FALSE(w.Recent("h/k/S", 20, 8));
+  EXPECT_FALSE(w.Recent("h/k/other", 0, 8));
+}
+
+// A waiter on a restored etcd (a new cluster id, revisions started again below
+// the ones kept) is not answered with a hand-over of the cluster before: that
+// hold is not in etcd. One restored with its id kept is detected later; the kept
+// hand-overs are then dropped.
+TEST(LocalWaitersTest, RecentAnswersOnlyForTheClusterReadAndNothingOnceForgotten) {
+  LocalWaiters w;
+  w.HandedOver("h/k/S", 100, Hold(1), 7);
+  EXPECT_FALSE(w.Recent("h/k/S", 50, 9)) << "another cluster's hand-over";
+  ASSERT_TRUE(w.Recent("h/k/S", 50, 7));
+  w.ForgetRecent();
+  EXPECT_FALSE(w.Recent("h/k/S", 50, 7));
+  // Kept again after.
+  w.HandedOver("h/k/S", 60, Hold(2), 7);
+  ASSERT_TRUE(w.Recent("h/k/S", 50, 7));
+  EXPECT_EQ(w.Recent("h/k/S", 50, 7)->revision, 60);
 }
 
 }  // namespace
