@@ -541,6 +541,50 @@ TEST_F(QueueTest, ARefusedSecondWaitOfASessionLeavesTheFirstOnesPlace) {
   ASSERT_TRUE(last.ok()) << last.status();
 }
 
+// A class of mode X created over a key while shared waiters queue under the
+// catch-all class of mode S: the release does not hand them the key together
+// (two holders of a class that promises one). Each decides on its own read, is
+// refused as a shared ask of an exclusive class, and leaves; an exclusive waiter
+// behind them is granted.
+TEST_F(QueueTest, SharedWaitersAreNotHandedAKeyThatAnExclusiveClassNowCovers) {
+  auto h = Open(), a = Open(), b = Open(), c = Open();
+  auto held = h->Acquire("db/k");
+  ASSERT_TRUE(held.ok()) << held.status();
+  AcquireOptions shared;
+  shared.wait = seconds(30);
+  shared.shared = true;
+  AcquireOptions exclusive;
+  exclusive.wait = seconds(30);
+  auto first = std::async(std::launch::async, [&] { return a->Acquire("db/k", shared); });
+  DescribeUntil("db/k", [](auto& d) { return d.waiters_size() == 1; });
+  auto second = std::async(std::launch::async, [&] { return b->Acquire("db/k", shared); });
+  DescribeUntil("db/k", [](auto& d) { return d.waiters_size() == 2; });
+  auto last = std::async(std::launch::async, [&] { return c->Acquire("db/k", exclusive); });
+  DescribeUntil("db/k", [](auto& d) { return d.waiters_size() == 3; });
+
+  v1::LockClass cls;
+  cls.set_namespace_("default");
+  cls.set_class_id("dbx");
+  cls.set_key_prefix("db/");
+  cls.set_mode(v1::LOCK_MODE_EXCLUSIVE);
+  ASSERT_TRUE(client_->CreateClass(cls).ok());
+  ASSERT_TRUE(held->Release().ok());
+
+  for (auto* f : {&first, &second}) {
+    auto got = f->get();
+    EXPECT_EQ(got.status().code(), absl::StatusCode::kInvalidArgument) << got.status();
+    EXPECT_NE(got.status().message().find("is exclusive (mode X)"), std::string::npos)
+        << got.status();
+  }
+  auto granted = last.get();
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  auto d = client_->Describe("default", "db/k");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->holders_size(), 1);
+  EXPECT_EQ(d->holders(0).session_id(), c->id());
+  EXPECT_EQ(d->waiters_size(), 0);
+}
+
 // A raw caller whose deadline comes before its wait_ms (here 2 s against 60 s):
 // the wait ends before the deadline, so the caller hears holdfastd's
 // DEADLINE_EXCEEDED, and the waiter has left the queue by then; it is not left

@@ -816,6 +816,15 @@ Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::s
     return out;
   }
   if (plan.grant.empty()) return out;  // a plain release: nothing else to guard
+  // A class of mode X now decides the key (one created or changed while shared
+  // waiters queued under another): a shared waiter is not handed it, alone or in
+  // a run. The release goes alone; the waiters decide on their own read, where a
+  // shared ask of an exclusive class is refused and leaves the queue.
+  if (cls->record.mode() != v1::LOCK_MODE_SHARED &&
+      std::any_of(plan.grant.begin(), plan.grant.end(),
+                  [](const WaiterEntry* w) { return w->record.shared(); })) {
+    return out;
+  }
   // No hold was created since the snapshot: the holds it shows are all there is.
   auto* no_new = AddCompare(txn, keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,
                             pb::Compare::LESS);
