@@ -4,6 +4,7 @@
 // call must change nothing in etcd (checked by reading the key space before and
 // after).
 #include <atomic>
+#include <future>
 #include <thread>
 
 #include <gtest/gtest.h>
@@ -27,10 +28,12 @@ class LimitsTest : public ::testing::Test {
   // Small limits, so a test can reach them. libholdfast clients use a stream per
   // session for renewals: the streams test uses a raw channel of its own.
   virtual std::string Limits() const { return "limits:\n  max_waiters_per_key: 3\n"; }
+  virtual int Replicas() const { return 1; }
 
   void SetUp() override {
     testing::TestCluster::Options o;
     o.extra_config = Limits();
+    o.replicas = Replicas();
     auto c = testing::TestCluster::Start(o);
     ASSERT_TRUE(c.ok()) << c.status();
     cluster_ = std::move(*c);
@@ -104,6 +107,83 @@ TEST_F(LimitsTest, AFullQueueRefusesANewWaiterAndAddsNoKey) {
   for (auto& t : threads) t.join();
   // The three waiters were served in turn (each releases when its Hold goes).
   for (const auto& r : results) EXPECT_TRUE(r.ok()) << r;
+}
+
+// Two replicas, each joining waiters behind the last one its view of the queue
+// shows (lock/queue.h, JoinBehind) without reading the whole queue: the limit
+// still holds for waits that come one after another, alternating between them.
+// (A view misses the joins through the other replica since its last read; the
+// commit of each such join counts the queue it left.)
+class TwoReplicaLimitsTest : public LimitsTest {
+ protected:
+  std::string Limits() const override { return "limits:\n  max_waiters_per_key: 5\n"; }
+  int Replicas() const override { return 2; }
+};
+
+TEST_F(TwoReplicaLimitsTest, WaitsJoiningThroughBothReplicasStayWithinTheLimit) {
+  auto holder_client = std::move(*cluster_->NewClient(0));
+  auto holder = std::move(*holder_client->OpenSession("default"));
+  auto hold = holder->Acquire("busy");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  constexpr int kCallers = 10;
+  std::vector<std::unique_ptr<Client>> clients;
+  std::vector<std::unique_ptr<Session>> sessions;
+  for (int i = 0; i < kCallers; ++i) {
+    auto c = cluster_->NewClient(i % 2);
+    ASSERT_TRUE(c.ok()) << c.status();
+    clients.push_back(std::move(*c));
+    auto s = clients.back()->OpenSession("default");
+    ASSERT_TRUE(s.ok()) << s.status();
+    sessions.push_back(std::move(*s));
+    // Known to its replica's views (a lock taken and given back).
+    auto warm = sessions.back()->Acquire(absl::StrCat("warm/", i));
+    ASSERT_TRUE(warm.ok()) << warm.status();
+    ASSERT_TRUE(warm->Release().ok());
+  }
+  std::vector<std::future<absl::StatusOr<Hold>>> waits;
+  int refused = 0, most = 0;
+  std::vector<int64_t> refused_sessions;
+  for (int i = 0; i < kCallers; ++i) {
+    const int64_t before = Waiters("busy");
+    waits.push_back(std::async(std::launch::async, [&, i] {
+      AcquireOptions o;
+      o.wait = seconds(30);
+      return sessions[i]->Acquire("busy", o);
+    }));
+    // Queued (one more waiter), or answered (refused).
+    for (int t = 0; t < 500; ++t) {
+      if (Waiters("busy") > before ||
+          waits.back().wait_for(milliseconds(0)) == std::future_status::ready) {
+        break;
+      }
+      std::this_thread::sleep_for(milliseconds(10));
+    }
+    std::this_thread::sleep_for(milliseconds(50));  // a refusal's undo lands
+    most = std::max<int>(most, static_cast<int>(Waiters("busy")));
+    if (waits.back().wait_for(milliseconds(0)) == std::future_status::ready) {
+      auto r = waits.back().get();
+      waits.pop_back();
+      EXPECT_EQ(r.status().code(), absl::StatusCode::kResourceExhausted) << i << ": " << r.status();
+      EXPECT_NE(r.status().message().find("max_waiters_per_key"), std::string::npos)
+          << r.status();
+      ++refused;
+      refused_sessions.push_back(sessions[i]->id());
+    }
+  }
+  EXPECT_LE(most, 5) << "the queue passed max_waiters_per_key";
+  EXPECT_EQ(Waiters("busy"), 5);
+  EXPECT_EQ(refused, kCallers - 5);
+  // Nothing of a refused call stays: no waiter, no claim on the key.
+  const auto keys = Keys();
+  for (int64_t s : refused_sessions) {
+    EXPECT_EQ(keys.count(keyspace::WaitKey("default", "busy", s)), 0u) << s;
+    EXPECT_EQ(keys.count(keyspace::ClaimKey("default", "busy", s)), 0u) << s;
+  }
+  ASSERT_TRUE(hold->Release().ok());
+  for (auto& w : waits) {
+    auto r = w.get();
+    EXPECT_TRUE(r.ok()) << r.status();
+  }
 }
 
 TEST_F(LimitsTest, AnOversizedMessageIsRefusedBeforeItReachesEtcd) {

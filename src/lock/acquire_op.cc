@@ -683,6 +683,12 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         auto* own_hold = txn.add_success()->mutable_request_range();
         own_hold->set_key(keyspace::HoldKey(ns, req_.lock_key(), lease));
         own_hold->set_count_only(true);
+        // And the queue's length as this commit left it (WaitBehind checks
+        // max_waiters_per_key on it).
+        auto* queued = txn.add_success()->mutable_request_range();
+        queued->set_key(keyspace::WaitRangeBegin(ns, req_.lock_key()));
+        queued->set_range_end(keyspace::WaitRangeEnd(ns, req_.lock_key()));
+        queued->set_count_only(true);
       } else {
         AddKeyReads(ns, lease, req_.lock_key(), txn.mutable_success());
       }
@@ -770,6 +776,22 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     }
     const bool holds_it = at + 1 < t.responses_size() &&
                           t.responses(at + 1).response_range().count() > 0;
+    // The views let the join check max_waiters_per_key against this replica's
+    // view of the queue, which misses the joins through other replicas since its
+    // read: the commit counted the queue it left. Past the limit, the waiter just
+    // put is taken out again (Fail's guarded delete) and the call refused as a
+    // read would have refused it; nothing of it stays. Two joins that commit
+    // one after the other each count the other's waiter, so the limit holds for
+    // them exactly.
+    const size_t max_waiters = engine_->options().max_waiters_per_key;
+    if (!holds_it && max_waiters > 0 && at + 2 < t.responses_size()) {
+      const int64_t queued = t.responses(at + 2).response_range().count();
+      if (queued > static_cast<int64_t>(max_waiters)) {
+        return Fail(absl::ResourceExhaustedError(absl::StrCat(
+            "\"", req_.lock_key(), "\" already has ", queued - 1,
+            " waiters, the most one key may have (limits.max_waiters_per_key); not queued")));
+      }
+    }
     if (last && !holds_it && snap.epoch &&
         snap.epoch->record.etcd_cluster_id() == snap.cluster_id) {
       // The queue as far as the call needs it: the waiter it waits behind, then
