@@ -101,9 +101,12 @@ struct IntRange {
 constexpr int kIntMax = std::numeric_limits<int>::max();
 constexpr IntRange kMaxMessageBytesRange{4096, 16 * 1024 * 1024};
 constexpr IntRange kMaxConcurrentStreamsRange{1, 100'000};
-// A queue is read whole when a release decides on etcd's answer: a longer one
-// makes each such read megabytes.
-constexpr IntRange kMaxWaitersPerKeyRange{1, 100'000};
+// A queue is read whole when a call or a release decides on etcd's answer: at
+// the largest waiter records (a 512-byte key, 2 KiB identity, 1 KiB holder_meta:
+// about 4 KiB each), 10,000 make a read of some 40 MiB, within the etcd client's
+// 64 MiB receive limit; a longer queue could no longer be read at all, and its
+// key would be stuck.
+constexpr IntRange kMaxWaitersPerKeyRange{1, 10'000};
 constexpr IntRange kMaxHoldsPerSessionRange{1, 100'000};
 constexpr IntRange kCompactionKeepRevisionsRange{100, kIntMax};
 constexpr IntRange kLagWarnRevisionsRange{1, kIntMax};

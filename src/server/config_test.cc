@@ -129,9 +129,9 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
        "config: epochs.auto_advance_on_restore needs an audit store (audit.store is none)"},
       {"insecure: true\nepochs: {check_interval: 1ms}", "check_interval must be between 100ms"},
       {"insecure: true\nlimits: {max_waiters_per_key: 0}",
-       "max_waiters_per_key must be between 1 and 100000"},
-      {"insecure: true\nlimits: {max_waiters_per_key: 100001}",
-       "max_waiters_per_key must be between 1 and 100000"},
+       "max_waiters_per_key must be between 1 and 10000"},
+      {"insecure: true\nlimits: {max_waiters_per_key: 10001}",
+       "max_waiters_per_key must be between 1 and 10000"},
       {"insecure: true\nlimits: {max_holds_per_session: 0}",
        "max_holds_per_session must be between 1 and 100000"},
       {"insecure: true\nlimits: {max_holds_per_session: 1000000}",
@@ -237,7 +237,7 @@ TEST(ConfigTest, ErrorsNameTheProblem) {
       {"insecure: true\naudit: {max_buffered_events: 3000000000}",
        "config: audit.max_buffered_events must be between 1000 and 10000000, not 3000000000"},
       {"insecure: true\nlimits: {max_waiters_per_key: 99999999999999999999999}",
-       "config: limits.max_waiters_per_key must be between 1 and 100000, not "
+       "config: limits.max_waiters_per_key must be between 1 and 10000, not "
        "99999999999999999999999"},
       {"insecure: true\nlimits: {max_message_bytes: -1}",
        "config: limits.max_message_bytes must be between 4096 and 16777216, not -1"},
