@@ -7,8 +7,8 @@
 // by another replica (or any this table misses); a waiter answers once, whichever
 // comes first (acquire_op.cc). The last hand-overs are kept for a waiter that
 // registers only after the release committed (it read just before the commit):
-// Recent() answers it, for the etcd cluster the waiter read; they are dropped when
-// a restore is detected (Engine::SetGrantBlock).
+// Recent() answers it, for the etcd cluster and epoch the waiter read; they are
+// dropped when a restore is detected (Engine::SetGrantBlock).
 //
 // A waiter is told only of hand-overs after the revision it read at. The release's
 // answer can come later than the watch event of its own commit: the session handed
@@ -70,7 +70,9 @@ class LocalWaiters {
     {
       absl::MutexLock l(&mu_);
       auto& kept = recent_[hold_key];
-      if (kept.handover.revision < revision) {
+      // The newest, or one of another cluster (after a restore with a new id, its
+      // revisions start again below the kept ones).
+      if (kept.handover.revision < revision || kept.handover.cluster_id != cluster_id) {
         kept = Kept{{revision, rec, cluster_id}, ++seq_};
         order_.emplace_back(hold_key, kept.seq);
         while (order_.size() > kRecent) {
@@ -92,16 +94,19 @@ class LocalWaiters {
   }
 
   // The last hand-over that put `hold_key` after `revision` in a commit of etcd
-  // cluster `cluster_id` (the cluster the waiter read), if still kept. A
-  // hand-over committed on another cluster is not this one's history: after a
-  // restore with a new cluster id, revisions start again below ones kept here,
-  // and that hold is not in etcd.
+  // cluster `cluster_id` under epoch `epoch` (the cluster and epoch record the
+  // waiter read), if still kept. Any other is not this history: after a restore
+  // revisions start again below ones kept here (with a new cluster id, or with
+  // the id kept, and then an advance to a new epoch before any grant), and that
+  // hold is not in etcd. (A hand-over committed after an advance would have
+  // failed its compare on the epoch record.)
   std::optional<Handover> Recent(const std::string& hold_key, int64_t revision,
-                                 uint64_t cluster_id) {
+                                 uint64_t cluster_id, int32_t epoch) {
     absl::MutexLock l(&mu_);
     auto it = recent_.find(hold_key);
     if (it == recent_.end() || it->second.handover.revision <= revision ||
-        it->second.handover.cluster_id != cluster_id) {
+        it->second.handover.cluster_id != cluster_id ||
+        it->second.handover.rec.epoch() != epoch) {
       return std::nullopt;
     }
     return it->second.handover;

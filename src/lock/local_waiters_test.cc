@@ -52,34 +52,39 @@ TEST(LocalWaitersTest, EachWaiterIsToldOnlyOfItsOwnHoldKey) {
 
 TEST(LocalWaitersTest, RecentAnswersTheNewestHandOverAfterTheRevisionAsked) {
   LocalWaiters w;
-  EXPECT_FALSE(w.Recent("h/k/S", 0, 7));
-  w.HandedOver("h/k/S", 10, Hold(1), 7);
+  EXPECT_FALSE(w.Recent("h/k/S", 0, 7, 1));
+  w.HandedOver("h/k/S", 10, Hold(1), 8);
   w.HandedOver("h/k/S", 20, Hold(2), 8);
-  w.HandedOver("h/k/S", 15, Hold(3), 7);  // late and older: does not replace 20
-  auto r = w.Recent("h/k/S", 9, 8);
+  w.HandedOver("h/k/S", 15, Hold(3), 8);  // late and older: does not replace 20
+  auto r = w.Recent("h/k/S", 9, 8, 2);
   ASSERT_TRUE(r);
   EXPECT_EQ(r->revision, 20);
   EXPECT_EQ(r->rec.epoch(), 2);
   EXPECT_EQ(r->cluster_id, 8u) << "the committing cluster is kept with it";
-  EXPECT_FALSE(w.Recent("h/k/S", 20, 8));
-  EXPECT_FALSE(w.Recent("h/k/other", 0, 8));
+  EXPECT_FALSE(w.Recent("h/k/S", 20, 8, 2));
+  EXPECT_FALSE(w.Recent("h/k/other", 0, 8, 2));
 }
 
-// A waiter on a restored etcd (a new cluster id, revisions started again below
-// the ones kept) is not answered with a hand-over of the cluster before: that
-// hold is not in etcd. One restored with its id kept is detected later; the kept
-// hand-overs are then dropped.
-TEST(LocalWaitersTest, RecentAnswersOnlyForTheClusterReadAndNothingOnceForgotten) {
+// A waiter on a restored etcd is not answered with a hand-over of the history
+// before: with a new cluster id (revisions started again below the ones kept),
+// or with the id kept and the epoch advanced since. A restore that kept the id
+// drops the kept hand-overs once detected.
+TEST(LocalWaitersTest, RecentAnswersOnlyForTheClusterAndEpochReadAndNothingOnceForgotten) {
   LocalWaiters w;
   w.HandedOver("h/k/S", 100, Hold(1), 7);
-  EXPECT_FALSE(w.Recent("h/k/S", 50, 9)) << "another cluster's hand-over";
-  ASSERT_TRUE(w.Recent("h/k/S", 50, 7));
+  EXPECT_FALSE(w.Recent("h/k/S", 50, 9, 1)) << "another cluster's hand-over";
+  EXPECT_FALSE(w.Recent("h/k/S", 50, 7, 2)) << "a hand-over of an epoch before";
+  ASSERT_TRUE(w.Recent("h/k/S", 50, 7, 1));
   w.ForgetRecent();
-  EXPECT_FALSE(w.Recent("h/k/S", 50, 7));
+  EXPECT_FALSE(w.Recent("h/k/S", 50, 7, 1));
   // Kept again after.
-  w.HandedOver("h/k/S", 60, Hold(2), 7);
-  ASSERT_TRUE(w.Recent("h/k/S", 50, 7));
-  EXPECT_EQ(w.Recent("h/k/S", 50, 7)->revision, 60);
+  w.HandedOver("h/k/S", 60, Hold(1), 7);
+  ASSERT_TRUE(w.Recent("h/k/S", 50, 7, 1));
+  EXPECT_EQ(w.Recent("h/k/S", 50, 7, 1)->revision, 60);
+  // A hand-over on a restored cluster (new id) at a lower revision replaces it.
+  w.HandedOver("h/k/S", 30, Hold(2), 9);
+  ASSERT_TRUE(w.Recent("h/k/S", 20, 9, 2));
+  EXPECT_EQ(w.Recent("h/k/S", 20, 9, 2)->revision, 30);
 }
 
 }  // namespace
