@@ -113,17 +113,27 @@ TEST_F(LimitsTest, AFullQueueRefusesANewWaiterAndAddsNoKey) {
 // shows (lock/queue.h, JoinBehind) without reading the whole queue: the limit
 // still holds for waits that come one after another, alternating between them.
 // (A view misses the joins through the other replica since its last read; the
-// commit of each such join counts the queue it left.)
+// commit of each join counts the queue it left.)
 class TwoReplicaLimitsTest : public LimitsTest {
  protected:
   std::string Limits() const override { return "limits:\n  max_waiters_per_key: 5\n"; }
   int Replicas() const override { return 2; }
+  // One holder of `key` (exclusive), then ten waits (shared or not) that come one
+  // after another through the two replicas in turn: five are queued, five refused.
+  void WaitThroughBothReplicas(const std::string& key, bool shared);
 };
 
 TEST_F(TwoReplicaLimitsTest, WaitsJoiningThroughBothReplicasStayWithinTheLimit) {
+  for (const bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "shared waits" : "exclusive waits");
+    WaitThroughBothReplicas(shared ? "shared" : "busy", shared);
+  }
+}
+
+void TwoReplicaLimitsTest::WaitThroughBothReplicas(const std::string& key, bool shared) {
   auto holder_client = std::move(*cluster_->NewClient(0));
   auto holder = std::move(*holder_client->OpenSession("default"));
-  auto hold = holder->Acquire("busy");
+  auto hold = holder->Acquire(key);
   ASSERT_TRUE(hold.ok()) << hold.status();
   constexpr int kCallers = 10;
   std::vector<std::unique_ptr<Client>> clients;
@@ -136,7 +146,7 @@ TEST_F(TwoReplicaLimitsTest, WaitsJoiningThroughBothReplicasStayWithinTheLimit) 
     ASSERT_TRUE(s.ok()) << s.status();
     sessions.push_back(std::move(*s));
     // Known to its replica's views (a lock taken and given back).
-    auto warm = sessions.back()->Acquire(absl::StrCat("warm/", i));
+    auto warm = sessions.back()->Acquire(absl::StrCat(key, "/warm/", i));
     ASSERT_TRUE(warm.ok()) << warm.status();
     ASSERT_TRUE(warm->Release().ok());
   }
@@ -144,22 +154,22 @@ TEST_F(TwoReplicaLimitsTest, WaitsJoiningThroughBothReplicasStayWithinTheLimit) 
   int refused = 0, most = 0;
   std::vector<int64_t> refused_sessions;
   for (int i = 0; i < kCallers; ++i) {
-    const int64_t before = Waiters("busy");
+    const int64_t before = Waiters(key);
     waits.push_back(std::async(std::launch::async, [&, i] {
       AcquireOptions o;
       o.wait = seconds(30);
-      return sessions[i]->Acquire("busy", o);
+      o.shared = shared;
+      return sessions[i]->Acquire(key, o);
     }));
-    // Queued (one more waiter), or answered (refused).
-    for (int t = 0; t < 500; ++t) {
-      if (Waiters("busy") > before ||
-          waits.back().wait_for(milliseconds(0)) == std::future_status::ready) {
-        break;
-      }
+    // Settled: answered (refused; a waiter put past the limit is taken out
+    // before the answer), or queued (one more waiter, within the limit).
+    for (int t = 0; t < 1000; ++t) {
+      if (waits.back().wait_for(milliseconds(0)) == std::future_status::ready) break;
+      const int64_t now = Waiters(key);
+      if (now > before && now <= 5) break;
       std::this_thread::sleep_for(milliseconds(10));
     }
-    std::this_thread::sleep_for(milliseconds(50));  // a refusal's undo lands
-    most = std::max<int>(most, static_cast<int>(Waiters("busy")));
+    most = std::max<int>(most, static_cast<int>(Waiters(key)));
     if (waits.back().wait_for(milliseconds(0)) == std::future_status::ready) {
       auto r = waits.back().get();
       waits.pop_back();
@@ -171,13 +181,13 @@ TEST_F(TwoReplicaLimitsTest, WaitsJoiningThroughBothReplicasStayWithinTheLimit) 
     }
   }
   EXPECT_LE(most, 5) << "the queue passed max_waiters_per_key";
-  EXPECT_EQ(Waiters("busy"), 5);
+  EXPECT_EQ(Waiters(key), 5);
   EXPECT_EQ(refused, kCallers - 5);
   // Nothing of a refused call stays: no waiter, no claim on the key.
   const auto keys = Keys();
   for (int64_t s : refused_sessions) {
-    EXPECT_EQ(keys.count(keyspace::WaitKey("default", "busy", s)), 0u) << s;
-    EXPECT_EQ(keys.count(keyspace::ClaimKey("default", "busy", s)), 0u) << s;
+    EXPECT_EQ(keys.count(keyspace::WaitKey("default", key, s)), 0u) << s;
+    EXPECT_EQ(keys.count(keyspace::ClaimKey("default", key, s)), 0u) << s;
   }
   ASSERT_TRUE(hold->Release().ok());
   for (auto& w : waits) {

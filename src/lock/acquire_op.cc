@@ -565,9 +565,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     }
     const size_t max_waiters = engine_->options().max_waiters_per_key;
     if (d.own_waiter == nullptr && max_waiters > 0 && snap.waiters.size() >= max_waiters) {
-      return Fail(absl::ResourceExhaustedError(absl::StrCat(
-          "\"", req_.lock_key(), "\" already has ", snap.waiters.size(),
-          " waiters, the most one key may have (limits.max_waiters_per_key); not queued")));
+      return Fail(WaitersFull(static_cast<int64_t>(snap.waiters.size())));
     }
     NoteQueued();
     if (d.own_waiter == nullptr) {
@@ -736,11 +734,17 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         if (auto s = ParseKeyReads(t->header(), t->responses(), reads_at, &snap); !s.ok()) {
           return self->Finish(s);
         }
+        if (existing_rev == 0) {
+          if (auto full = self->OverWaiterLimit(snap)) return self->Fail(*std::move(full));
+        }
         return self->Decide(std::move(snap));
       }
       auto snap = ParseSnapshot(t->header(), t->responses(),
                                 t->succeeded() ? reads_at : 0);
       if (!snap.ok()) return self->Finish(snap.status());
+      if (t->succeeded() && existing_rev == 0) {
+        if (auto full = self->OverWaiterLimit(*snap)) return self->Fail(*std::move(full));
+      }
       self->Decide(std::move(*snap));
     };
     if (ride) {
@@ -749,6 +753,35 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     } else {
       engine_->etcd().Txn(std::move(txn), EtcdDeadline(), std::move(done));
     }
+  }
+
+  // Refusals of a new waiter past limits.max_waiters_per_key. A read, or a view
+  // of the queue, decides whether to enqueue; enqueues that decided before each
+  // other's commits could all pass the limit, and a view misses the joins
+  // through other replicas since its read. So each new waiter's commit counts the
+  // queue it left (`queued`, its own waiter included; the later of two commits
+  // counts the earlier one's waiter): past the limit the waiter just put is
+  // taken out again (Fail's guarded delete) and the call refused as a read would
+  // have refused it; nothing of it stays. A waiter refused so exists for a
+  // moment, and a join that counts it meanwhile is refused too: the queue then
+  // ends below the limit, never above it.
+  absl::Status WaitersFull(int64_t others) const {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        "\"", req_.lock_key(), "\" already has ", others,
+        " waiters, the most one key may have (limits.max_waiters_per_key); not queued"));
+  }
+  std::optional<absl::Status> OverWaiterLimit(int64_t queued) const {
+    const size_t max = engine_->options().max_waiters_per_key;
+    if (max == 0 || queued <= static_cast<int64_t>(max)) return std::nullopt;
+    return WaitersFull(queued - 1);
+  }
+  // On the snapshot read in the enqueue's commit; a session that holds the key
+  // already (handed it on another replica) is answered with its hold instead.
+  std::optional<absl::Status> OverWaiterLimit(const KeySnapshot& snap) const {
+    for (const auto& h : snap.holds) {
+      if (h.lease == req_.session_id()) return std::nullopt;
+    }
+    return OverWaiterLimit(static_cast<int64_t>(snap.waiters.size()));
   }
 
   // After an enqueue that joined behind `b.last` (JoinBehind) and read back only
@@ -776,20 +809,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     }
     const bool holds_it = at + 1 < t.responses_size() &&
                           t.responses(at + 1).response_range().count() > 0;
-    // The views let the join check max_waiters_per_key against this replica's
-    // view of the queue, which misses the joins through other replicas since its
-    // read: the commit counted the queue it left. Past the limit, the waiter just
-    // put is taken out again (Fail's guarded delete) and the call refused as a
-    // read would have refused it; nothing of it stays. Two joins that commit
-    // one after the other each count the other's waiter, so the limit holds for
-    // them exactly.
-    const size_t max_waiters = engine_->options().max_waiters_per_key;
-    if (!holds_it && max_waiters > 0 && at + 2 < t.responses_size()) {
-      const int64_t queued = t.responses(at + 2).response_range().count();
-      if (queued > static_cast<int64_t>(max_waiters)) {
-        return Fail(absl::ResourceExhaustedError(absl::StrCat(
-            "\"", req_.lock_key(), "\" already has ", queued - 1,
-            " waiters, the most one key may have (limits.max_waiters_per_key); not queued")));
+    if (!holds_it && at + 2 < t.responses_size()) {
+      if (auto full = OverWaiterLimit(t.responses(at + 2).response_range().count())) {
+        return Fail(*std::move(full));
       }
     }
     if (last && !holds_it && snap.epoch &&
@@ -941,8 +963,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
 
   // More dead waiters ahead than one grant may remove beside its other operations
   // (etcd's --max-txn-ops; a replica that died with many waits on one key whose
-  // callers did not ask again leaves such a queue): the nearest
-  // queue::kMaxDeadPerGrant are removed in a transaction of their own, each
+  // callers did not ask again leaves such a queue): the first
+  // queue::kMaxDeadPerGrant in queue order are removed in a transaction of their own, each
   // guarded as a grant guards it (one taken over in place since is alive), and
   // the call decides again on what it reads then. Nothing is granted here.
   void RemoveDeadAhead(const KeySnapshot& snap, const queue::AcquireDecision& d) {
@@ -1365,7 +1387,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     }
     // Handed the key by a release here after the read, before the entry above.
     if (auto h = engine_->local_waiters_.Recent(keyspace::HoldKey(ns, key, req_.session_id()),
-                                                snap.revision, snap.cluster_id)) {
+                                                snap.revision, snap.cluster_id,
+                                                snap.epoch ? snap.epoch->record.epoch() : -1)) {
       HandedOver(gen, h->revision, h->rec, h->cluster_id);
     }
   }

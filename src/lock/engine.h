@@ -60,11 +60,11 @@ struct EngineOptions {
   std::chrono::milliseconds max_wait{3600 * 1000};
   size_t max_holder_meta_bytes = 1024;
   // Waiters one lock key may have at once (0: no limit). A new waiter beyond it
-  // is refused with RESOURCE_EXHAUSTED; checked on the read that decides, or, for
-  // a join behind the last waiter a replica's views show (no read), on the count
-  // its commit makes (the waiter is then taken out again). Enqueues that decide
-  // on reads made before each other's commits can pass it by at most their
-  // number.
+  // is refused with RESOURCE_EXHAUSTED: on the read (or the replica's view of the
+  // queue) that decides, and again on the queue its enqueue's commit leaves,
+  // where a waiter past the limit is taken out again (acquire_op.cc,
+  // OverWaiterLimit). Concurrent enqueues never leave the queue above it; one
+  // refused so may, for a moment, make another refused.
   size_t max_waiters_per_key = 1000;
   // Lock keys one session may hold or wait for at once (0: no limit). Beyond it an
   // Acquire of another key is refused with RESOURCE_EXHAUSTED; exact, also under

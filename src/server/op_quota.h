@@ -69,8 +69,10 @@ class OpQuota {
   // Counts one operation of `caller` on `ns` that is never refused: a
   // Lock.Release or a Session.Close. Refusing what frees a lock or a session
   // would only keep it held longer (libholdfast asks a refused release again
-  // 1 s later, then at longer pauses) and add the expiry's work later; each is
-  // bounded by the acquire or open before it, which the quota does refuse.
+  // 1 s later, then at longer pauses) and add the expiry's work later; a valid
+  // one is bounded by the acquire or open before it, which the quota does
+  // refuse. (A release with a stale token is not: it costs its etcd transaction
+  // whatever the quota.)
   // RateLimiter::Charge takes its token, or puts the bucket into debt that the
   // next Acquire and Open calls wait out. Never waits: a namespace whose policy
   // is not cached yet is not counted.
