@@ -55,7 +55,10 @@ constexpr int32_t TokenEpoch(int64_t token) {
 // The etcd revision of the transaction that granted the hold; >= 1.
 constexpr int64_t TokenRevision(int64_t token) { return token & kTokenRevisionMask; }
 
-// How the holder presenting a token holds its lock (HoldInfo.shared).
+// How the holder presenting a token holds its lock (HoldInfo.shared). Take it
+// from the hold (Describe's HoldInfo.shared, or the key's class), never from the
+// caller: a superseded exclusive holder that called its token shared would pass
+// every shared token admitted since (docs/fencing.md).
 enum class FenceMode {
   // An exclusive hold: admitted only if no token of the key admitted so far, of
   // either mode, is higher (every lower hold was released or lost before it).
@@ -319,8 +322,9 @@ class FenceVerifier {
       return absl::FailedPreconditionError(absl::StrCat(
           "stale fencing token for ", key, ": token ", DescribeToken(token), " is lower than ",
           DescribeToken(bound),
-          ", the floor for keys this verifier no longer remembers (max_keys); acquire the "
-          "lock again for a newer token"));
+          ", the floor for keys this verifier no longer remembers (max_keys); release "
+          "the lock and acquire it again for a newer token (asked again while held, "
+          "Acquire returns the same hold and token)"));
     }
     return absl::FailedPreconditionError(absl::StrCat(
         "stale fencing token for ", key, ": token ", DescribeToken(token), " is lower than ",

@@ -183,6 +183,8 @@ TEST(FenceVerifierTest, ForgetsLeastRecentlyAdmittedKeysBehindAFloor) {
   absl::Status stale = fence.Admit("b", Token(1, 49));
   EXPECT_EQ(stale.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_TRUE(Contains(stale, "no longer remembers")) << stale;
+  // What to do: a new hold (the same one, asked for again, keeps its token).
+  EXPECT_TRUE(Contains(stale, "release the lock and acquire it again")) << stale;
   EXPECT_EQ(fence.RememberedKeys(), 2u);  // a rejected key is not kept
   // Its current holder still writes.
   EXPECT_TRUE(fence.Admit("b", Token(1, 50)).ok());  // forgets "a"
