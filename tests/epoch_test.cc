@@ -385,6 +385,51 @@ TEST_F(EpochTest, RestoredClusterRefusesGrantsUntilAdvancedThenTokensAreAboveAll
   EXPECT_EQ(shown->history(1).etcd_cluster_id(), shown->observed_cluster_id());
 }
 
+// On a restored etcd, before the epoch is advanced, CheckToken confirms no hold,
+// as no grant is made: the holds read are of the backup, and a key may have been
+// released and granted to a higher token after it. After the advance it answers
+// again.
+TEST_F(EpochTest, CheckTokenConfirmsNoHoldOfARestoredClusterUntilTheAdvance) {
+  Start();
+  SessionOptions so;
+  so.ttl = seconds(60);
+  auto session = client_->OpenSession("default", so);
+  ASSERT_TRUE(session.ok()) << session.status();
+  auto kept = (*session)->Acquire("kept");
+  ASSERT_TRUE(kept.ok()) << kept.status();
+  const int64_t token = kept->token();
+  auto current = client_->CheckToken("default", "kept", token);
+  ASSERT_TRUE(current.ok()) << current.status();
+  EXPECT_TRUE(current->current());
+
+  SnapshotAndRestore([] {}, "restored-check");
+  // (UNAVAILABLE while holdfastd reconnects to the restarted etcd.)
+  auto check = [&] {
+    absl::StatusOr<v1::CheckTokenResponse> r = absl::UnavailableError("not asked");
+    for (int i = 0; i < 100; ++i) {
+      r = client_->CheckToken("default", "kept", token);
+      if (r.status().code() != absl::StatusCode::kUnavailable) break;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    return r;
+  };
+  auto refused = check();
+  ASSERT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_NE(refused.status().message().find("holdfast epoch advance"), std::string::npos)
+      << refused.status();
+
+  v1::AdvanceEpochRequest req;
+  req.set_reason("restore");
+  ASSERT_TRUE(client_->AdvanceEpoch(req).ok());
+  absl::StatusOr<v1::CheckTokenResponse> answered = check();
+  for (int i = 0; i < 100 && !answered.ok(); ++i) {  // the guard lifts its block
+    std::this_thread::sleep_for(milliseconds(100));
+    answered = check();
+  }
+  ASSERT_TRUE(answered.ok()) << answered.status();
+  EXPECT_TRUE(answered->current()) << "the restored hold is in etcd";
+}
+
 // Without an audit store there is no epoch history: the restored record alone
 // could name an epoch already used since the snapshot (restore one snapshot
 // twice, and 1 + its epoch comes round twice, with the same revisions), so a

@@ -196,7 +196,7 @@ TEST_F(QueueTest, ADeadWaiterRevivedInPlaceIsNotRemovedByARelease) {
     EXPECT_EQ(snap->waiters.size(), 1u);
     pb::TxnRequest txn;
     auto result = lock::Engine::AddHandOver(*snap, "default", "revived", a->id(),
-                                            /*grants_allowed=*/true, /*remove_dead=*/true,
+                                            /*grants_allowed=*/true, /*on_read=*/true,
                                             now_ms, &txn);
     EXPECT_EQ(result.gone, std::vector<int64_t>{b->id()});  // planned as dead
     EXPECT_TRUE(result.granted.empty());
@@ -221,6 +221,52 @@ TEST_F(QueueTest, ADeadWaiterRevivedInPlaceIsNotRemovedByARelease) {
   ASSERT_TRUE(fresh.ok()) << fresh.status();
   EXPECT_TRUE(fresh->succeeded());
   EXPECT_EQ(waiter_left(), 0);
+}
+
+// A class created between a release's read and its commit (one of a longer
+// prefix, which now decides the key: its mode, TTL bounds, enforcement) fails the
+// hand-over planned on that read; the release then decides again on a fresh one.
+// The hand-over's transaction, as the engine builds it from the read, is
+// committed on real etcd after the class is created.
+TEST_F(QueueTest, AHandOverPlannedBeforeAClassWasCreatedDoesNotCommit) {
+  auto a = Open(), b = Open();
+  auto hold = a->Acquire("db/k");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  AcquireOptions o;
+  o.wait = seconds(30);
+  auto waiting = std::async(std::launch::async, [&] { return b->Acquire("db/k", o); });
+  DescribeUntil("db/k", [](auto& d) { return d.waiters_size() == 1; });
+
+  pb::TxnRequest read;
+  lock::AddSnapshotReads("default", a->id(), "db/k", read.mutable_success());
+  auto r = cluster_->etcd_client().TxnSync(read, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto snap = lock::ParseSnapshot(r->header(), r->responses());
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  pb::TxnRequest txn;
+  // The release's own part (the hold's delete), then the hand-over.
+  txn.add_success()->mutable_request_delete_range()->set_key(
+      keyspace::HoldKey("default", "db/k", a->id()));
+  auto planned = lock::Engine::AddHandOver(*snap, "default", "db/k", a->id(),
+                                           /*grants_allowed=*/true, /*on_read=*/true,
+                                           absl::ToUnixMillis(absl::Now()), &txn);
+  ASSERT_EQ(planned.granted, std::vector<int64_t>{b->id()});
+
+  v1::LockClass cls;
+  cls.set_namespace_("default");
+  cls.set_class_id("db");
+  cls.set_key_prefix("db/");
+  cls.set_mode(v1::LOCK_MODE_EXCLUSIVE);
+  ASSERT_TRUE(client_->CreateClass(cls).ok());
+  auto t = cluster_->etcd_client().TxnSync(txn, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_FALSE(t->succeeded()) << "a hand-over decided under the class before committed";
+
+  // The release itself goes on and hands the key over under the new class.
+  ASSERT_TRUE(hold->Release().ok());
+  auto got = waiting.get();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->info().class_id(), "db");
 }
 
 // More dead waiters ahead than one transaction may remove (each costs two

@@ -1022,9 +1022,15 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     // The session (and so its lease) is alive.
     AddCompare(&txn, keyspace::SessionKey(ns, lease), pb::Compare::VERSION, pb::Compare::GREATER)
         ->set_version(0);
-    // The class that decided is unchanged.
+    // The class that decided is unchanged, and no class was created or changed
+    // since the read (one of a longer prefix would now decide the key: its mode,
+    // TTL bounds and enforcement).
     AddCompare(&txn, keyspace::ClassKey(ns, cls.class_id), pb::Compare::MOD, pb::Compare::EQUAL)
         ->set_mod_revision(cls.mod_revision);
+    auto* no_class_since = AddCompare(&txn, keyspace::ClassPrefix(ns), pb::Compare::MOD,
+                                      pb::Compare::LESS);
+    no_class_since->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
+    no_class_since->set_mod_revision(snap.revision + 1);
     // Exclusive: no hold at all. Shared: no hold created since the read (which
     // had no exclusive one).
     auto* holds = AddCompare(&txn, keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,

@@ -704,7 +704,7 @@ void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Dea
     // A namespace being rehomed hands nothing over: its holds must drain.
     handover = AddHandOver(*snap, ns, key, session,
                            GrantBlock().ok() && snap->ns_record.draining_to().empty(),
-                           /*remove_dead=*/plan->classes_revision == 0, plan->now_ms, &txn);
+                           /*on_read=*/plan->classes_revision == 0, plan->now_ms, &txn);
   }
   AddSnapshotReads(ns, session, key, txn.mutable_failure());
   auto handed = HandOverGrants(txn, ns, key);
@@ -787,11 +787,11 @@ void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Dea
 
 Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::string& ns,
                                            const std::string& key, int64_t releasing,
-                                           bool grants_allowed, bool remove_dead, int64_t now_ms,
+                                           bool grants_allowed, bool on_read, int64_t now_ms,
                                            pb::TxnRequest* txn) {
   HandOverResult out;
   auto plan = queue::PlanHandOver(snap, releasing, now_ms);
-  if (remove_dead) {
+  if (on_read) {
     // Each guarded by its record as read: a retried acquire may have taken the
     // waiter over in place with a later deadline since (then it is not dead, and
     // the compare failing sends the release to a re-read).
@@ -833,6 +833,14 @@ Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::s
   // The class that decides the holds' policy is still the one planned with.
   AddCompare(txn, keyspace::ClassKey(ns, cls->class_id), pb::Compare::MOD, pb::Compare::EQUAL)
       ->set_mod_revision(cls->mod_revision);
+  if (on_read) {
+    // And no class was created or changed since the read: one of a longer prefix
+    // would now decide the key (its mode, TTL bounds and enforcement).
+    auto* classes = AddCompare(txn, keyspace::ClassPrefix(ns), pb::Compare::MOD,
+                               pb::Compare::LESS);
+    classes->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
+    classes->set_mod_revision(snap.revision + 1);
+  }
   out.guarded = true;
   for (const WaiterEntry* w : plan.grant) {
     const std::string wait_key = keyspace::WaitKey(ns, key, w->lease);
@@ -893,9 +901,19 @@ void Engine::CheckToken(const Caller& caller, const v1::CheckTokenRequest& req, 
                         Done<v1::CheckTokenResponse> done) {
   if (auto s = keyspace::ValidateNamespaceName(req.namespace_()); !s.ok()) return done(s);
   if (auto s = keyspace::ValidateLockKey(req.lock_key()); !s.ok()) return done(s);
+  if (req.token() <= 0) {
+    return done(absl::InvalidArgumentError(absl::StrCat("token ", req.token(), " is invalid")));
+  }
   ReadHolds(this, caller, req.namespace_(), req.lock_key(), d,
-            [tok = req.token(), key = req.lock_key(), done](absl::StatusOr<KeySnapshot> snap) {
+            [this, tok = req.token(), key = req.lock_key(),
+             done](absl::StatusOr<KeySnapshot> snap) {
               if (!snap.ok()) return done(snap.status());
+              // On a restored (or replaced) etcd, before the epoch is advanced, the
+              // holds read are of the backup: one may have been released, and its
+              // key granted to a higher token, before the restore. Grants are
+              // refused then; so is confirming a hold.
+              if (auto s = CheckEpoch(snap->epoch, snap->cluster_id); !s.ok()) return done(s);
+              if (auto s = GrantBlock(); !s.ok()) return done(s);
               v1::CheckTokenResponse out;
               for (const auto& h : snap->holds) {
                 int64_t t = MakeHoldInfo(key, h).token();

@@ -173,12 +173,15 @@ class Engine {
     std::vector<int64_t> gone;     // waiters (leases) the transaction deletes
     std::vector<int64_t> granted;  // of those, the ones handed the key, in order
   };
-  // Adds the hand-over to the head of the queue to a release transaction (and,
-  // with `remove_dead`, the removal of dead and stray waiters passed on the way,
-  // each guarded by its record as read). Touches nothing but `txn`: public for tests.
+  // Adds the hand-over to the head of the queue to a release transaction. With
+  // `on_read` (`snap` is a read from etcd, not the replica's views), also the
+  // removal of dead and stray waiters passed on the way, each guarded by its
+  // record as read, and, when it grants, "no class created or changed since the
+  // read" (a release planned on the views compares the classes' view itself).
+  // Touches nothing but `txn`: public for tests.
   static HandOverResult AddHandOver(const KeySnapshot& snap, const std::string& ns,
                                     const std::string& key, int64_t releasing,
-                                    bool grants_allowed, bool remove_dead, int64_t now_ms,
+                                    bool grants_allowed, bool on_read, int64_t now_ms,
                                     etcdserverpb::TxnRequest* txn);
 
  private:
