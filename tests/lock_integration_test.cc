@@ -294,6 +294,13 @@ TEST_F(LockTest, CheckTokenAndDescribe) {
   ASSERT_TRUE(check.ok());
   EXPECT_FALSE(check->current());
   EXPECT_EQ(check->current_token(), 0);
+  // What is not a token at all is refused as such.
+  for (int64_t bad : {int64_t{0}, int64_t{-1}}) {
+    auto refused = client_->CheckToken("default", "svc/leader", bad);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+    EXPECT_NE(refused.status().message().find("is invalid"), std::string::npos)
+        << refused.status();
+  }
 }
 
 TEST_F(LockTest, SessionCloseReleasesEverything) {
@@ -328,6 +335,55 @@ TEST_F(LockTest, ACloseEndsTheSessionWhileEtcdRefusesWrites) {
   EXPECT_TRUE(closed.ok()) << closed;
   EXPECT_TRUE(HoldsInEtcd("x").empty());
   EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("default")), 0);
+}
+
+// A namespace whose record is marked for a move to another etcd cluster (a
+// rehome copying it, or one done) takes no change of its members, quotas or
+// classes on the old home: it would not reach the new one (a member removed
+// would stay a member there). The admin service refuses by its view of the
+// placements, which a replica may see late; the record itself is the last word.
+TEST_F(LockTest, NamespaceAndClassChangesAreRefusedOnARecordMarkedForAMove) {
+  v1::LockClass cls;
+  cls.set_namespace_("default");
+  cls.set_class_id("kept");
+  cls.set_key_prefix("kept/");
+  ASSERT_TRUE(client_->CreateClass(cls).ok());
+  auto mark = [&](bool moved) {
+    pb::RangeRequest r;
+    r.set_key(keyspace::NamespaceKey("default"));
+    auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    ASSERT_TRUE(got.ok() && got->kvs_size() == 1);
+    records::NamespaceRecord rec;
+    ASSERT_TRUE(rec.ParseFromString(got->kvs(0).value()));
+    rec.set_draining_to("b");
+    rec.set_moved(moved);
+    pb::PutRequest put;
+    put.set_key(keyspace::NamespaceKey("default"));
+    put.set_value(rec.SerializeAsString());
+    ASSERT_TRUE(cluster_->etcd_client().PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+  };
+  for (const bool moved : {false, true}) {
+    SCOPED_TRACE(moved ? "moved" : "being rehomed");
+    mark(moved);
+    const std::string why = moved ? "has moved to etcd cluster \"b\"" : "is being rehomed to \"b\"";
+    const int64_t rev = Revision();
+    v1::UpdateNamespaceRequest update;
+    update.set_name("default");
+    update.set_op_rate_quota(5);
+    auto updated = client_->UpdateNamespace(update);
+    EXPECT_EQ(updated.status().code(), absl::StatusCode::kFailedPrecondition) << updated.status();
+    EXPECT_NE(updated.status().message().find(why), std::string::npos) << updated.status();
+    v1::LockClass another = cls;
+    another.set_class_id("another");
+    another.set_key_prefix("another/");
+    auto created = client_->CreateClass(another);
+    EXPECT_EQ(created.status().code(), absl::StatusCode::kFailedPrecondition) << created.status();
+    EXPECT_NE(created.status().message().find(why), std::string::npos) << created.status();
+    auto deleted = client_->DeleteClass("default", "kept");
+    EXPECT_EQ(deleted.code(), absl::StatusCode::kFailedPrecondition) << deleted;
+    EXPECT_NE(deleted.message().find(why), std::string::npos) << deleted;
+    EXPECT_EQ(Revision(), rev) << "a refused change wrote to etcd";
+  }
 }
 
 // --- bad input: a clear error, and nothing changes --------------------------

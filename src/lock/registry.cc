@@ -293,6 +293,25 @@ absl::StatusOr<v1::LockClass> ClassFromKv(const std::string& ns, const std::stri
   return c;
 }
 
+// A namespace being moved to another etcd cluster (holdfast ns rehome), or moved
+// away: its records here are being copied, or are the old home's. A change made
+// here would not reach the new home (a member removed would stay a member there),
+// so it is refused, whatever route a replica with a stale view of the move took.
+absl::Status NotMoving(const std::string& ns, const records::NamespaceRecord& rec) {
+  if (rec.moved()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "namespace \"", ns, "\" has moved to etcd cluster \"", rec.draining_to(),
+        "\"; this replica's view of it is stale: try again in a moment; nothing changed"));
+  }
+  if (!rec.draining_to().empty()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "namespace \"", ns, "\" is being rehomed to \"", rec.draining_to(),
+        "\"; finish or abort the rehome first (its records are being copied); nothing "
+        "changed"));
+  }
+  return absl::OkStatus();
+}
+
 absl::Status NamespaceNotFound(const std::string& ns) {
   return absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist"));
 }
@@ -519,6 +538,7 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
     if (!rec.ParseFromString(ns_range.kvs(0).value())) {
       return absl::DataLossError(absl::StrCat("corrupt namespace record for ", req.name()));
     }
+    if (auto s = NotMoving(req.name(), rec); !s.ok()) return s;
     if (req.has_held_lease_quota()) rec.set_held_lease_quota(req.held_lease_quota());
     if (req.has_op_rate_quota()) rec.set_op_rate_quota(req.op_rate_quota());
     const bool check_sessions = req.set_members() && !req.end_sessions_of_removed();
@@ -713,6 +733,13 @@ absl::StatusOr<v1::LockClass> Registry::CreateClass(const v1::LockClass& in, etc
   auto snap = etcd_->TxnSync(std::move(read), d);
   if (!snap.ok()) return snap.status();
   if (snap->responses(0).response_range().kvs_size() == 0) return NamespaceNotFound(ns);
+  {
+    records::NamespaceRecord rec;
+    if (!rec.ParseFromString(snap->responses(0).response_range().kvs(0).value())) {
+      return absl::DataLossError(absl::StrCat("corrupt namespace record for ", ns));
+    }
+    if (auto s = NotMoving(ns, rec); !s.ok()) return s;
+  }
   for (const auto& kv : snap->responses(1).response_range().kvs()) {
     auto id = keyspace::ParseClassKey(kv.key(), ns).value_or("");
     if (id == cls->class_id()) {
@@ -797,13 +824,22 @@ absl::Status Registry::DeleteClass(const std::string& ns, const std::string& id,
   // The holds that may belong to the class: every hold under its prefix (a longer
   // prefix's class may own some; the record says).
   const std::string holds = keyspace::HoldPrefix(ns, cls->key_prefix());
-  pb::RangeRequest r;
-  r.set_key(holds);
-  r.set_range_end(keyspace::PrefixEnd(holds));
-  auto read = etcd_->RangeSync(r, d);
+  pb::TxnRequest both;
+  auto* r = both.add_success()->mutable_request_range();
+  r->set_key(holds);
+  r->set_range_end(keyspace::PrefixEnd(holds));
+  both.add_success()->mutable_request_range()->set_key(keyspace::NamespaceKey(ns));
+  auto read = etcd_->TxnSync(std::move(both), d);
   if (!read.ok()) return read.status();
+  const auto& ns_range = read->responses(1).response_range();
+  if (ns_range.kvs_size() == 0) return NamespaceNotFound(ns);
+  records::NamespaceRecord ns_rec;
+  if (!ns_rec.ParseFromString(ns_range.kvs(0).value())) {
+    return absl::DataLossError(absl::StrCat("corrupt namespace record for ", ns));
+  }
+  if (auto s = NotMoving(ns, ns_rec); !s.ok()) return s;
   int64_t held = 0;
-  for (const auto& kv : read->kvs()) {
+  for (const auto& kv : read->responses(0).response_range().kvs()) {
     records::HoldRecord rec;
     if (rec.ParseFromString(kv.value()) && rec.class_id() == id) ++held;
   }
@@ -819,10 +855,15 @@ absl::Status Registry::DeleteClass(const std::string& ns, const std::string& id,
   auto* unchanged = AddCompare(&txn, holds, pb::Compare::CREATE, pb::Compare::LESS);
   unchanged->set_range_end(keyspace::PrefixEnd(holds));
   unchanged->set_create_revision(read->header().revision() + 1);
+  // And the namespace record as read (not marked for a rehome since).
+  AddCompare(&txn, keyspace::NamespaceKey(ns), pb::Compare::MOD, pb::Compare::EQUAL)
+      ->set_mod_revision(ns_range.kvs(0).mod_revision());
   txn.add_success()->mutable_request_delete_range()->set_key(keyspace::ClassKey(ns, id));
   auto t = etcd_->TxnSync(std::move(txn), d);
   if (!t.ok()) return t.status();
-  if (!t->succeeded()) return absl::AbortedError("the class or its holds changed meanwhile; try again");
+  if (!t->succeeded()) {
+    return absl::AbortedError("the class, its holds or its namespace changed meanwhile; try again");
+  }
   return absl::OkStatus();
 }
 
