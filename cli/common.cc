@@ -170,7 +170,14 @@ absl::Status ApplyClassFlags(const ClassFlags& flags, v1::LockClass* cls) {
   }
   if (ttl_min.count() <= 0) return absl::InvalidArgumentError("--ttl-min must be positive");
   if (ttl_min > ttl_max) {
-    return absl::InvalidArgumentError("--ttl-min must not be larger than --ttl-max");
+    // Name the values: one of them may be a default the caller did not give.
+    auto given = [](const std::string& flag, std::chrono::milliseconds v, bool by_default) {
+      return absl::StrCat(flag, " ", v.count(), "ms", by_default ? " (the default)" : "");
+    };
+    return absl::InvalidArgumentError(absl::StrCat(
+        "--ttl-min must not be larger than --ttl-max: ",
+        given("--ttl-min", ttl_min, flags.ttl_min.empty()), " > ",
+        given("--ttl-max", ttl_max, flags.ttl_max.empty())));
   }
   cls->set_ttl_min_ms(ttl_min.count());
   cls->set_ttl_max_ms(ttl_max.count());

@@ -487,6 +487,17 @@ TEST_F(CliTest, ClassCreateGetListDelete) {
   r = Run({"class", "get", "default", "cli-jobs"});
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
+
+  // A --ttl-min above the --ttl-max it did not give: the message names the
+  // default it ran into, and nothing is created.
+  r = Run({"class", "create", "default", "cli-long", "--prefix", "cli-long/", "--ttl-min", "2h"});
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("--ttl-min 7200000ms > --ttl-max 3600000ms (the default)"),
+            std::string::npos)
+      << r.err;
+  r = Run({"class", "get", "default", "cli-long"});
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.err.find("NOT_FOUND"), std::string::npos) << r.err;
 }
 
 TEST_F(CliTest, LockForwardsSigtermToTheCommandAndReleases) {
