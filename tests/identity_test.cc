@@ -734,6 +734,41 @@ TEST(AuthenticatorTest, EachTrustDomainsIdsMustChainToItsOwnBundle) {
   EXPECT_NE(load.message().find("missing.pem"), std::string::npos) << load;
 }
 
+// gRPC reports a server's peer chain without its leaf, so callers whose leaves
+// share an issuer present the same chain: each is still known by its own leaf,
+// never by an answer kept for another's.
+TEST(AuthenticatorTest, CallersPresentingOneChainAreToldApartByTheirLeaves) {
+  testing::TempDir dir;
+  auto ca = dev::MakeCa("acme CA");
+  ASSERT_TRUE(ca.ok());
+  const std::string bundle = dir.path() + "/acme.pem";
+  ASSERT_TRUE(dev::WriteFileAtomically(bundle, ca->cert, 0644).ok());
+  server::Authenticator::Options ao;
+  ao.trust_domains = {"acme.org"};
+  ao.admin_ids = {"spiffe://acme.org/ops/*"};
+  ao.trust_bundles = {{"acme.org", bundle}};
+  server::Authenticator auth(ao);
+  ASSERT_TRUE(auth.Load().ok());
+  dev::LeafOptions o;
+  o.uris = {"spiffe://acme.org/ops/oncall"};
+  const std::string admin = dev::MakeLeaf(*ca, o)->cert;
+  o.uris = {"spiffe://acme.org/app"};
+  const std::string app = dev::MakeLeaf(*ca, o)->cert;
+  const std::string chain = ca->cert;  // what follows each leaf on the wire
+
+  auto first = auth.CallerOfCertificate(admin, chain);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_TRUE(first->admin);
+  auto second = auth.CallerOfCertificate(app, chain);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->identity, "spiffe://acme.org/app");
+  EXPECT_FALSE(second->admin);
+  EXPECT_EQ(auth.cached_certificates(), 2u);
+  // Each kept answer is its own leaf's.
+  EXPECT_EQ(auth.CallerOfCertificate(admin, chain)->identity, "spiffe://acme.org/ops/oncall");
+  EXPECT_EQ(auth.CallerOfCertificate(app, chain)->identity, "spiffe://acme.org/app");
+}
+
 // A certificate whose SPIFFE ID is the bare trust domain names no workload: refused
 // (an admin pattern such as spiffe://acme.org/* never matched it either).
 TEST(AuthenticatorTest, ABareTrustDomainIsNoCaller) {

@@ -121,9 +121,11 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Bundle>> Authenticator::Bund
     absl::MutexLock l(&bundles_mu_);
     bundles_[domain] = bundle;
   }
-  // Answers worked out with the old bundle go.
+  // Answers worked out with the old bundle go, and those being worked out now
+  // are not kept.
   absl::MutexLock l(&mu_);
   by_pem_.clear();
+  ++generation_;
   return bundle;
 }
 
@@ -158,11 +160,20 @@ absl::Status Authenticator::VerifyDomain(const std::string& domain, absl::string
 
 absl::StatusOr<lock::Caller> Authenticator::CallerOfCertificate(absl::string_view pem,
                                                                 absl::string_view chain) const {
-  // With bundles, the answer depends on the chain presented too.
-  const absl::string_view key = options_.trust_bundles.empty() || chain.empty() ? pem : chain;
+  // The leaf decides the identity; with bundles, the answer depends on the
+  // certificates presented with it too (which, on the server side, gRPC reports
+  // without the leaf: many callers' leaves share one chain).
+  std::string with_chain;
+  absl::string_view key = pem;
+  if (!options_.trust_bundles.empty() && !chain.empty()) {
+    with_chain = absl::StrCat(pem, "\n", chain);
+    key = with_chain;
+  }
+  uint64_t generation;
   {
     absl::ReaderMutexLock l(&mu_);
     if (auto it = by_pem_.find(key); it != by_pem_.end()) return it->second;
+    generation = generation_;
   }
   bool cacheable = true;
   absl::StatusOr<lock::Caller> caller = Parse(pem, chain, &cacheable);
@@ -170,6 +181,7 @@ absl::StatusOr<lock::Caller> Authenticator::CallerOfCertificate(absl::string_vie
     return caller;
   }
   absl::MutexLock l(&mu_);
+  if (generation != generation_) return caller;  // a bundle was reloaded meanwhile
   if (by_pem_.size() >= options_.max_cached_certificates) by_pem_.clear();
   by_pem_.emplace(key, caller);
   return caller;

@@ -28,6 +28,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <map>
 #include <memory>
 #include <string>
@@ -64,7 +65,8 @@ class Authenticator {
   // UNAUTHENTICATED with the reason when the peer has no acceptable identity.
   absl::StatusOr<lock::Caller> CallerOf(const grpc::ServerContextBase& ctx) const;
   // The identity of a PEM certificate, by the rules above (exposed for tests).
-  // `chain`: the peer's chain as presented, leaf first (PEM); empty: the leaf alone.
+  // `chain`: the peer's chain as gRPC reports it (PEM): on the server side, the
+  // certificates presented after the leaf, without it; empty: the leaf alone.
   absl::StatusOr<lock::Caller> CallerOfCertificate(absl::string_view pem,
                                                    absl::string_view chain = {}) const;
   // Certificates whose identity is kept now.
@@ -101,6 +103,9 @@ class Authenticator {
   mutable absl::Mutex mu_;
   mutable absl::flat_hash_map<std::string, absl::StatusOr<lock::Caller>> by_pem_
       ABSL_GUARDED_BY(mu_);
+  // Bumped by each bundle reload (which empties by_pem_): an answer worked out
+  // against the bundle before is not kept after.
+  mutable uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 }  // namespace holdfast::server
