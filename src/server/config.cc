@@ -855,6 +855,15 @@ absl::Status ValidateConfig(const Config& c) {
       return absl::InvalidArgumentError(absl::StrCat(
           "config: insecure (no TLS) is allowed only on a loopback address, not ", c.listen));
     }
+    // Its metrics are plain HTTP as well: the namespaces' and classes' names to
+    // anyone who can reach the address, unless the operator says so.
+    if (!c.metrics_listen.empty() && !c.metrics_plaintext &&
+        !net::IsLoopbackEndpoint(c.metrics_listen)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: insecure (no TLS) serves metrics over plain HTTP: metrics.listen must be a "
+          "loopback address too, not ", c.metrics_listen,
+          " (or set metrics.plaintext: true to serve them to anyone)"));
+    }
   } else {
     if (c.tls_ca_file.empty() || c.tls_cert_file.empty() || c.tls_key_file.empty()) {
       return absl::InvalidArgumentError(

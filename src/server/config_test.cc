@@ -485,6 +485,14 @@ TEST_F(ConfigFileTest, FlagsApplyBeforeTheWholeIsChecked) {
   listen.listen = "0.0.0.0:7420";
   EXPECT_EQ(LoadConfig("", listen).status().message(),
             "config: insecure (no TLS) is allowed only on a loopback address, not 0.0.0.0:7420");
+  ConfigFlags metrics = insecure;
+  metrics.metrics_listen = "0.0.0.0:9420";
+  EXPECT_EQ(LoadConfig("", metrics).status().message(),
+            "config: insecure (no TLS) serves metrics over plain HTTP: metrics.listen must be a "
+            "loopback address too, not 0.0.0.0:9420 (or set metrics.plaintext: true to serve them "
+            "to anyone)");
+  metrics.metrics_listen = "127.0.0.1:9420";
+  EXPECT_TRUE(LoadConfig("", metrics).ok());
 }
 
 // Every file named is read at start: a typo stops holdfastd with the key, the
