@@ -633,11 +633,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
           ->set_mod_revision(views->ns.mod_revision);
       AddCompare(&txn, keyspace::SessionKey(ns, lease), pb::Compare::MOD, pb::Compare::EQUAL)
           ->set_mod_revision(views->session.mod_revision);
-      auto* classes = AddCompare(&txn, keyspace::ClassPrefix(ns), pb::Compare::MOD,
-                                 pb::Compare::LESS);
-      classes->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
-      classes->set_mod_revision(views->ns.classes_revision + 1);
-      // (A deleted class has no mod revision: the range compare cannot see it go.)
+      AddNoClassChangedSince(&txn, ns, views->ns.classes_revision);
       AddCompare(&txn, keyspace::ClassKey(ns, views->cls.class_id), pb::Compare::MOD,
                  pb::Compare::EQUAL)
           ->set_mod_revision(views->cls.mod_revision);
@@ -926,10 +922,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         ->set_mod_revision(nsv->mod_revision);
     AddCompare(&txn, keyspace::SessionKey(ns, lease), pb::Compare::MOD, pb::Compare::EQUAL)
         ->set_mod_revision(sv->mod_revision);
-    auto* classes = AddCompare(&txn, keyspace::ClassPrefix(ns), pb::Compare::MOD,
-                               pb::Compare::LESS);
-    classes->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
-    classes->set_mod_revision(nsv->classes_revision + 1);
+    AddNoClassChangedSince(&txn, ns, nsv->classes_revision);
     AddCompare(&txn, keyspace::ClassKey(ns, cls->class_id), pb::Compare::MOD, pb::Compare::EQUAL)
         ->set_mod_revision(cls->mod_revision);
     // No hold and no waiter at all (a range with no key compares as create 0).
@@ -1027,10 +1020,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     // TTL bounds and enforcement).
     AddCompare(&txn, keyspace::ClassKey(ns, cls.class_id), pb::Compare::MOD, pb::Compare::EQUAL)
         ->set_mod_revision(cls.mod_revision);
-    auto* no_class_since = AddCompare(&txn, keyspace::ClassPrefix(ns), pb::Compare::MOD,
-                                      pb::Compare::LESS);
-    no_class_since->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
-    no_class_since->set_mod_revision(snap.revision + 1);
+    AddNoClassChangedSince(&txn, ns, snap.revision);
     // Exclusive: no hold at all. Shared: no hold created since the read (which
     // had no exclusive one).
     auto* holds = AddCompare(&txn, keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,

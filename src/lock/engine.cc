@@ -696,10 +696,7 @@ void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Dea
       // Planned on views: what a fresh read would have shown of the namespace.
       AddCompare(&txn, keyspace::NamespaceKey(ns), pb::Compare::MOD, pb::Compare::EQUAL)
           ->set_mod_revision(snap->ns_mod_revision);
-      auto* classes = AddCompare(&txn, keyspace::ClassPrefix(ns), pb::Compare::MOD,
-                                 pb::Compare::LESS);
-      classes->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
-      classes->set_mod_revision(plan->classes_revision + 1);
+      AddNoClassChangedSince(&txn, ns, plan->classes_revision);
     }
     // A namespace being rehomed hands nothing over: its holds must drain.
     handover = AddHandOver(*snap, ns, key, session,
@@ -836,10 +833,7 @@ Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::s
   if (on_read) {
     // And no class was created or changed since the read: one of a longer prefix
     // would now decide the key (its mode, TTL bounds and enforcement).
-    auto* classes = AddCompare(txn, keyspace::ClassPrefix(ns), pb::Compare::MOD,
-                               pb::Compare::LESS);
-    classes->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
-    classes->set_mod_revision(snap.revision + 1);
+    AddNoClassChangedSince(txn, ns, snap.revision);
   }
   out.guarded = true;
   for (const WaiterEntry* w : plan.grant) {

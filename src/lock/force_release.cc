@@ -195,10 +195,7 @@ absl::StatusOr<v1::ApproveForceReleaseResponse> ForceReleases::Approve(
   pb::TxnRequest txn;
   // No class of the namespace changed, none was added, and the one resolved is
   // still there, since the read that judged the hold fenced.
-  const std::string class_prefix = keyspace::ClassPrefix(rec.ns());
-  auto* classes = AddCompare(&txn, class_prefix, pb::Compare::MOD, pb::Compare::LESS);
-  classes->set_range_end(keyspace::PrefixEnd(class_prefix));
-  classes->set_mod_revision(snap.revision + 1);
+  AddNoClassChangedSince(&txn, rec.ns(), snap.revision);
   if (cls != nullptr) {
     AddCompare(&txn, keyspace::ClassKey(rec.ns(), cls->class_id), pb::Compare::MOD,
                pb::Compare::EQUAL)

@@ -758,10 +758,7 @@ absl::StatusOr<v1::LockClass> Registry::CreateClass(const v1::LockClass& in, etc
       ->set_mod_revision(rev + 1);
   AddCompare(&txn, keyspace::NamespaceKey(ns), pb::Compare::CREATE, pb::Compare::GREATER)
       ->set_create_revision(0);
-  auto* unchanged = AddCompare(&txn, keyspace::ClassPrefix(ns), pb::Compare::MOD,
-                               pb::Compare::LESS);
-  unchanged->set_mod_revision(rev + 1);
-  unchanged->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
+  AddNoClassChangedSince(&txn, ns, rev);
   auto* unchanged_count = AddCompare(&txn, keyspace::ClassKey(ns, cls->class_id()),
                                      pb::Compare::CREATE, pb::Compare::EQUAL);
   unchanged_count->set_create_revision(0);

@@ -23,6 +23,19 @@ inline etcdserverpb::Compare* AddCompare(etcdserverpb::TxnRequest* txn, std::str
   return c;
 }
 
+// Adds "no class of namespace `ns` was created or changed after revision `rev`"
+// (every class key's mod_revision <= rev). A class of a longer prefix created
+// since would decide a key differently: its mode, TTL bounds and enforcement.
+// A deleted class leaves no mod revision, so callers that depend on one class
+// also compare that class's own key.
+inline void AddNoClassChangedSince(etcdserverpb::TxnRequest* txn, const std::string& ns,
+                                   int64_t rev) {
+  auto* c = AddCompare(txn, keyspace::ClassPrefix(ns), etcdserverpb::Compare::MOD,
+                       etcdserverpb::Compare::LESS);
+  c->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
+  c->set_mod_revision(rev + 1);
+}
+
 // This server's wall clock, for records people read (grant times, deadlines).
 inline int64_t NowUnixMs() { return absl::ToUnixMillis(absl::Now()); }
 
