@@ -340,8 +340,9 @@ TEST_F(LockTest, ACloseEndsTheSessionWhileEtcdRefusesWrites) {
 // A namespace whose record is marked for a move to another etcd cluster (a
 // rehome copying it, or one done) takes no change of its members, quotas or
 // classes on the old home: it would not reach the new one (a member removed
-// would stay a member there). The admin service refuses by its view of the
-// placements, which a replica may see late; the record itself is the last word.
+// would stay a member there), and it is not deleted there. The admin service
+// refuses by its view of the placements, which a replica may see late; the
+// record itself is the last word.
 TEST_F(LockTest, NamespaceAndClassChangesAreRefusedOnARecordMarkedForAMove) {
   v1::LockClass cls;
   cls.set_namespace_("default");
@@ -382,8 +383,31 @@ TEST_F(LockTest, NamespaceAndClassChangesAreRefusedOnARecordMarkedForAMove) {
     auto deleted = client_->DeleteClass("default", "kept");
     EXPECT_EQ(deleted.code(), absl::StatusCode::kFailedPrecondition) << deleted;
     EXPECT_NE(deleted.message().find(why), std::string::npos) << deleted;
+    // Deleting the namespace would delete the copy being moved, or the old home's
+    // record, after which its placement record (naming the new home) would go too.
+    auto gone = client_->DeleteNamespace("default");
+    EXPECT_EQ(gone.code(), absl::StatusCode::kFailedPrecondition) << gone;
+    EXPECT_NE(gone.message().find(why), std::string::npos) << gone;
     EXPECT_EQ(Revision(), rev) << "a refused change wrote to etcd";
   }
+}
+
+// A namespace record etcd holds corrupt cannot say whether it is being moved;
+// deleting the namespace is the way out of it, so the delete is not refused.
+TEST_F(LockTest, ANamespaceWithACorruptRecordCanBeDeleted) {
+  v1::CreateNamespaceRequest req;
+  req.mutable_namespace_()->set_name("broken");
+  ASSERT_TRUE(client_->CreateNamespace(req).ok());
+  pb::PutRequest put;
+  put.set_key(keyspace::NamespaceKey("broken"));
+  put.set_value(std::string("\xff\xff\xff", 3));
+  ASSERT_TRUE(cluster_->etcd_client().PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+  auto got = client_->GetNamespace("broken");
+  EXPECT_EQ(got.status().code(), absl::StatusCode::kDataLoss) << got.status();
+  auto deleted = client_->DeleteNamespace("broken");
+  ASSERT_TRUE(deleted.ok()) << deleted;
+  EXPECT_EQ(KeysUnder(keyspace::NamespacePrefix("broken")), 0);
+  EXPECT_EQ(client_->GetNamespace("broken").status().code(), absl::StatusCode::kNotFound);
 }
 
 // --- bad input: a clear error, and nothing changes --------------------------

@@ -893,6 +893,81 @@ TEST_F(RehomeTest, ADeleteThatStoppedHalfWayIsFinishedByDeletingAgain) {
   EXPECT_EQ(got->home_cluster(), "a");
 }
 
+// A create that finds its own claim on the name with no namespace on the home
+// (a create that stopped half way, or a delete that has just deleted the home's
+// copy) rewrites the claim before it goes on: a delete that read the record
+// before compares it when it deletes it, and so leaves the new namespace its
+// placement record.
+TEST_F(RehomeTest, ACreateTakingAHalfDoneClaimOverRewritesIt) {
+  CreateNamespace("pay", "b");
+  pb::DeleteRangeRequest home;
+  home.set_key(keyspace::NamespaceKey("pay"));
+  ASSERT_TRUE(b().DeleteRangeSync(home, etcd::DeadlineIn(seconds(5))).ok());
+  pb::RangeRequest read;
+  read.set_key(keyspace::PlacementKey("pay"));
+  auto before = a().RangeSync(read, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(before.ok() && before->kvs_size() == 1);
+
+  CreateNamespace("pay", "b");
+  auto after = a().RangeSync(read, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(after.ok() && after->kvs_size() == 1);
+  EXPECT_GT(after->kvs(0).mod_revision(), before->kvs(0).mod_revision());
+  records::PlacementRecord p;
+  ASSERT_TRUE(p.ParseFromString(after->kvs(0).value()));
+  EXPECT_EQ(p.home(), "b");
+  EXPECT_FALSE(p.has_rehome());
+  auto got = client_->GetNamespace("pay");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->home_cluster(), "b");
+
+  // The delete that read the record before this create: its guarded delete of
+  // the placement record fails (the name stays routed to "b").
+  pb::TxnRequest late;
+  auto* c = late.add_compare();
+  c->set_key(keyspace::PlacementKey("pay"));
+  c->set_target(pb::Compare::MOD);
+  c->set_result(pb::Compare::EQUAL);
+  c->set_mod_revision(before->kvs(0).mod_revision());
+  late.add_success()->mutable_request_delete_range()->set_key(keyspace::PlacementKey("pay"));
+  auto t = a().TxnSync(std::move(late), etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_FALSE(t->succeeded());
+
+  // And a delete now deletes both.
+  auto deleted = client_->DeleteNamespace("pay");
+  ASSERT_TRUE(deleted.ok()) << deleted;
+  EXPECT_EQ(KeySpace(a()).count(keyspace::PlacementKey("pay")), 0u);
+  EXPECT_FALSE(HasKeysOf(KeySpace(b()), "pay"));
+}
+
+// A delete reads the placement record from etcd (a replica's view of it may
+// be behind another replica's write): one that shows a rehome in progress,
+// written here by hand just before, refuses the delete and nothing changes.
+TEST_F(RehomeTest, ADeleteRefusesANamespaceBeingRehomedByItsPlacementRecord) {
+  CreateNamespace("pay", "b");
+  pb::RangeRequest read;
+  read.set_key(keyspace::PlacementKey("pay"));
+  auto got = a().RangeSync(read, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(got.ok() && got->kvs_size() == 1);
+  records::PlacementRecord p;
+  ASSERT_TRUE(p.ParseFromString(got->kvs(0).value()));
+  p.mutable_rehome()->set_from("b");
+  p.mutable_rehome()->set_to("a");
+  pb::PutRequest put;
+  put.set_key(keyspace::PlacementKey("pay"));
+  put.set_value(p.SerializeAsString());
+  ASSERT_TRUE(a().PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+  const auto a_before = KeySpace(a());
+  const auto b_before = KeySpace(b());
+  auto deleted = client_->DeleteNamespace("pay");
+  EXPECT_EQ(deleted.code(), absl::StatusCode::kFailedPrecondition) << deleted;
+  EXPECT_NE(deleted.message().find("namespace \"pay\" is being rehomed to \"a\""),
+            std::string::npos)
+      << deleted;
+  EXPECT_EQ(KeySpace(a()), a_before);
+  EXPECT_EQ(KeySpace(b()), b_before);
+}
+
 // A placement record naming a cluster the config does not list is warned of,
 // and a delete does not take it for a half-done one (the namespace may live on
 // that cluster): NOT_FOUND, the record kept.
@@ -917,6 +992,10 @@ TEST_F(RehomeTest, APlacementOnAClusterTheConfigDoesNotListIsWarnedOfAndKept) {
   EXPECT_NE(log.find(warning), std::string::npos) << log;
   auto deleted = client_->DeleteNamespace("ghost");
   EXPECT_EQ(deleted.code(), absl::StatusCode::kNotFound) << deleted;
+  EXPECT_NE(deleted.message().find("is homed on cluster \"gone\", which this holdfastd's config "
+                                   "does not list; nothing changed"),
+            std::string::npos)
+      << deleted;
   EXPECT_EQ(KeySpace(a()).count(keyspace::PlacementKey("ghost")), 1u);
 }
 

@@ -293,11 +293,26 @@ absl::StatusOr<v1::LockClass> ClassFromKv(const std::string& ns, const std::stri
   return c;
 }
 
+absl::Status NamespaceNotFound(const std::string& ns) {
+  return absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist"));
+}
+
 // A namespace being moved to another etcd cluster (holdfast ns rehome), or moved
 // away: its records here are being copied, or are the old home's. A change made
 // here would not reach the new home (a member removed would stay a member there),
 // so it is refused, whatever route a replica with a stale view of the move took.
-absl::Status NotMoving(const std::string& ns, const records::NamespaceRecord& rec) {
+//
+// Parses the namespace's record from `range` (a read of its key): NOT_FOUND when
+// it is absent, DATA_LOSS when corrupt, FAILED_PRECONDITION when marked for a move.
+absl::StatusOr<records::NamespaceRecord> NamespaceNotMoving(const std::string& ns,
+                                                            const pb::RangeResponse& range) {
+  if (range.kvs_size() == 0) {
+    return NamespaceNotFound(ns);
+  }
+  records::NamespaceRecord rec;
+  if (!rec.ParseFromString(range.kvs(0).value())) {
+    return absl::DataLossError(absl::StrCat("corrupt namespace record for ", ns));
+  }
   if (rec.moved()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "namespace \"", ns, "\" has moved to etcd cluster \"", rec.draining_to(),
@@ -309,11 +324,7 @@ absl::Status NotMoving(const std::string& ns, const records::NamespaceRecord& re
         "\"; finish or abort the rehome first (its records are being copied); nothing "
         "changed"));
   }
-  return absl::OkStatus();
-}
-
-absl::Status NamespaceNotFound(const std::string& ns) {
-  return absl::NotFoundError(absl::StrCat("namespace \"", ns, "\" does not exist"));
+  return rec;
 }
 
 }  // namespace
@@ -533,12 +544,9 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
     auto read = etcd_->TxnSync(std::move(read_txn), d);
     if (!read.ok()) return read.status();
     const auto& ns_range = read->responses(0).response_range();
-    if (ns_range.kvs_size() == 0) return NamespaceNotFound(req.name());
-    records::NamespaceRecord rec;
-    if (!rec.ParseFromString(ns_range.kvs(0).value())) {
-      return absl::DataLossError(absl::StrCat("corrupt namespace record for ", req.name()));
-    }
-    if (auto s = NotMoving(req.name(), rec); !s.ok()) return s;
+    auto parsed = NamespaceNotMoving(req.name(), ns_range);
+    if (!parsed.ok()) return parsed.status();
+    records::NamespaceRecord rec = *std::move(parsed);
     if (req.has_held_lease_quota()) rec.set_held_lease_quota(req.held_lease_quota());
     if (req.has_op_rate_quota()) rec.set_op_rate_quota(req.op_rate_quota());
     const bool check_sessions = req.set_members() && !req.end_sessions_of_removed();
@@ -693,11 +701,27 @@ absl::StatusOr<v1::Namespace> Registry::UpdateNamespace(
   }
 }
 
-absl::Status Registry::DeleteNamespace(const std::string& name, etcd::Deadline d) {
+absl::Status Registry::DeleteNamespace(const std::string& name, etcd::Deadline d,
+                                       const std::string& also_absent) {
   if (auto s = keyspace::ValidateNamespaceName(name); !s.ok()) return s;
+  // The record is read first: one marked for a move is not deleted here (on the
+  // old home it is the copy being moved, or the one left behind, and its
+  // placement names the new home), whatever this replica's view of the move.
+  // (A corrupt record cannot say so; deleting is the way out of it.)
+  pb::RangeRequest read;
+  read.set_key(keyspace::NamespaceKey(name));
+  auto got = etcd_->RangeSync(read, d);
+  if (!got.ok()) return got.status();
+  if (auto rec = NamespaceNotMoving(name, *got);
+      !rec.ok() && rec.status().code() != absl::StatusCode::kDataLoss) {
+    return rec.status();
+  }
   pb::TxnRequest txn;
-  AddCompare(&txn, keyspace::NamespaceKey(name), pb::Compare::CREATE, pb::Compare::GREATER)
-      ->set_create_revision(0);
+  if (!also_absent.empty()) {
+    AddCompare(&txn, also_absent, pb::Compare::CREATE, pb::Compare::EQUAL)->set_create_revision(0);
+  }
+  AddCompare(&txn, keyspace::NamespaceKey(name), pb::Compare::MOD, pb::Compare::EQUAL)
+      ->set_mod_revision(got->kvs(0).mod_revision());
   const std::string sessions = keyspace::SessionPrefix(name);
   auto* no_sessions =
       AddCompare(&txn, sessions, pb::Compare::CREATE, pb::Compare::EQUAL);
@@ -710,12 +734,20 @@ absl::Status Registry::DeleteNamespace(const std::string& name, etcd::Deadline d
   auto* probe = txn.add_failure()->mutable_request_range();
   probe->set_key(keyspace::NamespaceKey(name));
   probe->set_count_only(true);
+  auto* live = txn.add_failure()->mutable_request_range();
+  live->set_key(sessions);
+  live->set_range_end(keyspace::PrefixEnd(sessions));
+  live->set_count_only(true);
   auto t = etcd_->TxnSync(std::move(txn), d);
   if (!t.ok()) return t.status();
   if (t->succeeded()) return absl::OkStatus();
   if (t->responses(0).response_range().count() == 0) return NamespaceNotFound(name);
-  return absl::FailedPreconditionError(absl::StrCat(
-      "namespace \"", name, "\" has live sessions; close them (or let them expire) first"));
+  if (t->responses(1).response_range().count() > 0) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "namespace \"", name, "\" has live sessions; close them (or let them expire) first"));
+  }
+  return absl::AbortedError(absl::StrCat(
+      "namespace \"", name, "\" was changed meanwhile; try again; nothing changed"));
 }
 
 absl::StatusOr<v1::LockClass> Registry::CreateClass(const v1::LockClass& in, etcd::Deadline d) {
@@ -732,13 +764,8 @@ absl::StatusOr<v1::LockClass> Registry::CreateClass(const v1::LockClass& in, etc
   rc->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
   auto snap = etcd_->TxnSync(std::move(read), d);
   if (!snap.ok()) return snap.status();
-  if (snap->responses(0).response_range().kvs_size() == 0) return NamespaceNotFound(ns);
-  {
-    records::NamespaceRecord rec;
-    if (!rec.ParseFromString(snap->responses(0).response_range().kvs(0).value())) {
-      return absl::DataLossError(absl::StrCat("corrupt namespace record for ", ns));
-    }
-    if (auto s = NotMoving(ns, rec); !s.ok()) return s;
+  if (auto rec = NamespaceNotMoving(ns, snap->responses(0).response_range()); !rec.ok()) {
+    return rec.status();
   }
   for (const auto& kv : snap->responses(1).response_range().kvs()) {
     auto id = keyspace::ParseClassKey(kv.key(), ns).value_or("");
@@ -829,12 +856,7 @@ absl::Status Registry::DeleteClass(const std::string& ns, const std::string& id,
   auto read = etcd_->TxnSync(std::move(both), d);
   if (!read.ok()) return read.status();
   const auto& ns_range = read->responses(1).response_range();
-  if (ns_range.kvs_size() == 0) return NamespaceNotFound(ns);
-  records::NamespaceRecord ns_rec;
-  if (!ns_rec.ParseFromString(ns_range.kvs(0).value())) {
-    return absl::DataLossError(absl::StrCat("corrupt namespace record for ", ns));
-  }
-  if (auto s = NotMoving(ns, ns_rec); !s.ok()) return s;
+  if (auto rec = NamespaceNotMoving(ns, ns_range); !rec.ok()) return rec.status();
   int64_t held = 0;
   for (const auto& kv : read->responses(0).response_range().kvs()) {
     records::HoldRecord rec;

@@ -41,8 +41,12 @@ class Registry {
   absl::StatusOr<v1::Namespace> UpdateNamespace(
       const v1::UpdateNamespaceRequest& req, etcd::Deadline d,
       const std::function<bool(const std::string&)>& is_admin = {});
-  // FAILED_PRECONDITION while the namespace has live sessions.
-  absl::Status DeleteNamespace(const std::string& name, etcd::Deadline d);
+  // FAILED_PRECONDITION while the namespace has live sessions, or while its
+  // record is marked for a move. With `also_absent`, the delete is guarded by
+  // that key not existing (a namespace homed on the control cluster: no
+  // placement record, so no rehome of it has begun).
+  absl::Status DeleteNamespace(const std::string& name, etcd::Deadline d,
+                               const std::string& also_absent = "");
 
   absl::StatusOr<v1::LockClass> CreateClass(const v1::LockClass& cls, etcd::Deadline d);
   absl::StatusOr<v1::LockClass> GetClass(const std::string& ns, const std::string& id,

@@ -175,6 +175,24 @@ absl::StatusOr<v1::Namespace> AdminService::CreateNamespaceOn(
     if (!resumable) {
       return absl::AlreadyExistsError(absl::StrCat("namespace \"", name, "\" already exists"));
     }
+    // Take the claim over with a write, guarded by the record as read. A delete
+    // of the name that read the record before (and has just deleted the home's
+    // copy) compares it when it deletes the record, so it leaves this create's
+    // claim in place rather than a namespace with no placement record.
+    pb::TxnRequest take;
+    lock::AddCompare(&take, keyspace::PlacementKey(name), pb::Compare::MOD, pb::Compare::EQUAL)
+        ->set_mod_revision(got.kvs(0).mod_revision());
+    auto* again = take.add_success()->mutable_request_put();
+    again->set_key(keyspace::PlacementKey(name));
+    again->set_value(rec.SerializeAsString());
+    auto taken = control.etcd->TxnSync(std::move(take), d);
+    if (!taken.ok()) return taken.status();
+    if (!taken->succeeded()) {
+      return absl::AbortedError(absl::StrCat(
+          "namespace \"", name, "\" was deleted or created through another replica meanwhile; "
+          "try again; nothing changed"));
+    }
+    clusters_->placements()->Note(name, rec, taken->header().revision());
   }
   return (*home)->registry->CreateNamespace(req, d);
 }
@@ -233,32 +251,94 @@ grpc::Status AdminService::DeleteNamespace(grpc::ServerContext* ctx,
                                            const v1::DeleteNamespaceRequest* req,
                                            v1::DeleteNamespaceResponse* resp) {
   HF_ADMIN_ONLY(ctx);
-  if (auto s = NotRehoming(req->name()); !s.ok()) return ToGrpcStatus(s);
+  return ToGrpcStatus(DeleteNamespaceOn(req->name(), RpcDeadline(*ctx, kUnaryCap)));
+}
+
+// The placement record is read from etcd, not from this replica's view of it: a
+// create, a delete or a rehome through another replica may not have reached that
+// view yet, and the record decides where the namespace is deleted, and is itself
+// deleted last, guarded by that read.
+absl::Status AdminService::DeleteNamespaceOn(const std::string& name, etcd::Deadline d) {
+  if (auto s = keyspace::ValidateNamespaceName(name); !s.ok()) return s;
   auto* placements = clusters_->placements();
-  std::optional<records::PlacementRecord> placed;
-  if (placements != nullptr) placed = placements->Get(req->name());
-  auto d = RpcDeadline(*ctx, kUnaryCap);
-  if (auto s = RegistryOf(req->name()).DeleteNamespace(req->name(), d); !s.ok()) {
-    // Gone from its home with its placement record left: a delete that stopped
-    // between the two (or a create that stopped before the home had it). The
-    // record alone would keep the name from being created again, and from
-    // being deleted: this delete finishes the job.
-    // (Not when the record names a cluster the config does not list: the
-    // namespace may live there, and the control cluster answered instead.)
-    if (!(s.code() == absl::StatusCode::kNotFound && placed &&
-          clusters_->Named(placed->home()) != nullptr)) {
-      return ToGrpcStatus(s);
-    }
+  Cluster& control = clusters_->control();
+  if (placements == nullptr) return control.registry->DeleteNamespace(name, d);
+  namespace pb = ::etcdserverpb;
+  pb::RangeRequest read;
+  read.set_key(keyspace::PlacementKey(name));
+  auto got = control.etcd->RangeSync(read, d);
+  if (!got.ok()) return got.status();
+  if (got->kvs_size() == 0) {
+    // Homed on the control cluster; guarded by "still no placement record" (a
+    // rehome away writes one before it touches the namespace).
+    return control.registry->DeleteNamespace(name, d, keyspace::PlacementKey(name));
   }
-  if (placed) {
-    // The name is free again once its placement record goes.
-    etcdserverpb::DeleteRangeRequest del;
-    del.set_key(keyspace::PlacementKey(req->name()));
-    auto gone = clusters_->control().etcd->DeleteRangeSync(del, d);
-    if (!gone.ok()) return ToGrpcStatus(gone.status());
-    placements->Note(req->name(), std::nullopt, gone->header().revision());
+  records::PlacementRecord placed;
+  if (!placed.ParseFromString(got->kvs(0).value())) {
+    return absl::DataLossError(
+        absl::StrCat("corrupt placement record for namespace \"", name, "\""));
   }
-  return grpc::Status::OK;
+  if (placed.has_rehome()) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "namespace \"", name, "\" is being rehomed to \"", placed.rehome().to(),
+        "\"; finish or abort the rehome first (its records are being copied)"));
+  }
+  // (An empty home is the control cluster, as for routing.)
+  Cluster* home = placed.home().empty() ? &control : clusters_->Named(placed.home());
+  if (home == nullptr) {
+    // The namespace may live on that cluster: neither it nor its record is touched.
+    return absl::NotFoundError(absl::StrCat(
+        "namespace \"", name, "\" is homed on cluster \"", placed.home(),
+        "\", which this holdfastd's config does not list; nothing changed"));
+  }
+  const absl::Status at_home = home->registry->DeleteNamespace(name, d);
+  // NOT_FOUND with the record there: a delete that stopped between the two (or a
+  // create that stopped before the home had it). The record alone would keep the
+  // name from being created again, and from being deleted: this finishes the job.
+  if (!at_home.ok() && at_home.code() != absl::StatusCode::kNotFound) return at_home;
+  // The name is free again once its placement record goes, if it is still the
+  // one read: a create that took the claim over since (the home's copy gone)
+  // rewrote it, and keeps it.
+  pb::TxnRequest del;
+  lock::AddCompare(&del, keyspace::PlacementKey(name), pb::Compare::MOD, pb::Compare::EQUAL)
+      ->set_mod_revision(got->kvs(0).mod_revision());
+  del.add_success()->mutable_request_delete_range()->set_key(keyspace::PlacementKey(name));
+  del.add_failure()->mutable_request_range()->set_key(keyspace::PlacementKey(name));
+  auto gone = control.etcd->TxnSync(std::move(del), d);
+  if (!gone.ok()) return gone.status();
+  if (gone->succeeded()) {
+    placements->Note(name, std::nullopt, gone->header().revision());
+    return absl::OkStatus();
+  }
+  const auto& now = gone->responses(0).response_range();
+  if (now.kvs_size() == 0) return absl::OkStatus();  // another delete finished it
+  records::PlacementRecord after;
+  if (!after.ParseFromString(now.kvs(0).value())) {
+    return absl::DataLossError(
+        absl::StrCat("corrupt placement record for namespace \"", name, "\""));
+  }
+  if (after.has_rehome()) {
+    // Begun between the read and now: it finds no namespace to move, and its
+    // abort puts the record back, which a delete then removes.
+    return absl::AbortedError(absl::StrCat(
+        "a rehome of namespace \"", name, "\" to \"", after.rehome().to(),
+        "\" began during this delete; abort it (holdfast ns rehome ", name, " --to ",
+        after.rehome().to(), " --abort), then delete the namespace again"));
+  }
+  if (after.home() != placed.home()) {
+    return absl::AbortedError(absl::StrCat("namespace \"", name, "\" moved to cluster \"",
+                                           after.home(), "\" during this delete; try again"));
+  }
+  // Rewritten by a create of the same home. The namespace there now is that
+  // create's, made after this delete, and stands with its record. None there:
+  // the create has not written it yet (or this delete removed it), and the
+  // record is that create's to finish or a later delete's to remove.
+  auto there = home->registry->GetNamespace(name, d);
+  if (there.ok()) return absl::OkStatus();
+  if (there.status().code() != absl::StatusCode::kNotFound) return there.status();
+  return absl::AbortedError(absl::StrCat(
+      "namespace \"", name, "\" was being created again through another replica during this "
+      "delete; check it (holdfast ns get ", name, ") and delete it again if it should go"));
 }
 
 grpc::Status AdminService::CreateClass(grpc::ServerContext* ctx,

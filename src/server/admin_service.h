@@ -102,6 +102,7 @@ class AdminService {
       const google::protobuf::RepeatedPtrField<std::string>& members) const;
   // Fills home_cluster and rehoming_to.
   void AddPlacement(v1::Namespace* n) const;
+  absl::Status DeleteNamespaceOn(const std::string& name, etcd::Deadline d);
   absl::StatusOr<v1::Namespace> CreateNamespaceOn(const v1::CreateNamespaceRequest& req,
                                                   etcd::Deadline d);
   // The cluster named (empty: the only one, else INVALID_ARGUMENT).
