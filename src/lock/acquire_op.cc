@@ -853,6 +853,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     auto sv = engine_->views_.Session(lease);
     auto epoch = engine_->epochs_.Get();
     if (!nsv || !sv || !epoch) return std::nullopt;
+    // Both read from the cluster answering now (etcd restored under a new
+    // cluster id: a view read before could pass compares against the restored
+    // keys; the read path's header decides instead).
+    if (sv->cluster_id != nsv->cluster_id ||
+        nsv->cluster_id != engine_->etcd_->last_cluster_id()) {
+      return std::nullopt;
+    }
     // A namespace being rehomed (or moved away) is refused from a fresh read.
     if (!nsv->record.draining_to().empty() || nsv->record.moved()) return std::nullopt;
     if (sv->record.identity() != caller_.identity || sv->record.closing()) return std::nullopt;

@@ -135,10 +135,13 @@ TimerQueue::TimerId Engine::After(std::chrono::steady_clock::duration d,
   });
 }
 
+void Engine::ForgetHistory() {
+  views_.Clear();
+  local_waiters_.ForgetRecent();
+}
+
 void Engine::SetGrantBlock(std::string reason) {
-  // A restore detected: the hand-overs kept for late waiters are of the history
-  // etcd went back from (LocalWaiters::Recent).
-  if (!reason.empty()) local_waiters_.ForgetRecent();
+  if (!reason.empty()) ForgetHistory();
   absl::MutexLock l(&block_mu_);
   block_reason_ = std::move(reason);
 }
@@ -630,7 +633,7 @@ bool Engine::PlanOnViews(const v1::ReleaseRequest& req, ReleasePlan* plan) {
   // decides instead. (A hand-over that lands on another cluster all the same is
   // refused by its waiter after the commit: AcquireOp::HandedOver.)
   if (!GrantBlock().ok() || nsv->cluster_id != etcd_->last_cluster_id() ||
-      !CheckEpoch(epoch, nsv->cluster_id).ok() ||
+      kv->cluster_id != nsv->cluster_id || !CheckEpoch(epoch, nsv->cluster_id).ok() ||
       ResolveClass(s.classes, req.lock_key()) == nullptr) {
     return false;
   }
@@ -713,7 +716,7 @@ void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Dea
     const bool on_views = plan->classes_revision > 0;
     base = KeyView{on_views ? plan->key.holds_revision : planned.revision,
                    on_views ? plan->key.waiters_revision : planned.revision,
-                   std::move(planned.holds), std::move(planned.waiters)};
+                   std::move(planned.holds), std::move(planned.waiters), planned.cluster_id};
   }
   commits_.Txn({ns, key, session, /*release=*/true}, std::move(txn), EtcdDeadline(d),
              [this, caller, req, d, attempts_left, ns, key, session, tok,

@@ -131,6 +131,13 @@ class Engine {
   // Refuses every new grant (and hand-over) with FAILED_PRECONDITION and this
   // reason, until called with "" (the restore guard, ARCHITECTURE §6).
   void SetGrantBlock(std::string reason);
+  // A restore detected (also one advanced past at once): what this replica
+  // kept of etcd's history goes, the views (lock/view_cache.h) and the
+  // hand-overs kept for late waiters (LocalWaiters::Recent). Kept, a view read
+  // before the restore would outrank every read of the restored data by its
+  // revision, and a compare "nothing created after its revision" would pass
+  // against keys the restore brought back.
+  void ForgetHistory();
   absl::Status GrantBlock() const;
 
   void OpenSession(const Caller& caller, const v1::OpenSessionRequest& req, Deadline d,

@@ -53,6 +53,7 @@ struct SessionView {
   int64_t mod_revision = 0;
   int64_t claims = 0;           // the session has at most this many claims ...
   int64_t claims_revision = 0;  // ... at this revision, and none was put after it
+  uint64_t cluster_id = 0;      // the cluster that answered the read
 };
 
 struct KeyView {
@@ -60,6 +61,7 @@ struct KeyView {
   int64_t waiters_revision = 0;
   std::vector<HoldEntry> holds;      // in key order
   std::vector<WaiterEntry> waiters;  // in queue order
+  uint64_t cluster_id = 0;           // the cluster that answered the read
 };
 
 // What an acquire from the views needs of a key's view (acquire_op.cc, FastStart),
@@ -92,11 +94,16 @@ class ViewCache {
       return;
     }
     auto it = keys_.find(k);
-    if (it != keys_.end() && it->second.holds_revision > s.revision) return;
+    // (A restored cluster's revisions go back: a new cluster id replaces all.)
+    if (it != keys_.end() && it->second.cluster_id == s.cluster_id &&
+        it->second.holds_revision > s.revision) {
+      return;
+    }
     auto& v = Slot(keys_, k, kMaxKeys);
     v.holds_revision = v.waiters_revision = s.revision;
     v.holds = s.holds;
     v.waiters = s.waiters;
+    v.cluster_id = s.cluster_id;
   }
 
   std::optional<KeyView> Key(const std::string& ns, const std::string& key) {
@@ -125,6 +132,16 @@ class ViewCache {
       });
     }
     return g;
+  }
+
+  // Forgets everything: etcd went back in its history (a restore detected),
+  // and a view read before could outrank every read of the restored data by
+  // its revision, with compares against it that nothing fails.
+  void Clear() {
+    absl::MutexLock l(&mu_);
+    namespaces_.clear();
+    sessions_.clear();
+    keys_.clear();
   }
 
   void ForgetKey(const std::string& ns, const std::string& key) {
@@ -175,7 +192,8 @@ class ViewCache {
     const std::string k = KeyId(ns, key);
     auto it = keys_.find(k);
     KeyView v;
-    if (it != keys_.end() && it->second.holds_revision >= base.holds_revision) {
+    if (it != keys_.end() && it->second.cluster_id == base.cluster_id &&
+        it->second.holds_revision >= base.holds_revision) {
       if (it->second.holds_revision >= revision) return;  // read at or after the release
       v = std::move(it->second);  // knows at least what base knew of the holds
     } else {
@@ -222,11 +240,12 @@ class ViewCache {
       return;
     }
     auto& v = Slot(sessions_, session);
-    if (s.revision >= v.claims_revision) {
+    if (s.revision >= v.claims_revision || s.cluster_id != v.cluster_id) {
       v.record = *s.session;
       v.mod_revision = s.session_mod_revision;
       v.claims = s.session_claims;
       v.claims_revision = s.revision;
+      v.cluster_id = s.cluster_id;
     }
   }
 

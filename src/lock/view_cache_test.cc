@@ -56,6 +56,57 @@ TEST(KeyViewTest, AReadIsCompleteAtItsRevisionAndAFreeKeyIsForgotten) {
   EXPECT_FALSE(c.Key("ns", "k"));
 }
 
+// etcd restored: its revisions go back. A read from a restored cluster with a
+// new id replaces the views whatever their revisions; under the same id, only
+// Clear (a restore detected) lets the restored reads in.
+TEST(KeyViewTest, AReadOfAnotherClusterReplacesTheViewsAndClearForgetsThemAll) {
+  ViewCache c;
+  KeySnapshot before = Read(110, {Hold(1, 90)}, {Waiter(3, 92)});
+  before.cluster_id = 7;
+  before.session = records::SessionRecord();
+  before.session_claims = 1;
+  c.ObserveKey("ns", "k", before);
+  c.Observe("ns", 1, before);
+
+  KeySnapshot restored = Read(96, {Hold(1, 90), Hold(2, 91)}, {Waiter(3, 92)});
+  restored.cluster_id = 7;  // the same id: an older read, kept out
+  restored.session = records::SessionRecord();
+  restored.session_claims = 2;
+  c.ObserveKey("ns", "k", restored);
+  c.Observe("ns", 1, restored);
+  EXPECT_EQ(c.Key("ns", "k")->holds_revision, 110);
+  EXPECT_EQ(c.Key("ns", "k")->holds.size(), 1u);
+  EXPECT_EQ(c.Session(1)->claims, 1);
+
+  restored.cluster_id = 8;  // a new id: the restored cluster's read replaces
+  c.ObserveKey("ns", "k", restored);
+  c.Observe("ns", 1, restored);
+  auto v = c.Key("ns", "k");
+  ASSERT_TRUE(v);
+  EXPECT_EQ(v->holds_revision, 96);
+  EXPECT_EQ(v->cluster_id, 8u);
+  EXPECT_EQ(v->holds.size(), 2u);
+  EXPECT_EQ(c.Session(1)->claims, 2);
+  EXPECT_EQ(c.Session(1)->cluster_id, 8u);
+  EXPECT_EQ(c.Namespace("ns")->cluster_id, 8u);
+
+  // A release planned on the old cluster's view is not merged into this one:
+  // what it leaves is its own base, of the old cluster (here: no hold, so no view).
+  KeyView old_base{110, 110, {Hold(1, 90)}, {}, 7};
+  c.Released("ns", "k", old_base, 1, {}, {}, 120);
+  EXPECT_FALSE(c.Key("ns", "k"));
+
+  c.ObserveKey("ns", "k", restored);
+  c.Clear();
+  EXPECT_FALSE(c.Key("ns", "k"));
+  EXPECT_FALSE(c.Session(1));
+  EXPECT_FALSE(c.Namespace("ns"));
+  // After a clear, a read at any revision is taken.
+  restored.cluster_id = 7;
+  c.ObserveKey("ns", "k", restored);
+  EXPECT_EQ(c.Key("ns", "k")->holds_revision, 96);
+}
+
 // A waiter put after the read is kept in queue order but stays above
 // waiters_revision: a release never hands it the key from the view, because
 // another replica may have queued one ahead of it that the view does not know.

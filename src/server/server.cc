@@ -386,6 +386,9 @@ void Server::GuardClusterOnce(Cluster& c) {
     }
   }
   std::string reason = audit::Epochs::RestoreReason(*state);
+  // Detected now, before any advance (which may follow at once, and then no
+  // refusal is ever set): the views read before the restore go.
+  if (!reason.empty() && c.restore_reason().empty()) c.engine->ForgetHistory();
   // A history row above the record is also what an epoch advance shows between
   // its two writes (the row, then the record). A refusal that would be new is
   // confirmed by a second read a moment later, so an advance in flight neither
