@@ -8,6 +8,7 @@
 #include <future>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -1482,6 +1483,82 @@ TEST_F(UnansweredWriteTest, AWaiterWhoseLeavingIsLostLeavesOnceEtcdAnswers) {
   // The release hands the key to nobody.
   ASSERT_TRUE(held->Release().ok());
   EXPECT_EQ(HoldsAndWaiters("lost-leave").first, 0);
+}
+
+// An open whose caller went away (cancelled, or its connection closed) while
+// etcd was slow to answer, and which committed after: nobody knows the
+// session's id, so nobody would renew or close it, and it would keep its quota
+// slot for its whole TTL. It is closed again.
+TEST(AbandonedOpenTest, AnOpenCommittedAfterItsCallerWentAwayIsClosedAgain) {
+  testing::TestCluster::Options o;
+  o.etcd_via_proxy = true;
+  o.extra_config = "etcd:\n  timeout: 10s\n";
+  auto c = testing::TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto& cluster = **c;
+  auto client = cluster.NewClient();
+  ASSERT_TRUE(client.ok()) << client.status();
+  v1::CreateNamespaceRequest create;
+  create.mutable_namespace_()->set_name("one");
+  create.mutable_namespace_()->set_held_lease_quota(1);
+  ASSERT_TRUE((*client)->CreateNamespace(create).ok());
+  auto sessions = [&](std::optional<int64_t> at = std::nullopt) -> int64_t {
+    pb::RangeRequest r;
+    r.set_key(keyspace::SessionPrefix("one"));
+    r.set_range_end(keyspace::PrefixEnd(keyspace::SessionPrefix("one")));
+    r.set_count_only(true);
+    if (at) r.set_revision(*at);
+    auto got = cluster.etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() ? got->count() : -1;
+  };
+  auto revision = [&] {
+    pb::RangeRequest r;
+    r.set_key("/");
+    r.set_count_only(true);
+    auto got = cluster.etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    EXPECT_TRUE(got.ok()) << got.status();
+    return got.ok() ? got->header().revision() : 0;
+  };
+  {
+    // Once, so that the open below starts at once (the namespace's op quota
+    // is read on its first call), and is still in etcd's hands when cancelled.
+    auto first = (*client)->OpenSession("one");
+    ASSERT_TRUE(first.ok()) << first.status();
+    ASSERT_TRUE((*first)->Close().ok());
+  }
+  auto stub = v1::Session::NewStub(
+      grpc::CreateChannel(cluster.endpoint(), grpc::InsecureChannelCredentials()));
+  // The cancel must come while the open is in etcd's hands: a cancel that came
+  // first (a loaded machine) means the open is never begun, which is tried again.
+  bool committed = false;
+  for (int attempt = 0; attempt < 3 && !committed; ++attempt) {
+    const int64_t from = revision();
+    cluster.etcd_proxy().StallAnswers(true);
+    grpc::ClientContext ctx;
+    v1::OpenSessionRequest req;
+    req.set_namespace_("one");
+    req.set_ttl_ms(60'000);
+    v1::OpenSessionResponse resp;
+    auto call = std::async(std::launch::async, [&] { return stub->Open(&ctx, req, &resp); });
+    std::this_thread::sleep_for(milliseconds(300 * (attempt + 1)));
+    ctx.TryCancel();
+    EXPECT_EQ(call.get().error_code(), grpc::StatusCode::CANCELLED);
+    std::this_thread::sleep_for(milliseconds(300));
+    cluster.etcd_proxy().StallAnswers(false);
+    // The open went on once etcd answered, and committed its session...
+    for (int i = 0; i < 30 && !committed; ++i) {
+      const int64_t now = revision();
+      for (int64_t r = from + 1; r <= now && !committed; ++r) committed = sessions(r) > 0;
+      if (!committed) std::this_thread::sleep_for(milliseconds(100));
+    }
+  }
+  ASSERT_TRUE(committed) << "the open never committed";
+  // ...which was then closed again, freeing the namespace's one slot.
+  for (int i = 0; i < 100 && sessions() != 0; ++i) std::this_thread::sleep_for(milliseconds(100));
+  EXPECT_EQ(sessions(), 0) << "the session nobody knows of stays for its TTL";
+  auto next = (*client)->OpenSession("one");
+  EXPECT_TRUE(next.ok()) << next.status();
 }
 
 TEST(LockReplicasTest, TwoReplicas200ConcurrentAcquiresNeverTwoHolders) {

@@ -175,8 +175,33 @@ absl::Status Engine::Bootstrap(Deadline d, int32_t epoch) {
 // --- sessions ---------------------------------------------------------------
 
 void Engine::OpenSession(const Caller& caller, const v1::OpenSessionRequest& req, Deadline d,
-                         Done<v1::OpenSessionResponse> done) {
+                         Done<v1::OpenSessionResponse> done, std::function<bool()> caller_gone) {
+  if (caller_gone && caller_gone()) {
+    return done(absl::CancelledError("the call ended before the session was opened"));
+  }
   OpenSessionAttempt(caller, req, /*reads_left=*/4, d, std::move(done));
+}
+
+void Engine::AbandonSession(const std::string& ns, int64_t session) {
+  owners_.Forget(session);
+  views_.Forget(session);
+  observer().OnSessionClosed(ns, session);
+  RevokeAbandoned(session, /*attempts_left=*/3);
+}
+
+void Engine::RevokeAbandoned(int64_t lease, int attempts_left) {
+  pb::LeaseRevokeRequest r;
+  r.set_id(lease);
+  etcd_->LeaseRevoke(r, etcd::DeadlineIn(options_.etcd_timeout),
+                     [this, lease, attempts_left](absl::StatusOr<pb::LeaseRevokeResponse> x) {
+                       if (x.ok() || x.status().code() == absl::StatusCode::kNotFound ||
+                           attempts_left <= 1) {
+                         return;
+                       }
+                       After(std::chrono::seconds(1), [this, lease, attempts_left] {
+                         RevokeAbandoned(lease, attempts_left - 1);
+                       });
+                     });
 }
 
 void Engine::OpenSessionAttempt(const Caller& caller, const v1::OpenSessionRequest& req,

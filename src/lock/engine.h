@@ -140,8 +140,16 @@ class Engine {
   void ForgetHistory();
   absl::Status GrantBlock() const;
 
+  // With `caller_gone` (true once the caller has gone away: cancelled, or its
+  // connection closed), an open not begun by then is not begun (CANCELLED).
   void OpenSession(const Caller& caller, const v1::OpenSessionRequest& req, Deadline d,
-                   Done<v1::OpenSessionResponse> done);
+                   Done<v1::OpenSessionResponse> done,
+                   std::function<bool()> caller_gone = nullptr);
+  // Ends a session opened for a caller that went away before it had the answer:
+  // nobody knows its id, so nobody would renew or close it, and it would keep a
+  // quota slot for its whole TTL. Its lease is revoked (asked again a few times
+  // while etcd does not answer; it expires by itself otherwise).
+  void AbandonSession(const std::string& ns, int64_t session);
   // The check VerifySession makes first, without a read: whether this replica
   // has seen `session` in `ns` as the caller's (lock/session_owners.h). False
   // when only reads can tell (also for another identity's: whether the caller
@@ -208,6 +216,7 @@ class Engine {
   void CommitSession(const SessionOpen& open, int64_t lease, int attempts_left, Deadline d,
                      Done<v1::OpenSessionResponse> done);
   void RevokeQuietly(int64_t lease);
+  void RevokeAbandoned(int64_t lease, int attempts_left);
   void RenewAttempt(const v1::KeepAliveRequest& req, Deadline d, bool again,
                     std::chrono::steady_clock::time_point started, v1::KeepAliveResponse base,
                     Done<v1::KeepAliveResponse> done);

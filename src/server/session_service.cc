@@ -1,6 +1,8 @@
 #include "server/session_service.h"
 
+#include <atomic>
 #include <deque>
+#include <memory>
 #include <utility>
 
 #include "absl/base/thread_annotations.h"
@@ -315,9 +317,51 @@ void SessionService::Open(UnaryCall<v1::OpenSessionRequest, v1::OpenSessionRespo
   if (!caller.ok()) return call->Finish(caller.status());
   const v1::OpenSessionRequest* req = &call->request();  // lives as long as the call
   const Route route = router_->RouteFor(req->namespace_());
+  // A caller gone before the answer (cancelled, or its connection closed) never
+  // learns the session's id: an open not begun by then is not begun, and a
+  // session opened for it is closed again (Engine::AbandonSession), whether the
+  // cancel came before the answer or while it went out (gRPC then reports the
+  // call cancelled: the caller did not get an OK).
+  struct OpenCall {
+    absl::Mutex mu;
+    bool gone ABSL_GUARDED_BY(mu) = false;
+    int64_t answered ABSL_GUARDED_BY(mu) = 0;  // the session an OK answer carried
+  };
+  auto state = std::make_shared<OpenCall>();
+  lock::Engine* engine = route.engine;
+  const std::string ns = req->namespace_();
+  call->OnCancel([state, engine, ns] {
+    int64_t answered;
+    {
+      absl::MutexLock l(&state->mu);
+      state->gone = true;
+      answered = std::exchange(state->answered, 0);
+    }
+    if (answered != 0) engine->AbandonSession(ns, answered);
+  });
+  auto finish = FinishInto(call);
+  lock::Done<v1::OpenSessionResponse> done =
+      [state, engine, ns, finish](absl::StatusOr<v1::OpenSessionResponse> r) {
+        if (r.ok()) {
+          bool gone;
+          {
+            absl::MutexLock l(&state->mu);
+            gone = state->gone;
+            if (!gone) state->answered = r->session_id();
+          }
+          if (gone) {
+            engine->AbandonSession(ns, r->session_id());
+            r = absl::CancelledError(
+                "the call ended before the session was opened; it was closed again");
+          }
+        }
+        finish(std::move(r));
+      };
   AdmitThen(route.quota, call, *caller, req->namespace_(), [=, caller = *caller] {
-    route.engine->OpenSession(caller, *req, RpcDeadline(call->context(), kUnaryCap),
-                              FinishInto(call));
+    engine->OpenSession(caller, *req, RpcDeadline(call->context(), kUnaryCap), done, [state] {
+      absl::MutexLock l(&state->mu);
+      return state->gone;
+    });
   });
 }
 
