@@ -727,6 +727,25 @@ TEST(AuthenticatorTest, EachTrustDomainsIdsMustChainToItsOwnBundle) {
   EXPECT_EQ(auth.CallerOfCertificate(acme_admin).status().code(),
             absl::StatusCode::kUnauthenticated);
 
+  // A bundle with a block that is not a certificate stops the start: the CAs
+  // after it would be lost without a word.
+  const std::string broken = dir.path() + "/broken.pem";
+  ASSERT_TRUE(dev::WriteFileAtomically(
+                  broken,
+                  absl::StrCat(acme_ca->cert,
+                               "-----BEGIN CERTIFICATE-----\nnot!base64\n-----END CERTIFICATE-----\n",
+                               partner_ca->cert),
+                  0644)
+                  .ok());
+  ao.trust_bundles["partner.org"] = broken;
+  auto half = server::Authenticator(ao).Load();
+  EXPECT_EQ(half.code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_NE(half.message().find("the trust bundle of partner.org (" + broken +
+                                ") has a block after its certificate 1 that cannot be read as a "
+                                "certificate"),
+            std::string::npos)
+      << half;
+
   // A bundle that cannot be read stops the start.
   ao.trust_bundles["partner.org"] = dir.path() + "/missing.pem";
   auto load = server::Authenticator(ao).Load();

@@ -51,16 +51,24 @@ absl::StatusOr<std::vector<std::string>> UriSans(absl::string_view pem) {
 
 using X509Ptr = std::unique_ptr<X509, decltype(&X509_free)>;
 
-// Every certificate of a PEM text, in order.
-std::vector<X509Ptr> ReadCertificates(absl::string_view pem) {
+// Every certificate of a PEM text, in order, up to the first block that cannot
+// be read as one; `complete` (when given) says whether the text ended there.
+std::vector<X509Ptr> ReadCertificates(absl::string_view pem, bool* complete = nullptr) {
   std::vector<X509Ptr> out;
+  if (complete != nullptr) *complete = false;
   if (pem.empty() || pem.size() > static_cast<size_t>(INT_MAX)) return out;
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(
       BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
   while (X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
     out.emplace_back(cert, X509_free);
   }
-  ERR_clear_error();  // the end of the text reads as an error
+  // The end of the text reads as "no start line"; anything else is a block
+  // that is not a certificate.
+  const unsigned long err = ERR_peek_last_error();
+  if (complete != nullptr) {
+    *complete = ERR_GET_LIB(err) == ERR_LIB_PEM && ERR_GET_REASON(err) == PEM_R_NO_START_LINE;
+  }
+  ERR_clear_error();
   return out;
 }
 
@@ -106,10 +114,17 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Bundle>> Authenticator::Bund
   std::ifstream in(file);
   std::stringstream text;
   text << in.rdbuf();
-  auto certs = ReadCertificates(text.str());
+  bool complete = false;
+  auto certs = ReadCertificates(text.str(), &complete);
   if (!modified || !in || certs.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the trust bundle of ", domain, " (", file, ") cannot be read or holds no certificate"));
+  }
+  if (!complete) {
+    // Kept, the CAs after it would be lost without a word.
+    return absl::FailedPreconditionError(absl::StrCat(
+        "the trust bundle of ", domain, " (", file, ") has a block after its certificate ",
+        certs.size(), " that cannot be read as a certificate"));
   }
   auto bundle = std::make_shared<Bundle>();
   bundle->file = file;
