@@ -13,6 +13,10 @@
 
 #include <sys/stat.h>
 
+#include <openssl/evp.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+
 #include <yaml-cpp/yaml.h>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +25,7 @@
 #include "absl/strings/ascii.h"
 #include "common/duration.h"
 #include "common/loopback.h"
+#include "common/openssl_error.h"
 #include "common/names.h"
 #include "common/pem_file.h"
 #include "common/spiffe.h"
@@ -631,6 +636,58 @@ absl::StatusOr<Config> LoadConfig(const std::string& path, const ConfigFlags& fl
   return config;
 }
 
+namespace {
+
+// The certificate and the key of one TLS setting belong together, and the key
+// can be read without a passphrase (holdfastd has none to give). Checked at
+// start: otherwise holdfastd would serve with them and every handshake would fail.
+absl::Status CheckKeyPair(const std::string& where, const std::string& cert_path,
+                          const std::string& key_path) {
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  using BioPtr = std::unique_ptr<BIO, decltype(&BIO_free)>;
+  const std::string cert_pem = read(cert_path), key_pem = read(key_path);
+  ERR_clear_error();
+  BioPtr cert_bio(BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())), BIO_free);
+  std::unique_ptr<X509, decltype(&X509_free)> cert(
+      PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr), X509_free);
+  if (!cert) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: ", where, "cert_file ", cert_path, ": its first certificate cannot be read: ",
+        TakeOpenSslErrors("no certificate")));
+  }
+  BioPtr key_bio(BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())), BIO_free);
+  auto no_passphrase = [](char*, int, int, void*) { return 0; };
+  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
+      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, no_passphrase, nullptr), EVP_PKEY_free);
+  if (!key) {
+    const std::string why = TakeOpenSslErrors("no private key");
+    if (key_pem.find("-----BEGIN ENCRYPTED PRIVATE KEY-----") != std::string::npos ||
+        key_pem.find("Proc-Type: 4,ENCRYPTED") != std::string::npos) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "config: ", where, "key_file ", key_path,
+          " is encrypted: holdfastd reads keys without a passphrase (write it out "
+          "unencrypted, readable by holdfastd only: openssl pkey -in KEY -out KEY.plain)"));
+    }
+    return absl::InvalidArgumentError(absl::StrCat("config: ", where, "key_file ", key_path,
+                                                   ": the private key cannot be read: ", why));
+  }
+  if (X509_check_private_key(cert.get(), key.get()) != 1) {
+    ERR_clear_error();
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: ", where, "cert_file and ", where, "key_file do not belong together: ", key_path,
+        " is not the key of the certificate in ", cert_path,
+        " (a certificate renewed without its key, or the other way round?)"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
 absl::Status CheckConfigFiles(const Config& c) {
   struct File {
     std::string key;
@@ -660,6 +717,16 @@ absl::Status CheckConfigFiles(const Config& c) {
     if (auto s = CheckPemFile(path, kind); !s.ok()) {
       return absl::InvalidArgumentError(absl::StrCat("config: ", what, " ", s.message()));
     }
+  }
+  // Each certificate with its key (the files are there and hold PEM blocks).
+  // (add_tls puts each key_file right after its cert_file.)
+  for (size_t i = 1; i < files.size(); ++i) {
+    const auto& f = files[i];
+    if (f.kind != PemKind::kPrivateKey || f.path.empty()) continue;
+    const auto& cert = files[i - 1];
+    if (cert.path.empty()) continue;
+    const std::string where = f.key.substr(0, f.key.size() - std::string("key_file").size());
+    if (auto s = CheckKeyPair(where, cert.path, f.path); !s.ok()) return s;
   }
   return absl::OkStatus();
 }

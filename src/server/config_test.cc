@@ -6,8 +6,11 @@
 #include <fstream>
 
 #include <gtest/gtest.h>
+#include <openssl/evp.h>
+#include <openssl/pem.h>
 
 #include "absl/strings/str_cat.h"
+#include "dev/certs.h"
 
 namespace holdfast::server {
 namespace {
@@ -498,10 +501,16 @@ TEST_F(ConfigFileTest, FlagsApplyBeforeTheWholeIsChecked) {
 // Every file named is read at start: a typo stops holdfastd with the key, the
 // path and the reason, not as failed handshakes later.
 TEST_F(ConfigFileTest, TheFilesNamedMustBeReadablePem) {
-  const std::string pem = "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
-  const std::string ca = Write("ca.pem", pem);
-  const std::string cert = Write("svid.pem", pem);
-  const std::string key = Write("key.pem", "-----BEGIN EC PRIVATE KEY-----\nAAAA\n");
+  auto ca_pem = dev::MakeCa("acme CA");
+  ASSERT_TRUE(ca_pem.ok()) << ca_pem.status();
+  dev::LeafOptions o;
+  o.uris = {"spiffe://acme.org/holdfastd"};
+  auto svid = dev::MakeLeaf(*ca_pem, o);
+  auto other = dev::MakeLeaf(*ca_pem, o);
+  ASSERT_TRUE(svid.ok() && other.ok());
+  const std::string ca = Write("ca.pem", ca_pem->cert);
+  const std::string cert = Write("svid.pem", svid->cert);
+  std::string key = Write("key.pem", svid->key);
   const std::string der = Write("der.pem", std::string("\x30\x82\x01\x0a", 4));
   auto config = [&](const std::string& cert_file, const std::string& etcd_ca) {
     return absl::StrCat("tls: {ca_file: ", ca, ", cert_file: ", cert_file, ", key_file: ", key,
@@ -510,7 +519,45 @@ TEST_F(ConfigFileTest, TheFilesNamedMustBeReadablePem) {
   };
   EXPECT_TRUE(LoadConfig(Write("ok.yaml", config(cert, ca)), {}).ok());
 
-  auto r = LoadConfig(Write("typo.yaml", config(dir_ + "/svdi.pem", "")), {});
+  // PEM blocks that are not what their labels say, a key that is not the
+  // certificate's, and a key holdfastd cannot read without a passphrase.
+  const std::string junk =
+      Write("junk.pem", "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n");
+  auto r = LoadConfig(Write("junk.yaml", config(junk, "")), {});
+  EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(r.status().message().find("config: tls.cert_file " + junk +
+                                      ": its first certificate cannot be read: "),
+            std::string::npos)
+      << r.status();
+  key = Write("other-key.pem", other->key);
+  r = LoadConfig(Write("mismatch.yaml", config(cert, "")), {});
+  EXPECT_EQ(r.status().message(),
+            "config: tls.cert_file and tls.key_file do not belong together: " + key +
+                " is not the key of the certificate in " + cert +
+                " (a certificate renewed without its key, or the other way round?)");
+  {
+    std::unique_ptr<BIO, decltype(&BIO_free)> in(
+        BIO_new_mem_buf(svid->key.data(), static_cast<int>(svid->key.size())), BIO_free);
+    std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> pkey(
+        PEM_read_bio_PrivateKey(in.get(), nullptr, nullptr, nullptr), EVP_PKEY_free);
+    ASSERT_TRUE(pkey);
+    std::unique_ptr<BIO, decltype(&BIO_free)> out(BIO_new(BIO_s_mem()), BIO_free);
+    char pass[] = "secret";
+    ASSERT_EQ(PEM_write_bio_PKCS8PrivateKey(out.get(), pkey.get(), EVP_aes_256_cbc(), pass, 6,
+                                            nullptr, nullptr),
+              1);
+    char* data = nullptr;
+    const long n = BIO_get_mem_data(out.get(), &data);
+    key = Write("encrypted-key.pem", std::string(data, static_cast<size_t>(n)));
+  }
+  r = LoadConfig(Write("encrypted.yaml", config(cert, "")), {});
+  EXPECT_EQ(r.status().message(),
+            "config: tls.key_file " + key +
+                " is encrypted: holdfastd reads keys without a passphrase (write it out "
+                "unencrypted, readable by holdfastd only: openssl pkey -in KEY -out KEY.plain)");
+  key = Write("key.pem", svid->key);
+
+  r = LoadConfig(Write("typo.yaml", config(dir_ + "/svdi.pem", "")), {});
   EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(r.status().message(),
             "config: tls.cert_file " + dir_ + "/svdi.pem: cannot read: No such file or directory");
