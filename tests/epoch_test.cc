@@ -31,20 +31,7 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 namespace pb = ::etcdserverpb;
 
-absl::Status Etcdctl(const std::string& dir, std::vector<std::string> args) {
-  dev::SpawnOptions so;
-  so.argv = {"etcdctl"};
-  for (auto& a : args) so.argv.push_back(std::move(a));
-  so.env = {{"ETCDCTL_API", "3"}};
-  so.log_file = dir + "/etcdctl.log";
-  auto p = dev::Subprocess::Spawn(std::move(so));
-  if (!p.ok()) return p.status();
-  auto code = (*p)->Wait(seconds(60));
-  if (!code || *code != 0) {
-    return absl::InternalError(absl::StrCat("etcdctl failed; see ", dir, "/etcdctl.log"));
-  }
-  return absl::OkStatus();
-}
+using testing::Etcdctl;
 
 // Runs `a` and `b` on two threads released together, and waits for both.
 void RunTogether(const std::function<void()>& a, const std::function<void()>& b) {

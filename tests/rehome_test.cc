@@ -968,6 +968,38 @@ TEST_F(RehomeTest, ADeleteRefusesANamespaceBeingRehomedByItsPlacementRecord) {
   EXPECT_EQ(KeySpace(b()), b_before);
 }
 
+// The control cluster restored from a snapshot taken before a namespace was
+// created on "b": the restored records have no placement for it, so its name is
+// the control cluster's again. The replica's view of the placements, whose
+// watch resumed past the restored revisions, is read again once the restore is
+// found, and the name is routed by the restored records.
+TEST_F(RehomeTest, AfterTheControlClusterIsRestoredNamesAreRoutedByItsRecords) {
+  auto& etcd = cluster_->etcd();
+  const std::string snap = cluster_->dir() + "/control.db";
+  ASSERT_TRUE(testing::Etcdctl(cluster_->dir(),
+                               {"--endpoints", etcd.endpoint(), "snapshot", "save", snap})
+                  .ok());
+  CreateNamespace("pay", "b");
+  auto before = client_->GetNamespace("pay");
+  ASSERT_TRUE(before.ok()) << before.status();
+  ASSERT_EQ(before->home_cluster(), "b");
+
+  ASSERT_TRUE(testing::RestoreEtcd(etcd, cluster_->dir(), snap, "control-restored").ok());
+  absl::StatusOr<v1::Namespace> after = before;
+  for (int i = 0; i < 300; ++i) {
+    after = client_->GetNamespace("pay");
+    if (after.status().code() == absl::StatusCode::kNotFound) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(after.status().code(), absl::StatusCode::kNotFound)
+      << "the name is still routed to " << (after.ok() ? after->home_cluster() : "?");
+  // The name is free on the control cluster.
+  CreateNamespace("pay", "");
+  auto again = client_->GetNamespace("pay");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_EQ(again->home_cluster(), "a");
+}
+
 // A placement record naming a cluster the config does not list is warned of,
 // and a delete does not take it for a half-done one (the namespace may live on
 // that cluster): NOT_FOUND, the record kept.

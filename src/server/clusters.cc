@@ -32,6 +32,7 @@ absl::Status Placements::Load(etcd::Deadline d) {
     }
     generation = ++generation_;
     stale_ = false;
+    cluster_id_ = got->header().cluster_id();
     std::swap(old, watch_);
   }
   if (old != 0) etcd_->watches().Cancel(old);
@@ -59,7 +60,7 @@ absl::Status Placements::Load(etcd::Deadline d) {
 void Placements::OnWatch(uint64_t generation, absl::StatusOr<etcd::WatchBatch> batch) {
   absl::MutexLock l(&mu_);
   if (generation != generation_) return;
-  if (!batch.ok()) {
+  if (!batch.ok() || (batch->cluster_id != 0 && batch->cluster_id != cluster_id_)) {
     stale_ = true;  // the replica's guard loop loads again
     return;
   }
@@ -96,6 +97,11 @@ void Placements::Note(const std::string& ns, std::optional<records::PlacementRec
                       int64_t revision) {
   absl::MutexLock l(&mu_);
   ApplyLocked(ns, std::move(rec), revision);
+}
+
+void Placements::MarkStale() {
+  absl::MutexLock l(&mu_);
+  stale_ = true;
 }
 
 bool Placements::stale() const {

@@ -108,8 +108,14 @@ class Placements {
 
   // Reads every record and watches from the next revision. Blocking.
   absl::Status Load(etcd::Deadline d);
-  // True once the watch ended (compacted or cancelled): Load again.
+  // True once the watch ended (compacted or cancelled), or answered from
+  // another cluster than the one read (etcd restored): Load again.
   bool stale() const;
+  // Makes stale() true: the control cluster was found restored. Its revisions
+  // went back, so the watch, resumed past the restored ones, misses the
+  // changes made after the restore until etcd's revision catches up, and
+  // entries noted at revisions the restore took back would outrank them.
+  void MarkStale();
   void Stop();
 
   // The namespace's home cluster (the control cluster when it has no record).
@@ -137,6 +143,7 @@ class Placements {
   etcd::WatchId watch_ ABSL_GUARDED_BY(mu_) = 0;
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stale_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t cluster_id_ ABSL_GUARDED_BY(mu_) = 0;  // the cluster Load read
 };
 
 class ClusterSet final : public Router {

@@ -387,8 +387,17 @@ void Server::GuardClusterOnce(Cluster& c) {
   }
   std::string reason = audit::Epochs::RestoreReason(*state);
   // Detected now, before any advance (which may follow at once, and then no
-  // refusal is ever set): the views read before the restore go.
-  if (!reason.empty() && c.restore_reason().empty()) c.engine->ForgetHistory();
+  // refusal is ever set): the views read before the restore go, and the
+  // placements are read again when the control cluster was restored.
+  if (!reason.empty() && c.restore_reason().empty()) {
+    c.engine->ForgetHistory();
+    if (auto* p = clusters_->placements(); p != nullptr && &c == &clusters_->control()) {
+      p->MarkStale();  // kept until a load succeeds (GuardEpochsOnce tries again)
+      if (auto s = p->Load(etcd::DeadlineIn(timeout)); !s.ok()) {
+        std::fprintf(stderr, "holdfastd: reloading placements: %s\n", s.ToString().c_str());
+      }
+    }
+  }
   // A history row above the record is also what an epoch advance shows between
   // its two writes (the row, then the record). A refusal that would be new is
   // confirmed by a second read a moment later, so an advance in flight neither

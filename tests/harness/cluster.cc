@@ -62,6 +62,35 @@ bool PortOpen(const std::string& endpoint) {
 }
 }  // namespace
 
+absl::Status Etcdctl(const std::string& dir, std::vector<std::string> args) {
+  dev::SpawnOptions so;
+  so.argv = {"etcdctl"};
+  for (auto& a : args) so.argv.push_back(std::move(a));
+  so.env = {{"ETCDCTL_API", "3"}};
+  so.log_file = dir + "/etcdctl.log";
+  auto p = dev::Subprocess::Spawn(std::move(so));
+  if (!p.ok()) return p.status();
+  auto code = (*p)->Wait(std::chrono::seconds(60));
+  if (!code || *code != 0) {
+    return absl::InternalError(absl::StrCat("etcdctl failed; see ", dir, "/etcdctl.log"));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RestoreEtcd(dev::EtcdProcess& etcd, const std::string& dir,
+                         const std::string& snapshot, const std::string& cluster_token) {
+  const std::string restored = dir + "/restored-" + cluster_token;
+  if (auto s = Etcdctl(dir, {"snapshot", "restore", snapshot, "--data-dir", restored, "--name",
+                             etcd.options().name, "--initial-cluster",
+                             absl::StrCat(etcd.options().name, "=", etcd.peer_url()),
+                             "--initial-advertise-peer-urls", etcd.peer_url(),
+                             "--initial-cluster-token", cluster_token});
+      !s.ok()) {
+    return s;
+  }
+  return etcd.RestartOn(restored);
+}
+
 absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::milliseconds timeout,
                               bool plaintext) {
   // Wait for the listener before making a channel: a gRPC channel whose first

@@ -82,6 +82,16 @@ absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::millisec
                               bool plaintext = true);
 
 // One etcd member and `replicas` holdfastd processes sharing it.
+// Runs the Debian package's etcdctl (API v3) with `args`; its output goes to
+// DIR/etcdctl.log, which the error names.
+absl::Status Etcdctl(const std::string& dir, std::vector<std::string> args);
+
+// Restores `snapshot` (etcdctl snapshot save) into a fresh data dir under `dir`
+// for `etcd`'s one member, with `cluster_token` (another token than the
+// cluster's: a new cluster id), and starts `etcd` on it.
+absl::Status RestoreEtcd(dev::EtcdProcess& etcd, const std::string& dir,
+                         const std::string& snapshot, const std::string& cluster_token);
+
 class TestCluster {
  public:
   struct Options {
