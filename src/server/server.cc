@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "common/listen.h"
+#include "common/loopback.h"
 #include "common/spiffe.h"
 #include "lock/keyspace.h"
 
@@ -488,7 +489,8 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Server::EtcdCredential
 
 std::optional<MetricsEndpoint::Tls> Server::MetricsTls() const {
   if (config_.insecure || config_.metrics_plaintext) {
-    if (!config_.insecure) {
+    // (Insecure on loopback says enough; off loopback, metrics.plaintext said so.)
+    if (!config_.insecure || !net::IsLoopbackEndpoint(config_.metrics_listen)) {
       std::fprintf(stderr,
                    "holdfastd: WARNING: metrics.plaintext: serving metrics on %s over plain "
                    "HTTP to anyone who can reach it; they name namespaces and classes\n",
