@@ -194,7 +194,47 @@ absl::StatusOr<v1::Namespace> AdminService::CreateNamespaceOn(
     }
     clusters_->placements()->Note(name, rec, taken->header().revision());
   }
-  return (*home)->registry->CreateNamespace(req, d);
+  auto created = (*home)->registry->CreateNamespace(req, d);
+  if (!created.ok()) return created;
+  // A delete that read the claim before the home had the namespace took it for
+  // a half-done one and may have deleted it meanwhile: the claim is put back
+  // (the delete came first; this create stands), if nobody else has the name.
+  pb::TxnRequest keep;
+  lock::AddCompare(&keep, keyspace::PlacementKey(name), pb::Compare::CREATE, pb::Compare::EQUAL)
+      ->set_create_revision(0);
+  auto* back = keep.add_success()->mutable_request_put();
+  back->set_key(keyspace::PlacementKey(name));
+  back->set_value(rec.SerializeAsString());
+  keep.add_failure()->mutable_request_range()->set_key(keyspace::PlacementKey(name));
+  auto kept = control.etcd->TxnSync(std::move(keep), d);
+  if (!kept.ok()) return kept.status();
+  if (kept->succeeded()) {
+    clusters_->placements()->Note(name, rec, kept->header().revision());
+    // Unless that delete came after the home had it, and so deleted it there
+    // too (the create came first, then the delete): the claim goes again.
+    auto still = (*home)->registry->GetNamespace(name, d);
+    if (still.status().code() == absl::StatusCode::kNotFound) {
+      pb::TxnRequest undo;
+      lock::AddCompare(&undo, keyspace::PlacementKey(name), pb::Compare::MOD, pb::Compare::EQUAL)
+          ->set_mod_revision(kept->header().revision());
+      undo.add_success()->mutable_request_delete_range()->set_key(keyspace::PlacementKey(name));
+      auto undone = control.etcd->TxnSync(std::move(undo), d);
+      if (undone.ok() && undone->succeeded()) {
+        clusters_->placements()->Note(name, std::nullopt, undone->header().revision());
+      }
+    }
+    return created;
+  }
+  records::PlacementRecord now;
+  const auto& there = kept->responses(0).response_range();
+  if (there.kvs_size() > 0 && now.ParseFromString(there.kvs(0).value()) &&
+      now.home() == rec.home() && !now.has_rehome()) {
+    return created;
+  }
+  return absl::AbortedError(absl::StrCat(
+      "namespace \"", name, "\" was written on cluster \"", rec.home(),
+      "\", but its placement record was changed through another replica meanwhile; check it "
+      "(holdfast ns get ", name, ")"));
 }
 
 grpc::Status AdminService::CreateNamespace(grpc::ServerContext* ctx,
@@ -317,11 +357,15 @@ absl::Status AdminService::DeleteNamespaceOn(const std::string& name, etcd::Dead
     return absl::DataLossError(
         absl::StrCat("corrupt placement record for namespace \"", name, "\""));
   }
+  const std::string deleted =
+      at_home.ok() ? absl::StrCat("namespace \"", name, "\" was deleted from cluster \"",
+                                  home->name(), "\", but ")
+                   : absl::StrCat("namespace \"", name, "\": ");
   if (after.has_rehome()) {
     // Begun between the read and now: it finds no namespace to move, and its
     // abort puts the record back, which a delete then removes.
     return absl::AbortedError(absl::StrCat(
-        "a rehome of namespace \"", name, "\" to \"", after.rehome().to(),
+        deleted, "a rehome of it to \"", after.rehome().to(),
         "\" began during this delete; abort it (holdfast ns rehome ", name, " --to ",
         after.rehome().to(), " --abort), then delete the namespace again"));
   }
@@ -337,8 +381,8 @@ absl::Status AdminService::DeleteNamespaceOn(const std::string& name, etcd::Dead
   if (there.ok()) return absl::OkStatus();
   if (there.status().code() != absl::StatusCode::kNotFound) return there.status();
   return absl::AbortedError(absl::StrCat(
-      "namespace \"", name, "\" was being created again through another replica during this "
-      "delete; check it (holdfast ns get ", name, ") and delete it again if it should go"));
+      deleted, "it was being created again through another replica during this delete; check "
+      "it (holdfast ns get ", name, ") and delete it again if it should go"));
 }
 
 grpc::Status AdminService::CreateClass(grpc::ServerContext* ctx,
