@@ -760,7 +760,8 @@ void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Dea
                    for (size_t i = 0; i < handed.size() && i < handover.granted.size(); ++i) {
                      granted.push_back(HoldEntry{handover.granted[i], rev, handed[i].second});
                    }
-                   views_.Released(ns, key, *base, session, handover.gone, granted, rev);
+                   views_.Released(ns, key, *base, session, handover.gone, granted, rev,
+                                   t->header().cluster_id());
                  } else {
                    views_.ForgetKey(ns, key);
                  }

@@ -185,11 +185,17 @@ class ViewCache {
   // A release committed at `revision`, planned on `base` and guarded by "no hold
   // created after base.holds_revision": it deleted `releasing`'s hold, the waiters
   // `gone` (by lease) and put `granted` (created at `revision`).
+  // `cluster_id`: the commit's (a release committed on another cluster than
+  // its plan's leaves no view).
   void Released(const std::string& ns, const std::string& key, const KeyView& base,
                 int64_t releasing, const std::vector<int64_t>& gone,
-                const std::vector<HoldEntry>& granted, int64_t revision) {
+                const std::vector<HoldEntry>& granted, int64_t revision, uint64_t cluster_id) {
     absl::MutexLock l(&mu_);
     const std::string k = KeyId(ns, key);
+    if (cluster_id != base.cluster_id) {
+      keys_.erase(k);
+      return;
+    }
     auto it = keys_.find(k);
     KeyView v;
     if (it != keys_.end() && it->second.cluster_id == base.cluster_id &&

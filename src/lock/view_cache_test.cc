@@ -90,10 +90,10 @@ TEST(KeyViewTest, AReadOfAnotherClusterReplacesTheViewsAndClearForgetsThemAll) {
   EXPECT_EQ(c.Session(1)->cluster_id, 8u);
   EXPECT_EQ(c.Namespace("ns")->cluster_id, 8u);
 
-  // A release planned on the old cluster's view is not merged into this one:
-  // what it leaves is its own base, of the old cluster (here: no hold, so no view).
-  KeyView old_base{110, 110, {Hold(1, 90)}, {}, 7};
-  c.Released("ns", "k", old_base, 1, {}, {}, 120);
+  // A release planned on the old cluster's view and committed on the restored
+  // one leaves no view to plan on.
+  KeyView old_base{110, 110, {Hold(1, 90), Hold(5, 95)}, {}, 7};
+  c.Released("ns", "k", old_base, 1, {}, {}, 120, /*cluster_id=*/8);
   EXPECT_FALSE(c.Key("ns", "k"));
 
   c.ObserveKey("ns", "k", restored);
@@ -148,7 +148,7 @@ TEST(KeyViewTest, AReleaseMovesTheHoldsToItsRevision) {
   ViewCache c;
   c.ObserveKey("ns", "k", Read(10, {Hold(1, 5)}, {Waiter(2, 7), Waiter(3, 9)}));
   auto base = *c.Key("ns", "k");
-  c.Released("ns", "k", base, /*releasing=*/1, /*gone=*/{2}, {Hold(2, 20)}, 20);
+  c.Released("ns", "k", base, /*releasing=*/1, /*gone=*/{2}, {Hold(2, 20)}, 20, 0);
   auto v = c.Key("ns", "k");
   ASSERT_TRUE(v);
   EXPECT_EQ(v->holds_revision, 20);  // no hold was created in (10, 20): compared
@@ -160,19 +160,19 @@ TEST(KeyViewTest, AReleaseMovesTheHoldsToItsRevision) {
 
   // The next release, planned on that view.
   base = *v;
-  c.Released("ns", "k", base, 2, {3}, {Hold(3, 25)}, 25);
+  c.Released("ns", "k", base, 2, {3}, {Hold(3, 25)}, 25, 0);
   v = c.Key("ns", "k");
   EXPECT_EQ(v->holds_revision, 25);
   EXPECT_TRUE(v->waiters.empty());
 
   // A read after the release is not overwritten by the release's view.
   c.ObserveKey("ns", "k", Read(30, {Hold(3, 25)}, {Waiter(6, 28)}));
-  c.Released("ns", "k", base, 2, {3}, {Hold(3, 25)}, 25);
+  c.Released("ns", "k", base, 2, {3}, {Hold(3, 25)}, 25, 0);
   EXPECT_EQ(c.Key("ns", "k")->holds_revision, 30);
   // Nor one read at the release's own revision (it shows the new hold already).
   c.ObserveKey("ns", "k", Read(40, {Hold(3, 25), Hold(7, 40)}, {}));
   base = *c.Key("ns", "k");
-  c.Released("ns", "k", base, 3, {}, {Hold(7, 40)}, 40);
+  c.Released("ns", "k", base, 3, {}, {Hold(7, 40)}, 40, 0);
   ASSERT_EQ(c.Key("ns", "k")->holds.size(), 2u);
   EXPECT_EQ(c.Key("ns", "k")->holds[0].lease, 3);  // untouched, not [7, 7]
   EXPECT_EQ(c.Key("ns", "k")->holds[1].lease, 7);
@@ -180,7 +180,7 @@ TEST(KeyViewTest, AReleaseMovesTheHoldsToItsRevision) {
   // The last holders leave with nobody handed the key: forgotten.
   c.ObserveKey("ns", "k", Read(41, {Hold(3, 25)}, {}));
   base = *c.Key("ns", "k");
-  c.Released("ns", "k", base, 3, {}, {}, 42);
+  c.Released("ns", "k", base, 3, {}, {}, 42, 0);
   EXPECT_FALSE(c.Key("ns", "k"));
 }
 
@@ -188,7 +188,7 @@ TEST(KeyViewTest, SharedHoldsStayInKeyOrder) {
   ViewCache c;
   c.ObserveKey("ns", "k", Read(10, {Hold(1, 5), Hold(9, 6)}, {Waiter(4, 7), Waiter(6, 8)}));
   auto base = *c.Key("ns", "k");
-  c.Released("ns", "k", base, 1, {4, 6}, {Hold(4, 11), Hold(6, 11)}, 11);
+  c.Released("ns", "k", base, 1, {4, 6}, {Hold(4, 11), Hold(6, 11)}, 11, 0);
   auto v = c.Key("ns", "k");
   ASSERT_EQ(v->holds.size(), 3u);
   EXPECT_EQ(v->holds[0].lease, 4);
