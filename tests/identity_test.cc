@@ -8,6 +8,8 @@
 #include <thread>
 
 #include <gtest/gtest.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include "absl/strings/str_cat.h"
 #include "dev/certs.h"
@@ -751,6 +753,40 @@ TEST(AuthenticatorTest, EachTrustDomainsIdsMustChainToItsOwnBundle) {
   auto load = server::Authenticator(ao).Load();
   EXPECT_EQ(load.code(), absl::StatusCode::kFailedPrecondition);
   EXPECT_NE(load.message().find("missing.pem"), std::string::npos) << load;
+}
+
+// A bundle may hold its CAs in the TRUSTED CERTIFICATE form OpenSSL's tools
+// write (openssl x509 -trustout): they are read as CAs like the others.
+TEST(AuthenticatorTest, ABundleOfTrustedCertificatesIsRead) {
+  testing::TempDir dir;
+  auto ca = dev::MakeCa("acme CA");
+  ASSERT_TRUE(ca.ok());
+  std::string trusted;
+  {
+    std::unique_ptr<BIO, decltype(&BIO_free)> in(
+        BIO_new_mem_buf(ca->cert.data(), static_cast<int>(ca->cert.size())), BIO_free);
+    std::unique_ptr<X509, decltype(&X509_free)> x(
+        PEM_read_bio_X509(in.get(), nullptr, nullptr, nullptr), X509_free);
+    ASSERT_TRUE(x);
+    std::unique_ptr<BIO, decltype(&BIO_free)> out(BIO_new(BIO_s_mem()), BIO_free);
+    ASSERT_EQ(PEM_write_bio_X509_AUX(out.get(), x.get()), 1);
+    char* data = nullptr;
+    const long n = BIO_get_mem_data(out.get(), &data);
+    trusted.assign(data, static_cast<size_t>(n));
+  }
+  ASSERT_NE(trusted.find("-----BEGIN TRUSTED CERTIFICATE-----"), std::string::npos);
+  const std::string bundle = dir.path() + "/acme.pem";
+  ASSERT_TRUE(dev::WriteFileAtomically(bundle, trusted, 0644).ok());
+  server::Authenticator::Options ao;
+  ao.trust_domains = {"acme.org"};
+  ao.trust_bundles = {{"acme.org", bundle}};
+  server::Authenticator auth(ao);
+  ASSERT_TRUE(auth.Load().ok());
+  dev::LeafOptions o;
+  o.uris = {"spiffe://acme.org/app"};
+  auto caller = auth.CallerOfCertificate(dev::MakeLeaf(*ca, o)->cert);
+  ASSERT_TRUE(caller.ok()) << caller.status();
+  EXPECT_EQ(caller->identity, "spiffe://acme.org/app");
 }
 
 // gRPC reports a server's peer chain without its leaf, so callers whose leaves

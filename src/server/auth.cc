@@ -59,7 +59,8 @@ std::vector<X509Ptr> ReadCertificates(absl::string_view pem, bool* complete = nu
   if (pem.empty() || pem.size() > static_cast<size_t>(INT_MAX)) return out;
   std::unique_ptr<BIO, decltype(&BIO_free)> bio(
       BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
-  while (X509* cert = PEM_read_bio_X509(bio.get(), nullptr, nullptr, nullptr)) {
+  // (_AUX: also the TRUSTED CERTIFICATE form of a CA, as OpenSSL's tools write it.)
+  while (X509* cert = PEM_read_bio_X509_AUX(bio.get(), nullptr, nullptr, nullptr)) {
     out.emplace_back(cert, X509_free);
   }
   // The end of the text reads as "no start line"; anything else is a block
