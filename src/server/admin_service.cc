@@ -198,9 +198,12 @@ absl::StatusOr<v1::Namespace> AdminService::CreateNamespaceOn(
   if (!created.ok()) return created;
   // A delete that read the claim before the home had the namespace took it for
   // a half-done one and may have deleted it meanwhile: the claim is put back
-  // (the delete came first; this create stands), if nobody else has the name.
+  // (the delete came first; this create stands), if nobody else has the name:
+  // no other claim, and no namespace of that name on the control cluster.
   pb::TxnRequest keep;
   lock::AddCompare(&keep, keyspace::PlacementKey(name), pb::Compare::CREATE, pb::Compare::EQUAL)
+      ->set_create_revision(0);
+  lock::AddCompare(&keep, keyspace::NamespaceKey(name), pb::Compare::CREATE, pb::Compare::EQUAL)
       ->set_create_revision(0);
   auto* back = keep.add_success()->mutable_request_put();
   back->set_key(keyspace::PlacementKey(name));
@@ -230,6 +233,19 @@ absl::StatusOr<v1::Namespace> AdminService::CreateNamespaceOn(
   if (there.kvs_size() > 0 && now.ParseFromString(there.kvs(0).value()) &&
       now.home() == rec.home() && !now.has_rehome()) {
     return created;
+  }
+  if (there.kvs_size() == 0) {
+    // The name went to the control cluster meanwhile (deleted, then created
+    // there): this create's copy would be reached by nothing, and goes.
+    auto removed = (*home)->registry->DeleteNamespace(name, d);
+    return absl::AbortedError(absl::StrCat(
+        "namespace \"", name, "\" was deleted and created again on the control cluster "
+        "through another replica meanwhile; this create's copy on cluster \"", rec.home(), "\" ",
+        removed.ok() ? std::string("was removed again")
+                     : absl::StrCat("could not be removed (", removed.message(),
+                                    "): delete its keys there with etcdctl del ",
+                                    keyspace::NamespaceKey(name), " and etcdctl del --prefix ",
+                                    keyspace::NamespacePrefix(name))));
   }
   return absl::AbortedError(absl::StrCat(
       "namespace \"", name, "\" was written on cluster \"", rec.home(),
