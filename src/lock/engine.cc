@@ -186,10 +186,10 @@ void Engine::AbandonSession(const std::string& ns, int64_t session) {
   owners_.Forget(session);
   views_.Forget(session);
   observer().OnSessionClosed(ns, session);
-  RevokeAbandoned(session, /*attempts_left=*/3);
+  RevokeQuietly(session, /*attempts_left=*/3);
 }
 
-void Engine::RevokeAbandoned(int64_t lease, int attempts_left) {
+void Engine::RevokeQuietly(int64_t lease, int attempts_left) {
   pb::LeaseRevokeRequest r;
   r.set_id(lease);
   etcd_->LeaseRevoke(r, etcd::DeadlineIn(options_.etcd_timeout),
@@ -199,7 +199,7 @@ void Engine::RevokeAbandoned(int64_t lease, int attempts_left) {
                          return;
                        }
                        After(std::chrono::seconds(1), [this, lease, attempts_left] {
-                         RevokeAbandoned(lease, attempts_left - 1);
+                         RevokeQuietly(lease, attempts_left - 1);
                        });
                      });
 }
@@ -273,12 +273,6 @@ void Engine::GrantSession(SessionOpen open, Deadline d, Done<v1::OpenSessionResp
     if (g->ttl() > open.ttl_s) open.ttl_s = g->ttl();
     CommitSession(open, g->id(), /*attempts_left=*/8, d, done);
   });
-}
-
-void Engine::RevokeQuietly(int64_t lease) {
-  pb::LeaseRevokeRequest r;
-  r.set_id(lease);
-  etcd_->LeaseRevoke(r, etcd::DeadlineIn(options_.etcd_timeout), [](auto) {});
 }
 
 // Writes the session record on its lease; with a quota, also one free slot key,

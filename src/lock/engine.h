@@ -215,8 +215,9 @@ class Engine {
   void GrantSession(SessionOpen open, Deadline d, Done<v1::OpenSessionResponse> done);
   void CommitSession(const SessionOpen& open, int64_t lease, int attempts_left, Deadline d,
                      Done<v1::OpenSessionResponse> done);
-  void RevokeQuietly(int64_t lease);
-  void RevokeAbandoned(int64_t lease, int attempts_left);
+  // Revokes `lease`, asking again 1 s later while etcd does not answer, up to
+  // `attempts_left` times in all; best effort (the lease expires by itself).
+  void RevokeQuietly(int64_t lease, int attempts_left = 1);
   void RenewAttempt(const v1::KeepAliveRequest& req, Deadline d, bool again,
                     std::chrono::steady_clock::time_point started, v1::KeepAliveResponse base,
                     Done<v1::KeepAliveResponse> done);

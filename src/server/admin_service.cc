@@ -93,13 +93,32 @@ absl::Status AdminService::Admit(const grpc::ServerContext& ctx) const {
     return ToGrpcStatus(admitted);                           \
   }
 
+namespace {
+
+// FAILED_PRECONDITION when the placement record shows a rehome in progress.
+absl::Status NoRehomeIn(const std::string& ns, const records::PlacementRecord& rec) {
+  if (!rec.has_rehome()) return absl::OkStatus();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "namespace \"", ns, "\" is being rehomed to \"", rec.rehome().to(),
+      "\"; finish or abort the rehome first (its records are being copied)"));
+}
+
+// The placement record in `kv`, DATA_LOSS when it cannot be parsed.
+absl::StatusOr<records::PlacementRecord> ParsePlacement(const std::string& ns,
+                                                        const mvccpb::KeyValue& kv) {
+  records::PlacementRecord rec;
+  if (!rec.ParseFromString(kv.value())) {
+    return absl::DataLossError(
+        absl::StrCat("corrupt placement record for namespace \"", ns, "\""));
+  }
+  return rec;
+}
+
+}  // namespace
+
 absl::Status AdminService::NotRehoming(const std::string& ns) const {
   if (auto* p = clusters_->placements()) {
-    if (auto rec = p->Get(ns); rec && rec->has_rehome()) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "namespace \"", ns, "\" is being rehomed to \"", rec->rehome().to(),
-          "\"; finish or abort the rehome first (its records are being copied)"));
-    }
+    if (auto rec = p->Get(ns)) return NoRehomeIn(ns, *rec);
   }
   return absl::OkStatus();
 }
@@ -150,17 +169,21 @@ absl::StatusOr<v1::Namespace> AdminService::CreateNamespaceOn(
   namespace pb = ::etcdserverpb;
   records::PlacementRecord rec;
   rec.set_home((*home)->name());
-  pb::TxnRequest txn;
-  lock::AddCompare(&txn, keyspace::PlacementKey(name), pb::Compare::CREATE, pb::Compare::EQUAL)
-      ->set_create_revision(0);
-  lock::AddCompare(&txn, keyspace::NamespaceKey(name), pb::Compare::CREATE, pb::Compare::EQUAL)
-      ->set_create_revision(0);
-  auto* put = txn.add_success()->mutable_request_put();
-  put->set_key(keyspace::PlacementKey(name));
-  put->set_value(rec.SerializeAsString());
-  auto* probe = txn.add_failure()->mutable_request_range();
-  probe->set_key(keyspace::PlacementKey(name));
-  auto t = control.etcd->TxnSync(std::move(txn), d);
+  // The claim: the placement record, written only while the name has neither
+  // one nor a namespace on the control cluster; its failure reads the record.
+  auto claim = [&] {
+    pb::TxnRequest txn;
+    lock::AddCompare(&txn, keyspace::PlacementKey(name), pb::Compare::CREATE, pb::Compare::EQUAL)
+        ->set_create_revision(0);
+    lock::AddCompare(&txn, keyspace::NamespaceKey(name), pb::Compare::CREATE, pb::Compare::EQUAL)
+        ->set_create_revision(0);
+    auto* put = txn.add_success()->mutable_request_put();
+    put->set_key(keyspace::PlacementKey(name));
+    put->set_value(rec.SerializeAsString());
+    txn.add_failure()->mutable_request_range()->set_key(keyspace::PlacementKey(name));
+    return control.etcd->TxnSync(std::move(txn), d);
+  };
+  auto t = claim();
   if (!t.ok()) return t.status();
   if (t->succeeded()) {
     clusters_->placements()->Note(name, rec, t->header().revision());
@@ -199,17 +222,8 @@ absl::StatusOr<v1::Namespace> AdminService::CreateNamespaceOn(
   // A delete that read the claim before the home had the namespace took it for
   // a half-done one and may have deleted it meanwhile: the claim is put back
   // (the delete came first; this create stands), if nobody else has the name:
-  // no other claim, and no namespace of that name on the control cluster.
-  pb::TxnRequest keep;
-  lock::AddCompare(&keep, keyspace::PlacementKey(name), pb::Compare::CREATE, pb::Compare::EQUAL)
-      ->set_create_revision(0);
-  lock::AddCompare(&keep, keyspace::NamespaceKey(name), pb::Compare::CREATE, pb::Compare::EQUAL)
-      ->set_create_revision(0);
-  auto* back = keep.add_success()->mutable_request_put();
-  back->set_key(keyspace::PlacementKey(name));
-  back->set_value(rec.SerializeAsString());
-  keep.add_failure()->mutable_request_range()->set_key(keyspace::PlacementKey(name));
-  auto kept = control.etcd->TxnSync(std::move(keep), d);
+  // the same claim as above.
+  auto kept = claim();
   if (!kept.ok()) return kept.status();
   if (kept->succeeded()) {
     clusters_->placements()->Note(name, rec, kept->header().revision());
@@ -329,16 +343,10 @@ absl::Status AdminService::DeleteNamespaceOn(const std::string& name, etcd::Dead
     // rehome away writes one before it touches the namespace).
     return control.registry->DeleteNamespace(name, d, keyspace::PlacementKey(name));
   }
-  records::PlacementRecord placed;
-  if (!placed.ParseFromString(got->kvs(0).value())) {
-    return absl::DataLossError(
-        absl::StrCat("corrupt placement record for namespace \"", name, "\""));
-  }
-  if (placed.has_rehome()) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "namespace \"", name, "\" is being rehomed to \"", placed.rehome().to(),
-        "\"; finish or abort the rehome first (its records are being copied)"));
-  }
+  auto parsed = ParsePlacement(name, got->kvs(0));
+  if (!parsed.ok()) return parsed.status();
+  const records::PlacementRecord placed = *std::move(parsed);
+  if (auto s = NoRehomeIn(name, placed); !s.ok()) return s;
   // (An empty home is the control cluster, as for routing.)
   Cluster* home = placed.home().empty() ? &control : clusters_->Named(placed.home());
   if (home == nullptr) {
@@ -368,11 +376,9 @@ absl::Status AdminService::DeleteNamespaceOn(const std::string& name, etcd::Dead
   }
   const auto& now = gone->responses(0).response_range();
   if (now.kvs_size() == 0) return absl::OkStatus();  // another delete finished it
-  records::PlacementRecord after;
-  if (!after.ParseFromString(now.kvs(0).value())) {
-    return absl::DataLossError(
-        absl::StrCat("corrupt placement record for namespace \"", name, "\""));
-  }
+  auto parsed_after = ParsePlacement(name, now.kvs(0));
+  if (!parsed_after.ok()) return parsed_after.status();
+  const records::PlacementRecord after = *std::move(parsed_after);
   const std::string deleted =
       at_home.ok() ? absl::StrCat("namespace \"", name, "\" was deleted from cluster \"",
                                   home->name(), "\", but ")
