@@ -271,10 +271,18 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
 
   // Marks an etcd step as started. False when the call is ending or over.
   bool BeginStep() {
+    const uint64_t gen = engine_->views_.Generation();  // before the step reads anything
     absl::MutexLock l(&mu_);
     if (finished_ || end_reason_) return false;
     busy_ = true;
+    step_views_gen_ = gen;
     return true;
+  }
+  // The views' generation when the step in flight (or the one just done) began:
+  // what its answer may change of them (ViewCache::Generation).
+  uint64_t StepViewsGen() {
+    absl::MutexLock l(&mu_);
+    return step_views_gen_;
   }
 
   // Marks the step done. Returns the reason when the call is ending: the caller
@@ -455,8 +463,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   void Decide(KeySnapshot snap) {
     read_revision_ = snap.revision;
     engine_->epochs_.Observe(snap.epoch);
-    engine_->views_.Observe(req_.namespace_(), req_.session_id(), snap);
-    engine_->views_.ObserveKey(req_.namespace_(), req_.lock_key(), snap);
+    const uint64_t gen = StepViewsGen();
+    engine_->views_.Observe(req_.namespace_(), req_.session_id(), snap, gen);
+    engine_->views_.ObserveKey(req_.namespace_(), req_.lock_key(), snap, gen);
     const std::string& ns = req_.namespace_();
     // What the caller's own session has of the key: only its own, so that a
     // caller naming another's session is refused without touching its holds or
@@ -700,8 +709,8 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
         own = WaiterEntry{self->req_.session_id(),
                           existing_rev != 0 ? existing_rev : t->header().revision(), rec,
                           t->header().revision()};
-        self->engine_->views_.WaiterPut(self->req_.namespace_(),
-                                        self->req_.lock_key(), own);
+        self->engine_->views_.WaiterPut(self->req_.namespace_(), self->req_.lock_key(), own,
+                                        self->StepViewsGen());
         absl::MutexLock l(&self->mu_);
         self->own_waiter_rev_ = own.create_revision;
         self->own_waiter_mod_ = own.mod_revision;
@@ -796,7 +805,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     snap.revision = t.header().revision();
     snap.cluster_id = t.header().cluster_id();
     // Guarded by "no claim put since the views' count" (AddNewClaim).
-    engine_->views_.ClaimAdded(req_.session_id(), claims_before, snap.revision);
+    engine_->views_.ClaimAdded(req_.session_id(), claims_before, snap.revision, StepViewsGen());
     std::optional<WaiterEntry> last;
     if (at + 1 < t.responses_size() && t.responses(at).response_range().kvs_size() == 1) {
       const auto& kv = t.responses(at).response_range().kvs(0);
@@ -1111,7 +1120,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     const int64_t grant_rev = t->header().revision();
     engine_->views_.ForgetKey(req_.namespace_(), req_.lock_key());  // a hold it never saw
     if (claims_before_ >= 0) {
-      engine_->views_.ClaimAdded(req_.session_id(), claims_before_, grant_rev);
+      engine_->views_.ClaimAdded(req_.session_id(), claims_before_, grant_rev, StepViewsGen());
     }
     HoldEntry entry{req_.session_id(), grant_rev, rec};
     absl::Status refuse;
@@ -1653,6 +1662,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   Done<v1::AcquireResponse> done_ ABSL_GUARDED_BY(mu_);
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool busy_ ABSL_GUARDED_BY(mu_) = false;  // an etcd step is in flight
+  uint64_t step_views_gen_ ABSL_GUARDED_BY(mu_) = 0;  // StepViewsGen
   bool cancelled_ ABSL_GUARDED_BY(mu_) = false;  // by the caller (Cancel), or Move
   bool answered_ ABSL_GUARDED_BY(mu_) = false;   // Move answered the caller
   bool leaving_ ABSL_GUARDED_BY(mu_) = false;    // counted in Engine::leavers_

@@ -616,6 +616,7 @@ void Engine::ReleaseAttempt(const Caller& caller, const v1::ReleaseRequest& req,
                             int attempts_left, Done<v1::ReleaseResponse> done) {
   ReleasePlan plan;
   plan.now_ms = NowUnixMs();
+  plan.views_generation = views_.Generation();
   if (PlanOnViews(req, &plan)) {
     return ReleaseTxn(caller, req, d, attempts_left, std::move(plan), done);
   }
@@ -674,6 +675,7 @@ void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Dea
   const int64_t session = req.session_id(), tok = req.token();
   const std::string hold_key = keyspace::HoldKey(ns, key, session);
   const KeySnapshot* snap = plan ? &plan->snap : nullptr;
+  const uint64_t views_gen = plan ? plan->views_generation : views_.Generation();
   pb::TxnRequest txn;
   AddCompare(&txn, hold_key, pb::Compare::CREATE, pb::Compare::EQUAL)
       ->set_create_revision(token::RevisionOf(tok));
@@ -738,7 +740,7 @@ void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Dea
                    std::move(planned.holds), std::move(planned.waiters), planned.cluster_id};
   }
   commits_.Txn({ns, key, session, /*release=*/true}, std::move(txn), EtcdDeadline(d),
-             [this, caller, req, d, attempts_left, ns, key, session, tok,
+             [this, caller, req, d, attempts_left, ns, key, session, tok, views_gen,
               handed = std::move(handed),
               handover = std::move(handover), base = std::move(base),
               done](absl::StatusOr<pb::TxnResponse> t) {
@@ -755,7 +757,7 @@ void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Dea
                      granted.push_back(HoldEntry{handover.granted[i], rev, handed[i].second});
                    }
                    views_.Released(ns, key, *base, session, handover.gone, granted, rev,
-                                   t->header().cluster_id());
+                                   t->header().cluster_id(), views_gen);
                  } else {
                    views_.ForgetKey(ns, key);
                  }
@@ -769,7 +771,7 @@ void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Dea
                auto snap = ParseSnapshot(t->header(), t->responses());
                if (!snap.ok()) return done(snap.status());
                epochs_.Observe(snap->epoch);
-               views_.ObserveKey(ns, key, *snap);
+               views_.ObserveKey(ns, key, *snap, views_gen);
                if (!snap->namespace_exists) return done(NoSuchNamespace(caller, ns));
                std::optional<int64_t> current_token;  // the session's hold of the key
                for (const auto& h : snap->holds) {
@@ -787,6 +789,7 @@ void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Dea
                  ReleasePlan next;
                  next.snap = std::move(*snap);
                  next.now_ms = NowUnixMs();
+                 next.views_generation = views_gen;
                  return ReleaseTxn(caller, req, d, attempts_left - 1, std::move(next), done);
                }
                // Why nothing was released is told to members only (the session may

@@ -231,6 +231,7 @@ class Engine {
     int64_t now_ms = 0;
     int64_t classes_revision = 0;
     KeyView key;  // planned on the views: the view's revisions (its lists are in `snap`)
+    uint64_t views_generation = 0;  // taken before the views or the read it is planned on
   };
   // `caller` decides only what a failed release may tell (CheckMember).
   void ReleaseAttempt(const Caller& caller, const v1::ReleaseRequest& req, Deadline d,

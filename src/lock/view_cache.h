@@ -23,6 +23,14 @@
 // the whole queue moves `waiters_revision`: a waiter that joined behind the view's
 // last one without reading the queue (lock/queue.h, JoinBehind) is listed past it.
 //
+// A detected restore clears every view (Clear) and starts a new generation. An
+// answer to a request sent before that (a read or a commit of the history the
+// restore took back) may arrive after it: every change to the views names the
+// generation its request was sent under (Generation(), taken before the read or
+// the plan on the views), and one of an older generation changes nothing, or
+// forgets what it would have changed. Revisions cannot tell the two histories
+// apart: the lost one's may be higher than any the restored cluster has reached.
+//
 // Bounded (cleared when full: a miss costs one read); thread-safe.
 #pragma once
 
@@ -84,10 +92,19 @@ class ViewCache {
 
   // --- keys -------------------------------------------------------------------
 
+  // Of the views as they are now: taken before a request whose answer changes
+  // them, and passed with the change.
+  uint64_t Generation() {
+    absl::MutexLock l(&mu_);
+    return generation_;
+  }
+
   // A snapshot read of the key (complete as of its revision). A free key is
   // forgotten: only keys with holds have releases to serve.
-  void ObserveKey(const std::string& ns, const std::string& key, const KeySnapshot& s) {
+  void ObserveKey(const std::string& ns, const std::string& key, const KeySnapshot& s,
+                  uint64_t generation) {
     absl::MutexLock l(&mu_);
+    if (generation != generation_) return;
     const std::string k = KeyId(ns, key);
     if (s.holds.empty()) {
       keys_.erase(k);
@@ -139,6 +156,7 @@ class ViewCache {
   // its revision, with compares against it that nothing fails.
   void Clear() {
     absl::MutexLock l(&mu_);
+    ++generation_;
     namespaces_.clear();
     sessions_.clear();
     keys_.clear();
@@ -151,10 +169,15 @@ class ViewCache {
 
   // A transaction put `w` (a new waiter at w.create_revision, or the same waiter
   // with a new record).
-  void WaiterPut(const std::string& ns, const std::string& key, const WaiterEntry& w) {
+  void WaiterPut(const std::string& ns, const std::string& key, const WaiterEntry& w,
+                 uint64_t generation) {
     absl::MutexLock l(&mu_);
     auto it = keys_.find(KeyId(ns, key));
     if (it == keys_.end()) return;
+    if (generation != generation_) {  // maybe committed on the restored cluster
+      keys_.erase(it);
+      return;
+    }
     auto& ws = it->second.waiters;
     for (auto& have : ws) {
       if (have.lease != w.lease) continue;
@@ -186,13 +209,15 @@ class ViewCache {
   // created after base.holds_revision": it deleted `releasing`'s hold, the waiters
   // `gone` (by lease) and put `granted` (created at `revision`).
   // `cluster_id`: the commit's (a release committed on another cluster than
-  // its plan's leaves no view).
+  // its plan's leaves no view); `generation`: the plan's (one planned before a
+  // restore was found leaves none either).
   void Released(const std::string& ns, const std::string& key, const KeyView& base,
                 int64_t releasing, const std::vector<int64_t>& gone,
-                const std::vector<HoldEntry>& granted, int64_t revision, uint64_t cluster_id) {
+                const std::vector<HoldEntry>& granted, int64_t revision, uint64_t cluster_id,
+                uint64_t generation) {
     absl::MutexLock l(&mu_);
     const std::string k = KeyId(ns, key);
-    if (cluster_id != base.cluster_id) {
+    if (cluster_id != base.cluster_id || generation != generation_) {
       keys_.erase(k);
       return;
     }
@@ -225,8 +250,10 @@ class ViewCache {
   // --- namespaces and sessions --------------------------------------------------
 
   // Keeps what a snapshot read for (ns, session) showed.
-  void Observe(const std::string& ns, int64_t session, const KeySnapshot& s) {
+  void Observe(const std::string& ns, int64_t session, const KeySnapshot& s,
+               uint64_t generation) {
     absl::MutexLock l(&mu_);
+    if (generation != generation_) return;
     if (s.namespace_exists) {
       auto& n = Slot(namespaces_, ns);
       // (A restored cluster's revisions go back: a new cluster id replaces all.)
@@ -257,10 +284,16 @@ class ViewCache {
 
   // A transaction at `revision` put one claim of `session`, guarded by "no claim
   // put after the view's claims_revision", with the view showing `claims_before`.
-  void ClaimAdded(int64_t session, int64_t claims_before, int64_t revision) {
+  void ClaimAdded(int64_t session, int64_t claims_before, int64_t revision,
+                  uint64_t generation) {
     absl::MutexLock l(&mu_);
     auto it = sessions_.find(session);
-    if (it == sessions_.end() || it->second.claims_revision >= revision) return;
+    if (it == sessions_.end()) return;
+    if (generation != generation_) {  // the count it knew was of the lost history
+      sessions_.erase(it);
+      return;
+    }
+    if (it->second.claims_revision >= revision) return;
     it->second.claims = claims_before + 1;
     it->second.claims_revision = revision;
   }
@@ -297,6 +330,7 @@ class ViewCache {
   }
 
   absl::Mutex mu_;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   std::map<std::string, NamespaceView> namespaces_ ABSL_GUARDED_BY(mu_);
   std::map<int64_t, SessionView> sessions_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, KeyView> keys_ ABSL_GUARDED_BY(mu_);
