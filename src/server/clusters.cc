@@ -1,5 +1,6 @@
 #include "server/clusters.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "absl/strings/str_cat.h"
@@ -33,6 +34,7 @@ absl::Status Placements::Load(etcd::Deadline d) {
     generation = ++generation_;
     stale_ = false;
     cluster_id_ = got->header().cluster_id();
+    watched_ = got->header().revision();
     std::swap(old, watch_);
   }
   if (old != 0) etcd_->watches().Cancel(old);
@@ -65,6 +67,7 @@ void Placements::OnWatch(uint64_t generation, absl::StatusOr<etcd::WatchBatch> b
     return;
   }
   for (const auto& ev : batch->events) {
+    watched_ = std::max(watched_, ev.kv().mod_revision());
     auto ns = keyspace::ParsePlacementKey(ev.kv().key());
     if (!ns) continue;
     if (ev.type() == mvccpb::Event::DELETE) {
@@ -74,6 +77,9 @@ void Placements::OnWatch(uint64_t generation, absl::StatusOr<etcd::WatchBatch> b
     records::PlacementRecord rec;
     if (rec.ParseFromString(ev.kv().value())) ApplyLocked(*ns, rec, ev.kv().mod_revision());
   }
+  std::erase_if(entries_, [&](const auto& e) {
+    return !e.second.rec && e.second.revision <= watched_;
+  });
 }
 
 void Placements::ApplyLocked(const std::string& ns, std::optional<records::PlacementRecord> rec,
@@ -96,7 +102,13 @@ void Placements::ApplyLocked(const std::string& ns, std::optional<records::Place
 void Placements::Note(const std::string& ns, std::optional<records::PlacementRecord> rec,
                       int64_t revision) {
   absl::MutexLock l(&mu_);
+  if (revision <= watched_) return;  // applied already, or something later
   ApplyLocked(ns, std::move(rec), revision);
+}
+
+size_t Placements::kept() const {
+  absl::MutexLock l(&mu_);
+  return entries_.size();
 }
 
 void Placements::MarkStale() {

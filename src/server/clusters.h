@@ -125,8 +125,16 @@ class Placements {
   // A record this replica wrote (nullopt: deleted) at `revision`.
   void Note(const std::string& ns, std::optional<records::PlacementRecord> rec,
             int64_t revision);
+  // The entries kept, deletions not yet seen on the watch included.
+  size_t kept() const;
 
  private:
+  // A deletion this replica noted is kept (rec nullopt) until the watch has
+  // passed its revision: until then an older put of the record may still come on
+  // the watch and must not bring it back. After, nothing older can come (the
+  // watch delivers in revision order, and a note at or below `watched_` is
+  // dropped), so the entry goes: a replica seeing many namespaces created and
+  // deleted keeps none of them.
   struct Entry {
     std::optional<records::PlacementRecord> rec;  // nullopt: deleted
     int64_t revision = 0;
@@ -144,6 +152,9 @@ class Placements {
   uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
   bool stale_ ABSL_GUARDED_BY(mu_) = false;
   uint64_t cluster_id_ ABSL_GUARDED_BY(mu_) = 0;  // the cluster Load read
+  // Every change up to this revision has been applied (Load's read, then the
+  // watch's events).
+  int64_t watched_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
 class ClusterSet final : public Router {
