@@ -393,6 +393,57 @@ TEST_F(LockTest, NamespaceAndClassChangesAreRefusedOnARecordMarkedForAMove) {
   }
 }
 
+// A class is deleted only while it has no hold, which the delete counts by
+// reading every hold under the class's prefix. It reads them a page at a time:
+// holds whose records pass the client's 64 MiB receive limit together (here
+// 1,100 records of 64 KiB, written straight into etcd; holdfast's own are
+// smaller, but a prefix may have millions) are counted all the same. Holds of a
+// class with a longer prefix, under the same prefix, are not the class's.
+TEST_F(LockTest, AClassWithMoreHoldsThanOneReadCarriesIsNotDeleted) {
+  for (const auto& [id, prefix] : {std::pair{"big", "big/"}, std::pair{"sub", "big/sub/"}}) {
+    v1::LockClass cls;
+    cls.set_namespace_("default");
+    cls.set_class_id(id);
+    cls.set_key_prefix(prefix);
+    ASSERT_TRUE(client_->CreateClass(cls).ok());
+  }
+  auto put_holds = [&](const std::string& class_id, const std::string& key_prefix, int n,
+                       size_t meta_bytes) {
+    records::HoldRecord rec;
+    rec.set_class_id(class_id);
+    rec.set_holder_meta(std::string(meta_bytes, 'm'));
+    const std::string value = rec.SerializeAsString();
+    for (int i = 0; i < n;) {
+      pb::TxnRequest txn;
+      for (int j = 0; j < 16 && i < n; ++j, ++i) {
+        auto* put = txn.add_success()->mutable_request_put();
+        put->set_key(keyspace::HoldKey("default", absl::StrCat(key_prefix, i), 1000 + i));
+        put->set_value(value);
+      }
+      ASSERT_TRUE(cluster_->etcd_client().TxnSync(txn, etcd::DeadlineIn(seconds(30))).ok());
+    }
+  };
+  put_holds("big", "big/k", 1100, 64 * 1024);
+  put_holds("sub", "big/sub/", 3, 10);
+
+  const int64_t rev = Revision();
+  auto refused = client_->DeleteClass("default", "big");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kFailedPrecondition) << refused;
+  EXPECT_EQ(std::string(refused.message()),
+            "class \"big\" has 1100 hold(s); it can be deleted once they are released");
+  EXPECT_EQ(Revision(), rev) << "a refused delete wrote to etcd";
+  EXPECT_TRUE(client_->GetClass("default", "big").ok());
+
+  pb::DeleteRangeRequest del;
+  del.set_key(keyspace::HoldPrefix("default", "big/k"));
+  del.set_range_end(keyspace::PrefixEnd(del.key()));
+  ASSERT_TRUE(cluster_->etcd_client().DeleteRangeSync(del, etcd::DeadlineIn(seconds(30))).ok());
+  auto deleted = client_->DeleteClass("default", "big");
+  ASSERT_TRUE(deleted.ok()) << deleted;
+  EXPECT_EQ(client_->GetClass("default", "big").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(KeysUnder(keyspace::HoldPrefix("default", "big/sub/")), 3);
+}
+
 // A namespace record etcd holds corrupt cannot say whether it is being moved;
 // deleting the namespace is the way out of it, so the delete is not refused.
 TEST_F(LockTest, ANamespaceWithACorruptRecordCanBeDeleted) {

@@ -846,21 +846,37 @@ absl::Status Registry::DeleteClass(const std::string& ns, const std::string& id,
         "class \"", id, "\" is the catch-all class of \"", ns, "\" and cannot be deleted"));
   }
   // The holds that may belong to the class: every hold under its prefix (a longer
-  // prefix's class may own some; the record says).
+  // prefix's class may own some; the record says). Read a page at a time, all
+  // at the first page's revision, so that any number of holds fits the client's
+  // receive limit.
   const std::string holds = keyspace::HoldPrefix(ns, cls->key_prefix());
+  constexpr int64_t kPage = 256;
   pb::TxnRequest both;
   auto* r = both.add_success()->mutable_request_range();
   r->set_key(holds);
   r->set_range_end(keyspace::PrefixEnd(holds));
+  r->set_limit(kPage);
   both.add_success()->mutable_request_range()->set_key(keyspace::NamespaceKey(ns));
   auto read = etcd_->TxnSync(std::move(both), d);
   if (!read.ok()) return read.status();
   const auto& ns_range = read->responses(1).response_range();
   if (auto rec = NamespaceNotMoving(ns, ns_range); !rec.ok()) return rec.status();
   int64_t held = 0;
-  for (const auto& kv : read->responses(0).response_range().kvs()) {
-    records::HoldRecord rec;
-    if (rec.ParseFromString(kv.value()) && rec.class_id() == id) ++held;
+  pb::RangeResponse page = read->responses(0).response_range();
+  while (true) {
+    for (const auto& kv : page.kvs()) {
+      records::HoldRecord rec;
+      if (rec.ParseFromString(kv.value()) && rec.class_id() == id) ++held;
+    }
+    if (!page.more() || page.kvs_size() == 0) break;
+    pb::RangeRequest next;
+    next.set_key(page.kvs(page.kvs_size() - 1).key() + '\0');
+    next.set_range_end(keyspace::PrefixEnd(holds));
+    next.set_limit(kPage);
+    next.set_revision(read->header().revision());
+    auto got = etcd_->RangeSync(next, d);
+    if (!got.ok()) return got.status();
+    page = *std::move(got);
   }
   if (held > 0) {
     return absl::FailedPreconditionError(absl::StrCat(
