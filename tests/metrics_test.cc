@@ -10,6 +10,7 @@
 #include <sqlite3.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <fstream>
@@ -743,6 +744,82 @@ TEST_F(MetricsTest, AKeepAliveStreamWhoseAnswersAreNotReadIsNotReadEither) {
   ASSERT_TRUE(other);
   auto hold = other->Acquire("after-the-flood");
   EXPECT_TRUE(hold.ok()) << hold.status();
+}
+
+// KeepAlive's reads of sessions new to the replica, paced per identity
+// (limits.unknown_session_lookups_per_second: 10 here, so 100 at once). A
+// stream that asks to renew 250 sessions that do not exist has each one
+// answered "lost", but no faster than the pace: 100 at once, then 10 a second.
+// The caller's own session, renewed on the same stream meanwhile, is answered
+// at once, ahead of the lookups still waiting.
+class LookupPaceTest : public MetricsTest {
+ protected:
+  void SetUp() override {
+    extra_config_ = "limits: {unknown_session_lookups_per_second: 10}\n";
+    MetricsTest::SetUp();
+  }
+};
+
+TEST_F(LookupPaceTest, RenewalsOfSessionsThatDoNotExistArePaced) {
+  auto s = Open(seconds(60));
+  ASSERT_TRUE(s);
+  constexpr int kUnknown = 250, kBurst = 100;
+  constexpr double kPerSecond = 10;
+  auto stub = v1::Session::NewStub(
+      grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + seconds(120));
+  auto stream = stub->KeepAlive(&ctx);
+  // Sequences 1..250 name made-up sessions; 1001.. the real one, sent after
+  // each 50th made-up one.
+  const auto started = std::chrono::steady_clock::now();
+  std::vector<uint64_t> order;  // sequences, in the order answered
+  std::map<uint64_t, v1::KeepAliveResponse> answers;
+  std::thread reader([&] {
+    v1::KeepAliveResponse a;
+    while (answers.size() < kUnknown + 5 && stream->Read(&a)) {
+      order.push_back(a.sequence());
+      answers[a.sequence()] = a;
+    }
+  });
+  for (int i = 1; i <= kUnknown; ++i) {
+    v1::KeepAliveRequest ka;
+    ka.set_namespace_("default");
+    ka.set_session_id(int64_t{0x7100000000000000} + i);
+    ka.set_sequence(i);
+    ASSERT_TRUE(stream->Write(ka));
+    if (i % 50 == 0) {
+      ka.set_session_id(s->id());
+      ka.set_sequence(1000 + i / 50);
+      ASSERT_TRUE(stream->Write(ka));
+    }
+  }
+  reader.join();
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  stream->WritesDone();
+  ASSERT_EQ(answers.size(), size_t{kUnknown + 5}) << "answered in " << elapsed << " s";
+  for (int i = 1; i <= kUnknown; ++i) {
+    const auto& a = answers[i];
+    EXPECT_TRUE(a.lost()) << i;
+    EXPECT_NE(a.reason().find("not found in namespace \"default\""), std::string::npos)
+        << a.reason();
+  }
+  for (int k = 1; k <= 5; ++k) {
+    EXPECT_TRUE(!answers[1000 + k].lost() && answers[1000 + k].ttl_ms() > 0) << k;
+  }
+  // Paced: at most the burst, then the pace (a slower machine only widens this).
+  EXPECT_GE(kBurst + kPerSecond * elapsed + 1, kUnknown)
+      << "250 lookups that found nothing answered in " << elapsed << " s";
+  // The real session's renewal sent after the 150th made-up one was answered
+  // before the 200th made-up one, which waited some 10 s for its turn.
+  auto pos = [&](uint64_t seq) { return std::find(order.begin(), order.end(), seq) - order.begin(); };
+  EXPECT_LT(pos(1003), pos(200));
+  const std::string t = Scrape();
+  EXPECT_EQ(Sample(t, "holdfast_keepalive_lookups_total", {{"result", "missed"}}), kUnknown);
+  EXPECT_GE(Sample(t, "holdfast_keepalive_lookups_waited_total"),
+            kUnknown - (kBurst + kPerSecond * elapsed));
+  EXPECT_GE(Sample(t, "holdfast_keepalive_lookups_waited_total"), 1);
 }
 
 TEST_F(MetricsTest, AuditorProgressIsExposed) {

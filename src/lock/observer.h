@@ -54,6 +54,13 @@ struct RenewEnd {
   std::chrono::steady_clock::duration round_trip{};
 };
 
+// A KeepAlive's read of a session new to this replica (server/session_service.cc).
+enum class SessionLookup {
+  kFound,   // the caller's session: renewed
+  kMissed,  // no such session, or not the caller's
+  kFailed,  // etcd did not answer, or the request was malformed
+};
+
 class EngineObserver {
  public:
   virtual ~EngineObserver() = default;
@@ -70,6 +77,9 @@ class EngineObserver {
                                std::chrono::milliseconds ttl) {}
   virtual void OnSessionClosed(std::string_view ns, int64_t session) {}
   virtual void OnRenewed(const RenewEnd& end) {}
+  // A session new to this replica was looked up for a renewal; `waited`: the
+  // lookup waited for its identity's pace (server/lookup_pacer.h).
+  virtual void OnSessionLookup(SessionLookup result, bool waited) {}
   // A grant or release transaction went to etcd carrying `members` of them (1:
   // alone; more: a group commit, lock/group_commit.h).
   virtual void OnCommitBatch(int members) {}

@@ -113,6 +113,7 @@ constexpr IntRange kMaxConcurrentStreamsRange{1, 100'000};
 // key would be stuck.
 constexpr IntRange kMaxWaitersPerKeyRange{1, 10'000};
 constexpr IntRange kMaxHoldsPerSessionRange{1, 100'000};
+constexpr IntRange kUnknownSessionLookupsRange{0, 1'000'000};
 constexpr IntRange kCompactionKeepRevisionsRange{100, kIntMax};
 constexpr IntRange kLagWarnRevisionsRange{1, kIntMax};
 // Fewer would end the auditor's watch at every small burst while the store lags;
@@ -508,7 +509,7 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     if (auto s = RequireMap(limits, "limits"); !s.ok()) return s;
     if (auto s = Unknown(limits, "limits.",
                          {"max_message_bytes", "max_concurrent_streams", "max_waiters_per_key",
-                          "max_holds_per_session"});
+                          "max_holds_per_session", "unknown_session_lookups_per_second"});
         !s.ok()) {
       return s;
     }
@@ -529,6 +530,12 @@ absl::StatusOr<Config> FromYaml(const YAML::Node& root) {
     }
     if (auto s = ReadInt(limits["max_holds_per_session"], "limits.max_holds_per_session",
                          kMaxHoldsPerSessionRange, &c.max_holds_per_session);
+        !s.ok()) {
+      return s;
+    }
+    if (auto s = ReadInt(limits["unknown_session_lookups_per_second"],
+                         "limits.unknown_session_lookups_per_second",
+                         kUnknownSessionLookupsRange, &c.unknown_session_lookups_per_second);
         !s.ok()) {
       return s;
     }
@@ -786,6 +793,8 @@ absl::Status ValidateConfig(const Config& c) {
            std::tuple{"limits.max_waiters_per_key", c.max_waiters_per_key, kMaxWaitersPerKeyRange},
            std::tuple{"limits.max_holds_per_session", c.max_holds_per_session,
                       kMaxHoldsPerSessionRange},
+           std::tuple{"limits.unknown_session_lookups_per_second",
+                      c.unknown_session_lookups_per_second, kUnknownSessionLookupsRange},
            std::tuple{"audit.compaction_keep_revisions", c.audit_compaction_keep_revisions,
                       kCompactionKeepRevisionsRange},
            std::tuple{"audit.lag_warn_revisions", c.audit_lag_warn_revisions,

@@ -84,6 +84,10 @@
 //     max_waiters_per_key: 1000     # a longer queue is refused (RESOURCE_EXHAUSTED; 1..100000)
 //     max_holds_per_session: 1000   # lock keys one session holds or waits for at once;
 //                                   #   one more is refused (RESOURCE_EXHAUSTED; 1..100000)
+//     unknown_session_lookups_per_second: 100  # per identity and replica: KeepAlive's
+//                                   #   reads of sessions that turn out not to exist (or
+//                                   #   not the caller's), 10 s of it at once; past it
+//                                   #   such reads wait (0: no bound; 0..1000000)
 //
 // Unknown keys are errors (a typo must not silently keep a default), and so is a
 // key given twice. Integers are decimal; addresses are host:port (etcd's may carry
@@ -152,6 +156,7 @@ struct Config {
   int max_concurrent_streams = 1000;
   int max_waiters_per_key = 1000;
   int max_holds_per_session = 1000;
+  int unknown_session_lookups_per_second = 100;
   std::string metrics_listen;  // host:port; empty: no metrics endpoint
   std::vector<std::string> metrics_readers;  // SPIFFE ID patterns, besides admin_ids
   bool metrics_plaintext = false;            // plain HTTP though not insecure

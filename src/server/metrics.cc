@@ -158,6 +158,17 @@ Metrics::Metrics(Clock now)
                      .Name("holdfast_keepalives_total")
                      .Help("Keepalive answers: result=renewed, lost or etcd_unavailable")
                      .Register(r);
+  session_lookups_ = &prometheus::BuildCounter()
+                         .Name("holdfast_keepalive_lookups_total")
+                         .Help("Reads of sessions new to this replica for a renewal: "
+                               "result=found, missed (none, or not the caller's) or failed")
+                         .Register(r);
+  session_lookups_waited_ = &prometheus::BuildCounter()
+                                 .Name("holdfast_keepalive_lookups_waited_total")
+                                 .Help("Of those, the ones that waited for their identity's "
+                                       "pace (limits.unknown_session_lookups_per_second)")
+                                 .Register(r)
+                                 .Add({});
   keepalive_round_trip_ = &prometheus::BuildHistogram()
                                .Name("holdfast_keepalive_round_trip_seconds")
                                .Help("One renewal: from the request to etcd's answer on the "
@@ -406,6 +417,14 @@ void Metrics::OnSessionClosed(std::string_view ns, int64_t session) {
   sessions_closed_->Add({{"namespace", std::string(ns)}}).Increment();
   absl::MutexLock l(&mu_);
   sessions_.erase(session);
+}
+
+void Metrics::OnSessionLookup(lock::SessionLookup result, bool waited) {
+  const char* name = result == lock::SessionLookup::kFound    ? "found"
+                     : result == lock::SessionLookup::kMissed ? "missed"
+                                                              : "failed";
+  session_lookups_->Add({{"result", name}}).Increment();
+  if (waited) session_lookups_waited_->Increment();
 }
 
 void Metrics::OnRenewed(const lock::RenewEnd& end) {

@@ -100,6 +100,7 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
                        std::chrono::milliseconds ttl) override;
   void OnSessionClosed(std::string_view ns, int64_t session) override;
   void OnRenewed(const lock::RenewEnd& end) override;
+  void OnSessionLookup(lock::SessionLookup result, bool waited) override;
   void OnCommitBatch(int members) override;
   void OnRide(lock::RideStep step) override;
 
@@ -140,6 +141,8 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
   prometheus::Family<prometheus::Counter>* sessions_lost_;
   prometheus::Family<prometheus::Gauge>* sessions_live_;
   prometheus::Family<prometheus::Counter>* keepalives_;
+  prometheus::Family<prometheus::Counter>* session_lookups_;
+  prometheus::Counter* session_lookups_waited_;
   prometheus::Histogram* keepalive_round_trip_;
   prometheus::Histogram* keepalive_interval_ratio_;
   prometheus::Family<prometheus::Histogram>* etcd_seconds_;

@@ -214,7 +214,10 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
   for (const auto& c : clusters_->all()) {
     c->op_quota = std::make_unique<OpQuota>(c->etcd.get(), rate_limiter_.get());
   }
-  session_service_ = std::make_unique<SessionService>(clusters_.get(), auth_.get());
+  const double lookups = config_.unknown_session_lookups_per_second;
+  session_service_ = std::make_unique<SessionService>(
+      clusters_.get(), auth_.get(),
+      LookupPacer::Options{.per_second = lookups, .burst = std::max(1.0, 10 * lookups)}, timers_);
   lock_service_ = std::make_unique<LockService>(clusters_.get(), auth_.get());
   admin_service_ = std::make_unique<AdminService>(clusters_.get(), auth_.get());
   admin_service_->SetAudit(audit_store_.get(), [this](const v1::GetAuditStatusRequest& req) {

@@ -201,18 +201,68 @@ class SessionService::KeepAliveStream {
     // Each request goes to its namespace's home cluster. A session is verified
     // per cluster: after a rehome its id means nothing on the new home. The
     // engine knows the sessions it has seen (lock/session_owners.h): those are
-    // checked at once, and only a session new to this replica costs a read.
+    // checked at once, and only a session new to this replica costs a read,
+    // paced per identity by what such reads find (server/lookup_pacer.h).
     lock::Engine* engine = service_->router_->RouteFor(req.namespace_()).engine;
-    auto deadline = lock::Deadline(std::chrono::system_clock::now() +
-                                   engine->options().etcd_timeout);
     if (engine->IsKnownOwnSession(caller_, req.namespace_(), req.session_id())) {
-      return Renew(engine, std::move(req), deadline);
+      return Renew(engine, std::move(req), Deadline(engine));
     }
-    engine->VerifySession(caller_, req.namespace_(), req.session_id(), deadline,
-                           [this, engine, req, deadline](absl::StatusOr<bool> ok) mutable {
-                             if (ok.ok()) return Renew(engine, std::move(req), deadline);
-                             Refuse(req, ok.status());
+    // Whether Run is still running it (at once) or it waited its turn.
+    auto in_run = std::make_shared<std::atomic<bool>>(true);
+    service_->lookups_.Run(caller_.identity,
+                           [this, engine, req = std::move(req), in_run]() mutable {
+                             LookUp(engine, std::move(req), /*waited=*/!in_run->load());
                            });
+    in_run->store(false);
+  }
+
+  static lock::Deadline Deadline(lock::Engine* engine) {
+    return lock::Deadline(std::chrono::system_clock::now() + engine->options().etcd_timeout);
+  }
+
+  // The read of a session new to this replica, then the renewal. A lookup whose
+  // stream broke or is stopping while it waited is not made: it is dropped
+  // unanswered (the client renews on its next stream).
+  void LookUp(lock::Engine* engine, v1::KeepAliveRequest req, bool waited) {
+    bool drop;
+    {
+      absl::MutexLock l(&mu_);
+      drop = broken_ || stopping_;
+    }
+    if (drop) {
+      service_->lookups_.GiveBack(caller_.identity);
+      return Drop();
+    }
+    const auto deadline = Deadline(engine);
+    engine->VerifySession(
+        caller_, req.namespace_(), req.session_id(), deadline,
+        [this, engine, req, deadline, waited](absl::StatusOr<bool> ok) mutable {
+          const auto code = ok.status().code();
+          const bool missed =
+              code == absl::StatusCode::kNotFound || code == absl::StatusCode::kPermissionDenied;
+          // Only a read that found nothing keeps its token (LookupPacer).
+          if (!missed) service_->lookups_.GiveBack(caller_.identity);
+          if (auto* observer = engine->options().observer) {
+            observer->OnSessionLookup(ok.ok()  ? lock::SessionLookup::kFound
+                                      : missed ? lock::SessionLookup::kMissed
+                                               : lock::SessionLookup::kFailed,
+                                      waited);
+          }
+          if (ok.ok()) return Renew(engine, std::move(req), deadline);
+          Refuse(req, ok.status());
+        });
+  }
+
+  // A request that gets no answer.
+  void Drop() {
+    bool finish;
+    {
+      absl::MutexLock l(&mu_);
+      --outstanding_;
+      ResumeLocked();
+      finish = ShouldFinishLocked();
+    }
+    if (finish) FinishStream();
   }
 
   // Answers a request whose session did not pass the check: lost when it is not
@@ -305,11 +355,25 @@ void SessionService::Serve(RpcServer* rpc) {
 
 void SessionService::RequestKeepAlive() { new KeepAliveStream(this); }
 
+SessionService::SessionService(const Router* router, const Authenticator* auth,
+                               LookupPacer::Options lookups, std::weak_ptr<TimerQueue> timers)
+    : router_(router),
+      auth_(auth),
+      lookups_(lookups, [timers = std::move(timers)](std::chrono::steady_clock::duration d,
+                                                      std::function<void()> fn) {
+        if (auto t = timers.lock()) t->ScheduleAfter(d, std::move(fn));
+      }) {}
+
 void SessionService::EndStreams() {
-  absl::MutexLock l(&streams_mu_);
-  stopping_ = true;
-  // Stop does not delete (deletion waits for streams_mu_ in the destructor).
-  for (KeepAliveStream* s : streams_) s->Stop();
+  {
+    absl::MutexLock l(&streams_mu_);
+    stopping_ = true;
+    // Stop does not delete (deletion waits for streams_mu_ in the destructor).
+    for (KeepAliveStream* s : streams_) s->Stop();
+  }
+  // The lookups waiting for their pace: each is dropped by its stream, now
+  // stopping, which then finishes.
+  lookups_.Stop();
 }
 
 void SessionService::Open(UnaryCall<v1::OpenSessionRequest, v1::OpenSessionResponse>* call) {
