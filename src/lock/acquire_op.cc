@@ -271,15 +271,21 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
 
   // Marks an etcd step as started. False when the call is ending or over.
   bool BeginStep() {
-    const uint64_t gen = engine_->views_.Generation();  // before the step reads anything
     absl::MutexLock l(&mu_);
     if (finished_ || end_reason_) return false;
     busy_ = true;
-    step_views_gen_ = gen;
     return true;
   }
-  // The views' generation when the step in flight (or the one just done) began:
-  // what its answer may change of them (ViewCache::Generation).
+  // The views' generation (ViewCache::Generation) as of what the call decides
+  // on: taken when it reads (Read) or looks at the views (FastStart), before
+  // either, and kept by the steps that decide on that read (a grant, an
+  // enqueue). What their answers change of the views is of that generation, so
+  // a restore found since the read (ViewCache::Clear) makes them change nothing.
+  void TakeViewsGen() {
+    const uint64_t gen = engine_->views_.Generation();
+    absl::MutexLock l(&mu_);
+    step_views_gen_ = gen;
+  }
   uint64_t StepViewsGen() {
     absl::MutexLock l(&mu_);
     return step_views_gen_;
@@ -354,12 +360,13 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     AddSnapshotReads(req_.namespace_(), req_.session_id(), req_.lock_key(),
                      txn.mutable_failure());
     auto self = shared_from_this();
+    const uint64_t gen = engine_->views_.Generation();
     engine_->etcd().Txn(std::move(txn), etcd::DeadlineIn(engine_->options().etcd_timeout),
-                        [self, why, own, own_mod](absl::StatusOr<pb::TxnResponse> t) {
+                        [self, why, own, own_mod, gen](absl::StatusOr<pb::TxnResponse> t) {
                           if (t.ok() && t->succeeded()) {
                             self->engine_->views_.WaiterGone(self->req_.namespace_(),
                                                              self->req_.lock_key(),
-                                                             self->req_.session_id(), own);
+                                                             self->req_.session_id(), own, gen);
                           }
                           // Not taken out (etcd did not answer): asked again after
                           // the answer, or the waiter would stand until its own
@@ -388,6 +395,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // --- steps ------------------------------------------------------------------
 
   void Read() {
+    TakeViewsGen();
     pb::TxnRequest txn;
     AddSnapshotReads(req_.namespace_(), req_.session_id(), req_.lock_key(),
                      txn.mutable_success());
@@ -892,6 +900,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // key's view shows held by another session joins the queue at once (the grant
   // would fail); otherwise the fast grant. False: the call reads first.
   bool FastStart() {
+    TakeViewsGen();
     auto v = ViewsAllow();
     if (!v) return false;
     NoteLabels(req_.namespace_(), v->cls.class_id);
@@ -1241,13 +1250,14 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       txn.add_success()->mutable_request_delete_range()->set_key(wait_key);
       txn.add_success()->mutable_request_delete_range()->set_key(keyspace::ClaimKey(
           self->req_.namespace_(), self->req_.lock_key(), self->req_.session_id()));
+      const uint64_t gen = self->engine_->views_.Generation();
       self->engine_->etcd().Txn(
           std::move(txn), etcd::DeadlineIn(self->engine_->options().etcd_timeout),
-          [self, own, own_mod, pause](absl::StatusOr<pb::TxnResponse> t) {
+          [self, own, own_mod, pause, gen](absl::StatusOr<pb::TxnResponse> t) {
             if (t.ok()) {
               if (t->succeeded()) {
                 self->engine_->views_.WaiterGone(self->req_.namespace_(), self->req_.lock_key(),
-                                                 self->req_.session_id(), own);
+                                                 self->req_.session_id(), own, gen);
               }
               return;
             }
@@ -1275,13 +1285,14 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
       own_waiter_rev_ = 0;
     }
     auto self = shared_from_this();
+    const uint64_t gen = engine_->views_.Generation();
     engine_->etcd().Txn(std::move(txn), etcd::DeadlineIn(engine_->options().etcd_timeout),
-                        [self, create_revision](absl::StatusOr<pb::TxnResponse> t) {
+                        [self, create_revision, gen](absl::StatusOr<pb::TxnResponse> t) {
                           if (t.ok() && t->succeeded()) {
                             self->engine_->views_.WaiterGone(self->req_.namespace_(),
                                                              self->req_.lock_key(),
                                                              self->req_.session_id(),
-                                                             create_revision);
+                                                             create_revision, gen);
                           }
                         });
   }

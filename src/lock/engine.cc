@@ -676,6 +676,7 @@ void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Dea
   const std::string hold_key = keyspace::HoldKey(ns, key, session);
   const KeySnapshot* snap = plan ? &plan->snap : nullptr;
   const uint64_t views_gen = plan ? plan->views_generation : views_.Generation();
+  const uint64_t waiters_gen = local_waiters_.Generation();  // before the send
   pb::TxnRequest txn;
   AddCompare(&txn, hold_key, pb::Compare::CREATE, pb::Compare::EQUAL)
       ->set_create_revision(token::RevisionOf(tok));
@@ -740,7 +741,7 @@ void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Dea
                    std::move(planned.holds), std::move(planned.waiters), planned.cluster_id};
   }
   commits_.Txn({ns, key, session, /*release=*/true}, std::move(txn), EtcdDeadline(d),
-             [this, caller, req, d, attempts_left, ns, key, session, tok, views_gen,
+             [this, caller, req, d, attempts_left, ns, key, session, tok, views_gen, waiters_gen,
               handed = std::move(handed),
               handover = std::move(handover), base = std::move(base),
               done](absl::StatusOr<pb::TxnResponse> t) {
@@ -749,7 +750,8 @@ void Engine::ReleaseTxn(const Caller& caller, const v1::ReleaseRequest& req, Dea
                  const int64_t rev = t->header().revision();
                  const int handed_over = static_cast<int>(handed.size());
                  for (const auto& [hold_key, rec] : handed) {
-                   local_waiters_.HandedOver(hold_key, rev, rec, t->header().cluster_id());
+                   local_waiters_.HandedOver(hold_key, rev, rec, t->header().cluster_id(),
+                                             waiters_gen);
                  }
                  if (base) {
                    std::vector<HoldEntry> granted;

@@ -8,7 +8,8 @@
 // comes first (acquire_op.cc). The last hand-overs are kept for a waiter that
 // registers only after the release committed (it read just before the commit):
 // Recent() answers it, for the etcd cluster and epoch the waiter read; they are
-// dropped when a restore is detected (Engine::SetGrantBlock).
+// dropped when a restore is detected (Engine::ForgetHistory), and a release
+// answered after that but sent before tells and keeps nothing.
 //
 // A waiter is told only of hand-overs after the revision it read at. The release's
 // answer can come later than the watch event of its own commit: the session handed
@@ -62,13 +63,25 @@ class LocalWaiters {
     by_id_.erase(it);
   }
 
+  // Of what is kept now: taken before the request whose answer is passed to
+  // HandedOver.
+  uint64_t Generation() {
+    absl::MutexLock l(&mu_);
+    return generation_;
+  }
+
   // A committed transaction of cluster `cluster_id` put `hold_key` (a new hold) at
-  // `revision`. Returns how many waiters were told.
+  // `revision`. Returns how many waiters were told. `generation`: Generation()
+  // before the transaction was sent; one sent before ForgetRecent may have
+  // committed in the history a restore took back, and nobody is told of it,
+  // nor is it kept (a waiter learns of a hand-over that stands from the watch
+  // or its read).
   int HandedOver(const std::string& hold_key, int64_t revision, const records::HoldRecord& rec,
-                 uint64_t cluster_id) {
+                 uint64_t cluster_id, uint64_t generation) {
     std::vector<Handed> told;
     {
       absl::MutexLock l(&mu_);
+      if (generation != generation_) return 0;
       auto& kept = recent_[hold_key];
       // The newest, or one of another cluster (after a restore with a new id, its
       // revisions start again below the kept ones).
@@ -117,6 +130,7 @@ class LocalWaiters {
   // for other commits.
   void ForgetRecent() {
     absl::MutexLock l(&mu_);
+    ++generation_;
     recent_.clear();
     order_.clear();
   }
@@ -136,6 +150,7 @@ class LocalWaiters {
   using ByKey = std::multimap<std::string, Waiter>;
   absl::Mutex mu_;
   uint64_t next_id_ ABSL_GUARDED_BY(mu_) = 0;
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // ForgetRecent's count
   ByKey by_key_ ABSL_GUARDED_BY(mu_);
   std::map<uint64_t, ByKey::iterator> by_id_ ABSL_GUARDED_BY(mu_);
   struct Kept {

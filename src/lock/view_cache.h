@@ -196,10 +196,14 @@ class ViewCache {
 
   // A transaction removed this waiter (created at `create_revision`).
   void WaiterGone(const std::string& ns, const std::string& key, int64_t lease,
-                  int64_t create_revision) {
+                  int64_t create_revision, uint64_t generation) {
     absl::MutexLock l(&mu_);
     auto it = keys_.find(KeyId(ns, key));
     if (it == keys_.end()) return;
+    if (generation != generation_) {  // the restored queue may have it: read again
+      keys_.erase(it);
+      return;
+    }
     std::erase_if(it->second.waiters, [&](const WaiterEntry& w) {
       return w.lease == lease && w.create_revision == create_revision;
     });

@@ -161,6 +161,11 @@ TEST(KeyViewTest, AnswersToRequestsSentBeforeAClearChangeNothing) {
   // A waiter put planned before the clear: the key's view is forgotten.
   c.WaiterPut("ns", "k", Waiter(4, 112), before);
   EXPECT_FALSE(c.Key("ns", "k"));
+  // So is it by a waiter's removal sent before the clear (the restored queue
+  // may still have that waiter).
+  c.ObserveKey("ns", "k", restored, after);
+  c.WaiterGone("ns", "k", 3, 92, before);
+  EXPECT_FALSE(c.Key("ns", "k"));
 
   // A release planned on a view of the lost history leaves no view.
   c.ObserveKey("ns", "k", restored, after);
@@ -209,8 +214,8 @@ TEST(KeyViewTest, WaitersPutAfterTheReadAreKnownButNotComplete) {
   c.WaiterPut("ns", "k", late, 0);
   EXPECT_TRUE(c.Key("ns", "k")->waiters[0].record.shared());
 
-  c.WaiterGone("ns", "k", 3, 12);
-  c.WaiterGone("ns", "k", 4, 999);  // another incarnation: not this one
+  c.WaiterGone("ns", "k", 3, 12, 0);
+  c.WaiterGone("ns", "k", 4, 999, 0);  // another incarnation: not this one
   EXPECT_EQ(Leases(c.Key("ns", "k")->waiters), (std::vector<int64_t>{2, 4}));
 }
 
