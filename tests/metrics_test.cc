@@ -782,19 +782,24 @@ TEST_F(LookupPaceTest, RenewalsOfSessionsThatDoNotExistArePaced) {
       answers[a.sequence()] = a;
     }
   });
-  for (int i = 1; i <= kUnknown; ++i) {
+  bool written = true;
+  for (int i = 1; i <= kUnknown && written; ++i) {
     v1::KeepAliveRequest ka;
     ka.set_namespace_("default");
     ka.set_session_id(int64_t{0x7100000000000000} + i);
     ka.set_sequence(i);
-    ASSERT_TRUE(stream->Write(ka));
-    if (i % 50 == 0) {
+    written = stream->Write(ka);
+    if (written && i % 50 == 0) {
       ka.set_session_id(s->id());
       ka.set_sequence(1000 + i / 50);
-      ASSERT_TRUE(stream->Write(ka));
+      written = stream->Write(ka);
     }
   }
+  const double writing =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
+  if (!written) ctx.TryCancel();  // the reader's Read then ends
   reader.join();
+  ASSERT_TRUE(written) << "the stream broke while the requests were written";
   const double elapsed =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count();
   stream->WritesDone();
@@ -817,9 +822,11 @@ TEST_F(LookupPaceTest, RenewalsOfSessionsThatDoNotExistArePaced) {
   EXPECT_LT(pos(1003), pos(200));
   const std::string t = Scrape();
   EXPECT_EQ(Sample(t, "holdfast_keepalive_lookups_total", {{"result", "missed"}}), kUnknown);
+  // Those beyond the burst and what the pace allowed while they were written
+  // waited (a slower writer only lowers this floor).
   EXPECT_GE(Sample(t, "holdfast_keepalive_lookups_waited_total"),
-            kUnknown - (kBurst + kPerSecond * elapsed));
-  EXPECT_GE(Sample(t, "holdfast_keepalive_lookups_waited_total"), 1);
+            kUnknown - kBurst - kPerSecond * writing - 1)
+      << "written in " << writing << " s";
 }
 
 TEST_F(MetricsTest, AuditorProgressIsExposed) {

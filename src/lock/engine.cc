@@ -18,8 +18,6 @@ namespace holdfast::lock {
 namespace pb = ::etcdserverpb;
 using std::chrono::milliseconds;
 
-namespace {
-
 absl::Status ValidateSessionRef(const std::string& ns, int64_t session) {
   if (auto s = keyspace::ValidateNamespaceName(ns); !s.ok()) return s;
   if (session <= 0) {
@@ -27,6 +25,8 @@ absl::Status ValidateSessionRef(const std::string& ns, int64_t session) {
   }
   return absl::OkStatus();
 }
+
+namespace {
 
 std::string FormatMs(int64_t ms) {
   if (ms % 3'600'000 == 0) return absl::StrCat(ms / 3'600'000, "h");

@@ -41,6 +41,10 @@ struct Caller {
   bool admin = false;    // matches the server's admin IDs: may use every namespace
 };
 
+// INVALID_ARGUMENT unless `ns` is a valid namespace name and `session` a valid
+// session id (what every call naming a session checks first, without a read).
+absl::Status ValidateSessionRef(const std::string& ns, int64_t session);
+
 // PERMISSION_DENIED unless `caller` may use a namespace whose member patterns
 // are `members` (empty: every authenticated caller).
 absl::Status CheckMember(const Caller& caller, const std::string& ns,

@@ -58,7 +58,7 @@ struct RenewEnd {
 enum class SessionLookup {
   kFound,   // the caller's session: renewed
   kMissed,  // no such session, or not the caller's
-  kFailed,  // etcd did not answer, or the request was malformed
+  kFailed,  // etcd did not answer, or the record was corrupt
 };
 
 class EngineObserver {

@@ -16,7 +16,8 @@ struct LookupPacer::State {
     double tokens = 0;
     std::chrono::steady_clock::time_point at;  // when `tokens` was right
     std::deque<std::function<void()>> waiting;
-    bool timer = false;  // a timer will drain it
+    bool timer = false;     // a timer will drain it
+    bool draining = false;  // a Drain is running its lookups (Drain)
   };
 
   Options options;
@@ -42,25 +43,21 @@ struct LookupPacer::State {
     return b;
   }
   bool Idle(const Bucket& b) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    return b.waiting.empty() && !b.timer && b.tokens >= options.burst;
+    return b.waiting.empty() && !b.timer && !b.draining && b.tokens >= options.burst;
   }
 
-  // Takes the waiting lookups of `identity` that have a token now; when some are
-  // left, returns the delay after which a timer should look again (else zero).
-  std::chrono::steady_clock::duration Take(const std::string& identity,
-                                           std::vector<std::function<void()>>* run)
+  // Takes the waiting lookups of `b` that have a token now; when some are left
+  // and no timer is armed, arms one: returns the delay after which it should
+  // look again (else zero).
+  std::chrono::steady_clock::duration Take(Bucket& b, std::vector<std::function<void()>>* run)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu) {
-    Bucket& b = Refilled(identity);
     while (!b.waiting.empty() && b.tokens >= 1) {
       b.tokens -= 1;
       run->push_back(std::move(b.waiting.front()));
       b.waiting.pop_front();
       --waiting;
     }
-    if (b.waiting.empty() || b.timer) {
-      if (Idle(b)) buckets.erase(identity);
-      return std::chrono::steady_clock::duration::zero();
-    }
+    if (b.waiting.empty() || b.timer) return std::chrono::steady_clock::duration::zero();
     b.timer = true;
     const double secs = (1 - b.tokens) / options.per_second;
     return std::max<std::chrono::steady_clock::duration>(
@@ -76,25 +73,43 @@ void RunAll(std::vector<std::function<void()>>& run) {
 }
 }  // namespace
 
+// One drain at a time per identity, looping until nothing more can run: a lookup
+// run here may give its token back at once (it answered without a read, or was
+// dropped), and a drain nested in that call would run the next one a stack
+// frame deeper, as deep as the queue is long. The nested call (or one on another
+// thread) only finds the drain under way and leaves the token to it.
 void LookupPacer::Drain(const std::shared_ptr<State>& state, const std::string& identity,
                         bool from_timer) {
-  std::vector<std::function<void()>> run;
-  std::chrono::steady_clock::duration again{};
   {
     absl::MutexLock l(&state->mu);
-    if (from_timer) {
-      auto it = state->buckets.find(identity);
-      if (it != state->buckets.end()) it->second.timer = false;
+    if (state->stopped) return;
+    State::Bucket& b = state->Refilled(identity);
+    if (from_timer) b.timer = false;
+    if (b.draining) return;
+    b.draining = true;
+  }
+  while (true) {
+    std::vector<std::function<void()>> run;
+    std::chrono::steady_clock::duration again{};
+    {
+      absl::MutexLock l(&state->mu);
+      if (state->stopped) return;  // Stop ran (or runs) every waiting lookup
+      State::Bucket& b = state->Refilled(identity);
+      again = state->Take(b, &run);
+      if (run.empty()) {
+        b.draining = false;
+        if (state->Idle(b)) state->buckets.erase(identity);
+      }
     }
-    if (!state->stopped) again = state->Take(identity, &run);
+    if (again > std::chrono::steady_clock::duration::zero()) {
+      std::weak_ptr<State> weak = state;
+      state->schedule(again, [weak, identity] {
+        if (auto s = weak.lock()) Drain(s, identity, /*from_timer=*/true);
+      });
+    }
+    if (run.empty()) return;
+    RunAll(run);
   }
-  if (again > std::chrono::steady_clock::duration::zero()) {
-    std::weak_ptr<State> weak = state;
-    state->schedule(again, [weak, identity] {
-      if (auto s = weak.lock()) Drain(s, identity, /*from_timer=*/true);
-    });
-  }
-  RunAll(run);
 }
 
 LookupPacer::LookupPacer(Options options, Schedule schedule, Clock clock)
@@ -102,7 +117,8 @@ LookupPacer::LookupPacer(Options options, Schedule schedule, Clock clock)
 
 LookupPacer::~LookupPacer() = default;
 
-bool LookupPacer::Run(const std::string& identity, std::function<void()> lookup) {
+LookupPacer::Admission LookupPacer::Run(const std::string& identity,
+                                        std::function<void()> lookup) {
   {
     absl::MutexLock l(&state_->mu);
     if (!state_->stopped && state_->options.per_second > 0) {
@@ -116,6 +132,7 @@ bool LookupPacer::Run(const std::string& identity, std::function<void()> lookup)
       }
       State::Bucket& b = state_->Refilled(identity);
       if (!b.waiting.empty() || b.tokens < 1) {
+        if (b.waiting.size() >= state_->options.max_waiting) return Admission::kFull;
         b.waiting.push_back(std::move(lookup));
         ++state_->waiting;
         lookup = nullptr;
@@ -126,10 +143,10 @@ bool LookupPacer::Run(const std::string& identity, std::function<void()> lookup)
   }
   if (lookup) {
     lookup();
-    return true;
+    return Admission::kRan;
   }
   Drain(state_, identity, /*from_timer=*/false);  // arms the timer when none is
-  return false;
+  return Admission::kWaits;
 }
 
 void LookupPacer::GiveBack(const std::string& identity) {

@@ -7,19 +7,23 @@
 //
 // The bound: each identity has a bucket of `burst` tokens, refilled at
 // `per_second`. A lookup takes a token when it starts; one that finds a session
-// the caller may renew gives it back (GiveBack), and so does one that etcd could
-// not answer. So a caller's real sessions cost it nothing, however many arrive
-// at once (a replica restarted, or clients moved to it: at most `burst` of its
-// lookups are in flight at a time), while lookups that find nothing are held to
+// the caller may renew gives it back (GiveBack), and so does one that made no
+// read. So a caller's real sessions cost it nothing, however many arrive at once
+// (a replica restarted, or clients moved to it: they go about `burst` at a time,
+// as fast as etcd answers), while lookups that find nothing, or that etcd does
+// not answer (when etcd struggles, made-up ids must not add to it), are held to
 // `per_second` over time. A lookup without a token waits, in arrival order per
 // identity, until one comes back or is refilled: its renewal is answered late,
-// never refused, so a holder is not told its session is in doubt because of what
+// not refused, so a holder is not told its session is in doubt because of what
 // another stream of its identity did. (A renewal waiting long enough is late for
 // its TTL like any renewal in a slow moment; only an identity that keeps asking
-// for sessions that do not exist gets there.)
+// for sessions that do not exist gets there.) Past `max_waiting` waiting lookups
+// of one identity, more are refused (the caller answers them unconfirmed).
 //
-// Thread-safe. Lookups run on the calling thread, or on the scheduler's thread
-// when they waited; never under the pacer's lock.
+// Thread-safe. Lookups run never under the pacer's lock: on the thread that
+// calls Run, or, when they waited, on the thread whose GiveBack or timer gave
+// them a token (one identity's waiting lookups run one after another there, in
+// a loop, never nested in each other's calls).
 #pragma once
 
 #include <chrono>
@@ -45,6 +49,13 @@ class LookupPacer {
   struct Options {
     double per_second = 100;  // 0: no bound
     double burst = 1000;      // at least 1
+    // Lookups of one identity that may wait; past it, Run refuses (kFull).
+    size_t max_waiting = 16384;
+  };
+  enum class Admission {
+    kRan,    // run at once
+    kWaits,  // waits for a token (it may have run already, on another thread)
+    kFull,   // not run, and will not be: max_waiting of the identity's wait
   };
 
   LookupPacer(Options options, Schedule schedule,
@@ -52,9 +63,9 @@ class LookupPacer {
   ~LookupPacer();
 
   // Runs `lookup` now when `identity` has a token and none of its lookups waits,
-  // else once a token comes (in order). The lookup holds its token until
-  // GiveBack, or for good. True when it ran at once.
-  bool Run(const std::string& identity, std::function<void()> lookup);
+  // else once a token comes (in order), unless max_waiting of them wait. The
+  // lookup holds its token until GiveBack, or for good.
+  Admission Run(const std::string& identity, std::function<void()> lookup);
   // The lookup found what it looked for (or etcd did not answer): its token
   // comes back.
   void GiveBack(const std::string& identity);

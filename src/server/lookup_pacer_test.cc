@@ -1,5 +1,7 @@
 #include "server/lookup_pacer.h"
 
+#include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -10,13 +12,16 @@ namespace {
 
 using std::chrono::milliseconds;
 using Tp = std::chrono::steady_clock::time_point;
+using Admission = LookupPacer::Admission;
+#define EXPECT_RAN(x) EXPECT_EQ((x), Admission::kRan)
+#define EXPECT_WAITS(x) EXPECT_EQ((x), Admission::kWaits)
 
 // A clock moved by hand, and timers fired by hand.
 class LookupPacerTest : public ::testing::Test {
  protected:
-  LookupPacer Make(double per_second, double burst) {
+  LookupPacer Make(double per_second, double burst, size_t max_waiting = 16384) {
     return LookupPacer(
-        {.per_second = per_second, .burst = burst},
+        {.per_second = per_second, .burst = burst, .max_waiting = max_waiting},
         [this](std::chrono::steady_clock::duration d, std::function<void()> fn) {
           timers_.push_back({now_ + d, std::move(fn)});
         },
@@ -49,8 +54,8 @@ class LookupPacerTest : public ::testing::Test {
 // come, they run as fast as they are answered, `burst` at a time at most.
 TEST_F(LookupPacerTest, LookupsThatFindTheSessionCostNothing) {
   LookupPacer p = Make(/*per_second=*/1, /*burst=*/3);
-  for (int i = 0; i < 3; ++i) EXPECT_TRUE(p.Run("alice", Record("a" + std::to_string(i))));
-  EXPECT_FALSE(p.Run("alice", Record("a3")));  // three in flight
+  for (int i = 0; i < 3; ++i) EXPECT_RAN(p.Run("alice", Record("a" + std::to_string(i))));
+  EXPECT_WAITS(p.Run("alice", Record("a3")));  // three in flight
   EXPECT_EQ(ran_.size(), 3u);
   EXPECT_EQ(p.waiting(), 1u);
   p.GiveBack("alice");  // a0 found its session: a3 runs, no clock moved
@@ -58,7 +63,7 @@ TEST_F(LookupPacerTest, LookupsThatFindTheSessionCostNothing) {
   EXPECT_EQ(p.waiting(), 0u);
   for (int i = 0; i < 100; ++i) {
     p.GiveBack("alice");
-    EXPECT_TRUE(p.Run("alice", Record("more")));
+    EXPECT_RAN(p.Run("alice", Record("more")));
   }
   for (int i = 0; i < 3; ++i) p.GiveBack("alice");
   Advance(milliseconds(1000));  // the timer armed while a3 waited finds nothing to do
@@ -71,14 +76,14 @@ TEST_F(LookupPacerTest, LookupsThatFindTheSessionCostNothing) {
 // at once.
 TEST_F(LookupPacerTest, LookupsThatFindNothingArePacedPerIdentity) {
   LookupPacer p = Make(/*per_second=*/10, /*burst=*/2);
-  EXPECT_TRUE(p.Run("mallory", Record("m0")));
-  EXPECT_TRUE(p.Run("mallory", Record("m1")));
-  EXPECT_FALSE(p.Run("mallory", Record("m2")));
-  EXPECT_FALSE(p.Run("mallory", Record("m3")));
-  EXPECT_FALSE(p.Run("mallory", Record("m4")));
+  EXPECT_RAN(p.Run("mallory", Record("m0")));
+  EXPECT_RAN(p.Run("mallory", Record("m1")));
+  EXPECT_WAITS(p.Run("mallory", Record("m2")));
+  EXPECT_WAITS(p.Run("mallory", Record("m3")));
+  EXPECT_WAITS(p.Run("mallory", Record("m4")));
   EXPECT_EQ(p.waiting(), 3u);
   ASSERT_EQ(timers_.size(), 1u);  // one timer for the identity, not one per lookup
-  EXPECT_TRUE(p.Run("alice", Record("a0")));
+  EXPECT_RAN(p.Run("alice", Record("a0")));
   EXPECT_EQ(ran_, (std::vector<std::string>{"m0", "m1", "a0"}));
 
   Advance(milliseconds(50));  // half a token
@@ -88,7 +93,7 @@ TEST_F(LookupPacerTest, LookupsThatFindNothingArePacedPerIdentity) {
   Advance(milliseconds(100));
   EXPECT_EQ(ran_.back(), "m3");
   // A lookup asked now waits behind m4, though it would find its session.
-  EXPECT_FALSE(p.Run("mallory", Record("m5")));
+  EXPECT_WAITS(p.Run("mallory", Record("m5")));
   Advance(milliseconds(100));
   EXPECT_EQ(ran_.back(), "m4");
   Advance(milliseconds(100));
@@ -97,27 +102,27 @@ TEST_F(LookupPacerTest, LookupsThatFindNothingArePacedPerIdentity) {
   EXPECT_TRUE(timers_.empty());
   // Refilled after a while: the burst again.
   Advance(milliseconds(1000));
-  EXPECT_TRUE(p.Run("mallory", Record("m6")));
-  EXPECT_TRUE(p.Run("mallory", Record("m7")));
-  EXPECT_FALSE(p.Run("mallory", Record("m8")));
+  EXPECT_RAN(p.Run("mallory", Record("m6")));
+  EXPECT_RAN(p.Run("mallory", Record("m7")));
+  EXPECT_WAITS(p.Run("mallory", Record("m8")));
 }
 
 // Stopping runs what waits (the stream then answers or drops it), and every
 // later lookup runs at once; so does every lookup with no bound set.
 TEST_F(LookupPacerTest, StopRunsWhatWaitsAndNoBoundRunsEverything) {
   LookupPacer p = Make(/*per_second=*/1, /*burst=*/1);
-  EXPECT_TRUE(p.Run("m", Record("0")));
-  EXPECT_FALSE(p.Run("m", Record("1")));
-  EXPECT_FALSE(p.Run("m", Record("2")));
+  EXPECT_RAN(p.Run("m", Record("0")));
+  EXPECT_WAITS(p.Run("m", Record("1")));
+  EXPECT_WAITS(p.Run("m", Record("2")));
   p.Stop();
   EXPECT_EQ(ran_, (std::vector<std::string>{"0", "1", "2"}));
-  EXPECT_TRUE(p.Run("m", Record("3")));
+  EXPECT_RAN(p.Run("m", Record("3")));
   EXPECT_EQ(p.waiting(), 0u);
   Advance(milliseconds(5000));  // the timer armed before the stop runs nothing twice
   EXPECT_EQ(ran_.size(), 4u);
 
   LookupPacer unbounded = Make(/*per_second=*/0, /*burst=*/1);
-  for (int i = 0; i < 50; ++i) EXPECT_TRUE(unbounded.Run("m", Record("u")));
+  for (int i = 0; i < 50; ++i) EXPECT_RAN(unbounded.Run("m", Record("u")));
   EXPECT_EQ(unbounded.identities(), 0u);
 }
 
@@ -133,6 +138,43 @@ TEST_F(LookupPacerTest, IdleIdentitiesAreForgotten) {
   Advance(milliseconds(1000));
   p.Run("spiffe://y", Record("y"));
   EXPECT_LE(p.identities(), 300u);
+}
+
+// Lookups that answer at once give their tokens back inside the drain that ran
+// them: the drain loops on instead of running the next one nested in that call,
+// so 100,000 waiting lookups run one after another, on a stack that does not
+// grow with them (nested, they overflowed it).
+TEST_F(LookupPacerTest, LookupsGivingTheirTokenBackAtOnceRunInALoopNotNested) {
+  auto p = std::make_unique<LookupPacer>(Make(/*per_second=*/1, /*burst=*/1, 200'000));
+  int depth = 0, deepest = 0, ran = 0;
+  EXPECT_RAN(p->Run("m", [] {}));  // takes the only token, and keeps it
+  constexpr int kWaiting = 100'000;
+  for (int i = 0; i < kWaiting; ++i) {
+    EXPECT_WAITS(p->Run("m", [&] {
+      ++depth;
+      deepest = std::max(deepest, depth);
+      ++ran;
+      p->GiveBack("m");  // answered without a read
+      --depth;
+    }));
+  }
+  EXPECT_EQ(p->waiting(), size_t{kWaiting});
+  p->GiveBack("m");
+  EXPECT_EQ(ran, kWaiting);
+  EXPECT_EQ(deepest, 1);
+  EXPECT_EQ(p->waiting(), 0u);
+}
+
+// Past max_waiting waiting lookups of an identity, more are refused and never
+// run; another identity is not affected.
+TEST_F(LookupPacerTest, PastTheWaitingBoundLookupsAreRefused) {
+  LookupPacer p = Make(/*per_second=*/1, /*burst=*/1, /*max_waiting=*/3);
+  EXPECT_RAN(p.Run("m", Record("0")));
+  for (int i = 1; i <= 3; ++i) EXPECT_WAITS(p.Run("m", Record(std::to_string(i))));
+  EXPECT_EQ(p.Run("m", Record("refused")), Admission::kFull);
+  EXPECT_RAN(p.Run("a", Record("a")));
+  for (int i = 0; i < 3; ++i) Advance(milliseconds(1000));
+  EXPECT_EQ(ran_, (std::vector<std::string>{"0", "a", "1", "2", "3"}));
 }
 
 // A pacer gone before its timer fires: the timer does nothing.

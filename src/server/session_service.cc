@@ -173,6 +173,10 @@ class SessionService::KeepAliveStream {
   }
   void OnDone(bool) {
     done_back_ = true;
+    {
+      absl::MutexLock l(&mu_);
+      ended_ = true;  // cancelled, or finished: its waiting lookups are not made
+    }
     MaybeDelete();
   }
   void MaybeDelete() {
@@ -207,13 +211,28 @@ class SessionService::KeepAliveStream {
     if (engine->IsKnownOwnSession(caller_, req.namespace_(), req.session_id())) {
       return Renew(engine, std::move(req), Deadline(engine));
     }
+    // A malformed request costs no read: refused before the pace.
+    if (auto s = lock::ValidateSessionRef(req.namespace_(), req.session_id()); !s.ok()) {
+      return Refuse(req, s);
+    }
     // Whether Run is still running it (at once) or it waited its turn.
     auto in_run = std::make_shared<std::atomic<bool>>(true);
-    service_->lookups_.Run(caller_.identity,
-                           [this, engine, req = std::move(req), in_run]() mutable {
-                             LookUp(engine, std::move(req), /*waited=*/!in_run->load());
-                           });
+    auto admitted = service_->lookups_.Run(
+        caller_.identity, [this, engine, req, in_run]() mutable {
+          LookUp(engine, std::move(req), /*waited=*/!in_run->load());
+        });
     in_run->store(false);
+    if (admitted == LookupPacer::Admission::kFull) {
+      // Unconfirmed, not lost: the session may well exist.
+      v1::KeepAliveResponse resp;
+      resp.set_session_id(req.session_id());
+      resp.set_sequence(req.sequence());
+      resp.set_etcd_unavailable(true);
+      resp.set_reason(absl::StrCat(
+          "not confirmed: too many renewals of sessions new to this replica wait for ",
+          caller_.identity, " (limits.unknown_session_lookups_per_second); renew again"));
+      Answer(std::move(resp));
+    }
   }
 
   static lock::Deadline Deadline(lock::Engine* engine) {
@@ -221,13 +240,13 @@ class SessionService::KeepAliveStream {
   }
 
   // The read of a session new to this replica, then the renewal. A lookup whose
-  // stream broke or is stopping while it waited is not made: it is dropped
-  // unanswered (the client renews on its next stream).
+  // stream broke, ended or is stopping while it waited is not made: it is
+  // dropped unanswered (the client renews on its next stream).
   void LookUp(lock::Engine* engine, v1::KeepAliveRequest req, bool waited) {
     bool drop;
     {
       absl::MutexLock l(&mu_);
-      drop = broken_ || stopping_;
+      drop = broken_ || stopping_ || ended_;
     }
     if (drop) {
       service_->lookups_.GiveBack(caller_.identity);
@@ -240,8 +259,9 @@ class SessionService::KeepAliveStream {
           const auto code = ok.status().code();
           const bool missed =
               code == absl::StatusCode::kNotFound || code == absl::StatusCode::kPermissionDenied;
-          // Only a read that found nothing keeps its token (LookupPacer).
-          if (!missed) service_->lookups_.GiveBack(caller_.identity);
+          // Only a lookup that found the caller's session gives its token back
+          // (LookupPacer): one that etcd did not answer keeps it too.
+          if (ok.ok()) service_->lookups_.GiveBack(caller_.identity);
           if (auto* observer = engine->options().observer) {
             observer->OnSessionLookup(ok.ok()  ? lock::SessionLookup::kFound
                                       : missed ? lock::SessionLookup::kMissed
@@ -329,6 +349,7 @@ class SessionService::KeepAliveStream {
   bool broken_ ABSL_GUARDED_BY(mu_) = false;
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;  // gRPC told it done (OnDone)
   bool reading_ ABSL_GUARDED_BY(mu_) = false;  // a Read is in flight
   bool read_paused_ ABSL_GUARDED_BY(mu_) = false;  // kMaxUnanswered reached
   // Touched on the loop thread only.
