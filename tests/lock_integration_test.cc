@@ -1079,6 +1079,50 @@ TEST_F(LockTest, HeldLeaseQuotaIsExactForOpensRacingAQuotaChange) {
   EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("lowered")), 3);
 }
 
+// An open with a quota reads a window of the taken slots from a random index,
+// not all of them; when the window shows none free (a quota nearly used up), it
+// pages on through the rest, round from 0. Here 1,999 of 2,000 slots are taken
+// (slot keys written straight into etcd, as sessions gone without a trace would
+// leave them), the free one at each end in turn: the open finds it, and the next
+// one is refused without a write.
+TEST_F(LockTest, AnOpenFindsTheLastFreeSlotOfANearlyFullQuota) {
+  constexpr int64_t kQuota = 2000;
+  for (const int64_t free_slot : {int64_t{0}, kQuota - 1, int64_t{1234}}) {
+    SCOPED_TRACE(free_slot);
+    const std::string ns = absl::StrCat("slots-", free_slot);
+    v1::CreateNamespaceRequest req;
+    req.mutable_namespace_()->set_name(ns);
+    req.mutable_namespace_()->set_held_lease_quota(kQuota);
+    ASSERT_TRUE(client_->CreateNamespace(req).ok());
+    for (int64_t i = 0; i < kQuota;) {
+      pb::TxnRequest txn;
+      for (int j = 0; j < 100 && i < kQuota; ++i) {
+        if (i == free_slot) continue;
+        auto* put = txn.add_success()->mutable_request_put();
+        put->set_key(keyspace::SlotKey(ns, i));
+        put->set_value("1");
+        ++j;
+      }
+      ASSERT_TRUE(cluster_->etcd_client().TxnSync(txn, etcd::DeadlineIn(seconds(30))).ok());
+    }
+    SessionOptions o;
+    auto s = client_->OpenSession(ns, o);
+    ASSERT_TRUE(s.ok()) << s.status();
+    pb::RangeRequest r;
+    r.set_key(keyspace::SlotKey(ns, free_slot));
+    auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+    ASSERT_TRUE(got.ok() && got->kvs_size() == 1);
+    EXPECT_EQ(got->kvs(0).value(), absl::StrCat((*s)->id()));
+    const int64_t rev = Revision();
+    auto refused = client_->OpenSession(ns, o);
+    EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+    EXPECT_NE(refused.status().message().find("held_lease_quota"), std::string::npos)
+        << refused.status();
+    EXPECT_EQ(Revision(), rev) << "a refused open wrote to etcd";
+    EXPECT_EQ(KeysUnder(keyspace::SessionPrefix(ns)), 1);
+  }
+}
+
 TEST_F(LockTest, HeldLeaseQuotaIsExactUnderConcurrency) {
   v1::CreateNamespaceRequest req;
   req.mutable_namespace_()->set_name("q");

@@ -358,50 +358,126 @@ void Engine::CommitSession(const SessionOpen& open, int64_t lease, int attempts_
   };
   const int64_t quota = open.quota;
   if (quota <= 0) return commit(std::nullopt, 0);
-  // The slots taken, and the live sessions. (Counted here, with a quota, only:
-  // an unlimited namespace's opens do not pay for it.)
+  PickSlot(ns, quota, lease, d,
+           [commit](int64_t slot, int64_t no_session_since) { commit(slot, no_session_since); },
+           std::move(done));
+}
+
+namespace {
+
+// The first index from `from` that `taken` (slot keys from `from` on, in index
+// order) does not list; `gap`: a listed one comes after it (so it is free).
+int64_t FirstUnlisted(const pb::RangeResponse& taken, const std::string& ns, int64_t from,
+                      bool* gap) {
+  int64_t next = from;
+  *gap = false;
+  for (const auto& kv : taken.kvs()) {
+    auto index = keyspace::ParseSlotKey(kv.key(), ns);
+    if (!index) continue;
+    if (*index > next) {
+      *gap = true;
+      break;
+    }
+    next = *index + 1;
+  }
+  return next;
+}
+
+}  // namespace
+
+// A free slot of a namespace with `quota`: one read of the slots taken below the
+// quota and of the live sessions, both counted (which costs etcd the keys' index,
+// never their values), with a window of the taken slots from a random index. The
+// slot is the first free one from there, so concurrent opens rarely race for the
+// same one. Only when the window shows no free slot (a quota nearly used up) do
+// more reads follow, pages of taken slots at the first read's revision, on from
+// the window and round from 0. So an open's reads stay small at any number of
+// live sessions: one read of every slot key would pass the client's 64 MiB
+// receive limit near 545,000 of them.
+void Engine::PickSlot(const std::string& ns, int64_t quota, int64_t lease, Deadline d,
+                      std::function<void(int64_t, int64_t)> commit,
+                      Done<v1::OpenSessionResponse> done) {
+  constexpr int64_t kWindow = 256;
+  const int64_t from = absl::Uniform<int64_t>(absl::BitGen(), 0, quota);
   pb::TxnRequest read;
-  auto* slots = read.add_success()->mutable_request_range();
-  slots->set_key(keyspace::SlotPrefix(ns));
-  slots->set_range_end(keyspace::PrefixEnd(keyspace::SlotPrefix(ns)));
-  slots->set_keys_only(true);
+  auto* slotted = read.add_success()->mutable_request_range();
+  slotted->set_key(keyspace::SlotKey(ns, 0));
+  slotted->set_range_end(keyspace::SlotKey(ns, quota));
+  slotted->set_count_only(true);
   auto* sessions = read.add_success()->mutable_request_range();
   sessions->set_key(keyspace::SessionPrefix(ns));
   sessions->set_range_end(keyspace::PrefixEnd(keyspace::SessionPrefix(ns)));
   sessions->set_count_only(true);
-  etcd_->Txn(std::move(read), EtcdDeadline(d), [this, ns, lease, quota, commit,
+  auto* window = read.add_success()->mutable_request_range();
+  window->set_key(keyspace::SlotKey(ns, from));
+  window->set_range_end(keyspace::SlotKey(ns, quota));
+  window->set_keys_only(true);
+  window->set_limit(kWindow);
+  etcd_->Txn(std::move(read), EtcdDeadline(d), [this, ns, lease, quota, d, from,
+                                                commit = std::move(commit),
                                                 done](absl::StatusOr<pb::TxnResponse> t) {
     if (!t.ok()) {
       RevokeQuietly(lease);
       return done(t.status());
     }
-    const auto& used = t->responses(0).response_range();
     // This open's own lease holds no session key yet.
+    const int64_t slotted = t->responses(0).response_range().count();
     const int64_t live = t->responses(1).response_range().count();
-    // The slots taken, in order; the work is the live sessions', whatever the
-    // quota (a quota of millions must not cost an open millions of steps).
-    std::vector<int64_t> taken;
-    taken.reserve(used.kvs_size());
-    for (const auto& kv : used.kvs()) {
-      auto index = keyspace::ParseSlotKey(kv.key(), ns);
-      if (index && *index >= 0 && *index < quota) taken.push_back(*index);
-    }
-    std::sort(taken.begin(), taken.end());
-    taken.erase(std::unique(taken.begin(), taken.end()), taken.end());
-    // The live sessions the slot compares account for.
-    const int64_t slotted = static_cast<int64_t>(taken.size());
     if (live >= quota || slotted >= quota) {
       RevokeQuietly(lease);
       return done(QuotaExhausted(ns, quota));
     }
-    // A random free slot, so concurrent opens rarely race for the same one: the
-    // rank-th of the free ones, found by stepping over the taken ones below it.
-    int64_t slot = absl::Uniform<int64_t>(absl::BitGen(), 0, quota - slotted);
-    for (int64_t taken_slot : taken) {
-      if (taken_slot > slot) break;
-      ++slot;
+    // The live sessions the slot compares account for: the others (opened
+    // before the quota, or on a slot above one lowered since) are counted, and
+    // the commit is then guarded by "no session opened since this read".
+    const int64_t no_session_since = live > slotted ? t->header().revision() : 0;
+    const auto& taken = t->responses(2).response_range();
+    bool gap;
+    const int64_t next = FirstUnlisted(taken, ns, from, &gap);
+    if (next < quota && (gap || !taken.more())) return commit(next, no_session_since);
+    ScanForSlot(ns, quota, lease, d, next, from, /*round=*/false, t->header().revision(),
+                no_session_since, commit, done);
+  });
+}
+
+// Pages of the taken slots at `revision` from `start`, on to the quota and then
+// round from 0 to `from` (where the window began), until a free one: one is,
+// since fewer than the quota were taken at that revision.
+void Engine::ScanForSlot(const std::string& ns, int64_t quota, int64_t lease, Deadline d,
+                         int64_t start, int64_t from, bool round, int64_t revision,
+                         int64_t no_session_since,
+                         std::function<void(int64_t, int64_t)> commit,
+                         Done<v1::OpenSessionResponse> done) {
+  constexpr int64_t kPage = 10'000;
+  // [start, quota) first; then, `round`, [0, from).
+  const int64_t end = round ? from : quota;
+  if (start >= end) {
+    if (!round && from > 0) {
+      return ScanForSlot(ns, quota, lease, d, 0, from, /*round=*/true, revision,
+                         no_session_since, commit, done);
     }
-    commit(slot, live > slotted ? t->header().revision() : 0);
+    RevokeQuietly(lease);
+    return done(QuotaExhausted(ns, quota));
+  }
+  pb::RangeRequest r;
+  r.set_key(keyspace::SlotKey(ns, start));
+  r.set_range_end(keyspace::SlotKey(ns, end));
+  r.set_keys_only(true);
+  r.set_limit(kPage);
+  r.set_revision(revision);
+  etcd_->Range(r, EtcdDeadline(d), [this, ns, quota, lease, d, start, from, round, end, revision,
+                                     no_session_since, commit = std::move(commit),
+                                     done](absl::StatusOr<pb::RangeResponse> page) {
+    if (!page.ok()) {
+      RevokeQuietly(lease);
+      return done(page.status());
+    }
+    bool gap;
+    const int64_t next = FirstUnlisted(*page, ns, start, &gap);
+    if (next < end && (gap || !page->more())) return commit(next, no_session_since);
+    // On with the next page, or (at `end`) round from 0, or none is free.
+    ScanForSlot(ns, quota, lease, d, page->more() ? next : end, from, round, revision,
+                no_session_since, commit, done);
   });
 }
 

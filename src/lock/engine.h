@@ -219,6 +219,16 @@ class Engine {
   void GrantSession(SessionOpen open, Deadline d, Done<v1::OpenSessionResponse> done);
   void CommitSession(const SessionOpen& open, int64_t lease, int attempts_left, Deadline d,
                      Done<v1::OpenSessionResponse> done);
+  // Finds a free slot below `quota` for `lease`'s session and calls `commit` with
+  // it and the revision the commit must see no session opened after (0: none);
+  // RESOURCE_EXHAUSTED (and the lease revoked) when there is none.
+  void PickSlot(const std::string& ns, int64_t quota, int64_t lease, Deadline d,
+                std::function<void(int64_t slot, int64_t no_session_since)> commit,
+                Done<v1::OpenSessionResponse> done);
+  void ScanForSlot(const std::string& ns, int64_t quota, int64_t lease, Deadline d, int64_t start,
+                   int64_t from, bool round, int64_t revision, int64_t no_session_since,
+                   std::function<void(int64_t slot, int64_t no_session_since)> commit,
+                   Done<v1::OpenSessionResponse> done);
   // Revokes `lease`, asking again 1 s later while etcd does not answer, up to
   // `attempts_left` times in all; best effort (the lease expires by itself).
   void RevokeQuietly(int64_t lease, int attempts_left = 1);
