@@ -846,9 +846,12 @@ absl::Status Registry::DeleteClass(const std::string& ns, const std::string& id,
         "class \"", id, "\" is the catch-all class of \"", ns, "\" and cannot be deleted"));
   }
   // The holds that may belong to the class: every hold under its prefix (a longer
-  // prefix's class may own some; the record says). Read a page at a time, all
-  // at the first page's revision, so that any number of holds fits the client's
-  // receive limit.
+  // prefix's class may own some; the record says). Read a page at a time, so
+  // that any number of holds fits the client's receive limit. The later pages
+  // are read as they are then (a long scan read at the first page's revision
+  // could fall behind a compaction): a hold of the class that stands at the
+  // commit and was created by the first page's revision stood at every read, so
+  // it was counted, and one created after fails the commit's guard.
   const std::string holds = keyspace::HoldPrefix(ns, cls->key_prefix());
   constexpr int64_t kPage = 256;
   pb::TxnRequest both;
@@ -873,7 +876,6 @@ absl::Status Registry::DeleteClass(const std::string& ns, const std::string& id,
     next.set_key(page.kvs(page.kvs_size() - 1).key() + '\0');
     next.set_range_end(keyspace::PrefixEnd(holds));
     next.set_limit(kPage);
-    next.set_revision(read->header().revision());
     auto got = etcd_->RangeSync(next, d);
     if (!got.ok()) return got.status();
     page = *std::move(got);

@@ -25,6 +25,7 @@ absl::Status Placements::Load(etcd::Deadline d) {
   {
     absl::MutexLock l(&mu_);
     entries_.clear();
+    deletions_.clear();
     for (const auto& kv : got->kvs()) {
       auto ns = keyspace::ParsePlacementKey(kv.key());
       records::PlacementRecord rec;
@@ -77,9 +78,13 @@ void Placements::OnWatch(uint64_t generation, absl::StatusOr<etcd::WatchBatch> b
     records::PlacementRecord rec;
     if (rec.ParseFromString(ev.kv().value())) ApplyLocked(*ns, rec, ev.kv().mod_revision());
   }
-  std::erase_if(entries_, [&](const auto& e) {
-    return !e.second.rec && e.second.revision <= watched_;
-  });
+  while (!deletions_.empty() && deletions_.begin()->first <= watched_) {
+    auto it = entries_.find(deletions_.begin()->second);
+    if (it != entries_.end() && !it->second.rec && it->second.revision <= watched_) {
+      entries_.erase(it);
+    }
+    deletions_.erase(deletions_.begin());
+  }
 }
 
 void Placements::ApplyLocked(const std::string& ns, std::optional<records::PlacementRecord> rec,
@@ -95,6 +100,7 @@ void Placements::ApplyLocked(const std::string& ns, std::optional<records::Place
                  "the same clusters under the same names)\n",
                  ns.c_str(), rec->home().c_str());
   }
+  if (!rec) deletions_.emplace(revision, ns);
   e.rec = std::move(rec);
   e.revision = revision;
 }
@@ -114,6 +120,9 @@ size_t Placements::kept() const {
 void Placements::MarkStale() {
   absl::MutexLock l(&mu_);
   stale_ = true;
+  // The restored cluster's revisions went back: this replica's own writes
+  // until the next Load come at revisions below those the watch passed.
+  watched_ = 0;
 }
 
 bool Placements::stale() const {

@@ -155,6 +155,8 @@ class Placements {
   // Every change up to this revision has been applied (Load's read, then the
   // watch's events).
   int64_t watched_ ABSL_GUARDED_BY(mu_) = 0;
+  // The deletions kept, by revision (some may have been put again since).
+  std::multimap<int64_t, std::string> deletions_ ABSL_GUARDED_BY(mu_);
 };
 
 class ClusterSet final : public Router {
