@@ -18,8 +18,10 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "etcd/watch_hub.h"
 #include "harness/cluster.h"
+#include "holdfast/v1/admin.grpc.pb.h"
 #include "holdfast/v1/lock.grpc.pb.h"
 #include "holdfast/v1/session.grpc.pb.h"
 #include "lock/keyspace.h"
@@ -627,6 +629,99 @@ TEST_F(LockTest, ListNamespacesShowsNamesThatSortInsideAnother) {
   want.push_back("default");
   std::sort(want.begin(), want.end());
   EXPECT_EQ(listed, want);
+}
+
+// Lists come in pages that fit a client's 4 MiB receive limit: 80 namespaces
+// of 1,000 members each (some 55 KB a record, 4.4 MB in all) came back in one
+// answer before, and no client could list the namespaces any more. Now a page
+// stops near 1 MiB (or at page_size), libholdfast follows the pages, and the
+// pages followed by hand list every name once, in order. A negative page_size
+// is refused; classes page the same way.
+TEST_F(LockTest, ListsComeInPagesThatFitAClient) {
+  std::vector<std::string> names{"default"};
+  for (int i = 0; i < 80; ++i) {
+    v1::CreateNamespaceRequest req;
+    const std::string ns = absl::StrFormat("big-%02d", i);
+    req.mutable_namespace_()->set_name(ns);
+    for (int m = 0; m < 1000; ++m) {
+      req.mutable_namespace_()->add_members(
+          absl::StrFormat("spiffe://test.holdfast/team/t%02d/member-%04d-xxxxxxxxxx", i, m));
+    }
+    ASSERT_TRUE(client_->CreateNamespace(req).ok()) << ns;
+    names.push_back(ns);
+  }
+  std::sort(names.begin(), names.end());
+  auto all = client_->ListNamespaces();
+  ASSERT_TRUE(all.ok()) << all.status();
+  std::vector<std::string> listed;
+  for (const auto& ns : *all) listed.push_back(ns.name());
+  EXPECT_EQ(listed, names);
+  EXPECT_EQ((*all)[1].members_size(), 1000);
+
+  auto admin = v1::Admin::NewStub(
+      grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
+  auto page = [&](int32_t size, const std::string& token, v1::ListNamespacesResponse* out) {
+    grpc::ClientContext ctx;
+    v1::ListNamespacesRequest req;
+    req.set_page_size(size);
+    req.set_page_token(token);
+    return admin->ListNamespaces(&ctx, req, out);
+  };
+  v1::ListNamespacesResponse big;
+  ASSERT_TRUE(page(1000, "", &big).ok());
+  EXPECT_GT(big.namespaces_size(), 1);
+  EXPECT_LT(big.namespaces_size(), 30) << "a page stops near 1 MiB";
+  EXPECT_LT(big.ByteSizeLong(), size_t{1200 * 1024});
+  EXPECT_EQ(big.next_page_token(), big.namespaces(big.namespaces_size() - 1).name());
+  std::vector<std::string> by_hand;
+  std::string token;
+  int pages = 0;
+  do {
+    v1::ListNamespacesResponse r;
+    ASSERT_TRUE(page(7, token, &r).ok());
+    EXPECT_LE(r.namespaces_size(), 7);
+    for (const auto& ns : r.namespaces()) by_hand.push_back(ns.name());
+    token = r.next_page_token();
+    ASSERT_LT(++pages, 100);
+  } while (!token.empty());
+  EXPECT_EQ(by_hand, names);
+  EXPECT_EQ(pages, 12);  // 81 names, 7 a page
+
+  const int64_t rev = Revision();
+  v1::ListNamespacesResponse refused;
+  auto bad = page(-1, "", &refused);
+  EXPECT_EQ(bad.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(bad.error_message(), "page_size must be >= 0 (0: 100), not -1");
+  EXPECT_EQ(refused.namespaces_size(), 0);
+  EXPECT_EQ(Revision(), rev);
+
+  for (const std::string id : {"c1", "c2", "c3", "c4", "c5"}) {
+    v1::LockClass cls;
+    cls.set_namespace_("default");
+    cls.set_class_id(id);
+    cls.set_key_prefix(id + "/");
+    ASSERT_TRUE(client_->CreateClass(cls).ok()) << id;
+  }
+  std::vector<std::string> ids;
+  token.clear();
+  do {
+    grpc::ClientContext ctx;
+    v1::ListClassesRequest req;
+    req.set_namespace_("default");
+    req.set_page_size(2);
+    req.set_page_token(token);
+    v1::ListClassesResponse r;
+    ASSERT_TRUE(admin->ListClasses(&ctx, req, &r).ok());
+    EXPECT_LE(r.classes_size(), 2);
+    for (const auto& c : r.classes()) ids.push_back(c.class_id());
+    token = r.next_page_token();
+  } while (!token.empty());
+  auto classes = client_->ListClasses("default");
+  ASSERT_TRUE(classes.ok()) << classes.status();
+  ASSERT_EQ(ids.size(), 6u);  // and the catch-all class
+  EXPECT_TRUE(std::is_sorted(ids.begin(), ids.end()));
+  ASSERT_EQ(classes->size(), 6u);
+  for (size_t i = 0; i < ids.size(); ++i) EXPECT_EQ((*classes)[i].class_id(), ids[i]);
 }
 
 // A Hold in the caller's hands says when it has ended: closing its session ends

@@ -314,6 +314,8 @@ class Client {
   // Admin API (namespaces, classes, epoch).
   absl::StatusOr<v1::Namespace> CreateNamespace(const v1::CreateNamespaceRequest& req);
   absl::StatusOr<v1::Namespace> GetNamespace(const std::string& name);
+  // Every namespace (ListClasses: every class of `ns`), asked for a page at a
+  // time (admin.proto); a list made of several pages is not one snapshot.
   absl::StatusOr<std::vector<v1::Namespace>> ListNamespaces();
   absl::StatusOr<v1::Namespace> UpdateNamespace(const v1::UpdateNamespaceRequest& req);
   absl::Status DeleteNamespace(const std::string& name);

@@ -1180,11 +1180,40 @@ absl::StatusOr<v1::Namespace> Client::GetNamespace(const std::string& name) {
   return Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::GetNamespace, req);
 }
 
+namespace {
+
+// Every page of a list call: asks with each page's next_page_token until one
+// comes back empty. A token that does not move on ends it with INTERNAL (a
+// server that would otherwise be asked for ever).
+template <class Req, class Resp, class Item>
+absl::StatusOr<std::vector<Item>> AllPages(
+    Req req, const std::function<absl::StatusOr<Resp>(const Req&)>& call,
+    const std::function<const google::protobuf::RepeatedPtrField<Item>&(const Resp&)>& items) {
+  std::vector<Item> out;
+  while (true) {
+    auto r = call(req);
+    if (!r.ok()) return r.status();
+    out.insert(out.end(), items(*r).begin(), items(*r).end());
+    if (r->next_page_token().empty()) return out;
+    if (r->next_page_token() <= req.page_token() && !req.page_token().empty()) {
+      return absl::InternalError(absl::StrCat("the list's next page token \"",
+                                              r->next_page_token(), "\" does not move on from \"",
+                                              req.page_token(), "\""));
+    }
+    req.set_page_token(r->next_page_token());
+  }
+}
+
+}  // namespace
+
 absl::StatusOr<std::vector<v1::Namespace>> Client::ListNamespaces() {
-  auto r = Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::ListNamespaces,
-                v1::ListNamespacesRequest());
-  if (!r.ok()) return r.status();
-  return std::vector<v1::Namespace>(r->namespaces().begin(), r->namespaces().end());
+  return AllPages<v1::ListNamespacesRequest, v1::ListNamespacesResponse, v1::Namespace>(
+      v1::ListNamespacesRequest(),
+      [this](const v1::ListNamespacesRequest& req) {
+        return Call(*core_, &internal::ClientCore::Endpoint::admin,
+                    &v1::Admin::Stub::ListNamespaces, req);
+      },
+      [](const v1::ListNamespacesResponse& r) -> const auto& { return r.namespaces(); });
 }
 
 absl::StatusOr<v1::Namespace> Client::UpdateNamespace(const v1::UpdateNamespaceRequest& req) {
@@ -1213,9 +1242,13 @@ absl::StatusOr<v1::LockClass> Client::GetClass(const std::string& ns, const std:
 absl::StatusOr<std::vector<v1::LockClass>> Client::ListClasses(const std::string& ns) {
   v1::ListClassesRequest req;
   req.set_namespace_(ns);
-  auto r = Call(*core_, &internal::ClientCore::Endpoint::admin, &v1::Admin::Stub::ListClasses, req);
-  if (!r.ok()) return r.status();
-  return std::vector<v1::LockClass>(r->classes().begin(), r->classes().end());
+  return AllPages<v1::ListClassesRequest, v1::ListClassesResponse, v1::LockClass>(
+      req,
+      [this](const v1::ListClassesRequest& req) {
+        return Call(*core_, &internal::ClientCore::Endpoint::admin,
+                    &v1::Admin::Stub::ListClasses, req);
+      },
+      [](const v1::ListClassesResponse& r) -> const auto& { return r.classes(); });
 }
 
 absl::Status Client::DeleteClass(const std::string& ns, const std::string& id) {

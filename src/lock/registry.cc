@@ -437,15 +437,18 @@ absl::StatusOr<v1::Namespace> Registry::GetNamespace(const std::string& name, et
   return NamespaceFromRecord(name, resp->kvs(0), rec);
 }
 
-absl::StatusOr<std::vector<v1::Namespace>> Registry::ListNamespaces(etcd::Deadline d) {
+absl::StatusOr<std::vector<v1::Namespace>> Registry::ListNamespaces(etcd::Deadline d,
+                                                                   const std::string& after,
+                                                                   size_t limit) {
   // Skip-scan: ranges of one key, two per namespace (its record, then the next
   // key, from whose subtree it jumps), so the cost does not grow with the number
-  // of sessions and holds.
+  // of sessions and holds. Record keys sort as the names do.
   std::vector<v1::Namespace> out;
-  std::string from = keyspace::NamespacesBegin();
+  std::string from =
+      after.empty() ? keyspace::NamespacesBegin() : keyspace::NamespaceKey(after) + '\0';
   const std::string end = keyspace::NamespacesEnd();
   int64_t revision = 0;
-  while (true) {
+  while (limit == 0 || out.size() < limit) {
     pb::RangeRequest r;
     r.set_key(from);
     r.set_range_end(end);
@@ -818,13 +821,16 @@ absl::StatusOr<v1::LockClass> Registry::GetClass(const std::string& ns, const st
 }
 
 absl::StatusOr<std::vector<v1::LockClass>> Registry::ListClasses(const std::string& ns,
-                                                                 etcd::Deadline d) {
+                                                                 etcd::Deadline d,
+                                                                 const std::string& after,
+                                                                 size_t limit) {
   if (auto s = keyspace::ValidateNamespaceName(ns); !s.ok()) return s;
   pb::TxnRequest read;
   read.add_success()->mutable_request_range()->set_key(keyspace::NamespaceKey(ns));
   auto* rc = read.add_success()->mutable_request_range();
-  rc->set_key(keyspace::ClassPrefix(ns));
+  rc->set_key(after.empty() ? keyspace::ClassPrefix(ns) : keyspace::ClassKey(ns, after) + '\0');
   rc->set_range_end(keyspace::PrefixEnd(keyspace::ClassPrefix(ns)));
+  rc->set_limit(static_cast<int64_t>(limit));
   auto t = etcd_->TxnSync(std::move(read), d);
   if (!t.ok()) return t.status();
   if (t->responses(0).response_range().kvs_size() == 0) return NamespaceNotFound(ns);

@@ -25,7 +25,11 @@ class Registry {
                                                 etcd::Deadline d,
                                                 const std::string& also_absent = "");
   absl::StatusOr<v1::Namespace> GetNamespace(const std::string& name, etcd::Deadline d);
-  absl::StatusOr<std::vector<v1::Namespace>> ListNamespaces(etcd::Deadline d);
+  // The namespaces whose names sort after `after`, in name order; at most
+  // `limit` of them (0: all).
+  absl::StatusOr<std::vector<v1::Namespace>> ListNamespaces(etcd::Deadline d,
+                                                            const std::string& after = "",
+                                                            size_t limit = 0);
   // With set_members: the live sessions whose owner the new list does not admit
   // (nor `is_admin`) make it FAILED_PRECONDITION, changing nothing, unless
   // end_sessions_of_removed is set. Then such sessions that hold a lock make it
@@ -51,7 +55,10 @@ class Registry {
   absl::StatusOr<v1::LockClass> CreateClass(const v1::LockClass& cls, etcd::Deadline d);
   absl::StatusOr<v1::LockClass> GetClass(const std::string& ns, const std::string& id,
                                          etcd::Deadline d);
-  absl::StatusOr<std::vector<v1::LockClass>> ListClasses(const std::string& ns, etcd::Deadline d);
+  // The classes whose ids sort after `after`, in id order; at most `limit` (0: all).
+  absl::StatusOr<std::vector<v1::LockClass>> ListClasses(const std::string& ns, etcd::Deadline d,
+                                                         const std::string& after = "",
+                                                         size_t limit = 0);
   // The catch-all class cannot be deleted (FAILED_PRECONDITION).
   absl::Status DeleteClass(const std::string& ns, const std::string& id, etcd::Deadline d);
 

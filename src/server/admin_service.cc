@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <map>
+#include <optional>
+#include <vector>
 
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
@@ -284,23 +286,75 @@ grpc::Status AdminService::GetNamespace(grpc::ServerContext* ctx,
   return Reply(std::move(n), resp);
 }
 
+namespace {
+
+// A page of a list: at most this many entries (page_size 0 asks for the
+// default), and entries while the answer stays under kPageBytes (at least one),
+// so that a page fits a client's 4 MiB receive limit whatever the records hold.
+constexpr int32_t kDefaultPageSize = 100;
+constexpr int32_t kMaxPageSize = 1000;
+constexpr size_t kPageBytes = 1 << 20;
+
+absl::StatusOr<size_t> PageSize(int32_t asked) {
+  if (asked < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("page_size must be >= 0 (0: ", kDefaultPageSize, "), not ", asked));
+  }
+  return static_cast<size_t>(asked == 0 ? kDefaultPageSize : std::min(asked, kMaxPageSize));
+}
+
+// Adds `items` (in order) to `out` while the page has room; returns how many.
+template <class T>
+size_t FillPage(std::vector<T>& items, size_t page_size,
+                google::protobuf::RepeatedPtrField<T>* out) {
+  size_t bytes = 0, n = 0;
+  for (auto& item : items) {
+    if (n == page_size) break;
+    const size_t size = item.ByteSizeLong() + 8;
+    if (n > 0 && bytes + size > kPageBytes) break;
+    bytes += size;
+    *out->Add() = std::move(item);
+    ++n;
+  }
+  return n;
+}
+
+}  // namespace
+
 grpc::Status AdminService::ListNamespaces(grpc::ServerContext* ctx,
                                           const v1::ListNamespacesRequest* req,
                                           v1::ListNamespacesResponse* resp) {
   HF_ADMIN_ONLY(ctx);
-  // Each cluster lists the namespaces it has; a namespace counts where it is
-  // homed (a rehome leaves a copy on the other cluster for a while).
+  auto page_size = PageSize(req->page_size());
+  if (!page_size.ok()) return ToGrpcStatus(page_size.status());
+  // Each cluster lists the namespaces it has after the token, one more than the
+  // page; a namespace counts where it is homed (a rehome leaves a copy on the
+  // other cluster for a while). A cluster whose list was cut may have more
+  // before names another cluster listed: the page ends at the first name cut.
   std::map<std::string, v1::Namespace> all;
+  std::optional<std::string> cut;  // the least last name of a list cut short
   for (const auto& c : clusters_->all()) {
-    auto r = c->registry->ListNamespaces(RpcDeadline(*ctx, kUnaryCap));
+    auto r = c->registry->ListNamespaces(RpcDeadline(*ctx, kUnaryCap), req->page_token(),
+                                         *page_size + 1);
     if (!r.ok()) return ToGrpcStatus(r.status());
+    if (r->size() > *page_size && (!cut || r->back().name() < *cut)) cut = r->back().name();
     for (auto& n : *r) {
       if (&clusters_->Home(n.name()) != c.get()) continue;
       AddPlacement(&n);
       all[n.name()] = std::move(n);
     }
   }
-  for (auto& [name, n] : all) *resp->add_namespaces() = std::move(n);
+  std::vector<v1::Namespace> listed;
+  for (auto& [name, n] : all) {
+    if (cut && name > *cut) break;
+    listed.push_back(std::move(n));
+  }
+  const size_t n = FillPage(listed, *page_size, resp->mutable_namespaces());
+  if (n < listed.size() || cut) {
+    // On from the last one listed, or past the cut when none was (the names up
+    // to it are none of them homed where they were read).
+    resp->set_next_page_token(n > 0 ? resp->namespaces(n - 1).name() : *cut);
+  }
   return grpc::Status::OK;
 }
 
@@ -427,9 +481,13 @@ grpc::Status AdminService::ListClasses(grpc::ServerContext* ctx,
                                        v1::ListClassesResponse* resp) {
   HF_ADMIN_ONLY(ctx);
   const auto& ns = req->namespace_();
-  auto r = RegistryOf(ns).ListClasses(ns, RpcDeadline(*ctx, kUnaryCap));
+  auto page_size = PageSize(req->page_size());
+  if (!page_size.ok()) return ToGrpcStatus(page_size.status());
+  auto r = RegistryOf(ns).ListClasses(ns, RpcDeadline(*ctx, kUnaryCap), req->page_token(),
+                                      *page_size + 1);
   if (!r.ok()) return ToGrpcStatus(r.status());
-  for (auto& c : *r) *resp->add_classes() = std::move(c);
+  const size_t n = FillPage(*r, *page_size, resp->mutable_classes());
+  if (n < r->size()) resp->set_next_page_token(resp->classes(n - 1).class_id());
   return grpc::Status::OK;
 }
 
