@@ -110,6 +110,48 @@ class RehomeTest : public ::testing::Test {
   std::unique_ptr<Client> client_;
 };
 
+// A page of namespaces from two clusters: each lists one more than the page
+// after the token, and the page ends at the first name a cluster's list was cut
+// at, so that a name the cut list did not reach is never passed over. Pages of
+// 1, 2 and 3 (and libholdfast's, which follows them) list every name once, in
+// order, wherever each is homed.
+TEST_F(RehomeTest, PagesOfNamespacesFromTwoClustersListEachOnceInOrder) {
+  std::vector<std::string> names;
+  for (int i = 0; i < 9; ++i) {
+    const std::string ns = absl::StrCat("p", i);
+    // Homed on a, a, b, a, b, b, a, b, b: runs of either length on each.
+    CreateNamespace(ns, (0b110110100 >> i) & 1 ? "b" : "");
+    names.push_back(ns);
+  }
+  auto stub = v1::Admin::NewStub(
+      grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));
+  for (const int size : {1, 2, 3}) {
+    SCOPED_TRACE(size);
+    std::vector<std::string> listed;
+    std::string token;
+    for (int pages = 0; pages < 30; ++pages) {
+      grpc::ClientContext ctx;
+      v1::ListNamespacesRequest req;
+      req.set_page_size(size);
+      req.set_page_token(token);
+      v1::ListNamespacesResponse resp;
+      ASSERT_TRUE(stub->ListNamespaces(&ctx, req, &resp).ok());
+      EXPECT_LE(resp.namespaces_size(), size);
+      for (const auto& n : resp.namespaces()) listed.push_back(n.name());
+      token = resp.next_page_token();
+      if (token.empty()) break;
+    }
+    EXPECT_EQ(listed, names);
+  }
+  auto all = client_->ListNamespaces();
+  ASSERT_TRUE(all.ok()) << all.status();
+  ASSERT_EQ(all->size(), names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    EXPECT_EQ((*all)[i].name(), names[i]);
+    EXPECT_EQ((*all)[i].home_cluster(), (0b110110100 >> i) & 1 ? "b" : "a") << names[i];
+  }
+}
+
 TEST_F(RehomeTest, NamespacesAreHomedOnTheClusterOfTheirTier) {
   CreateNamespace("on-a", "");
   CreateNamespace("on-b", "b");

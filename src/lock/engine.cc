@@ -365,35 +365,47 @@ void Engine::CommitSession(const SessionOpen& open, int64_t lease, int attempts_
 
 namespace {
 
-// The first index from `from` that `taken` (slot keys from `from` on, in index
-// order) does not list; `gap`: a listed one comes after it (so it is free).
-int64_t FirstUnlisted(const pb::RangeResponse& taken, const std::string& ns, int64_t from,
-                      bool* gap) {
-  int64_t next = from;
-  *gap = false;
+// The slots `taken` shows free, one of them at random: `taken` lists the taken
+// slot keys from index `lo` on, below `end`, in index order, cut short when
+// more(). It shows [lo, end) whole, or, cut short, [lo, its last index]; the
+// first index it does not show comes back in `*shown_end`. A random one rather
+// than the first: opens racing for a nearly used-up quota then rarely pick the
+// same slot (the first free one after a run of taken ones would draw them all).
+// Keys that are not holdfast's slot keys are stepped over.
+std::optional<int64_t> RandomFreeSlot(const pb::RangeResponse& taken, const std::string& ns,
+                                      int64_t lo, int64_t end, int64_t* shown_end) {
+  std::vector<int64_t> listed;
   for (const auto& kv : taken.kvs()) {
     auto index = keyspace::ParseSlotKey(kv.key(), ns);
-    if (!index) continue;
-    if (*index > next) {
-      *gap = true;
-      break;
+    if (!index || *index < lo || *index >= end || kv.key() != keyspace::SlotKey(ns, *index)) {
+      continue;
     }
-    next = *index + 1;
+    listed.push_back(*index);
   }
-  return next;
+  std::sort(listed.begin(), listed.end());
+  listed.erase(std::unique(listed.begin(), listed.end()), listed.end());
+  *shown_end = !taken.more() ? end : listed.empty() ? lo : listed.back() + 1;
+  const int64_t free = *shown_end - lo - static_cast<int64_t>(listed.size());
+  if (free <= 0) return std::nullopt;
+  // The rank-th free index: step over the taken ones at or below it.
+  int64_t slot = lo + absl::Uniform<int64_t>(absl::BitGen(), 0, free);
+  for (int64_t index : listed) {
+    if (index > slot) break;
+    ++slot;
+  }
+  return slot;
 }
 
 }  // namespace
 
 // A free slot of a namespace with `quota`: one read of the slots taken below the
 // quota and of the live sessions, both counted (which costs etcd the keys' index,
-// never their values), with a window of the taken slots from a random index. The
-// slot is the first free one from there, so concurrent opens rarely race for the
-// same one. Only when the window shows no free slot (a quota nearly used up) do
-// more reads follow, pages of taken slots at the first read's revision, on from
-// the window and round from 0. So an open's reads stay small at any number of
-// live sessions: one read of every slot key would pass the client's 64 MiB
-// receive limit near 545,000 of them.
+// never their values), with a window of 256 taken slots from a random index. The
+// slot is a random free one of those the window shows. Only when it shows none
+// (a quota nearly used up) do more reads follow, pages of taken slots on from the
+// window and round from 0. So an open's reads stay small at any number of live
+// sessions: one read of every slot key would pass the client's 64 MiB receive
+// limit near 545,000 of them.
 void Engine::PickSlot(const std::string& ns, int64_t quota, int64_t lease, Deadline d,
                       std::function<void(int64_t, int64_t)> commit,
                       Done<v1::OpenSessionResponse> done) {
@@ -432,51 +444,60 @@ void Engine::PickSlot(const std::string& ns, int64_t quota, int64_t lease, Deadl
     // the commit is then guarded by "no session opened since this read".
     const int64_t no_session_since = live > slotted ? t->header().revision() : 0;
     const auto& taken = t->responses(2).response_range();
-    bool gap;
-    const int64_t next = FirstUnlisted(taken, ns, from, &gap);
-    if (next < quota && (gap || !taken.more())) return commit(next, no_session_since);
-    ScanForSlot(ns, quota, lease, d, next, from, /*round=*/false, t->header().revision(),
-                no_session_since, commit, done);
+    int64_t shown_end = from;
+    if (auto slot = RandomFreeSlot(taken, ns, from, quota, &shown_end)) {
+      return commit(*slot, no_session_since);
+    }
+    const std::string next = taken.kvs_size() > 0
+                                 ? taken.kvs(taken.kvs_size() - 1).key() + '\0'
+                                 : keyspace::SlotKey(ns, quota);
+    ScanForSlot(ns, quota, lease, d, next, shown_end, from, /*round=*/false, no_session_since,
+                commit, done);
   });
 }
 
-// Pages of the taken slots at `revision` from `start`, on to the quota and then
-// round from 0 to `from` (where the window began), until a free one: one is,
-// since fewer than the quota were taken at that revision.
+// Pages of the taken slots, from the key `start` (index `lo`) on to the quota,
+// then round from 0 to `from` (where the window began), until a page shows a
+// free one. Each page is read as it is then: a slot freed meanwhile may be
+// found or not, and the commit's compares decide. Past `from` with none found,
+// the quota is taken.
 void Engine::ScanForSlot(const std::string& ns, int64_t quota, int64_t lease, Deadline d,
-                         int64_t start, int64_t from, bool round, int64_t revision,
+                         std::string start, int64_t lo, int64_t from, bool round,
                          int64_t no_session_since,
                          std::function<void(int64_t, int64_t)> commit,
                          Done<v1::OpenSessionResponse> done) {
   constexpr int64_t kPage = 10'000;
-  // [start, quota) first; then, `round`, [0, from).
   const int64_t end = round ? from : quota;
-  if (start >= end) {
+  const std::string end_key = keyspace::SlotKey(ns, end);
+  if (lo >= end || start >= end_key) {
     if (!round && from > 0) {
-      return ScanForSlot(ns, quota, lease, d, 0, from, /*round=*/true, revision,
-                         no_session_since, commit, done);
+      return ScanForSlot(ns, quota, lease, d, keyspace::SlotKey(ns, 0), 0, from,
+                         /*round=*/true, no_session_since, commit, done);
     }
     RevokeQuietly(lease);
     return done(QuotaExhausted(ns, quota));
   }
   pb::RangeRequest r;
-  r.set_key(keyspace::SlotKey(ns, start));
-  r.set_range_end(keyspace::SlotKey(ns, end));
+  r.set_key(start);
+  r.set_range_end(end_key);
   r.set_keys_only(true);
   r.set_limit(kPage);
-  r.set_revision(revision);
-  etcd_->Range(r, EtcdDeadline(d), [this, ns, quota, lease, d, start, from, round, end, revision,
+  etcd_->Range(r, EtcdDeadline(d), [this, ns, quota, lease, d, lo, from, round, end, end_key,
                                      no_session_since, commit = std::move(commit),
                                      done](absl::StatusOr<pb::RangeResponse> page) {
     if (!page.ok()) {
       RevokeQuietly(lease);
       return done(page.status());
     }
-    bool gap;
-    const int64_t next = FirstUnlisted(*page, ns, start, &gap);
-    if (next < end && (gap || !page->more())) return commit(next, no_session_since);
-    // On with the next page, or (at `end`) round from 0, or none is free.
-    ScanForSlot(ns, quota, lease, d, page->more() ? next : end, from, round, revision,
+    int64_t shown_end = lo;
+    if (auto slot = RandomFreeSlot(*page, ns, lo, end, &shown_end)) {
+      return commit(*slot, no_session_since);
+    }
+    // On with the next page, or (none left) round from 0, or none is free.
+    const std::string next = page->more() && page->kvs_size() > 0
+                                 ? page->kvs(page->kvs_size() - 1).key() + '\0'
+                                 : end_key;
+    ScanForSlot(ns, quota, lease, d, next, page->more() ? shown_end : end, from, round,
                 no_session_since, commit, done);
   });
 }

@@ -225,8 +225,9 @@ class Engine {
   void PickSlot(const std::string& ns, int64_t quota, int64_t lease, Deadline d,
                 std::function<void(int64_t slot, int64_t no_session_since)> commit,
                 Done<v1::OpenSessionResponse> done);
-  void ScanForSlot(const std::string& ns, int64_t quota, int64_t lease, Deadline d, int64_t start,
-                   int64_t from, bool round, int64_t revision, int64_t no_session_since,
+  void ScanForSlot(const std::string& ns, int64_t quota, int64_t lease, Deadline d,
+                   std::string start, int64_t lo, int64_t from, bool round,
+                   int64_t no_session_since,
                    std::function<void(int64_t slot, int64_t no_session_since)> commit,
                    Done<v1::OpenSessionResponse> done);
   // Revokes `lease`, asking again 1 s later while etcd does not answer, up to

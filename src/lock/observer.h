@@ -59,6 +59,7 @@ enum class SessionLookup {
   kFound,   // the caller's session: renewed
   kMissed,  // no such session, or not the caller's
   kFailed,  // etcd did not answer, or the record was corrupt
+  kRefused, // not made: too many of the identity's lookups wait (left unanswered)
 };
 
 class EngineObserver {

@@ -121,7 +121,9 @@ void Placements::MarkStale() {
   absl::MutexLock l(&mu_);
   stale_ = true;
   // The restored cluster's revisions went back: this replica's own writes
-  // until the next Load come at revisions below those the watch passed.
+  // until the next Load come at revisions below those the watch passed, and
+  // are noted (those of a namespace whose entry is of a higher, lost revision
+  // still wait for the Load).
   watched_ = 0;
 }
 

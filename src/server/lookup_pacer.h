@@ -18,7 +18,7 @@
 // another stream of its identity did. (A renewal waiting long enough is late for
 // its TTL like any renewal in a slow moment; only an identity that keeps asking
 // for sessions that do not exist gets there.) Past `max_waiting` waiting lookups
-// of one identity, more are refused (the caller answers them unconfirmed).
+// of one identity, more are refused (the caller leaves them unanswered).
 //
 // Thread-safe. Lookups run never under the pacer's lock: on the thread that
 // calls Run, or, when they waited, on the thread whose GiveBack or timer gave
@@ -66,8 +66,8 @@ class LookupPacer {
   // else once a token comes (in order), unless max_waiting of them wait. The
   // lookup holds its token until GiveBack, or for good.
   Admission Run(const std::string& identity, std::function<void()> lookup);
-  // The lookup found what it looked for (or etcd did not answer): its token
-  // comes back.
+  // The lookup found the caller's session, or was not made: its token comes
+  // back.
   void GiveBack(const std::string& identity);
   // Runs every waiting lookup now, and every later one at once (the replica is
   // stopping: its streams must be able to finish).

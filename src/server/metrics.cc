@@ -161,7 +161,8 @@ Metrics::Metrics(Clock now)
   session_lookups_ = &prometheus::BuildCounter()
                          .Name("holdfast_keepalive_lookups_total")
                          .Help("Reads of sessions new to this replica for a renewal: "
-                               "result=found, missed (none, or not the caller's) or failed")
+                               "result=found, missed (none, or not the caller's), failed, or refused (not made: "
+                               "too many of the identity's wait)")
                          .Register(r);
   session_lookups_waited_ = &prometheus::BuildCounter()
                                  .Name("holdfast_keepalive_lookups_waited_total")
@@ -420,9 +421,10 @@ void Metrics::OnSessionClosed(std::string_view ns, int64_t session) {
 }
 
 void Metrics::OnSessionLookup(lock::SessionLookup result, bool waited) {
-  const char* name = result == lock::SessionLookup::kFound    ? "found"
-                     : result == lock::SessionLookup::kMissed ? "missed"
-                                                              : "failed";
+  const char* name = result == lock::SessionLookup::kFound     ? "found"
+                     : result == lock::SessionLookup::kMissed  ? "missed"
+                     : result == lock::SessionLookup::kRefused ? "refused"
+                                                               : "failed";
   session_lookups_->Add({{"result", name}}).Increment();
   if (waited) session_lookups_waited_->Increment();
 }

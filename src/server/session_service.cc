@@ -223,15 +223,14 @@ class SessionService::KeepAliveStream {
         });
     in_run->store(false);
     if (admitted == LookupPacer::Admission::kFull) {
-      // Unconfirmed, not lost: the session may well exist.
-      v1::KeepAliveResponse resp;
-      resp.set_session_id(req.session_id());
-      resp.set_sequence(req.sequence());
-      resp.set_etcd_unavailable(true);
-      resp.set_reason(absl::StrCat(
-          "not confirmed: too many renewals of sessions new to this replica wait for ",
-          caller_.identity, " (limits.unknown_session_lookups_per_second); renew again"));
-      Answer(std::move(resp));
+      // Not answered: "lost" would be false, and "not confirmed" would make
+      // libholdfast drop the session's closed-class holds at once. Unanswered,
+      // the client renews again (on another replica when it has one, as from a
+      // silent one).
+      if (auto* observer = engine->options().observer) {
+        observer->OnSessionLookup(lock::SessionLookup::kRefused, /*waited=*/false);
+      }
+      Drop();
     }
   }
 
