@@ -439,7 +439,9 @@ absl::StatusOr<v1::Namespace> Registry::GetNamespace(const std::string& name, et
 
 absl::StatusOr<std::vector<v1::Namespace>> Registry::ListNamespaces(etcd::Deadline d,
                                                                    const std::string& after,
-                                                                   size_t limit) {
+                                                                   size_t limit,
+                                                                   size_t max_bytes) {
+  size_t bytes = 0;
   // Skip-scan: ranges of one key, two per namespace (its record, then the next
   // key, from whose subtree it jumps), so the cost does not grow with the number
   // of sessions and holds. Record keys sort as the names do.
@@ -448,7 +450,7 @@ absl::StatusOr<std::vector<v1::Namespace>> Registry::ListNamespaces(etcd::Deadli
       after.empty() ? keyspace::NamespacesBegin() : keyspace::NamespaceKey(after) + '\0';
   const std::string end = keyspace::NamespacesEnd();
   int64_t revision = 0;
-  while (limit == 0 || out.size() < limit) {
+  while ((limit == 0 || out.size() < limit) && (max_bytes == 0 || bytes <= max_bytes)) {
     pb::RangeRequest r;
     r.set_key(from);
     r.set_range_end(end);
@@ -472,7 +474,10 @@ absl::StatusOr<std::vector<v1::Namespace>> Registry::ListNamespaces(etcd::Deadli
     }
     if (kv.key() == keyspace::NamespaceKey(*ns)) {
       records::NamespaceRecord rec;
-      if (rec.ParseFromString(kv.value())) out.push_back(NamespaceFromRecord(*ns, kv, rec));
+      if (rec.ParseFromString(kv.value())) {
+        out.push_back(NamespaceFromRecord(*ns, kv, rec));
+        bytes += out.back().ByteSizeLong();
+      }
       // The next key: names with '-' or '.' after this one ("a-b" after "a") sort
       // before its own keys ("a/..."), so the subtree is not skipped from here.
       from = kv.key() + '\0';

@@ -26,10 +26,12 @@ class Registry {
                                                 const std::string& also_absent = "");
   absl::StatusOr<v1::Namespace> GetNamespace(const std::string& name, etcd::Deadline d);
   // The namespaces whose names sort after `after`, in name order; at most
-  // `limit` of them (0: all).
+  // `limit` of them (0: all), and none more once they pass `max_bytes` (0: no
+  // bound) as messages.
   absl::StatusOr<std::vector<v1::Namespace>> ListNamespaces(etcd::Deadline d,
                                                             const std::string& after = "",
-                                                            size_t limit = 0);
+                                                            size_t limit = 0,
+                                                            size_t max_bytes = 0);
   // With set_members: the live sessions whose owner the new list does not admit
   // (nor `is_admin`) make it FAILED_PRECONDITION, changing nothing, unless
   // end_sessions_of_removed is set. Then such sessions that hold a lock make it

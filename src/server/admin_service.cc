@@ -334,10 +334,15 @@ grpc::Status AdminService::ListNamespaces(grpc::ServerContext* ctx,
   std::map<std::string, v1::Namespace> all;
   std::optional<std::string> cut;  // the least last name of a list cut short
   for (const auto& c : clusters_->all()) {
+    // Read no further than a page could carry: records past 1 MiB would be read
+    // again for the next page.
     auto r = c->registry->ListNamespaces(RpcDeadline(*ctx, kUnaryCap), req->page_token(),
-                                         *page_size + 1);
+                                         *page_size + 1, kPageBytes);
     if (!r.ok()) return ToGrpcStatus(r.status());
-    if (r->size() > *page_size && (!cut || r->back().name() < *cut)) cut = r->back().name();
+    size_t bytes = 0;
+    for (const auto& n : *r) bytes += n.ByteSizeLong();
+    const bool cut_here = r->size() > *page_size || bytes > kPageBytes;
+    if (cut_here && (!cut || r->back().name() < *cut)) cut = r->back().name();
     for (auto& n : *r) {
       if (&clusters_->Home(n.name()) != c.get()) continue;
       AddPlacement(&n);
