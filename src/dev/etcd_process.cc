@@ -8,6 +8,8 @@
 
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
+#include <iterator>
 #include <thread>
 
 #include "absl/strings/str_cat.h"
@@ -47,22 +49,50 @@ bool EtcdHealthy(const std::string& host, int client_port) {
   return ok;
 }
 
+namespace {
+
+// What `path` holds past its first `from` bytes ("" when unreadable).
+std::string ReadFrom(const std::string& path, std::uintmax_t from) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  in.seekg(static_cast<std::streamoff>(from));
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+}  // namespace
+
+// A port picked free may be taken by another process (a test running beside
+// this one) before etcd binds it: etcd then exits at start saying so, and is
+// started again on other ports, up to 5 times in all. Ports the caller chose
+// are not changed.
 absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(EtcdOptions options) {
   if (options.data_dir.empty()) return absl::InvalidArgumentError("etcd: data_dir is required");
-  if (options.client_port == 0) {
-    auto p = PickFreePort();
-    if (!p.ok()) return p.status();
-    options.client_port = *p;
-  }
-  if (options.peer_port == 0) {
-    auto p = PickFreePort();
-    if (!p.ok()) return p.status();
-    options.peer_port = *p;
-  }
   if (options.log_file.empty()) options.log_file = options.data_dir + ".log";
-  std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(std::move(options)));
-  if (auto s = etcd->Launch(etcd->options_.wait_healthy); !s.ok()) return s;
-  return etcd;
+  const bool pick_client = options.client_port == 0, pick_peer = options.peer_port == 0;
+  for (int attempt = 1;; ++attempt) {
+    EtcdOptions o = options;
+    if (pick_client) {
+      auto p = PickFreePort();
+      if (!p.ok()) return p.status();
+      o.client_port = *p;
+    }
+    if (pick_peer) {
+      auto p = PickFreePort();
+      if (!p.ok()) return p.status();
+      o.peer_port = *p;
+    }
+    std::error_code ec;
+    const std::uintmax_t log_size = std::filesystem::exists(o.log_file, ec)
+                                        ? std::filesystem::file_size(o.log_file, ec)
+                                        : 0;
+    std::unique_ptr<EtcdProcess> etcd(new EtcdProcess(std::move(o)));
+    auto s = etcd->Launch(etcd->options_.wait_healthy);
+    if (s.ok()) return etcd;
+    const bool port_taken =
+        ReadFrom(etcd->options_.log_file, ec ? 0 : log_size).find("address already in use") !=
+        std::string::npos;
+    if (!port_taken || !(pick_client || pick_peer) || attempt == 5) return s;
+  }
 }
 
 EtcdProcess::~EtcdProcess() { Stop(); }
