@@ -716,6 +716,19 @@ TEST_F(LockTest, ListsComeInPagesThatFitAClient) {
     for (const auto& c : r.classes()) ids.push_back(c.class_id());
     token = r.next_page_token();
   } while (!token.empty());
+  {
+    grpc::ClientContext ctx;
+    v1::ListClassesRequest req;
+    req.set_namespace_("default");
+    req.set_page_size(-5);
+    v1::ListClassesResponse r;
+    const int64_t before = Revision();
+    auto bad_classes = admin->ListClasses(&ctx, req, &r);
+    EXPECT_EQ(bad_classes.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_EQ(bad_classes.error_message(), "page_size must be >= 0 (0: 100), not -5");
+    EXPECT_EQ(r.classes_size(), 0);
+    EXPECT_EQ(Revision(), before);
+  }
   auto classes = client_->ListClasses("default");
   ASSERT_TRUE(classes.ok()) << classes.status();
   ASSERT_EQ(ids.size(), 6u);  // and the catch-all class
