@@ -29,6 +29,7 @@
 #include "audit/migrations.h"
 #include "audit/store.h"
 #include "dev/postgres_process.h"
+#include "dev/refusing_endpoint.h"
 #include "dev/subprocess.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -1393,12 +1394,12 @@ TEST_F(AuditStoreUrl, OpensSqliteByFileUri) {
 }
 
 TEST_F(AuditStoreUrl, HandsPostgresUrlsToLibpq) {
-  // Nothing listens on a port that was just free: libpq's refusal proves the URL
-  // reached it.
-  auto port = dev::PickFreePort();
-  ASSERT_TRUE(port.ok()) << port.status();
+  // Nothing listens on a port held bound for the test: libpq's refusal proves
+  // the URL reached it.
+  dev::RefusingEndpoint nobody;
+  ASSERT_NE(nobody.port(), 0);
   for (const char* scheme : {"postgresql", "postgres"}) {
-    auto store = OpenStore(absl::StrCat(scheme, "://holdfast@127.0.0.1:", *port, "/audit"));
+    auto store = OpenStore(absl::StrCat(scheme, "://holdfast@", nobody.address(), "/audit"));
     ASSERT_FALSE(store.ok()) << scheme;
     EXPECT_EQ(store.status().code(), absl::StatusCode::kUnavailable) << store.status();
   }

@@ -32,6 +32,7 @@
 #include "absl/strings/str_split.h"
 #include "common/listen.h"
 #include "dev/certs.h"
+#include "dev/refusing_endpoint.h"
 #include "dev/subprocess.h"
 #include "etcd/client.h"
 #include "google/protobuf/util/json_util.h"
@@ -751,9 +752,11 @@ TEST(CliReachTest, NoHoldfastdAtTheEndpointNamesItAndHints) {
   char tmpl[] = "/tmp/hf-cli-reach-XXXXXX";
   ASSERT_NE(mkdtemp(tmpl), nullptr);
   const std::string dir = tmpl;
-  auto port = dev::PickFreePort();
-  ASSERT_TRUE(port.ok()) << port.status();
-  const std::string endpoint = absl::StrCat("127.0.0.1:", *port);
+  // Held bound for the test: a port only picked free could be taken meanwhile by
+  // an etcd of a test running beside, which answers "unknown service".
+  dev::RefusingEndpoint nobody;
+  ASSERT_NE(nobody.port(), 0);
+  const std::string endpoint = nobody.address();
   auto p = CliProcess::Start(dir, endpoint, {"ns", "list"});
   ASSERT_NE(p, nullptr);
   CliResult r = p->Finish(seconds(60));

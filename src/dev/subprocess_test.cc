@@ -1,12 +1,17 @@
 // Subprocess against real child processes (sh, sleep); no server.
 #include "dev/subprocess.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <signal.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <stdlib.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -15,9 +20,11 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <utility>
 
 #include <gtest/gtest.h>
 
+#include "dev/refusing_endpoint.h"
 #include "dev/temp_dir.h"
 
 namespace holdfast::dev {
@@ -37,6 +44,45 @@ bool WaitUntil(const std::function<bool()>& condition, milliseconds timeout) {
 char StateOf(pid_t pid) {
   auto p = ReadProcState(pid);
   return p ? p->state : 0;
+}
+
+// A refusing endpoint refuses connects, and no other socket can bind its port
+// while it lives, whatever reuse options it sets (etcd's and gRPC's listeners set
+// SO_REUSEADDR and SO_REUSEPORT); once it is gone the port can be bound.
+TEST(RefusingEndpointTest, RefusesConnectsAndKeepsThePortFromOthers) {
+  auto socket_on = [](int port, bool reuse) {
+    int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (reuse) {
+      int one = 1;
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+      ::setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &one, sizeof one);
+    }
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    a.sin_port = htons(static_cast<uint16_t>(port));
+    return std::make_pair(fd, a);
+  };
+  int port = 0;
+  {
+    RefusingEndpoint refusing;
+    port = refusing.port();
+    ASSERT_NE(port, 0);
+    EXPECT_EQ(refusing.address(), "127.0.0.1:" + std::to_string(port));
+    auto [c, to] = socket_on(port, false);
+    EXPECT_EQ(::connect(c, reinterpret_cast<sockaddr*>(&to), sizeof to), -1);
+    EXPECT_EQ(errno, ECONNREFUSED);
+    ::close(c);
+    for (bool reuse : {false, true}) {
+      auto [b, at] = socket_on(port, reuse);
+      EXPECT_EQ(::bind(b, reinterpret_cast<sockaddr*>(&at), sizeof at), -1) << reuse;
+      EXPECT_EQ(errno, EADDRINUSE) << reuse;
+      ::close(b);
+    }
+  }
+  auto [b, at] = socket_on(port, true);
+  EXPECT_EQ(::bind(b, reinterpret_cast<sockaddr*>(&at), sizeof at), 0) << std::strerror(errno);
+  ::close(b);
 }
 
 // `holdfast lock` stops what CMD left in its group after CMD exited. Exited()
