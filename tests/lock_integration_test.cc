@@ -19,6 +19,7 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "dev/refusing_endpoint.h"
 #include "etcd/watch_hub.h"
 #include "harness/cluster.h"
 #include "holdfast/v1/admin.grpc.pb.h"
@@ -1347,6 +1348,28 @@ TEST_F(LockTest, ASecondHoldfastdOnAPortInUseExitsAndTheFirstServesOn) {
   auto s = Open();
   auto hold = s->Acquire("still-serving");
   EXPECT_TRUE(hold.ok()) << hold.status();
+}
+
+// The test harness sees a holdfastd that exits at start as such (it does not
+// wait out its 20 s for an answer): on a port it picked, that is how it knows to
+// start again elsewhere when a test running beside took the port. A port the
+// caller chose (held here) is not changed: the start fails, naming the log.
+TEST_F(LockTest, AHarnessHoldfastdOnATakenPortIsSeenToExit) {
+  dev::RefusingEndpoint taken;
+  ASSERT_NE(taken.port(), 0);
+  const std::string log = cluster_->dir() + "/taken_port_holdfastd.log";
+  auto p = testing::HoldfastdProcess::Start({cluster_->etcd().endpoint()}, log, taken.port());
+  ASSERT_FALSE(p.ok());
+  EXPECT_EQ(p.status().code(), absl::StatusCode::kFailedPrecondition) << p.status();
+  EXPECT_NE(p.status().message().find("holdfastd exited at start; see " + log), std::string::npos)
+      << p.status();
+  std::ifstream in(log);
+  std::stringstream text;
+  text << in.rdbuf();
+  EXPECT_NE(text.str().find(absl::StrCat("cannot listen on ", taken.address(),
+                                         ": Address already in use")),
+            std::string::npos)
+      << text.str();
 }
 
 TEST_F(LockTest, ARefusalEchoingALongRequestIsCutToFitTheAnswer) {

@@ -11,6 +11,8 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 #include <thread>
 
 #include "absl/strings/match.h"
@@ -48,6 +50,14 @@ std::string BinDir() {
 }
 
 namespace {
+// What `path` holds from byte `from` on.
+std::string ReadFrom(const std::string& path, std::uintmax_t from) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  in.seekg(static_cast<std::streamoff>(from));
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 // True once something accepts TCP connections on host:port (IPv4 literal).
 bool PortOpen(const std::string& endpoint) {
   auto colon = endpoint.rfind(':');
@@ -92,15 +102,19 @@ absl::Status RestoreEtcd(dev::EtcdProcess& etcd, const std::string& dir,
 }
 
 absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::milliseconds timeout,
-                              bool plaintext) {
+                              bool plaintext, const std::function<bool()>& exited) {
+  const auto gone = [&] { return exited && exited(); };
+  const absl::Status exited_error = absl::FailedPreconditionError("holdfastd exited at start");
   // Wait for the listener before making a channel: a gRPC channel whose first
   // connection was refused backs off for seconds before it tries again.
   auto until = std::chrono::steady_clock::now() + timeout;
   while (!PortOpen(endpoint) && std::chrono::steady_clock::now() < until) {
+    if (gone()) return exited_error;
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   // A TLS server (holdfastd listens only after it is ready) is up with its port.
   if (!plaintext) {
+    if (gone()) return exited_error;
     return PortOpen(endpoint) ? absl::OkStatus()
                               : absl::DeadlineExceededError("holdfastd did not listen in time");
   }
@@ -113,7 +127,7 @@ absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::millisec
   while (std::chrono::steady_clock::now() < until) {
     auto e = (*client)->GetEpoch();
     if (e.ok()) return absl::OkStatus();
-
+    if (gone()) return exited_error;
     last = e.status();
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -128,14 +142,29 @@ absl::StatusOr<std::unique_ptr<HoldfastdProcess>> HoldfastdProcess::Start(
   p->etcd_endpoints_ = std::move(etcd_endpoints);
   p->extra_args_ = std::move(extra_args);
   p->log_file_ = log_file;
-  if (port == 0) {
-    auto free = dev::PickFreePort();
-    if (!free.ok()) return free.status();
-    port = *free;
+  // A port picked free may be taken by a process of a test running beside this
+  // one before holdfastd binds it: holdfastd then exits at start saying so, and
+  // is started again on another port, up to 5 times in all. A port the caller
+  // chose is not changed.
+  const bool pick = port == 0;
+  for (int attempt = 1;; ++attempt) {
+    if (pick) {
+      auto free = dev::PickFreePort();
+      if (!free.ok()) return free.status();
+      port = *free;
+    }
+    p->port_ = port;
+    std::error_code ec;
+    const std::uintmax_t log_size =
+        std::filesystem::exists(log_file, ec) ? std::filesystem::file_size(log_file, ec) : 0;
+    auto s = p->Launch();
+    if (s.ok()) return p;
+    const bool port_taken =
+        s.code() == absl::StatusCode::kFailedPrecondition &&
+        ReadFrom(log_file, ec ? 0 : log_size).find("Address already in use") != std::string::npos;
+    if (!port_taken || !pick || attempt == 5) return s;
+    p->process_.reset();
   }
-  p->port_ = port;
-  if (auto s = p->Launch(); !s.ok()) return s;
-  return p;
 }
 
 HoldfastdProcess::~HoldfastdProcess() { Kill(); }
@@ -168,7 +197,8 @@ absl::Status HoldfastdProcess::Launch() {
   process_ = std::move(*proc);
   const bool plaintext =
       std::find(extra_args_.begin(), extra_args_.end(), "--config") == extra_args_.end();
-  auto s = WaitForHoldfastd(endpoint(), std::chrono::seconds(20), plaintext);
+  auto s = WaitForHoldfastd(endpoint(), std::chrono::seconds(20), plaintext,
+                            [this] { return process_->Exited(); });
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(s.message(), "; see ", log_file_));
   return absl::OkStatus();
 }

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -77,9 +78,11 @@ class HoldfastdProcess {
 };
 
 // Waits until a holdfastd at `endpoint` answers Admin.GetEpoch.
-// With plaintext = false (TLS), waits for the port only.
+// With plaintext = false (TLS), waits for the port only. With `exited`, stops
+// with FAILED_PRECONDITION once it says the process is gone.
 absl::Status WaitForHoldfastd(const std::string& endpoint, std::chrono::milliseconds timeout,
-                              bool plaintext = true);
+                              bool plaintext = true,
+                              const std::function<bool()>& exited = nullptr);
 
 // One etcd member and `replicas` holdfastd processes sharing it.
 // Runs the Debian package's etcdctl (API v3) with `args`; its output goes to
