@@ -9,14 +9,17 @@
 #include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
 #include <cerrno>
+#include <cstddef>
 #include <cstdlib>
 #include <cstring>
+#include <deque>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -24,6 +27,7 @@
 #include <set>
 #include <sstream>
 #include <string_view>
+#include <utility>
 #include <thread>
 
 #include "absl/strings/numbers.h"
@@ -535,15 +539,54 @@ int Subprocess::Stop(std::chrono::milliseconds grace) {
 
 absl::StatusOr<int> PickFreePortOnce();
 
+namespace {
+
+std::mutex ports_mu;
+std::set<int> ports_given;  // never handed out twice in one process
+// The ports this process holds reserved, oldest first, each with the socket
+// that holds it. The oldest are let go past kMaxReservations: by then the
+// process they were picked for has long bound them, or given up.
+std::deque<std::pair<int, int>> reservations;
+constexpr size_t kMaxReservations = 512;
+
+bool ReservePortLocked(int port) {
+  for (const auto& [p, fd] : reservations) {
+    if (p == port) return true;
+  }
+  const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  if (fd < 0) return false;
+  sockaddr_un addr{};
+  addr.sun_family = AF_UNIX;
+  const std::string name = absl::StrCat("holdfast-port-", port);
+  // An abstract name (sun_path starts with a NUL): no file, gone with the socket.
+  std::memcpy(addr.sun_path + 1, name.data(), name.size());
+  const socklen_t len = static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size());
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), len) != 0) {
+    ::close(fd);
+    return false;
+  }
+  reservations.emplace_back(port, fd);
+  if (reservations.size() > kMaxReservations) {
+    ::close(reservations.front().second);
+    reservations.pop_front();
+  }
+  return true;
+}
+
+}  // namespace
+
+bool ReservePort(int port) {
+  std::lock_guard<std::mutex> l(ports_mu);
+  return ReservePortLocked(port);
+}
+
 absl::StatusOr<int> PickFreePort() {
-  // Never hand out the same port twice in one process, even if the kernel would.
-  static std::mutex mu;
-  static std::set<int> given;
   for (int attempt = 0; attempt < 50; ++attempt) {
     auto port = PickFreePortOnce();
     if (!port.ok()) return port;
-    std::lock_guard<std::mutex> l(mu);
-    if (given.insert(*port).second) return port;
+    std::lock_guard<std::mutex> l(ports_mu);
+    if (!ports_given.insert(*port).second) continue;
+    if (ReservePortLocked(*port)) return port;
   }
   return absl::InternalError("no free port found");
 }

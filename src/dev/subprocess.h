@@ -163,8 +163,21 @@ bool GroupOrphaned(pid_t pgrp, pid_t session, const std::string& proc = "/proc")
 absl::Status FindProgram(const std::string& program);
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then
-// closed). Errors: INTERNAL.
+// closed), for a server to be started on. Nothing holds the port itself until
+// that server binds it, but it is reserved among the processes that pick ports
+// here (ReservePort): one process never hands out a port another live one has
+// handed out, as the kernel may when the port is free again, so two tests
+// running side by side do not start their servers on one port. (A process that
+// is not ours may still take it; the test servers' Start functions try other
+// ports when so.) Errors: INTERNAL.
 absl::StatusOr<int> PickFreePort();
+
+// Reserves `port` for this process among the processes that call this: false
+// if another live process holds it (true again for the process holding it).
+// The reservation is an abstract Unix socket (`@holdfast-port-PORT`, of this
+// network namespace), so it ends with the process, however it ends; a process
+// holds its latest 512 reservations.
+bool ReservePort(int port);
 
 // A listening TCP socket on 127.0.0.1 with a port the kernel picked.
 struct LoopbackListener {

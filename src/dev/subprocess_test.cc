@@ -6,6 +6,7 @@
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <stdlib.h>
 #include <unistd.h>
 
@@ -83,6 +84,39 @@ TEST(RefusingEndpointTest, RefusesConnectsAndKeepsThePortFromOthers) {
   auto [b, at] = socket_on(port, true);
   EXPECT_EQ(::bind(b, reinterpret_cast<sockaddr*>(&at), sizeof at), 0) << std::strerror(errno);
   ::close(b);
+}
+
+// A port picked in one process is reserved against every other process that
+// picks ports here, for as long as the first one lives: two tests running side
+// by side are not given one port because the kernel handed it out twice.
+TEST(PickFreePortTest, APortPickedByALiveProcessIsReservedAgainstOthersUntilItEnds) {
+  int to_child[2], to_parent[2];
+  ASSERT_EQ(::pipe(to_child), 0);
+  ASSERT_EQ(::pipe(to_parent), 0);
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(to_child[1]);
+    ::close(to_parent[0]);
+    auto port = PickFreePort();
+    const int sent = port.ok() ? *port : 0;
+    (void)!::write(to_parent[1], &sent, sizeof sent);
+    char c;
+    (void)!::read(to_child[0], &c, 1);  // until the parent closes its end
+    ::_exit(0);
+  }
+  ::close(to_child[0]);
+  ::close(to_parent[1]);
+  int port = 0;
+  ASSERT_EQ(::read(to_parent[0], &port, sizeof port), static_cast<ssize_t>(sizeof port));
+  ::close(to_parent[0]);
+  ASSERT_NE(port, 0);
+  EXPECT_FALSE(ReservePort(port)) << "the child holds " << port;
+  ::close(to_child[1]);
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  EXPECT_TRUE(ReservePort(port)) << "the child that held " << port << " is gone";
+  EXPECT_TRUE(ReservePort(port)) << "a process's own reservation stands for it";
 }
 
 // `holdfast lock` stops what CMD left in its group after CMD exited. Exited()
