@@ -631,6 +631,41 @@ TEST_F(QueueTest, SharedWaitersAreNotHandedAKeyThatAnExclusiveClassNowCovers) {
   EXPECT_EQ(d->waiters_size(), 0);
 }
 
+// The same for a class's TTL bounds: a class created while sessions waited under
+// the catch-all class bounds their TTL to 20 s - 60 s. The waiter at the head,
+// of a 10 s session, is not handed the key; its call is refused as a new ask
+// would be, and it leaves the queue; the one behind it, of a 30 s session, gets
+// the key.
+TEST_F(QueueTest, AWaiterIsNotHandedAKeyWhoseNewClassBoundsItsSessionsTtl) {
+  auto h = Open(), a = Open(), c = Open(seconds(30));
+  auto held = h->Acquire("pol/k");
+  ASSERT_TRUE(held.ok()) << held.status();
+  AcquireOptions wait;
+  wait.wait = seconds(30);
+  auto first = std::async(std::launch::async, [&] { return a->Acquire("pol/k", wait); });
+  DescribeUntil("pol/k", [](auto& d) { return d.waiters_size() == 1; });
+  auto second = std::async(std::launch::async, [&] { return c->Acquire("pol/k", wait); });
+  DescribeUntil("pol/k", [](auto& d) { return d.waiters_size() == 2; });
+
+  CreateLongSessionsClass();
+  ASSERT_TRUE(held->Release().ok());
+
+  auto refused = first.get();
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kInvalidArgument) << refused.status();
+  EXPECT_NE(refused.status().message().find(
+                "session ttl 10000ms is outside the bounds of class \"long\": [20000ms, 60000ms]"),
+            std::string::npos)
+      << refused.status();
+  auto granted = second.get();
+  ASSERT_TRUE(granted.ok()) << granted.status();
+  auto d = client_->Describe("default", "pol/k");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->holders_size(), 1);
+  EXPECT_EQ(d->holders(0).session_id(), c->id());
+  EXPECT_EQ(d->holders(0).class_id(), "long");
+  EXPECT_EQ(d->waiters_size(), 0);
+}
+
 // A raw caller whose deadline comes before its wait_ms (here 2 s against 60 s):
 // the wait ends before the deadline, so the caller hears holdfastd's
 // DEADLINE_EXCEEDED, and the waiter has left the queue by then; it is not left

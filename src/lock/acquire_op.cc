@@ -532,6 +532,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     NoteLabels(ns, cls->class_id);
     const auto& c = cls->record;
     const int64_t ttl = snap.session->ttl_ms();
+    session_ttl_ms_ = ttl;
     if (ttl < c.ttl_min_ms() || ttl > c.ttl_max_ms()) {
       return Fail(absl::InvalidArgumentError(absl::StrCat(
           "session ttl ", ttl, "ms is outside the bounds of class \"", cls->class_id, "\": [",
@@ -640,6 +641,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
     rec.set_holder_meta(req_.holder_meta());
     rec.set_identity(caller_.identity);
     rec.set_enqueued_at_unix_ms(existing ? existing->record.enqueued_at_unix_ms() : NowUnixMs());
+    rec.set_session_ttl_ms(views != nullptr ? views->session.record.ttl_ms() : session_ttl_ms_);
     pb::TxnRequest txn;
     AddCompare(&txn, keyspace::SessionKey(ns, lease), pb::Compare::VERSION, pb::Compare::GREATER)
         ->set_version(0);
@@ -1685,6 +1687,9 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
   // The claim count the grant in flight was guarded with, when it adds a claim
   // (-1: it adds none). Same discipline as read_revision_.
   int64_t claims_before_ = -1;
+  // The session's TTL as the last Decide read it, for the waiter record an
+  // enqueue after that read puts. Same discipline as read_revision_.
+  int64_t session_ttl_ms_ = 0;
   int64_t own_waiter_rev_ ABSL_GUARDED_BY(mu_) = 0;  // create_revision of the own waiter
   // The own waiter's mod_revision as this call put it (or, one it did not put, as
   // it last read it): its end takes the waiter out only if no other call of the

@@ -947,6 +947,17 @@ Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::s
                   [](const WaiterEntry* w) { return w->record.shared(); })) {
     return out;
   }
+  // The same for the class's TTL bounds: a waiter whose session's TTL is outside
+  // them is not handed the key; on its own read it is refused as a new ask would
+  // be ("session ttl ... is outside the bounds of class") and leaves the queue.
+  // (A waiter record without the TTL, put by an older holdfastd, is not checked.)
+  const int64_t ttl_min = cls->record.ttl_min_ms(), ttl_max = cls->record.ttl_max_ms();
+  if (std::any_of(plan.grant.begin(), plan.grant.end(), [&](const WaiterEntry* w) {
+        const int64_t ttl = w->record.session_ttl_ms();
+        return ttl != 0 && (ttl < ttl_min || ttl > ttl_max);
+      })) {
+    return out;
+  }
   // No hold was created since the snapshot: the holds it shows are all there is.
   auto* no_new = AddCompare(txn, keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,
                             pb::Compare::LESS);
