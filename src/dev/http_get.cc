@@ -82,13 +82,52 @@ class NoSigpipe {
   bool was_pending_ = false;
 };
 
-// To `ip` (IPv4, network order) and `port`.
-absl::StatusOr<HttpAnswer> Exchange(in_addr ip, int port, const std::string& request,
-                                    const std::optional<HttpsClient>& tls) {
-  NoSigpipe no_sigpipe;
+using SslCtxPtr = std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)>;
+using SslPtr = std::unique_ptr<SSL, decltype(&SSL_free)>;
+
+// The client's side of a TLS handshake on the connected `fd`; `server_cert`
+// gets the server's certificate (PEM). With `alpn_h2`, offers HTTP/2 (a gRPC
+// server's protocol).
+absl::Status Handshake(int fd, const HttpsClient& tls, bool alpn_h2, SslCtxPtr* ctx, SslPtr* ssl,
+                       std::string* server_cert) {
+  ERR_clear_error();
+  ctx->reset(SSL_CTX_new(TLS_client_method()));
+  if (!*ctx || !TrustCas(ctx->get(), tls.ca_pem)) {
+    return absl::InvalidArgumentError("TLS: no CA to trust: " + OpenSslError());
+  }
+  SSL_CTX_set_verify(ctx->get(), SSL_VERIFY_PEER, nullptr);
+  if (!tls.cert_pem.empty() && !UseCertAndKey(ctx->get(), tls.cert_pem, tls.key_pem)) {
+    return absl::InvalidArgumentError("TLS: bad client certificate or key: " + OpenSslError());
+  }
+  if (alpn_h2) {
+    static const unsigned char kH2[] = {2, 'h', '2'};
+    SSL_CTX_set_alpn_protos(ctx->get(), kH2, sizeof kH2);
+  }
+  ssl->reset(SSL_new(ctx->get()));
+  if (!*ssl || SSL_set_fd(ssl->get(), fd) != 1) return absl::InternalError("SSL_new");
+  if (SSL_connect(ssl->get()) != 1) {
+    return absl::UnavailableError("TLS handshake failed: " + OpenSslError());
+  }
+  if (X509* server = SSL_get1_peer_certificate(ssl->get()); server != nullptr) {
+    BIO* b = BIO_new(BIO_s_mem());
+    PEM_write_bio_X509(b, server);
+    char* data = nullptr;
+    const long n = BIO_get_mem_data(b, &data);
+    server_cert->assign(data, static_cast<size_t>(n));
+    BIO_free(b);
+    X509_free(server);
+  }
+  return absl::OkStatus();
+}
+
+// A TCP connection to `ip` (IPv4, network order) and `port`, with 10 s bounds
+// on each read and write; -1 and `error` when it cannot connect.
+int Connect(in_addr ip, int port, std::string* error) {
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return absl::InternalError("socket");
-  absl::Cleanup close_fd = [fd] { close(fd); };
+  if (fd < 0) {
+    *error = "socket";
+    return -1;
+  }
   timeval timeout{10, 0};  // a bound on a hung server, not a synchronisation
   setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
   setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
@@ -99,35 +138,30 @@ absl::StatusOr<HttpAnswer> Exchange(in_addr ip, int port, const std::string& req
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     char host[INET_ADDRSTRLEN] = "?";
     inet_ntop(AF_INET, &ip, host, sizeof(host));
-    return absl::UnavailableError(absl::StrCat("connect to ", host, ":", port, " failed"));
+    *error = absl::StrCat("connect to ", host, ":", port, " failed");
+    close(fd);
+    return -1;
   }
+  return fd;
+}
 
-  std::unique_ptr<SSL_CTX, decltype(&SSL_CTX_free)> ctx(nullptr, SSL_CTX_free);
-  std::unique_ptr<SSL, decltype(&SSL_free)> ssl(nullptr, SSL_free);
+// To `ip` (IPv4, network order) and `port`.
+absl::StatusOr<HttpAnswer> Exchange(in_addr ip, int port, const std::string& request,
+                                    const std::optional<HttpsClient>& tls) {
+  NoSigpipe no_sigpipe;
+  std::string error;
+  const int fd = Connect(ip, port, &error);
+  if (fd < 0) {
+    return error == "socket" ? absl::InternalError(error) : absl::UnavailableError(error);
+  }
+  absl::Cleanup close_fd = [fd] { close(fd); };
+
+  SslCtxPtr ctx(nullptr, SSL_CTX_free);
+  SslPtr ssl(nullptr, SSL_free);
   HttpAnswer a;
   if (tls) {
-    ERR_clear_error();
-    ctx.reset(SSL_CTX_new(TLS_client_method()));
-    if (!ctx || !TrustCas(ctx.get(), tls->ca_pem)) {
-      return absl::InvalidArgumentError("TLS: no CA to trust: " + OpenSslError());
-    }
-    SSL_CTX_set_verify(ctx.get(), SSL_VERIFY_PEER, nullptr);
-    if (!tls->cert_pem.empty() && !UseCertAndKey(ctx.get(), tls->cert_pem, tls->key_pem)) {
-      return absl::InvalidArgumentError("TLS: bad client certificate or key: " + OpenSslError());
-    }
-    ssl.reset(SSL_new(ctx.get()));
-    if (!ssl || SSL_set_fd(ssl.get(), fd) != 1) return absl::InternalError("SSL_new");
-    if (SSL_connect(ssl.get()) != 1) {
-      return absl::UnavailableError("TLS handshake failed: " + OpenSslError());
-    }
-    if (X509* server = SSL_get1_peer_certificate(ssl.get()); server != nullptr) {
-      BIO* b = BIO_new(BIO_s_mem());
-      PEM_write_bio_X509(b, server);
-      char* data = nullptr;
-      const long n = BIO_get_mem_data(b, &data);
-      a.server_cert.assign(data, static_cast<size_t>(n));
-      BIO_free(b);
-      X509_free(server);
+    if (auto s = Handshake(fd, *tls, /*alpn_h2=*/false, &ctx, &ssl, &a.server_cert); !s.ok()) {
+      return s;
     }
   }
 
@@ -183,6 +217,24 @@ absl::StatusOr<HttpAnswer> HttpExchange(int port, const std::string& request,
   in_addr loopback{};
   loopback.s_addr = htonl(INADDR_LOOPBACK);
   return Exchange(loopback, port, request, tls);
+}
+
+absl::StatusOr<std::string> TlsServerCertificate(int port, const HttpsClient& tls) {
+  NoSigpipe no_sigpipe;
+  in_addr loopback{};
+  loopback.s_addr = htonl(INADDR_LOOPBACK);
+  std::string error;
+  const int fd = Connect(loopback, port, &error);
+  if (fd < 0) {
+    return error == "socket" ? absl::InternalError(error) : absl::UnavailableError(error);
+  }
+  absl::Cleanup close_fd = [fd] { close(fd); };
+  SslCtxPtr ctx(nullptr, SSL_CTX_free);
+  SslPtr ssl(nullptr, SSL_free);
+  std::string cert;
+  if (auto s = Handshake(fd, tls, /*alpn_h2=*/true, &ctx, &ssl, &cert); !s.ok()) return s;
+  SSL_shutdown(ssl.get());
+  return cert;
 }
 
 absl::StatusOr<HttpAnswer> HttpGet(const std::string& host_port, const std::string& path) {

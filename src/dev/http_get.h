@@ -1,5 +1,5 @@
 // A one-request HTTP/1.1 client over plain TCP or TLS, for tests of holdfastd's
-// metrics endpoint and for holdfast-bench's reads of etcd's: it sends the
+// metrics endpoint (and of the certificate a TLS server presents) and for holdfast-bench's reads of etcd's: it sends the
 // request, reads to the server's close, and splits the answer. Never used by
 // holdfastd.
 //
@@ -35,6 +35,11 @@ struct HttpsClient {
 // says which, with OpenSSL's reason); DATA_LOSS when what came is not HTTP.
 absl::StatusOr<HttpAnswer> HttpExchange(int port, const std::string& request,
                                         const std::optional<HttpsClient>& tls = std::nullopt);
+
+// The certificate (PEM) a TLS server on 127.0.0.1:port presents in a handshake
+// that offers HTTP/2 (so a gRPC server's too), which must chain to `tls.ca_pem`.
+// Nothing is sent after the handshake. Errors: as HttpExchange's.
+absl::StatusOr<std::string> TlsServerCertificate(int port, const HttpsClient& tls);
 
 // GET `path` (with Host and Connection: close).
 absl::StatusOr<HttpAnswer> HttpGet(int port, const std::string& path,

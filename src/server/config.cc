@@ -643,21 +643,10 @@ absl::StatusOr<Config> LoadConfig(const std::string& path, const ConfigFlags& fl
   return config;
 }
 
-namespace {
-
-// The certificate and the key of one TLS setting belong together, and the key
-// can be read without a passphrase (holdfastd has none to give). Checked at
-// start: otherwise holdfastd would serve with them and every handshake would fail.
-absl::Status CheckKeyPair(const std::string& where, const std::string& cert_path,
-                          const std::string& key_path) {
-  auto read = [](const std::string& path) {
-    std::ifstream in(path);
-    std::stringstream text;
-    text << in.rdbuf();
-    return text.str();
-  };
+absl::Status CheckKeyPairPem(const std::string& where, const std::string& cert_path,
+                             const std::string& key_path, const std::string& cert_pem,
+                             const std::string& key_pem) {
   using BioPtr = std::unique_ptr<BIO, decltype(&BIO_free)>;
-  const std::string cert_pem = read(cert_path), key_pem = read(key_path);
   ERR_clear_error();
   BioPtr cert_bio(BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())), BIO_free);
   std::unique_ptr<X509, decltype(&X509_free)> cert(
@@ -691,6 +680,22 @@ absl::Status CheckKeyPair(const std::string& where, const std::string& cert_path
         " (a certificate renewed without its key, or the other way round?)"));
   }
   return absl::OkStatus();
+}
+
+namespace {
+
+// The certificate and the key of one TLS setting belong together, and the key
+// can be read without a passphrase (holdfastd has none to give). Checked at
+// start: otherwise holdfastd would serve with them and every handshake would fail.
+absl::Status CheckKeyPair(const std::string& where, const std::string& cert_path,
+                          const std::string& key_path) {
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    std::stringstream text;
+    text << in.rdbuf();
+    return text.str();
+  };
+  return CheckKeyPairPem(where, cert_path, key_path, read(cert_path), read(key_path));
 }
 
 }  // namespace

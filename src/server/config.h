@@ -204,4 +204,11 @@ absl::Status ValidateConfig(const Config& c);
 // path and reason, not as failed handshakes later. Reads the files.
 absl::Status CheckConfigFiles(const Config& c);
 
+// That `cert_pem` (its first certificate) and `key_pem` (a key without a
+// passphrase) read and belong together; the error names `where` ("tls.",
+// "etcd.") and the files' paths as CheckConfigFiles does. INVALID_ARGUMENT.
+absl::Status CheckKeyPairPem(const std::string& where, const std::string& cert_path,
+                             const std::string& key_path, const std::string& cert_pem,
+                             const std::string& key_pem);
+
 }  // namespace holdfast::server

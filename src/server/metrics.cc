@@ -170,6 +170,12 @@ Metrics::Metrics(Clock now)
                                        "pace (limits.unknown_session_lookups_per_second)")
                                  .Register(r)
                                  .Add({});
+  tls_files_ = &prometheus::BuildCounter()
+                    .Name("holdfast_tls_files_changes_total")
+                    .Help("Changes of the API's certificate files (tls.*): result=taken for new "
+                          "connections, or refused (they do not pass the check; the previous "
+                          "ones serve on)")
+                    .Register(r);
   keepalive_round_trip_ = &prometheus::BuildHistogram()
                                .Name("holdfast_keepalive_round_trip_seconds")
                                .Help("One renewal: from the request to etcd's answer on the "
@@ -427,6 +433,10 @@ void Metrics::OnSessionLookup(lock::SessionLookup result, bool waited) {
                                                                : "failed";
   session_lookups_->Add({{"result", name}}).Increment();
   if (waited) session_lookups_waited_->Increment();
+}
+
+void Metrics::OnTlsFiles(bool taken) {
+  tls_files_->Add({{"result", taken ? "taken" : "refused"}}).Increment();
 }
 
 void Metrics::OnRenewed(const lock::RenewEnd& end) {

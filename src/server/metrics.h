@@ -101,6 +101,8 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
   void OnSessionClosed(std::string_view ns, int64_t session) override;
   void OnRenewed(const lock::RenewEnd& end) override;
   void OnSessionLookup(lock::SessionLookup result, bool waited) override;
+  // The API's TLS files changed: taken for new connections, or refused (server/tls_files.h).
+  void OnTlsFiles(bool taken);
   void OnCommitBatch(int members) override;
   void OnRide(lock::RideStep step) override;
 
@@ -143,6 +145,7 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
   prometheus::Family<prometheus::Counter>* keepalives_;
   prometheus::Family<prometheus::Counter>* session_lookups_;
   prometheus::Counter* session_lookups_waited_;
+  prometheus::Family<prometheus::Counter>* tls_files_;
   prometheus::Histogram* keepalive_round_trip_;
   prometheus::Histogram* keepalive_interval_ratio_;
   prometheus::Family<prometheus::Histogram>* etcd_seconds_;

@@ -154,6 +154,17 @@ TEST_F(MetricsTest, EtcdCallsByMethodAndErrorsByCode) {
                    {{"method", "Txn"}, {"code", "UNAVAILABLE"}}), 1);
 }
 
+TEST_F(MetricsTest, TlsFileChangesAreCountedByResult) {
+  EXPECT_EQ(Sample(metrics_.Render(), "holdfast_tls_files_changes_total", {{"result", "taken"}}),
+            -1);  // none yet: absent
+  metrics_.OnTlsFiles(true);
+  metrics_.OnTlsFiles(false);
+  metrics_.OnTlsFiles(false);
+  const std::string text = metrics_.Render();
+  EXPECT_EQ(Sample(text, "holdfast_tls_files_changes_total", {{"result", "taken"}}), 1);
+  EXPECT_EQ(Sample(text, "holdfast_tls_files_changes_total", {{"result", "refused"}}), 2);
+}
+
 TEST_F(MetricsTest, AuditorProgressIsReadAtScrapeTime) {
   EXPECT_EQ(Sample(metrics_.Render(), "holdfast_audit_leader"), -1);  // no auditor: absent
   audit::AuditorStatus st;

@@ -262,6 +262,29 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
       !s.ok() && s.code() == absl::StatusCode::kUnavailable) {
     return s;
   }
+  if (!config_.insecure) {
+    TlsFiles::Options to;
+    to.configured = {config_.tls_key_file, config_.tls_cert_file, config_.tls_ca_file};
+    // Read as often as gRPC reads what it is given, so a rotation is served
+    // within twice tls.refresh.
+    to.check = config_.tls_refresh;
+    Metrics* metrics = metrics_.get();
+    to.told = [metrics](TlsFiles::Outcome outcome, const std::string& reason) {
+      const bool taken = outcome == TlsFiles::Outcome::kTaken;
+      if (taken) {
+        std::fprintf(stderr, "holdfastd: TLS: new certificate files taken for new connections\n");
+      } else {
+        std::fprintf(stderr,
+                     "holdfastd: TLS: ERROR: the certificate files changed and cannot be served, "
+                     "serving the previous ones until they are fixed: %s\n",
+                     reason.c_str());
+      }
+      if (metrics) metrics->OnTlsFiles(taken);
+    };
+    auto files = TlsFiles::Start(std::move(to));
+    if (!files.ok()) return files.status();
+    tls_files_ = *std::move(files);
+  }
   int port = 0;
   builder.AddListeningPort(config_.listen, Credentials(), &port);
   builder.RegisterService(session_service_->grpc_service());
@@ -540,9 +563,11 @@ std::shared_ptr<grpc::ServerCredentials> Server::Credentials() const {
     return grpc::InsecureServerCredentials();
   }
   // The files are re-read every `tls_refresh`: rotated SVIDs and bundles take
-  // effect for new handshakes without a restart, and open streams stay up.
+  // effect for new handshakes without a restart, and open streams stay up. gRPC
+  // reads them through tls_files_, which lets only a whole set through.
+  const TlsFiles::Paths& served = tls_files_->served();
   auto provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-      config_.tls_key_file, config_.tls_cert_file, config_.tls_ca_file,
+      served.key, served.cert, served.ca,
       std::max<int64_t>(1, std::chrono::duration_cast<std::chrono::seconds>(config_.tls_refresh).count()));
   grpc::experimental::TlsServerCredentialsOptions options(provider);
   options.watch_root_certs();

@@ -38,6 +38,7 @@
 #include "server/rehome.h"
 #include "server/replicas.h"
 #include "server/session_service.h"
+#include "server/tls_files.h"
 
 namespace holdfast::server {
 
@@ -94,6 +95,9 @@ class Server {
   // Null unless metrics are on. Declared first: the etcd clients and the engines
   // report to it until they are gone.
   std::unique_ptr<Metrics> metrics_;
+  // The API's TLS files as gRPC reads them (null when insecure): only a set that
+  // is whole replaces the one serving. After metrics_, which it reports to.
+  std::unique_ptr<TlsFiles> tls_files_;
   std::shared_ptr<TimerQueue> timers_;
   // The one event loop that every RPC and every etcd call of this process runs on
   // (common/event_loop.h); its queue is the gRPC server's. Shutdown ends it last.

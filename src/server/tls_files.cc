@@ -1,0 +1,180 @@
+#include "server/tls_files.h"
+
+#include <fcntl.h>
+#include <openssl/bio.h>
+#include <openssl/err.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <sstream>
+
+#include "absl/strings/str_cat.h"
+#include "server/config.h"
+
+namespace holdfast::server {
+namespace {
+
+// A file's text; NOT_FOUND-like errors as INVALID_ARGUMENT naming it.
+absl::StatusOr<std::string> ReadText(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("cannot read ", path, ": ", std::strerror(errno)));
+  }
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+// At least one certificate reads from `pem`.
+bool HoldsCertificate(const std::string& pem) {
+  BIO* b = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
+  X509* cert = PEM_read_bio_X509(b, nullptr, nullptr, nullptr);
+  BIO_free(b);
+  ERR_clear_error();
+  const bool ok = cert != nullptr;
+  X509_free(cert);
+  return ok;
+}
+
+absl::Status CheckSet(const TlsFiles::Paths& paths, const std::string& key,
+                      const std::string& cert, const std::string& ca) {
+  if (auto s = CheckKeyPairPem("tls.", paths.cert, paths.key, cert, key); !s.ok()) return s;
+  if (!paths.ca.empty() && !HoldsCertificate(ca)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("config: tls.ca_file ", paths.ca, " holds no PEM certificate"));
+  }
+  return absl::OkStatus();
+}
+
+// An anonymous memory file holding `text`; -1 and errno on failure.
+int MemoryFile(const char* name, const std::string& text) {
+  const int fd = ::memfd_create(name, MFD_CLOEXEC);
+  if (fd < 0) return -1;
+  size_t done = 0;
+  while (done < text.size()) {
+    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      const int e = errno;
+      ::close(fd);
+      errno = e;
+      return -1;
+    }
+    done += static_cast<size_t>(n);
+  }
+  return fd;
+}
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TlsFiles>> TlsFiles::Start(Options options) {
+  std::unique_ptr<TlsFiles> t(new TlsFiles(std::move(options)));
+  const Paths& p = t->options_.configured;
+  auto key = ReadText(p.key);
+  if (!key.ok()) return key.status();
+  auto cert = ReadText(p.cert);
+  if (!cert.ok()) return cert.status();
+  std::string ca;
+  if (!p.ca.empty()) {
+    auto read = ReadText(p.ca);
+    if (!read.ok()) return read.status();
+    ca = *std::move(read);
+  }
+  if (auto s = CheckSet(p, *key, *cert, ca); !s.ok()) return s;
+  if (auto s = t->Serve(*key, *cert, ca); !s.ok()) return s;
+  {
+    absl::MutexLock l(&t->mu_);
+    t->seen_ = absl::StrCat(*key, std::string(1, '\0'), *cert, std::string(1, '\0'), ca);
+  }
+  if (t->options_.check.count() > 0) {
+    TlsFiles* self = t.get();
+    t->checker_ = std::thread([self] {
+      for (;;) {
+        {
+          absl::MutexLock l(&self->mu_);
+          auto stopping = [self]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) {
+            return self->stopping_;
+          };
+          if (self->mu_.AwaitWithTimeout(absl::Condition(&stopping),
+                                         absl::FromChrono(self->options_.check))) {
+            return;
+          }
+        }
+        self->Check();
+      }
+    });
+  }
+  return t;
+}
+
+TlsFiles::~TlsFiles() {
+  {
+    absl::MutexLock l(&mu_);
+    stopping_ = true;
+  }
+  if (checker_.joinable()) checker_.join();
+  for (int fd : {key_fd_, cert_fd_, ca_fd_}) {
+    if (fd >= 0) ::close(fd);
+  }
+}
+
+absl::Status TlsFiles::Serve(const std::string& key, const std::string& cert,
+                             const std::string& ca) {
+  const bool with_ca = !options_.configured.ca.empty();
+  const int k = MemoryFile("holdfast-tls-key", key);
+  const int c = k < 0 ? -1 : MemoryFile("holdfast-tls-cert", cert);
+  const int a = c < 0 || !with_ca ? -1 : MemoryFile("holdfast-tls-ca", ca);
+  if (k < 0 || c < 0 || (with_ca && a < 0)) {
+    const int e = errno;
+    for (int fd : {k, c, a}) {
+      if (fd >= 0) ::close(fd);
+    }
+    return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(e)));
+  }
+  if (key_fd_ < 0) {
+    // The first set: its descriptors are the ones served from now on.
+    key_fd_ = k;
+    cert_fd_ = c;
+    ca_fd_ = a;
+    served_.key = absl::StrCat("/proc/self/fd/", key_fd_);
+    served_.cert = absl::StrCat("/proc/self/fd/", cert_fd_);
+    if (with_ca) served_.ca = absl::StrCat("/proc/self/fd/", ca_fd_);
+    return absl::OkStatus();
+  }
+  // A later set takes the served descriptors' places, one atomic dup3 each
+  // (close-on-exec kept), the key and its certificate back to back.
+  ::dup3(k, key_fd_, O_CLOEXEC);
+  ::dup3(c, cert_fd_, O_CLOEXEC);
+  if (with_ca) ::dup3(a, ca_fd_, O_CLOEXEC);
+  for (int fd : {k, c, a}) {
+    if (fd >= 0) ::close(fd);
+  }
+  return absl::OkStatus();
+}
+
+TlsFiles::Outcome TlsFiles::Check() {
+  const Paths& p = options_.configured;
+  absl::StatusOr<std::string> key = ReadText(p.key), cert = ReadText(p.cert);
+  absl::StatusOr<std::string> ca = p.ca.empty() ? std::string() : ReadText(p.ca);
+  absl::Status s = !key.ok() ? key.status() : !cert.ok() ? cert.status() : ca.status();
+  const std::string seen =
+      s.ok() ? absl::StrCat(*key, std::string(1, '\0'), *cert, std::string(1, '\0'), *ca)
+             : absl::StrCat("unreadable: ", s.message());
+  // One pass at a time, to its end (the thread's and a caller's).
+  absl::MutexLock l(&mu_);
+  if (seen == seen_) return Outcome::kUnchanged;
+  seen_ = seen;
+  if (s.ok()) s = CheckSet(p, *key, *cert, *ca);
+  if (s.ok()) s = Serve(*key, *cert, *ca);
+  const Outcome outcome = s.ok() ? Outcome::kTaken : Outcome::kRefused;
+  if (options_.told) options_.told(outcome, std::string(s.message()));
+  return outcome;
+}
+
+}  // namespace holdfast::server

@@ -1,0 +1,170 @@
+// TlsFiles against files on disk, with certificates of a CA made here; no server.
+#include "server/tls_files.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "dev/certs.h"
+#include "dev/temp_dir.h"
+
+namespace holdfast::server {
+namespace {
+
+std::string Read(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::stringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+class TlsFilesTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    auto dir = dev::MakeTempDir("hf-tls-files");
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    dir_ = *dir;
+    auto ca = dev::MakeCa("tls-files-test");
+    ASSERT_TRUE(ca.ok()) << ca.status();
+    ca_ = *ca;
+    ASSERT_TRUE(dev::WritePem(dir_, "ca", ca_).ok());
+    first_ = Leaf();
+    ASSERT_TRUE(dev::WritePem(dir_, "server", first_).ok());
+    paths_ = {dir_ + "/server_key.pem", dir_ + "/server.pem", dir_ + "/ca.pem"};
+  }
+
+  void TearDown() override {
+    std::error_code ec;
+    if (!dir_.empty()) std::filesystem::remove_all(dir_, ec);
+  }
+
+  dev::Pem Leaf() {
+    dev::LeafOptions o;
+    o.uris = {"spiffe://test.holdfast/holdfastd"};
+    auto leaf = dev::MakeLeaf(ca_, o);
+    EXPECT_TRUE(leaf.ok()) << leaf.status();
+    return leaf.ok() ? *leaf : dev::Pem{};
+  }
+
+  std::unique_ptr<TlsFiles> Start() {
+    TlsFiles::Options o;
+    o.configured = paths_;
+    o.check = std::chrono::milliseconds(0);  // passes only when the test asks
+    o.told = [this](TlsFiles::Outcome outcome, const std::string& reason) {
+      told_.emplace_back(outcome, reason);
+    };
+    auto files = TlsFiles::Start(std::move(o));
+    EXPECT_TRUE(files.ok()) << files.status();
+    return files.ok() ? *std::move(files) : nullptr;
+  }
+
+  // What gRPC would read now.
+  std::vector<std::string> Served(const TlsFiles& files) {
+    return {Read(files.served().key), Read(files.served().cert), Read(files.served().ca)};
+  }
+
+  std::string dir_;
+  dev::Pem ca_, first_;
+  TlsFiles::Paths paths_;
+  std::vector<std::pair<TlsFiles::Outcome, std::string>> told_;
+};
+
+// The set given at start is served from memory (nothing is written to disk),
+// and a rotation of the whole set is taken at the next pass.
+TEST_F(TlsFilesTest, ServesTheFilesAndTakesAWholeRotation) {
+  auto files = Start();
+  ASSERT_NE(files, nullptr);
+  EXPECT_EQ(files->served().key.rfind("/proc/self/fd/", 0), 0u) << files->served().key;
+  EXPECT_EQ(Served(*files), (std::vector<std::string>{first_.key, first_.cert, ca_.cert}));
+  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kUnchanged);
+
+  const dev::Pem second = Leaf();
+  ASSERT_TRUE(dev::WritePem(dir_, "server", second).ok());
+  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kTaken);
+  EXPECT_EQ(Served(*files), (std::vector<std::string>{second.key, second.cert, ca_.cert}));
+  ASSERT_EQ(told_.size(), 1u);
+  EXPECT_EQ(told_[0].first, TlsFiles::Outcome::kTaken);
+  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kUnchanged);
+  EXPECT_EQ(told_.size(), 1u);
+}
+
+// A certificate written without its key is not served: the previous pair goes
+// on, the reason is told once however many passes see it, and the pair is
+// taken once the key follows.
+TEST_F(TlsFilesTest, ACertificateWithoutItsKeyIsNotServedUntilTheKeyFollows) {
+  auto files = Start();
+  ASSERT_NE(files, nullptr);
+  const dev::Pem second = Leaf();
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.cert, second.cert, 0644).ok());
+  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kRefused);
+  EXPECT_EQ(Served(*files), (std::vector<std::string>{first_.key, first_.cert, ca_.cert}));
+  ASSERT_EQ(told_.size(), 1u);
+  EXPECT_EQ(told_[0].first, TlsFiles::Outcome::kRefused);
+  EXPECT_NE(told_[0].second.find("config: tls.cert_file and tls.key_file do not belong together: " +
+                                 paths_.key + " is not the key of the certificate in " +
+                                 paths_.cert),
+            std::string::npos)
+      << told_[0].second;
+  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kUnchanged);
+  EXPECT_EQ(told_.size(), 1u);
+
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.key, second.key, 0600).ok());
+  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kTaken);
+  EXPECT_EQ(Served(*files), (std::vector<std::string>{second.key, second.cert, ca_.cert}));
+}
+
+// A CA file that holds no certificate, a key that is not PEM, and a file gone
+// in the middle of a rotation are refused with their reasons; the served set
+// stays the first one throughout.
+TEST_F(TlsFilesTest, AnUnreadableOrBrokenSetIsRefusedAndTheServedOneStays) {
+  auto files = Start();
+  ASSERT_NE(files, nullptr);
+  const std::vector<std::string> served = Served(*files);
+
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.ca, "not a certificate\n", 0644).ok());
+  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kRefused);
+  EXPECT_NE(told_.back().second.find("config: tls.ca_file " + paths_.ca +
+                                     " holds no PEM certificate"),
+            std::string::npos)
+      << told_.back().second;
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.ca, ca_.cert, 0644).ok());
+
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.key, "garbage\n", 0600).ok());
+  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kRefused);
+  EXPECT_NE(told_.back().second.find("the private key cannot be read"), std::string::npos)
+      << told_.back().second;
+
+  ASSERT_EQ(std::remove(paths_.key.c_str()), 0);
+  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kRefused);
+  EXPECT_NE(told_.back().second.find("cannot read " + paths_.key), std::string::npos)
+      << told_.back().second;
+  EXPECT_EQ(Served(*files), served);
+  EXPECT_EQ(told_.size(), 3u);
+
+  // Back to the set that serves: taken again (the same text), nothing lost.
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.key, first_.key, 0600).ok());
+  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kTaken);
+  EXPECT_EQ(Served(*files), served);
+}
+
+// A set that does not pass at start is refused at start: holdfastd does not
+// begin with files it cannot serve.
+TEST_F(TlsFilesTest, ASetThatDoesNotPassIsRefusedAtStart) {
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.cert, Leaf().cert, 0644).ok());
+  TlsFiles::Options o;
+  o.configured = paths_;
+  auto files = TlsFiles::Start(std::move(o));
+  ASSERT_FALSE(files.ok());
+  EXPECT_EQ(files.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(files.status().message().find("do not belong together"), std::string::npos)
+      << files.status();
+}
+
+}  // namespace
+}  // namespace holdfast::server
