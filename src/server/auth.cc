@@ -82,6 +82,12 @@ std::optional<struct timespec> ModifiedAt(const std::string& path) {
 
 }  // namespace
 
+size_t CountWholeCertificates(absl::string_view pem) {
+  bool complete = false;
+  const size_t n = ReadCertificates(pem, &complete).size();
+  return complete ? n : 0;
+}
+
 // One trust domain's CAs, as read from its file at `modified`.
 struct Authenticator::Bundle {
   std::string file;

@@ -40,6 +40,7 @@
 #include "absl/container/flat_hash_map.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
+#include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "lock/engine.h"
 
@@ -107,5 +108,9 @@ class Authenticator {
   // against the bundle before is not kept after.
   mutable uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
 };
+
+// The certificates a PEM text holds (CERTIFICATE or TRUSTED CERTIFICATE blocks),
+// or 0 when a block of it cannot be read as one (a file cut off mid-write).
+size_t CountWholeCertificates(absl::string_view pem);
 
 }  // namespace holdfast::server

@@ -14,6 +14,7 @@
 #include <sstream>
 
 #include "absl/strings/str_cat.h"
+#include "server/auth.h"
 #include "server/config.h"
 
 namespace holdfast::server {
@@ -31,23 +32,19 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
   return text.str();
 }
 
-// At least one certificate reads from `pem`.
-bool HoldsCertificate(const std::string& pem) {
-  BIO* b = BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size()));
-  X509* cert = PEM_read_bio_X509(b, nullptr, nullptr, nullptr);
-  BIO_free(b);
-  ERR_clear_error();
-  const bool ok = cert != nullptr;
-  X509_free(cert);
-  return ok;
-}
-
 absl::Status CheckSet(const TlsFiles::Paths& paths, const std::string& key,
                       const std::string& cert, const std::string& ca) {
   if (auto s = CheckKeyPairPem("tls.", paths.cert, paths.key, cert, key); !s.ok()) return s;
-  if (!paths.ca.empty() && !HoldsCertificate(ca)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("config: tls.ca_file ", paths.ca, " holds no PEM certificate"));
+  // Every block of the chain and of the CA bundle, not only the first: a file
+  // cut off mid-write reads as far as its last whole block.
+  if (CountWholeCertificates(cert) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: tls.cert_file ", paths.cert, " holds a block that is not a whole certificate"));
+  }
+  if (!paths.ca.empty() && CountWholeCertificates(ca) == 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "config: tls.ca_file ", paths.ca,
+        " holds no PEM certificate, or a block that is not a whole certificate"));
   }
   return absl::OkStatus();
 }
@@ -90,7 +87,7 @@ absl::StatusOr<std::unique_ptr<TlsFiles>> TlsFiles::Start(Options options) {
   if (auto s = t->Serve(*key, *cert, ca); !s.ok()) return s;
   {
     absl::MutexLock l(&t->mu_);
-    t->seen_ = absl::StrCat(*key, std::string(1, '\0'), *cert, std::string(1, '\0'), ca);
+    t->served_text_ = absl::StrCat(*key, std::string(1, '\0'), *cert, std::string(1, '\0'), ca);
   }
   if (t->options_.check.count() > 0) {
     TlsFiles* self = t.get();
@@ -149,12 +146,14 @@ absl::Status TlsFiles::Serve(const std::string& key, const std::string& cert,
   }
   // A later set takes the served descriptors' places, one atomic dup3 each
   // (close-on-exec kept), the key and its certificate back to back.
-  ::dup3(k, key_fd_, O_CLOEXEC);
-  ::dup3(c, cert_fd_, O_CLOEXEC);
-  if (with_ca) ::dup3(a, ca_fd_, O_CLOEXEC);
+  bool swapped = ::dup3(k, key_fd_, O_CLOEXEC) >= 0;
+  swapped = ::dup3(c, cert_fd_, O_CLOEXEC) >= 0 && swapped;
+  if (with_ca) swapped = ::dup3(a, ca_fd_, O_CLOEXEC) >= 0 && swapped;
+  const int e = errno;
   for (int fd : {k, c, a}) {
     if (fd >= 0) ::close(fd);
   }
+  if (!swapped) return absl::InternalError(absl::StrCat("dup3: ", std::strerror(e)));
   return absl::OkStatus();
 }
 
@@ -163,18 +162,46 @@ TlsFiles::Outcome TlsFiles::Check() {
   absl::StatusOr<std::string> key = ReadText(p.key), cert = ReadText(p.cert);
   absl::StatusOr<std::string> ca = p.ca.empty() ? std::string() : ReadText(p.ca);
   absl::Status s = !key.ok() ? key.status() : !cert.ok() ? cert.status() : ca.status();
-  const std::string seen =
+  const std::string text =
       s.ok() ? absl::StrCat(*key, std::string(1, '\0'), *cert, std::string(1, '\0'), *ca)
              : absl::StrCat("unreadable: ", s.message());
   // One pass at a time, to its end (the thread's and a caller's).
   absl::MutexLock l(&mu_);
-  if (seen == seen_) return Outcome::kUnchanged;
-  seen_ = seen;
+  auto tell = [&](Outcome outcome, const std::string& reason) {
+    if (options_.told) options_.told(outcome, reason);
+    return outcome;
+  };
+  if (text == served_text_) {
+    pending_.clear();
+    // Back to the set that serves after one was refused: said, so the error
+    // logged is seen to be over.
+    if (refused_.empty()) return Outcome::kUnchanged;
+    refused_.clear();
+    return tell(Outcome::kTaken, "");
+  }
+  if (text == refused_) return Outcome::kUnchanged;  // told already
   if (s.ok()) s = CheckSet(p, *key, *cert, *ca);
-  if (s.ok()) s = Serve(*key, *cert, *ca);
-  const Outcome outcome = s.ok() ? Outcome::kTaken : Outcome::kRefused;
-  if (options_.told) options_.told(outcome, std::string(s.message()));
-  return outcome;
+  if (s.ok()) {
+    if (auto served = Serve(*key, *cert, *ca); !served.ok()) {
+      // Not taken (nor all of it, maybe): the next pass serves the set again.
+      served_text_.clear();
+      return tell(Outcome::kRefused, std::string(served.message()));
+    }
+    served_text_ = text;
+    pending_.clear();
+    refused_.clear();
+    return tell(Outcome::kTaken, "");
+  }
+  // A rotation that writes its files one at a time can be caught between them:
+  // a set that does not pass is refused (and told) only when the next pass
+  // finds it the same.
+  if (text != pending_) {
+    pending_ = text;
+    return Outcome::kPending;
+  }
+  pending_.clear();
+  refused_ = text;
+  return tell(Outcome::kRefused, std::string(s.message()));
 }
 
 }  // namespace holdfast::server

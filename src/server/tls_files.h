@@ -10,17 +10,21 @@
 // So gRPC is not given the configured files: it is given copies that this class
 // replaces only with a set that is whole. Every `check` interval it reads the
 // configured key, certificate and CA; when they changed, it checks them (the
-// certificate and the key read and belong together, the CA holds a
-// certificate) and only then puts the three in place of the copies, together.
-// A set that fails the check is not taken: the previous one goes on serving,
-// and the reason is told once per set seen (Options::told: holdfastd logs and
-// counts it). The next change of the files is checked again.
+// certificate and the key read and belong together, every block of the chain
+// and of the CA bundle is a whole certificate) and only then puts the three in
+// place of the copies. A set that fails the check is not taken: the previous
+// one goes on serving. Found the same at the next pass (so not a rotation
+// caught between its writes), it is refused, and told once (Options::told:
+// holdfastd logs and counts it). The next change of the files is checked again.
 //
 // The copies are anonymous memory files (memfd) that gRPC opens by their
-// /proc/self/fd path: nothing is written to disk, and nothing is left behind
-// when holdfastd ends, however it ends. A replacement is an atomic dup3 per
-// file; gRPC's reader, which checks the files' modification times around its
-// reads, rereads a pair that changed under it.
+// /proc/self/fd path: no file is written, and nothing is left behind when
+// holdfastd ends, however it ends. A replacement is an atomic dup3 per file,
+// the key and the certificate back to back. gRPC reads the two files one after
+// the other and compares their modification times (whole seconds) around its
+// reads; a read that falls between the two dup3s can still take the new key
+// with the old certificate, and then new handshakes fail until gRPC's next
+// re-read, one tls.refresh later. That window is two system calls wide.
 //
 // Thread-safe. The checking thread runs from Start until destruction.
 #pragma once
@@ -43,7 +47,11 @@ class TlsFiles {
     std::string cert;
     std::string ca;
   };
-  enum class Outcome { kUnchanged, kTaken, kRefused };
+  // Of one pass: the files are the ones served (or the ones refused already);
+  // a changed set was taken; a changed set does not pass, seen for the first
+  // time (it may be a rotation caught between its writes: still served from the
+  // previous set, and refused if the next pass finds it the same); refused.
+  enum class Outcome { kUnchanged, kTaken, kPending, kRefused };
   struct Options {
     Paths configured;
     // How often the configured files are read (0: only when Check is called).
@@ -65,7 +73,7 @@ class TlsFiles {
   const Paths& served() const { return served_; }
 
   // One pass of the checking thread: reads the configured files and, when they
-  // changed since the last pass, takes them or refuses them.
+  // changed, takes them or (at the second pass that finds them) refuses them.
   Outcome Check();
 
  private:
@@ -79,7 +87,10 @@ class TlsFiles {
 
   // Held for a whole pass of Check, so a pass's dup3s are not interleaved.
   absl::Mutex mu_;
-  std::string seen_ ABSL_GUARDED_BY(mu_);  // the configured files' text at the last pass
+  // The text of the files (key, cert and CA) served; "" after a failed swap.
+  std::string served_text_ ABSL_GUARDED_BY(mu_);
+  std::string pending_ ABSL_GUARDED_BY(mu_);  // a set that failed once, not yet told
+  std::string refused_ ABSL_GUARDED_BY(mu_);  // the last set told refused
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread checker_;
 };

@@ -10,6 +10,9 @@
 #include <vector>
 
 #include <gtest/gtest.h>
+#include <openssl/bio.h>
+#include <openssl/pem.h>
+#include <openssl/x509.h>
 
 #include "dev/certs.h"
 #include "dev/temp_dir.h"
@@ -94,14 +97,33 @@ TEST_F(TlsFilesTest, ServesTheFilesAndTakesAWholeRotation) {
   EXPECT_EQ(told_.size(), 1u);
 }
 
-// A certificate written without its key is not served: the previous pair goes
-// on, the reason is told once however many passes see it, and the pair is
-// taken once the key follows.
+// A rotation that writes the certificate and then its key, caught between the
+// two: the half-written set is not served, nor told as refused; the whole one is
+// taken at the next pass.
+TEST_F(TlsFilesTest, ARotationCaughtBetweenItsWritesIsServedWholeAndNotRefused) {
+  auto files = Start();
+  ASSERT_NE(files, nullptr);
+  const dev::Pem second = Leaf();
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.cert, second.cert, 0644).ok());
+  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kPending);
+  EXPECT_EQ(Served(*files), (std::vector<std::string>{first_.key, first_.cert, ca_.cert}));
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.key, second.key, 0600).ok());
+  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kTaken);
+  EXPECT_EQ(Served(*files), (std::vector<std::string>{second.key, second.cert, ca_.cert}));
+  ASSERT_EQ(told_.size(), 1u);
+  EXPECT_EQ(told_[0].first, TlsFiles::Outcome::kTaken);
+}
+
+// A certificate left without its key is not served: the previous pair goes on,
+// the reason is told once (at the second pass that finds it) however many passes
+// see it, and the pair is taken once the key follows.
 TEST_F(TlsFilesTest, ACertificateWithoutItsKeyIsNotServedUntilTheKeyFollows) {
   auto files = Start();
   ASSERT_NE(files, nullptr);
   const dev::Pem second = Leaf();
   ASSERT_TRUE(dev::WriteFileAtomically(paths_.cert, second.cert, 0644).ok());
+  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kPending);
+  EXPECT_TRUE(told_.empty());
   EXPECT_EQ(files->Check(), TlsFiles::Outcome::kRefused);
   EXPECT_EQ(Served(*files), (std::vector<std::string>{first_.key, first_.cert, ca_.cert}));
   ASSERT_EQ(told_.size(), 1u);
@@ -119,38 +141,61 @@ TEST_F(TlsFilesTest, ACertificateWithoutItsKeyIsNotServedUntilTheKeyFollows) {
   EXPECT_EQ(Served(*files), (std::vector<std::string>{second.key, second.cert, ca_.cert}));
 }
 
-// A CA file that holds no certificate, a key that is not PEM, and a file gone
-// in the middle of a rotation are refused with their reasons; the served set
-// stays the first one throughout.
+// A CA file that holds no certificate, a CA bundle cut off mid-write, a key that
+// is not PEM, and a file gone in the middle of a rotation are refused with their
+// reasons; the served set stays the first one throughout. Going back to it is
+// said (the error logged is over).
 TEST_F(TlsFilesTest, AnUnreadableOrBrokenSetIsRefusedAndTheServedOneStays) {
   auto files = Start();
   ASSERT_NE(files, nullptr);
   const std::vector<std::string> served = Served(*files);
+  auto refused_with = [&](const std::string& reason) {
+    EXPECT_EQ(files->Check(), TlsFiles::Outcome::kPending);
+    EXPECT_EQ(files->Check(), TlsFiles::Outcome::kRefused);
+    ASSERT_FALSE(told_.empty());
+    EXPECT_EQ(told_.back().first, TlsFiles::Outcome::kRefused);
+    EXPECT_NE(told_.back().second.find(reason), std::string::npos) << told_.back().second;
+    EXPECT_EQ(Served(*files), served);
+  };
 
   ASSERT_TRUE(dev::WriteFileAtomically(paths_.ca, "not a certificate\n", 0644).ok());
-  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kRefused);
-  EXPECT_NE(told_.back().second.find("config: tls.ca_file " + paths_.ca +
-                                     " holds no PEM certificate"),
-            std::string::npos)
-      << told_.back().second;
+  refused_with("config: tls.ca_file " + paths_.ca + " holds no PEM certificate");
+  const std::string bundle = ca_.cert + Leaf().cert;
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.ca, bundle.substr(0, bundle.size() - 100), 0644).ok());
+  refused_with("config: tls.ca_file " + paths_.ca +
+               " holds no PEM certificate, or a block that is not a whole certificate");
   ASSERT_TRUE(dev::WriteFileAtomically(paths_.ca, ca_.cert, 0644).ok());
+  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kTaken);  // back to the served set
 
   ASSERT_TRUE(dev::WriteFileAtomically(paths_.key, "garbage\n", 0600).ok());
-  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kRefused);
-  EXPECT_NE(told_.back().second.find("the private key cannot be read"), std::string::npos)
-      << told_.back().second;
-
+  refused_with("the private key cannot be read");
   ASSERT_EQ(std::remove(paths_.key.c_str()), 0);
-  EXPECT_EQ(files->Check(), TlsFiles::Outcome::kRefused);
-  EXPECT_NE(told_.back().second.find("cannot read " + paths_.key), std::string::npos)
-      << told_.back().second;
-  EXPECT_EQ(Served(*files), served);
-  EXPECT_EQ(told_.size(), 3u);
-
-  // Back to the set that serves: taken again (the same text), nothing lost.
+  refused_with("cannot read " + paths_.key);
   ASSERT_TRUE(dev::WriteFileAtomically(paths_.key, first_.key, 0600).ok());
   EXPECT_EQ(files->Check(), TlsFiles::Outcome::kTaken);
   EXPECT_EQ(Served(*files), served);
+  EXPECT_EQ(told_.size(), 6u);  // four refusals, two returns
+}
+
+// A CA bundle in OpenSSL's TRUSTED CERTIFICATE form (openssl x509 -trustout) is
+// a CA bundle like any other, as at holdfastd's start.
+TEST_F(TlsFilesTest, ATrustedCertificateBundleIsServed) {
+  BIO* in = BIO_new_mem_buf(ca_.cert.data(), static_cast<int>(ca_.cert.size()));
+  X509* ca = PEM_read_bio_X509(in, nullptr, nullptr, nullptr);
+  BIO_free(in);
+  ASSERT_NE(ca, nullptr);
+  BIO* out = BIO_new(BIO_s_mem());
+  ASSERT_EQ(PEM_write_bio_X509_AUX(out, ca), 1);
+  char* data = nullptr;
+  const long n = BIO_get_mem_data(out, &data);
+  const std::string trusted(data, static_cast<size_t>(n));
+  BIO_free(out);
+  X509_free(ca);
+  ASSERT_NE(trusted.find("-----BEGIN TRUSTED CERTIFICATE-----"), std::string::npos) << trusted;
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.ca, trusted, 0644).ok());
+  auto files = Start();
+  ASSERT_NE(files, nullptr);
+  EXPECT_EQ(Read(files->served().ca), trusted);
 }
 
 // A set that does not pass at start is refused at start: holdfastd does not
