@@ -547,14 +547,16 @@ std::set<int> ports_given;  // never handed out twice in one process
 // that holds it. The oldest are let go past kMaxReservations: by then the
 // process they were picked for has long bound them, or given up.
 std::deque<std::pair<int, int>> reservations;
-constexpr size_t kMaxReservations = 512;
+constexpr size_t kMaxReservations = 64;
 
 bool ReservePortLocked(int port) {
   for (const auto& [p, fd] : reservations) {
     if (p == port) return true;
   }
   const int fd = ::socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) return false;
+  // (Out of descriptors: the port is handed out unreserved, as before there
+  // were reservations, rather than none at all.)
+  if (fd < 0) return true;
   sockaddr_un addr{};
   addr.sun_family = AF_UNIX;
   const std::string name = absl::StrCat("holdfast-port-", port);

@@ -176,7 +176,8 @@ absl::StatusOr<int> PickFreePort();
 // if another live process holds it (true again for the process holding it).
 // The reservation is an abstract Unix socket (`@holdfast-port-PORT`, of this
 // network namespace), so it ends with the process, however it ends; a process
-// holds its latest 512 reservations.
+// holds its latest 64 reservations. (When no socket can be made, true: the port
+// is not reserved.)
 bool ReservePort(int port);
 
 // A listening TCP socket on 127.0.0.1 with a port the kernel picked.

@@ -192,6 +192,9 @@ absl::Status HoldfastdProcess::Launch() {
   }
   for (const auto& a : extra_args_) so.argv.push_back(a);
   so.log_file = log_file_;
+  std::error_code ec;
+  const std::uintmax_t log_size =
+      std::filesystem::exists(log_file_, ec) ? std::filesystem::file_size(log_file_, ec) : 0;
   auto proc = dev::Subprocess::Spawn(std::move(so));
   if (!proc.ok()) return proc.status();
   process_ = std::move(*proc);
@@ -199,6 +202,24 @@ absl::Status HoldfastdProcess::Launch() {
       std::find(extra_args_.begin(), extra_args_.end(), "--config") == extra_args_.end();
   auto s = WaitForHoldfastd(endpoint(), std::chrono::seconds(20), plaintext,
                             [this] { return process_->Exited(); });
+  if (s.ok() && !plaintext) {
+    // With TLS the open port is all WaitForHoldfastd sees, and it may be another
+    // process's that took the port: holdfastd says when it serves.
+    const std::string serving = "holdfastd: serving on " + endpoint() + " ";
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
+    for (;;) {
+      if (ReadFrom(log_file_, ec ? 0 : log_size).find(serving) != std::string::npos) break;
+      if (process_->Exited()) {
+        s = absl::FailedPreconditionError("holdfastd exited at start");
+        break;
+      }
+      if (std::chrono::steady_clock::now() >= until) {
+        s = absl::DeadlineExceededError("holdfastd did not say it serves in time");
+        break;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+  }
   if (!s.ok()) return absl::Status(s.code(), absl::StrCat(s.message(), "; see ", log_file_));
   return absl::OkStatus();
 }
