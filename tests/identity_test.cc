@@ -728,6 +728,68 @@ TEST(EtcdTlsTest, HoldfastdTalksToEtcdWithAClientCertificate) {
   EXPECT_FALSE(anonymous->RangeSync(r, etcd::DeadlineIn(seconds(3))).ok());
 }
 
+// etcd's certificates are rotated too, CA and all: holdfastd re-reads its etcd
+// client files (every tls.refresh, 10 s by default) and its next connection to
+// etcd, once etcd restarts on the new certificates and trusts only the new CA,
+// presents the new client certificate and trusts the new server's. Read once at
+// start, as before, holdfastd could not reach etcd again without a restart.
+TEST(EtcdTlsTest, ARotatedEtcdCaAndClientCertificateAreUsedWithoutARestart) {
+  testing::TestCluster::Options o;
+  o.etcd_tls = true;
+  auto c = testing::TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto& cluster = **c;
+  ASSERT_TRUE(cluster.CreateNamespace().ok());
+  auto client = std::move(*cluster.NewClient());
+
+  const std::string dir = cluster.certs_dir();
+  auto ca = dev::MakeCa("etcd test CA, rotated");
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  dev::LeafOptions server;
+  server.common_name = "etcd";
+  server.dns = {"localhost"};
+  server.ips = {"127.0.0.1"};
+  dev::LeafOptions holdfastd;
+  holdfastd.common_name = "holdfastd";
+  auto server_pem = dev::MakeLeaf(*ca, server);
+  auto client_pem = dev::MakeLeaf(*ca, holdfastd);
+  ASSERT_TRUE(server_pem.ok() && client_pem.ok());
+  const std::string log = cluster.dir() + "/holdfastd-0.log";
+  auto read = [](const std::string& path) {
+    std::ifstream in(path);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const size_t log_before = read(log).size();
+  ASSERT_TRUE(dev::WritePem(dir, "etcd-client", *client_pem).ok());
+  ASSERT_TRUE(dev::WriteFileAtomically(dir + "/etcd-ca.pem", ca->cert, 0644).ok());
+  ASSERT_TRUE(dev::WritePem(dir, "etcd-server", *server_pem).ok());
+  // holdfastd takes the new files (its connection to etcd, made before, stays
+  // up meanwhile), and then etcd restarts on them.
+  const std::string taken = "holdfastd: TLS to etcd: new certificate files taken";
+  const auto until = std::chrono::steady_clock::now() + seconds(60);
+  while (read(log).substr(log_before).find(taken) == std::string::npos &&
+         std::chrono::steady_clock::now() < until) {
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_NE(read(log).substr(log_before).find(taken), std::string::npos) << read(log);
+  ASSERT_TRUE(cluster.etcd().Restart().ok());
+
+  absl::Status last;
+  const auto served_until = std::chrono::steady_clock::now() + seconds(60);
+  while (std::chrono::steady_clock::now() < served_until) {
+    auto session = client->OpenSession("default");
+    if (session.ok()) {
+      auto hold = (*session)->Acquire("after-rotation");
+      last = hold.status();
+      if (hold.ok()) break;
+    } else {
+      last = session.status();
+    }
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  EXPECT_TRUE(last.ok()) << last;
+}
+
 TEST(AuthenticatorTest, TakesTheSpiffeIdFromTheCertificate) {
   auto ca = dev::MakeCa("ca");
   ASSERT_TRUE(ca.ok());

@@ -172,9 +172,9 @@ Metrics::Metrics(Clock now)
                                  .Add({});
   tls_files_ = &prometheus::BuildCounter()
                     .Name("holdfast_tls_files_changes_total")
-                    .Help("Changes of the API's certificate files (tls.*): result=taken for new "
-                          "connections, or refused (they do not pass the check; the previous "
-                          "ones serve on)")
+                    .Help("Changes of certificate files: files=api (tls.*) or etcd (the "
+                          "client TLS to etcd); result=taken for new connections, or refused "
+                          "(they do not pass the check; the previous ones serve on)")
                     .Register(r);
   keepalive_round_trip_ = &prometheus::BuildHistogram()
                                .Name("holdfast_keepalive_round_trip_seconds")
@@ -435,8 +435,8 @@ void Metrics::OnSessionLookup(lock::SessionLookup result, bool waited) {
   if (waited) session_lookups_waited_->Increment();
 }
 
-void Metrics::OnTlsFiles(bool taken) {
-  tls_files_->Add({{"result", taken ? "taken" : "refused"}}).Increment();
+void Metrics::OnTlsFiles(const std::string& files, bool taken) {
+  tls_files_->Add({{"files", files}, {"result", taken ? "taken" : "refused"}}).Increment();
 }
 
 void Metrics::OnRenewed(const lock::RenewEnd& end) {

@@ -101,8 +101,9 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
   void OnSessionClosed(std::string_view ns, int64_t session) override;
   void OnRenewed(const lock::RenewEnd& end) override;
   void OnSessionLookup(lock::SessionLookup result, bool waited) override;
-  // The API's TLS files changed: taken for new connections, or refused (server/tls_files.h).
-  void OnTlsFiles(bool taken);
+  // TLS files changed (`files`: "api", or "etcd" for a cluster's client TLS):
+  // taken for new connections, or refused (server/tls_files.h).
+  void OnTlsFiles(const std::string& files, bool taken);
   void OnCommitBatch(int members) override;
   void OnRide(lock::RideStep step) override;
 

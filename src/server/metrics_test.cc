@@ -155,14 +155,22 @@ TEST_F(MetricsTest, EtcdCallsByMethodAndErrorsByCode) {
 }
 
 TEST_F(MetricsTest, TlsFileChangesAreCountedByResult) {
-  EXPECT_EQ(Sample(metrics_.Render(), "holdfast_tls_files_changes_total", {{"result", "taken"}}),
+  EXPECT_EQ(Sample(metrics_.Render(), "holdfast_tls_files_changes_total",
+                   {{"files", "api"}, {"result", "taken"}}),
             -1);  // none yet: absent
-  metrics_.OnTlsFiles(true);
-  metrics_.OnTlsFiles(false);
-  metrics_.OnTlsFiles(false);
+  metrics_.OnTlsFiles("api", true);
+  metrics_.OnTlsFiles("api", false);
+  metrics_.OnTlsFiles("api", false);
+  metrics_.OnTlsFiles("etcd", false);
   const std::string text = metrics_.Render();
-  EXPECT_EQ(Sample(text, "holdfast_tls_files_changes_total", {{"result", "taken"}}), 1);
-  EXPECT_EQ(Sample(text, "holdfast_tls_files_changes_total", {{"result", "refused"}}), 2);
+  EXPECT_EQ(Sample(text, "holdfast_tls_files_changes_total", {{"files", "api"}, {"result", "taken"}}),
+            1);
+  EXPECT_EQ(
+      Sample(text, "holdfast_tls_files_changes_total", {{"files", "api"}, {"result", "refused"}}),
+      2);
+  EXPECT_EQ(
+      Sample(text, "holdfast_tls_files_changes_total", {{"files", "etcd"}, {"result", "refused"}}),
+      1);
 }
 
 TEST_F(MetricsTest, AuditorProgressIsReadAtScrapeTime) {

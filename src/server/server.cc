@@ -279,7 +279,7 @@ absl::Status Server::Start(std::chrono::milliseconds etcd_wait) {
                      "serving the previous ones until they are fixed: %s\n",
                      reason.c_str());
       }
-      if (metrics) metrics->OnTlsFiles(taken);
+      if (metrics) metrics->OnTlsFiles("api", taken);
     };
     auto files = TlsFiles::Start(std::move(to));
     if (!files.ok()) return files.status();
@@ -486,31 +486,50 @@ std::string Server::RestoreReason(const std::string& cluster) const {
   return c == nullptr ? "" : c->restore_reason();
 }
 
-namespace {
-absl::StatusOr<std::string> ReadFile(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return absl::NotFoundError(absl::StrCat("cannot read ", path));
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-}  // namespace
-
 absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Server::EtcdCredentials(
     const ClusterConfig& cc) {
-  grpc::SslCredentialsOptions o;
-  auto ca = ReadFile(cc.ca_file);
-  if (!ca.ok()) return ca.status();
-  o.pem_root_certs = *ca;
-  if (!cc.cert_file.empty()) {
-    auto cert = ReadFile(cc.cert_file);
-    auto key = ReadFile(cc.key_file);
-    if (!cert.ok()) return cert.status();
-    if (!key.ok()) return key.status();
-    o.pem_cert_chain = *cert;
-    o.pem_private_key = *key;
+  // As the API's files (Start): re-read every tls.refresh, so a rotated client
+  // certificate or CA is used for the next connection to etcd without a
+  // restart, and only a set that passes the start's checks is used.
+  TlsFiles::Options to;
+  to.configured = {cc.key_file, cc.cert_file, cc.ca_file};
+  to.where = config_.clusters.empty() ? "etcd.tls." : absl::StrCat("clusters[", cc.name, "].tls.");
+  to.check = config_.tls_refresh;
+  Metrics* metrics = metrics_.get();
+  const std::string what = config_.clusters.empty() ? "etcd" : "etcd cluster " + cc.name;
+  to.told = [metrics, what](TlsFiles::Outcome outcome, const std::string& reason) {
+    const bool taken = outcome == TlsFiles::Outcome::kTaken;
+    if (taken) {
+      std::fprintf(stderr, "holdfastd: TLS to %s: new certificate files taken for new connections\n",
+                   what.c_str());
+    } else {
+      std::fprintf(stderr,
+                   "holdfastd: TLS to %s: ERROR: the certificate files changed and cannot be used, "
+                   "using the previous ones until they are fixed: %s\n",
+                   what.c_str(), reason.c_str());
+    }
+    if (metrics) metrics->OnTlsFiles("etcd", taken);
+  };
+  auto files = TlsFiles::Start(std::move(to));
+  if (!files.ok()) return files.status();
+  const TlsFiles::Paths& served = (*files)->served();
+  const auto refresh = static_cast<unsigned>(std::max<int64_t>(
+      1, std::chrono::duration_cast<std::chrono::seconds>(config_.tls_refresh).count()));
+  std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
+  if (served.cert.empty()) {
+    provider =
+        std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(served.ca, refresh);
+  } else {
+    provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
+        served.key, served.cert, served.ca, refresh);
   }
-  return grpc::SslCredentials(o);
+  grpc::experimental::TlsChannelCredentialsOptions options;
+  options.set_certificate_provider(provider);
+  options.watch_root_certs();
+  if (!served.cert.empty()) options.watch_identity_key_cert_pairs();
+  options.set_verify_server_certs(true);
+  etcd_tls_files_.push_back(*std::move(files));
+  return grpc::experimental::TlsCredentials(options);
 }
 
 std::optional<MetricsEndpoint::Tls> Server::MetricsTls() const {

@@ -87,8 +87,9 @@ class Server {
   std::optional<MetricsEndpoint::Tls> MetricsTls() const;
   // mTLS with client certificates required (or plaintext when insecure).
   std::shared_ptr<grpc::ServerCredentials> Credentials() const;
-  // TLS with a client certificate to one etcd cluster (etcd --client-cert-auth).
-  static absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials(
+  // TLS with a client certificate to one etcd cluster (etcd --client-cert-auth),
+  // its files re-read every tls.refresh (kept in etcd_tls_files_).
+  absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> EtcdCredentials(
       const ClusterConfig& cc);
 
   Config config_;
@@ -98,6 +99,9 @@ class Server {
   // The API's TLS files as gRPC reads them (null when insecure): only a set that
   // is whole replaces the one serving. After metrics_, which it reports to.
   std::unique_ptr<TlsFiles> tls_files_;
+  // The same for each etcd cluster's client TLS; before clusters_, whose
+  // channels read them.
+  std::vector<std::unique_ptr<TlsFiles>> etcd_tls_files_;
   std::shared_ptr<TimerQueue> timers_;
   // The one event loop that every RPC and every etcd call of this process runs on
   // (common/event_loop.h); its queue is the gRPC server's. Shutdown ends it last.

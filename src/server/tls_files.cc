@@ -32,21 +32,29 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
   return text.str();
 }
 
-absl::Status CheckSet(const TlsFiles::Paths& paths, const std::string& key,
-                      const std::string& cert, const std::string& ca) {
-  if (auto s = CheckKeyPairPem("tls.", paths.cert, paths.key, cert, key); !s.ok()) return s;
-  // Every block of the chain and of the CA bundle, not only the first: a file
-  // cut off mid-write reads as far as its last whole block.
-  if (CountWholeCertificates(cert) == 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: tls.cert_file ", paths.cert, " holds a block that is not a whole certificate"));
+absl::Status CheckSet(const std::string& where, const TlsFiles::Paths& paths,
+                      const std::string& key, const std::string& cert, const std::string& ca) {
+  if (!paths.cert.empty()) {
+    if (auto s = CheckKeyPairPem(where, paths.cert, paths.key, cert, key); !s.ok()) return s;
+    // Every block of the chain and of the CA bundle, not only the first: a file
+    // cut off mid-write reads as far as its last whole block.
+    if (CountWholeCertificates(cert) == 0) {
+      return absl::InvalidArgumentError(absl::StrCat("config: ", where, "cert_file ", paths.cert,
+                                                     " holds a block that is not a whole certificate"));
+    }
   }
   if (!paths.ca.empty() && CountWholeCertificates(ca) == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "config: tls.ca_file ", paths.ca,
+        "config: ", where, "ca_file ", paths.ca,
         " holds no PEM certificate, or a block that is not a whole certificate"));
   }
   return absl::OkStatus();
+}
+
+// The text of a file, or "" when `path` is "" (not configured).
+absl::StatusOr<std::string> ReadIfNamed(const std::string& path) {
+  if (path.empty()) return std::string();
+  return ReadText(path);
 }
 
 // An anonymous memory file holding `text`; -1 and errno on failure.
@@ -73,21 +81,22 @@ int MemoryFile(const char* name, const std::string& text) {
 absl::StatusOr<std::unique_ptr<TlsFiles>> TlsFiles::Start(Options options) {
   std::unique_ptr<TlsFiles> t(new TlsFiles(std::move(options)));
   const Paths& p = t->options_.configured;
-  auto key = ReadText(p.key);
-  if (!key.ok()) return key.status();
-  auto cert = ReadText(p.cert);
-  if (!cert.ok()) return cert.status();
-  std::string ca;
-  if (!p.ca.empty()) {
-    auto read = ReadText(p.ca);
-    if (!read.ok()) return read.status();
-    ca = *std::move(read);
+  if (p.key.empty() != p.cert.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat("config: ", t->options_.where,
+                                                   "cert_file and key_file go together"));
   }
-  if (auto s = CheckSet(p, *key, *cert, ca); !s.ok()) return s;
-  if (auto s = t->Serve(*key, *cert, ca); !s.ok()) return s;
+  auto key = ReadIfNamed(p.key);
+  if (!key.ok()) return key.status();
+  auto cert = ReadIfNamed(p.cert);
+  if (!cert.ok()) return cert.status();
+  auto ca = ReadIfNamed(p.ca);
+  if (!ca.ok()) return ca.status();
+  if (auto s = CheckSet(t->options_.where, p, *key, *cert, *ca); !s.ok()) return s;
+  if (auto s = t->Serve(*key, *cert, *ca); !s.ok()) return s;
   {
     absl::MutexLock l(&t->mu_);
-    t->served_text_ = absl::StrCat(*key, std::string(1, '\0'), *cert, std::string(1, '\0'), ca);
+    t->served_text_ =
+        absl::StrCat(*key, std::string(1, '\0'), *cert, std::string(1, '\0'), *ca);
   }
   if (t->options_.check.count() > 0) {
     TlsFiles* self = t.get();
@@ -123,31 +132,36 @@ TlsFiles::~TlsFiles() {
 
 absl::Status TlsFiles::Serve(const std::string& key, const std::string& cert,
                              const std::string& ca) {
+  const bool with_pair = !options_.configured.cert.empty();
   const bool with_ca = !options_.configured.ca.empty();
-  const int k = MemoryFile("holdfast-tls-key", key);
-  const int c = k < 0 ? -1 : MemoryFile("holdfast-tls-cert", cert);
-  const int a = c < 0 || !with_ca ? -1 : MemoryFile("holdfast-tls-ca", ca);
-  if (k < 0 || c < 0 || (with_ca && a < 0)) {
+  const int k = with_pair ? MemoryFile("holdfast-tls-key", key) : -1;
+  const int c = with_pair && k >= 0 ? MemoryFile("holdfast-tls-cert", cert) : -1;
+  const int a = with_ca && (!with_pair || c >= 0) ? MemoryFile("holdfast-tls-ca", ca) : -1;
+  if ((with_pair && (k < 0 || c < 0)) || (with_ca && a < 0)) {
     const int e = errno;
     for (int fd : {k, c, a}) {
       if (fd >= 0) ::close(fd);
     }
     return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(e)));
   }
-  if (key_fd_ < 0) {
+  if (!started_) {
     // The first set: its descriptors are the ones served from now on.
+    started_ = true;
     key_fd_ = k;
     cert_fd_ = c;
     ca_fd_ = a;
-    served_.key = absl::StrCat("/proc/self/fd/", key_fd_);
-    served_.cert = absl::StrCat("/proc/self/fd/", cert_fd_);
+    if (with_pair) served_.key = absl::StrCat("/proc/self/fd/", key_fd_);
+    if (with_pair) served_.cert = absl::StrCat("/proc/self/fd/", cert_fd_);
     if (with_ca) served_.ca = absl::StrCat("/proc/self/fd/", ca_fd_);
     return absl::OkStatus();
   }
   // A later set takes the served descriptors' places, one atomic dup3 each
   // (close-on-exec kept), the key and its certificate back to back.
-  bool swapped = ::dup3(k, key_fd_, O_CLOEXEC) >= 0;
-  swapped = ::dup3(c, cert_fd_, O_CLOEXEC) >= 0 && swapped;
+  bool swapped = true;
+  if (with_pair) {
+    swapped = ::dup3(k, key_fd_, O_CLOEXEC) >= 0;
+    swapped = ::dup3(c, cert_fd_, O_CLOEXEC) >= 0 && swapped;
+  }
   if (with_ca) swapped = ::dup3(a, ca_fd_, O_CLOEXEC) >= 0 && swapped;
   const int e = errno;
   for (int fd : {k, c, a}) {
@@ -159,8 +173,8 @@ absl::Status TlsFiles::Serve(const std::string& key, const std::string& cert,
 
 TlsFiles::Outcome TlsFiles::Check() {
   const Paths& p = options_.configured;
-  absl::StatusOr<std::string> key = ReadText(p.key), cert = ReadText(p.cert);
-  absl::StatusOr<std::string> ca = p.ca.empty() ? std::string() : ReadText(p.ca);
+  absl::StatusOr<std::string> key = ReadIfNamed(p.key), cert = ReadIfNamed(p.cert);
+  absl::StatusOr<std::string> ca = ReadIfNamed(p.ca);
   absl::Status s = !key.ok() ? key.status() : !cert.ok() ? cert.status() : ca.status();
   const std::string text =
       s.ok() ? absl::StrCat(*key, std::string(1, '\0'), *cert, std::string(1, '\0'), *ca)
@@ -180,7 +194,7 @@ TlsFiles::Outcome TlsFiles::Check() {
     return tell(Outcome::kTaken, "");
   }
   if (text == refused_) return Outcome::kUnchanged;  // told already
-  if (s.ok()) s = CheckSet(p, *key, *cert, *ca);
+  if (s.ok()) s = CheckSet(options_.where, p, *key, *cert, *ca);
   if (s.ok()) {
     if (auto served = Serve(*key, *cert, *ca); !served.ok()) {
       // Not taken (nor all of it, maybe): the next pass serves the set again.

@@ -1,4 +1,5 @@
-// The TLS files holdfastd's API serves with, as gRPC reads them.
+// The TLS files holdfastd serves its API with (and presents to etcd), as gRPC
+// reads them.
 //
 // gRPC re-reads the files it is given every tls.refresh and takes whatever it
 // finds: a certificate renewed without its key (a rotation that writes the two
@@ -53,7 +54,10 @@ class TlsFiles {
   // previous set, and refused if the next pass finds it the same); refused.
   enum class Outcome { kUnchanged, kTaken, kPending, kRefused };
   struct Options {
+    // key and cert both or neither (a CA alone: a client without a certificate).
     Paths configured;
+    // How the messages name the setting: "tls." (the API's), "etcd.tls.", ...
+    std::string where = "tls.";
     // How often the configured files are read (0: only when Check is called).
     std::chrono::milliseconds check{std::chrono::seconds(5)};
     // Told of each set taken (reason "") or refused, with the reason (for logs
@@ -69,7 +73,7 @@ class TlsFiles {
   TlsFiles(const TlsFiles&) = delete;
   TlsFiles& operator=(const TlsFiles&) = delete;
 
-  // The paths to give gRPC (/proc/self/fd/N).
+  // The paths to give gRPC (/proc/self/fd/N; key and cert empty for a CA alone).
   const Paths& served() const { return served_; }
 
   // One pass of the checking thread: reads the configured files and, when they
@@ -83,6 +87,7 @@ class TlsFiles {
 
   const Options options_;
   Paths served_;
+  bool started_ = false;  // Serve made the served descriptors
   int key_fd_ = -1, cert_fd_ = -1, ca_fd_ = -1;
 
   // Held for a whole pass of Check, so a pass's dup3s are not interleaved.
