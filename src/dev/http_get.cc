@@ -13,8 +13,8 @@
 
 #include <cstdlib>
 #include <memory>
+#include <utility>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "common/openssl_error.h"
@@ -121,40 +121,42 @@ absl::Status Handshake(int fd, const HttpsClient& tls, bool alpn_h2, SslCtxPtr* 
 }
 
 // A TCP connection to `ip` (IPv4, network order) and `port`, with 10 s bounds
-// on each read and write; -1 and `error` when it cannot connect.
-int Connect(in_addr ip, int port, std::string* error) {
-  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-  if (fd < 0) {
-    *error = "socket";
-    return -1;
+// on each read and write; closed when the returned Fd goes. INTERNAL when no
+// socket can be made, UNAVAILABLE when it cannot connect.
+struct Fd {
+  explicit Fd(int f) : fd(f) {}
+  Fd(Fd&& o) noexcept : fd(std::exchange(o.fd, -1)) {}
+  Fd(const Fd&) = delete;
+  ~Fd() {
+    if (fd >= 0) close(fd);
   }
+  int fd;
+};
+absl::StatusOr<Fd> Connect(in_addr ip, int port) {
+  Fd c(socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+  if (c.fd < 0) return absl::InternalError("socket");
   timeval timeout{10, 0};  // a bound on a hung server, not a synchronisation
-  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
-  setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
+  setsockopt(c.fd, SOL_SOCKET, SO_RCVTIMEO, &timeout, sizeof(timeout));
+  setsockopt(c.fd, SOL_SOCKET, SO_SNDTIMEO, &timeout, sizeof(timeout));
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
   addr.sin_addr = ip;
-  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+  if (connect(c.fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
     char host[INET_ADDRSTRLEN] = "?";
     inet_ntop(AF_INET, &ip, host, sizeof(host));
-    *error = absl::StrCat("connect to ", host, ":", port, " failed");
-    close(fd);
-    return -1;
+    return absl::UnavailableError(absl::StrCat("connect to ", host, ":", port, " failed"));
   }
-  return fd;
+  return c;
 }
 
 // To `ip` (IPv4, network order) and `port`.
 absl::StatusOr<HttpAnswer> Exchange(in_addr ip, int port, const std::string& request,
                                     const std::optional<HttpsClient>& tls) {
   NoSigpipe no_sigpipe;
-  std::string error;
-  const int fd = Connect(ip, port, &error);
-  if (fd < 0) {
-    return error == "socket" ? absl::InternalError(error) : absl::UnavailableError(error);
-  }
-  absl::Cleanup close_fd = [fd] { close(fd); };
+  auto conn = Connect(ip, port);
+  if (!conn.ok()) return conn.status();
+  const int fd = conn->fd;
 
   SslCtxPtr ctx(nullptr, SSL_CTX_free);
   SslPtr ssl(nullptr, SSL_free);
@@ -223,16 +225,14 @@ absl::StatusOr<std::string> TlsServerCertificate(int port, const HttpsClient& tl
   NoSigpipe no_sigpipe;
   in_addr loopback{};
   loopback.s_addr = htonl(INADDR_LOOPBACK);
-  std::string error;
-  const int fd = Connect(loopback, port, &error);
-  if (fd < 0) {
-    return error == "socket" ? absl::InternalError(error) : absl::UnavailableError(error);
-  }
-  absl::Cleanup close_fd = [fd] { close(fd); };
+  auto conn = Connect(loopback, port);
+  if (!conn.ok()) return conn.status();
   SslCtxPtr ctx(nullptr, SSL_CTX_free);
   SslPtr ssl(nullptr, SSL_free);
   std::string cert;
-  if (auto s = Handshake(fd, tls, /*alpn_h2=*/true, &ctx, &ssl, &cert); !s.ok()) return s;
+  if (auto s = Handshake(conn->fd, tls, /*alpn_h2=*/true, &ctx, &ssl, &cert); !s.ok()) {
+    return s;
+  }
   SSL_shutdown(ssl.get());
   return cert;
 }
