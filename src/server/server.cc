@@ -9,6 +9,7 @@
 
 #include <grpcpp/security/server_credentials.h>
 #include <grpcpp/security/tls_certificate_provider.h>
+#include <grpcpp/security/tls_certificate_verifier.h>
 #include <grpcpp/security/tls_credentials_options.h>
 
 #include <unistd.h>
@@ -493,7 +494,11 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Server::EtcdCredential
   // restart, and only a set that passes the start's checks is used.
   TlsFiles::Options to;
   to.configured = {cc.key_file, cc.cert_file, cc.ca_file};
-  to.where = config_.clusters.empty() ? "etcd.tls." : absl::StrCat("clusters[", cc.name, "].tls.");
+  // Named in messages as the config names it (clusters[i] by index).
+  to.where = "etcd.tls.";
+  for (size_t i = 0; i < config_.clusters.size(); ++i) {
+    if (config_.clusters[i].name == cc.name) to.where = absl::StrCat("clusters[", i, "].tls.");
+  }
   to.check = config_.tls_refresh;
   Metrics* metrics = metrics_.get();
   const std::string what = config_.clusters.empty() ? "etcd" : "etcd cluster " + cc.name;
@@ -528,6 +533,12 @@ absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> Server::EtcdCredential
   options.watch_root_certs();
   if (!served.cert.empty()) options.watch_identity_key_cert_pairs();
   options.set_verify_server_certs(true);
+  // The server's certificate must name the endpoint's host, as SslCredentials
+  // checked (gRPC 1.51 adds this verifier when none is given; said here).
+  options.set_certificate_verifier(
+      std::make_shared<grpc::experimental::HostNameCertificateVerifier>());
+  // Kept until ~Server, also when the cluster's start fails after this: Start
+  // is not tried again, and its checking thread only reads files.
   etcd_tls_files_.push_back(*std::move(files));
   return grpc::experimental::TlsCredentials(options);
 }

@@ -198,6 +198,42 @@ TEST_F(TlsFilesTest, ATrustedCertificateBundleIsServed) {
   EXPECT_EQ(Read(files->served().ca), trusted);
 }
 
+// A client without a certificate (etcd's client TLS with a CA alone): the CA is
+// served and rotated, and messages name the setting they were given.
+TEST_F(TlsFilesTest, ACaAloneIsServedAndRotatedAndMessagesNameTheSetting) {
+  TlsFiles::Options o;
+  o.configured = {"", "", paths_.ca};
+  o.where = "clusters[1].tls.";
+  o.check = std::chrono::milliseconds(0);
+  o.told = [this](TlsFiles::Outcome outcome, const std::string& reason) {
+    told_.emplace_back(outcome, reason);
+  };
+  auto files = TlsFiles::Start(o);
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_TRUE((*files)->served().key.empty());
+  EXPECT_TRUE((*files)->served().cert.empty());
+  EXPECT_EQ(Read((*files)->served().ca), ca_.cert);
+  auto other = dev::MakeCa("tls-files-test, rotated");
+  ASSERT_TRUE(other.ok()) << other.status();
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.ca, other->cert, 0644).ok());
+  EXPECT_EQ((*files)->Check(), TlsFiles::Outcome::kTaken);
+  EXPECT_EQ(Read((*files)->served().ca), other->cert);
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.ca, "cut off\n", 0644).ok());
+  EXPECT_EQ((*files)->Check(), TlsFiles::Outcome::kPending);
+  EXPECT_EQ((*files)->Check(), TlsFiles::Outcome::kRefused);
+  EXPECT_NE(told_.back().second.find("config: clusters[1].tls.ca_file " + paths_.ca),
+            std::string::npos)
+      << told_.back().second;
+  EXPECT_EQ(Read((*files)->served().ca), other->cert);
+
+  // A key without its certificate is not a setting.
+  o.configured = {paths_.key, "", paths_.ca};
+  auto half = TlsFiles::Start(o);
+  ASSERT_FALSE(half.ok());
+  EXPECT_EQ(half.status().message(),
+            "config: clusters[1].tls.cert_file and key_file go together");
+}
+
 // A set that does not pass at start is refused at start: holdfastd does not
 // begin with files it cannot serve.
 TEST_F(TlsFilesTest, ASetThatDoesNotPassIsRefusedAtStart) {
