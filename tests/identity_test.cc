@@ -790,6 +790,65 @@ TEST(EtcdTlsTest, ARotatedEtcdCaAndClientCertificateAreUsedWithoutARestart) {
   EXPECT_TRUE(last.ok()) << last;
 }
 
+std::string ReadAll(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+// The etcd server's certificate must name the endpoint's host, as with the
+// static credentials before: etcd restarted on a certificate of the right CA
+// for another host ("etcd.example" only, no 127.0.0.1) is not talked to; back on
+// one for 127.0.0.1, it is again.
+TEST(EtcdTlsTest, AnEtcdCertificateForAnotherHostIsRefused) {
+  testing::TestCluster::Options o;
+  o.etcd_tls = true;
+  auto c = testing::TestCluster::Start(o);
+  ASSERT_TRUE(c.ok()) << c.status();
+  auto& cluster = **c;
+  ASSERT_TRUE(cluster.CreateNamespace().ok());
+  auto client = std::move(*cluster.NewClient());
+  const std::string dir = cluster.certs_dir();
+  auto ca = dev::ReadPem(dir, "etcd-ca");
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  auto good = dev::ReadPem(dir, "etcd-server");
+  ASSERT_TRUE(good.ok()) << good.status();
+  dev::LeafOptions elsewhere;
+  elsewhere.common_name = "etcd.example";
+  elsewhere.dns = {"etcd.example"};
+  auto wrong = dev::MakeLeaf(*ca, elsewhere);
+  ASSERT_TRUE(wrong.ok()) << wrong.status();
+  auto acquire = [&](const std::string& key) {
+    auto session = client->OpenSession("default");
+    if (!session.ok()) return session.status();
+    return (*session)->Acquire(key).status();
+  };
+
+  const std::string log = cluster.dir() + "/holdfastd-0.log";
+  auto said = [&, from = ReadAll(log).size()] { return ReadAll(log).substr(from); };
+  ASSERT_TRUE(dev::WritePem(dir, "etcd-server", *wrong).ok());
+  ASSERT_TRUE(cluster.etcd().Restart().ok());
+  // holdfastd says why it cannot reach etcd (its health line, with gRPC's reason).
+  const std::string why = "Hostname Verification Check failed";
+  const auto said_until = std::chrono::steady_clock::now() + seconds(30);
+  while (said().find(why) == std::string::npos && std::chrono::steady_clock::now() < said_until) {
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_NE(said().find(why), std::string::npos) << said();
+  auto refused = acquire("elsewhere");
+  EXPECT_EQ(refused.code(), absl::StatusCode::kUnavailable) << refused;
+
+  ASSERT_TRUE(dev::WritePem(dir, "etcd-server", *good).ok());
+  ASSERT_TRUE(cluster.etcd().Restart().ok());
+  absl::Status last;
+  const auto until = std::chrono::steady_clock::now() + seconds(60);
+  while (std::chrono::steady_clock::now() < until) {
+    last = acquire("here");
+    if (last.ok()) break;
+    std::this_thread::sleep_for(milliseconds(200));
+  }
+  EXPECT_TRUE(last.ok()) << last;
+}
+
 TEST(AuthenticatorTest, TakesTheSpiffeIdFromTheCertificate) {
   auto ca = dev::MakeCa("ca");
   ASSERT_TRUE(ca.ok());
