@@ -49,18 +49,6 @@ bool EtcdHealthy(const std::string& host, int client_port) {
   return ok;
 }
 
-namespace {
-
-// What `path` holds past its first `from` bytes ("" when unreadable).
-std::string ReadFrom(const std::string& path, std::uintmax_t from) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  in.seekg(static_cast<std::streamoff>(from));
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
-}  // namespace
-
 // A port picked free may be taken by another process (a test running beside
 // this one) before etcd binds it: etcd then exits at start saying so, and is
 // started again on other ports, up to 5 times in all. Ports the caller chose
@@ -89,7 +77,7 @@ absl::StatusOr<std::unique_ptr<EtcdProcess>> EtcdProcess::Start(EtcdOptions opti
     auto s = etcd->Launch(etcd->options_.wait_healthy);
     if (s.ok()) return etcd;
     const bool port_taken =
-        ReadFrom(etcd->options_.log_file, ec ? 0 : log_size).find("address already in use") !=
+        ReadFileFrom(etcd->options_.log_file, ec ? 0 : log_size).find("address already in use") !=
         std::string::npos;
     if (!port_taken || !(pick_client || pick_peer) || attempt == 5) return s;
   }

@@ -537,6 +537,13 @@ int Subprocess::Stop(std::chrono::milliseconds grace) {
   return *Wait();
 }
 
+std::string ReadFileFrom(const std::string& path, std::uintmax_t from) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return "";
+  in.seekg(static_cast<std::streamoff>(from));
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
 absl::StatusOr<int> PickFreePortOnce();
 
 namespace {

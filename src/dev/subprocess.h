@@ -11,6 +11,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <cstdint>
 #include <string>
 #include <utility>
 #include <vector>
@@ -161,6 +162,10 @@ bool GroupOrphaned(pid_t pgrp, pid_t session, const std::string& proc = "/proc")
 // before anything is done for it (`holdfast lock` checks before it takes the
 // lock); Spawn can still fail (the file changed, a bad interpreter line).
 absl::Status FindProgram(const std::string& program);
+
+// What `path` holds past its first `from` bytes ("" when unreadable): the part
+// of a child's log written since a size read before it started.
+std::string ReadFileFrom(const std::string& path, std::uintmax_t from);
 
 // A TCP port on 127.0.0.1 that was free a moment ago (bound to port 0, then
 // closed), for a server to be started on. Nothing holds the port itself until

@@ -50,14 +50,6 @@ std::string BinDir() {
 }
 
 namespace {
-// What `path` holds from byte `from` on.
-std::string ReadFrom(const std::string& path, std::uintmax_t from) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return "";
-  in.seekg(static_cast<std::streamoff>(from));
-  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-}
-
 // True once something accepts TCP connections on host:port (IPv4 literal).
 bool PortOpen(const std::string& endpoint) {
   auto colon = endpoint.rfind(':');
@@ -161,7 +153,7 @@ absl::StatusOr<std::unique_ptr<HoldfastdProcess>> HoldfastdProcess::Start(
     if (s.ok()) return p;
     const bool port_taken =
         s.code() == absl::StatusCode::kFailedPrecondition &&
-        ReadFrom(log_file, ec ? 0 : log_size).find("Address already in use") != std::string::npos;
+        dev::ReadFileFrom(log_file, ec ? 0 : log_size).find("Address already in use") != std::string::npos;
     if (!port_taken || !pick || attempt == 5) return s;
     p->process_.reset();
   }
@@ -208,7 +200,7 @@ absl::Status HoldfastdProcess::Launch() {
     const std::string serving = "holdfastd: serving on " + endpoint() + " ";
     const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(20);
     for (;;) {
-      if (ReadFrom(log_file_, ec ? 0 : log_size).find(serving) != std::string::npos) break;
+      if (dev::ReadFileFrom(log_file_, ec ? 0 : log_size).find(serving) != std::string::npos) break;
       if (process_->Exited()) {
         s = absl::FailedPreconditionError("holdfastd exited at start");
         break;
