@@ -5,9 +5,14 @@
 // (gRPC's certificate watcher only logs a file it cannot use).
 #pragma once
 
+#include <openssl/x509.h>
+
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
+#include "absl/strings/string_view.h"
 
 namespace holdfast {
 
@@ -22,5 +27,28 @@ enum class PemKind { kCertificates, kPrivateKey };
 // line)" / "... no PEM private key ...". Reads the file (whole: PEM files are
 // small).
 absl::Status CheckPemFile(const std::string& path, PemKind kind);
+
+using X509Ptr = std::unique_ptr<X509, decltype(&X509_free)>;
+
+// Every certificate of a PEM text (CERTIFICATE or TRUSTED CERTIFICATE blocks),
+// in order, up to the first block that cannot be read as one; `complete` (when
+// given) says whether the text ended there. Blocks of other kinds (a key) are
+// passed over.
+std::vector<X509Ptr> ReadPemCertificates(absl::string_view pem, bool* complete = nullptr);
+
+// The certificates a PEM text holds, or 0 when a block of it cannot be read as
+// one (a file cut off mid-write).
+size_t CountWholeCertificates(absl::string_view pem);
+
+// That `cert_pem` (its first certificate) and `key_pem` (a key without a
+// passphrase) read and belong together. INVALID_ARGUMENT naming the setting as
+// `where` + "cert_file" / "key_file" ("tls.", or "" for a client's options) and
+// the files' paths: "<where>cert_file PATH: its first certificate cannot be
+// read: ...", "<where>key_file PATH is encrypted: <reader> reads keys without a
+// passphrase ...", "<where>cert_file and <where>key_file do not belong together:
+// KEY is not the key of the certificate in CERT ...".
+absl::Status CheckKeyPairPem(const std::string& where, const std::string& cert_path,
+                             const std::string& key_path, const std::string& cert_pem,
+                             const std::string& key_pem, const std::string& reader);
 
 }  // namespace holdfast

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "common/pem_file.h"
 #include "common/spiffe.h"
 
 namespace holdfast::server {
@@ -49,30 +50,6 @@ absl::StatusOr<std::vector<std::string>> UriSans(absl::string_view pem) {
   return uris;
 }
 
-using X509Ptr = std::unique_ptr<X509, decltype(&X509_free)>;
-
-// Every certificate of a PEM text, in order, up to the first block that cannot
-// be read as one; `complete` (when given) says whether the text ended there.
-std::vector<X509Ptr> ReadCertificates(absl::string_view pem, bool* complete = nullptr) {
-  std::vector<X509Ptr> out;
-  if (complete != nullptr) *complete = false;
-  if (pem.empty() || pem.size() > static_cast<size_t>(INT_MAX)) return out;
-  std::unique_ptr<BIO, decltype(&BIO_free)> bio(
-      BIO_new_mem_buf(pem.data(), static_cast<int>(pem.size())), BIO_free);
-  // (_AUX: also the TRUSTED CERTIFICATE form of a CA, as OpenSSL's tools write it.)
-  while (X509* cert = PEM_read_bio_X509_AUX(bio.get(), nullptr, nullptr, nullptr)) {
-    out.emplace_back(cert, X509_free);
-  }
-  // The end of the text reads as "no start line"; anything else is a block
-  // that is not a certificate.
-  const unsigned long err = ERR_peek_last_error();
-  if (complete != nullptr) {
-    *complete = ERR_GET_LIB(err) == ERR_LIB_PEM && ERR_GET_REASON(err) == PEM_R_NO_START_LINE;
-  }
-  ERR_clear_error();
-  return out;
-}
-
 // The file's modification time, or nullopt when it cannot be read.
 std::optional<struct timespec> ModifiedAt(const std::string& path) {
   struct stat st {};
@@ -81,12 +58,6 @@ std::optional<struct timespec> ModifiedAt(const std::string& path) {
 }
 
 }  // namespace
-
-size_t CountWholeCertificates(absl::string_view pem) {
-  bool complete = false;
-  const size_t n = ReadCertificates(pem, &complete).size();
-  return complete ? n : 0;
-}
 
 // One trust domain's CAs, as read from its file at `modified`.
 struct Authenticator::Bundle {
@@ -122,7 +93,7 @@ absl::StatusOr<std::shared_ptr<const Authenticator::Bundle>> Authenticator::Bund
   std::stringstream text;
   text << in.rdbuf();
   bool complete = false;
-  auto certs = ReadCertificates(text.str(), &complete);
+  auto certs = ReadPemCertificates(text.str(), &complete);
   if (!modified || !in || certs.empty()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "the trust bundle of ", domain, " (", file, ") cannot be read or holds no certificate"));
@@ -156,8 +127,8 @@ absl::Status Authenticator::VerifyDomain(const std::string& domain, absl::string
   auto bundle = BundleOf(domain);
   if (!bundle.ok()) return absl::UnavailableError(bundle.status().message());
   if (*bundle == nullptr) return absl::OkStatus();
-  auto certs = ReadCertificates(chain.empty() ? pem : chain);
-  auto leaf = ReadCertificates(pem);
+  auto certs = ReadPemCertificates(chain.empty() ? pem : chain);
+  auto leaf = ReadPemCertificates(pem);
   if (certs.empty() || leaf.empty()) {
     return absl::UnauthenticatedError("the client certificate cannot be parsed");
   }

@@ -109,8 +109,4 @@ class Authenticator {
   mutable uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;
 };
 
-// The certificates a PEM text holds (CERTIFICATE or TRUSTED CERTIFICATE blocks),
-// or 0 when a block of it cannot be read as one (a file cut off mid-write).
-size_t CountWholeCertificates(absl::string_view pem);
-
 }  // namespace holdfast::server

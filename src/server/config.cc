@@ -646,40 +646,10 @@ absl::StatusOr<Config> LoadConfig(const std::string& path, const ConfigFlags& fl
 absl::Status CheckKeyPairPem(const std::string& where, const std::string& cert_path,
                              const std::string& key_path, const std::string& cert_pem,
                              const std::string& key_pem) {
-  using BioPtr = std::unique_ptr<BIO, decltype(&BIO_free)>;
-  ERR_clear_error();
-  BioPtr cert_bio(BIO_new_mem_buf(cert_pem.data(), static_cast<int>(cert_pem.size())), BIO_free);
-  std::unique_ptr<X509, decltype(&X509_free)> cert(
-      PEM_read_bio_X509(cert_bio.get(), nullptr, nullptr, nullptr), X509_free);
-  if (!cert) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: ", where, "cert_file ", cert_path, ": its first certificate cannot be read: ",
-        TakeOpenSslErrors("no certificate")));
-  }
-  BioPtr key_bio(BIO_new_mem_buf(key_pem.data(), static_cast<int>(key_pem.size())), BIO_free);
-  auto no_passphrase = [](char*, int, int, void*) { return 0; };
-  std::unique_ptr<EVP_PKEY, decltype(&EVP_PKEY_free)> key(
-      PEM_read_bio_PrivateKey(key_bio.get(), nullptr, no_passphrase, nullptr), EVP_PKEY_free);
-  if (!key) {
-    const std::string why = TakeOpenSslErrors("no private key");
-    if (key_pem.find("-----BEGIN ENCRYPTED PRIVATE KEY-----") != std::string::npos ||
-        key_pem.find("Proc-Type: 4,ENCRYPTED") != std::string::npos) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "config: ", where, "key_file ", key_path,
-          " is encrypted: holdfastd reads keys without a passphrase (write it out "
-          "unencrypted, readable by holdfastd only: openssl pkey -in KEY -out KEY.plain)"));
-    }
-    return absl::InvalidArgumentError(absl::StrCat("config: ", where, "key_file ", key_path,
-                                                   ": the private key cannot be read: ", why));
-  }
-  if (X509_check_private_key(cert.get(), key.get()) != 1) {
-    ERR_clear_error();
-    return absl::InvalidArgumentError(absl::StrCat(
-        "config: ", where, "cert_file and ", where, "key_file do not belong together: ", key_path,
-        " is not the key of the certificate in ", cert_path,
-        " (a certificate renewed without its key, or the other way round?)"));
-  }
-  return absl::OkStatus();
+  absl::Status s =
+      holdfast::CheckKeyPairPem(where, cert_path, key_path, cert_pem, key_pem, "holdfastd");
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat("config: ", s.message()));
 }
 
 namespace {

@@ -102,7 +102,7 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
   void OnRenewed(const lock::RenewEnd& end) override;
   void OnSessionLookup(lock::SessionLookup result, bool waited) override;
   // TLS files changed (`files`: "api", or "etcd" for a cluster's client TLS):
-  // taken for new connections, or refused (server/tls_files.h).
+  // taken for new connections, or refused (common/tls_files.h).
   void OnTlsFiles(const std::string& files, bool taken);
   void OnCommitBatch(int members) override;
   void OnRide(lock::RideStep step) override;

@@ -38,7 +38,7 @@
 #include "server/rehome.h"
 #include "server/replicas.h"
 #include "server/session_service.h"
-#include "server/tls_files.h"
+#include "common/tls_files.h"
 
 namespace holdfast::server {
 

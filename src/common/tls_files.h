@@ -1,36 +1,47 @@
-// The TLS files holdfastd serves its API with (and presents to etcd), as gRPC
-// reads them.
+// The TLS files a gRPC channel or server uses, as gRPC reads them: holdfastd's
+// API and its client TLS to etcd, and libholdfast's (and so the CLI's) client
+// certificate.
 //
-// gRPC re-reads the files it is given every tls.refresh and takes whatever it
+// gRPC re-reads the files it is given every refresh and takes whatever it
 // finds: a certificate renewed without its key (a rotation that writes the two
 // files one at a time and is caught between them, or one that went wrong) is
 // loaded as it is, and from then on every new handshake fails until the files
 // are right again. For a service that must stay reachable while its SVIDs
-// rotate, that is an outage of new connections.
+// rotate, and for a client whose SVID rotates under it, that is an outage of new
+// connections.
 //
 // So gRPC is not given the configured files: it is given copies that this class
 // replaces only with a set that is whole. Every `check` interval it reads the
 // configured key, certificate and CA; when they changed, it checks them (the
 // certificate and the key read and belong together, every block of the chain
-// and of the CA bundle is a whole certificate) and only then puts the three in
-// place of the copies. A set that fails the check is not taken: the previous
-// one goes on serving. Found the same at the next pass (so not a rotation
-// caught between its writes), it is refused, and told once (Options::told:
-// holdfastd logs and counts it). The next change of the files is checked again.
+// and of the CA bundle is a whole certificate) and only then puts them in place
+// of the copies. A set that fails the check is not taken: the previous one goes
+// on serving. Found the same at the next pass (so not a rotation caught between
+// its writes), it is refused, and told once (Options::told: holdfastd logs and
+// counts it, libholdfast tells ClientOptions::on_tls_files). The next change of
+// the files is checked again.
 //
 // The copies are anonymous memory files (memfd) that gRPC opens by their
-// /proc/self/fd path: no file is written, and nothing is left behind when
-// holdfastd ends, however it ends. A replacement is an atomic dup3 per file,
-// the key and the certificate back to back. gRPC reads the two files one after
-// the other and compares their modification times (whole seconds) around its
-// reads; a read that falls between the two dup3s can still take the new key
-// with the old certificate, and then new handshakes fail until gRPC's next
-// re-read, one tls.refresh later. That window is two system calls wide.
+// /proc/self/fd path: no file is written, and nothing is left behind when the
+// process ends, however it ends. The certificate chain and its key are one
+// copy, the key followed by the chain, served as both the key file and the
+// certificate file (OpenSSL's PEM readers pass over the blocks of the other
+// kind), so the pair is replaced by one atomic dup3 and no read can see the new
+// key with the old certificate. gRPC reads the key and then the certificate and
+// compares the files' modification times (whole seconds) around its reads; each
+// copy is given a modification time one second past the one it replaces at
+// least, so a read that the replacement falls inside is seen, and read again.
+//
+// gRPC may read a provider's paths for a while after the channels that used it
+// are gone; so a descriptor number once served is not closed when its TlsFiles
+// ends: it is left pointing at an empty memory file, and the next TlsFiles of
+// the process serves under it (a process holds two for each TlsFiles live at once, at most).
 //
 // Thread-safe. The checking thread runs from Start until destruction.
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
@@ -39,7 +50,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 
-namespace holdfast::server {
+namespace holdfast {
 
 class TlsFiles {
  public:
@@ -56,8 +67,18 @@ class TlsFiles {
   struct Options {
     // key and cert both or neither (a CA alone: a client without a certificate).
     Paths configured;
-    // How the messages name the setting: "tls." (the API's), "etcd.tls.", ...
+    // How the messages name the setting: "config: " + "tls." (the API's),
+    // "etcd.tls.", ...; "" + "" for a client's options ("cert_file PATH ...").
+    std::string prefix = "config: ";
     std::string where = "tls.";
+    // Who reads the key, for the message of an encrypted one.
+    std::string reader = "holdfastd";
+    // Files that cannot be read at start are not an error: empty copies are
+    // served (no handshake succeeds) until the first whole set is found, as a
+    // client waits for an SVID agent that writes its files after the process
+    // starts. Otherwise Start refuses them. Files that are read and do not pass
+    // the check are refused at start either way.
+    bool wait_for_files = false;
     // How often the configured files are read (0: only when Check is called).
     std::chrono::milliseconds check{std::chrono::seconds(5)};
     // Told of each set taken (reason "") or refused, with the reason (for logs
@@ -66,14 +87,16 @@ class TlsFiles {
   };
 
   // Reads and checks the configured files and serves copies of them.
-  // INVALID_ARGUMENT when they do not pass the check (as CheckConfigFiles
-  // says at start), INTERNAL when the memory files cannot be made.
+  // INVALID_ARGUMENT when they do not pass the check (as holdfastd's
+  // CheckConfigFiles says at start; not with wait_for_files), INTERNAL when the
+  // memory files cannot be made.
   static absl::StatusOr<std::unique_ptr<TlsFiles>> Start(Options options);
   ~TlsFiles();
   TlsFiles(const TlsFiles&) = delete;
   TlsFiles& operator=(const TlsFiles&) = delete;
 
-  // The paths to give gRPC (/proc/self/fd/N; key and cert empty for a CA alone).
+  // The paths to give gRPC (/proc/self/fd/N; key and cert empty for a CA alone,
+  // and otherwise the same file: the key followed by the chain).
   const Paths& served() const { return served_; }
 
   // One pass of the checking thread: reads the configured files and, when they
@@ -88,7 +111,10 @@ class TlsFiles {
   const Options options_;
   Paths served_;
   bool started_ = false;  // Serve made the served descriptors
-  int key_fd_ = -1, cert_fd_ = -1, ca_fd_ = -1;
+  int pair_fd_ = -1, ca_fd_ = -1;
+  // The modification time (seconds) of the copies served last: the next are
+  // given a later one.
+  int64_t pair_mtime_ = 0, ca_mtime_ = 0;
 
   // Held for a whole pass of Check, so a pass's dup3s are not interleaved.
   absl::Mutex mu_;
@@ -100,4 +126,4 @@ class TlsFiles {
   std::thread checker_;
 };
 
-}  // namespace holdfast::server
+}  // namespace holdfast

@@ -1,8 +1,9 @@
 // TlsFiles against files on disk, with certificates of a CA made here; no server.
-#include "server/tls_files.h"
+#include "common/tls_files.h"
 
 #include <cstdio>
 #include <filesystem>
+#include <set>
 #include <fstream>
 #include <sstream>
 #include <string>
@@ -13,11 +14,12 @@
 #include <openssl/bio.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <sys/stat.h>
 
 #include "dev/certs.h"
 #include "dev/temp_dir.h"
 
-namespace holdfast::server {
+namespace holdfast {
 namespace {
 
 std::string Read(const std::string& path) {
@@ -67,10 +69,15 @@ class TlsFilesTest : public ::testing::Test {
     return files.ok() ? *std::move(files) : nullptr;
   }
 
-  // What gRPC would read now.
+  // What gRPC would read now: the key file (which is the certificate file too)
+  // and the CA file.
   std::vector<std::string> Served(const TlsFiles& files) {
-    return {Read(files.served().key), Read(files.served().cert), Read(files.served().ca)};
+    EXPECT_EQ(files.served().key, files.served().cert);
+    return {Read(files.served().key), Read(files.served().ca)};
   }
+
+  // The one file that serves as both the key file and the certificate file.
+  static std::string Pair(const dev::Pem& pem) { return pem.key + pem.cert; }
 
   std::string dir_;
   dev::Pem ca_, first_;
@@ -84,13 +91,13 @@ TEST_F(TlsFilesTest, ServesTheFilesAndTakesAWholeRotation) {
   auto files = Start();
   ASSERT_NE(files, nullptr);
   EXPECT_EQ(files->served().key.rfind("/proc/self/fd/", 0), 0u) << files->served().key;
-  EXPECT_EQ(Served(*files), (std::vector<std::string>{first_.key, first_.cert, ca_.cert}));
+  EXPECT_EQ(Served(*files), (std::vector<std::string>{Pair(first_), ca_.cert}));
   EXPECT_EQ(files->Check(), TlsFiles::Outcome::kUnchanged);
 
   const dev::Pem second = Leaf();
   ASSERT_TRUE(dev::WritePem(dir_, "server", second).ok());
   EXPECT_EQ(files->Check(), TlsFiles::Outcome::kTaken);
-  EXPECT_EQ(Served(*files), (std::vector<std::string>{second.key, second.cert, ca_.cert}));
+  EXPECT_EQ(Served(*files), (std::vector<std::string>{Pair(second), ca_.cert}));
   ASSERT_EQ(told_.size(), 1u);
   EXPECT_EQ(told_[0].first, TlsFiles::Outcome::kTaken);
   EXPECT_EQ(files->Check(), TlsFiles::Outcome::kUnchanged);
@@ -106,10 +113,10 @@ TEST_F(TlsFilesTest, ARotationCaughtBetweenItsWritesIsServedWholeAndNotRefused) 
   const dev::Pem second = Leaf();
   ASSERT_TRUE(dev::WriteFileAtomically(paths_.cert, second.cert, 0644).ok());
   EXPECT_EQ(files->Check(), TlsFiles::Outcome::kPending);
-  EXPECT_EQ(Served(*files), (std::vector<std::string>{first_.key, first_.cert, ca_.cert}));
+  EXPECT_EQ(Served(*files), (std::vector<std::string>{Pair(first_), ca_.cert}));
   ASSERT_TRUE(dev::WriteFileAtomically(paths_.key, second.key, 0600).ok());
   EXPECT_EQ(files->Check(), TlsFiles::Outcome::kTaken);
-  EXPECT_EQ(Served(*files), (std::vector<std::string>{second.key, second.cert, ca_.cert}));
+  EXPECT_EQ(Served(*files), (std::vector<std::string>{Pair(second), ca_.cert}));
   ASSERT_EQ(told_.size(), 1u);
   EXPECT_EQ(told_[0].first, TlsFiles::Outcome::kTaken);
 }
@@ -125,7 +132,7 @@ TEST_F(TlsFilesTest, ACertificateWithoutItsKeyIsNotServedUntilTheKeyFollows) {
   EXPECT_EQ(files->Check(), TlsFiles::Outcome::kPending);
   EXPECT_TRUE(told_.empty());
   EXPECT_EQ(files->Check(), TlsFiles::Outcome::kRefused);
-  EXPECT_EQ(Served(*files), (std::vector<std::string>{first_.key, first_.cert, ca_.cert}));
+  EXPECT_EQ(Served(*files), (std::vector<std::string>{Pair(first_), ca_.cert}));
   ASSERT_EQ(told_.size(), 1u);
   EXPECT_EQ(told_[0].first, TlsFiles::Outcome::kRefused);
   EXPECT_NE(told_[0].second.find("config: tls.cert_file and tls.key_file do not belong together: " +
@@ -138,7 +145,7 @@ TEST_F(TlsFilesTest, ACertificateWithoutItsKeyIsNotServedUntilTheKeyFollows) {
 
   ASSERT_TRUE(dev::WriteFileAtomically(paths_.key, second.key, 0600).ok());
   EXPECT_EQ(files->Check(), TlsFiles::Outcome::kTaken);
-  EXPECT_EQ(Served(*files), (std::vector<std::string>{second.key, second.cert, ca_.cert}));
+  EXPECT_EQ(Served(*files), (std::vector<std::string>{Pair(second), ca_.cert}));
 }
 
 // A CA file that holds no certificate, a CA bundle cut off mid-write, a key that
@@ -247,5 +254,90 @@ TEST_F(TlsFilesTest, ASetThatDoesNotPassIsRefusedAtStart) {
       << files.status();
 }
 
+// The key and its certificate are one file, so no read sees one without the
+// other; each copy is modified a whole second after the one it replaces at
+// least (gRPC compares whole seconds around its reads), however fast rotations
+// come.
+TEST_F(TlsFilesTest, TheKeyAndItsCertificateAreReplacedAtOnceAndLaterEachTime) {
+  auto files = Start();
+  ASSERT_NE(files, nullptr);
+  ASSERT_EQ(files->served().key, files->served().cert);
+  auto modified = [&](const std::string& path) {
+    struct stat st {};
+    EXPECT_EQ(::stat(path.c_str(), &st), 0) << path;
+    return st.st_mtim.tv_sec;
+  };
+  auto pair_at = modified(files->served().key), ca_at = modified(files->served().ca);
+  for (int i = 0; i < 3; ++i) {  // well within a second
+    const dev::Pem next = Leaf();
+    ASSERT_TRUE(dev::WritePem(dir_, "server", next).ok());
+    auto other_ca = dev::MakeCa("tls-files-test " + std::to_string(i));
+    ASSERT_TRUE(other_ca.ok()) << other_ca.status();
+    ASSERT_TRUE(dev::WriteFileAtomically(paths_.ca, other_ca->cert + ca_.cert, 0644).ok());
+    ASSERT_EQ(files->Check(), TlsFiles::Outcome::kTaken);
+    EXPECT_EQ(Served(*files), (std::vector<std::string>{Pair(next), other_ca->cert + ca_.cert}));
+    EXPECT_GT(modified(files->served().key), pair_at);
+    EXPECT_GT(modified(files->served().ca), ca_at);
+    pair_at = modified(files->served().key);
+    ca_at = modified(files->served().ca);
+  }
+}
+
+// A client's files (wait_for_files): ones not there at start are waited for,
+// with empty copies served and the wait told as a refusal with its reason; the
+// first whole set is taken. Files that are there and do not pass are refused at
+// start all the same, named as a client's options name them.
+TEST_F(TlsFilesTest, AClientWaitsForFilesNotThereButRefusesASetThatIsThereAndNotWhole) {
+  ASSERT_EQ(std::remove(paths_.key.c_str()), 0);
+  TlsFiles::Options o;
+  o.configured = paths_;
+  o.prefix = "";
+  o.where = "";
+  o.reader = "libholdfast";
+  o.wait_for_files = true;
+  o.check = std::chrono::milliseconds(0);
+  o.told = [this](TlsFiles::Outcome outcome, const std::string& reason) {
+    told_.emplace_back(outcome, reason);
+  };
+  auto files = TlsFiles::Start(o);
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(Served(**files), (std::vector<std::string>{"", ""}));
+  EXPECT_EQ((*files)->Check(), TlsFiles::Outcome::kPending);
+  EXPECT_EQ((*files)->Check(), TlsFiles::Outcome::kRefused);
+  ASSERT_EQ(told_.size(), 1u);
+  EXPECT_EQ(told_[0].second.rfind("cannot read " + paths_.key, 0), 0u) << told_[0].second;
+  EXPECT_EQ(Served(**files), (std::vector<std::string>{"", ""}));
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.key, first_.key, 0600).ok());
+  EXPECT_EQ((*files)->Check(), TlsFiles::Outcome::kTaken);
+  EXPECT_EQ(Served(**files), (std::vector<std::string>{Pair(first_), ca_.cert}));
+
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.cert, Leaf().cert, 0644).ok());
+  auto mismatched = TlsFiles::Start(o);
+  ASSERT_FALSE(mismatched.ok());
+  EXPECT_EQ(mismatched.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(mismatched.status().message(),
+            "cert_file and key_file do not belong together: " + paths_.key +
+                " is not the key of the certificate in " + paths_.cert +
+                " (a certificate renewed without its key, or the other way round?)");
+}
+
+// gRPC may read a provider's paths after the channels that used it are gone:
+// the numbers a TlsFiles served are left on empty files when it ends (never
+// closed, so never another file's), and the next one serves under them.
+TEST_F(TlsFilesTest, TheNumbersServedAreLeftOnEmptyFilesAndServedAgain) {
+  auto first = Start();
+  ASSERT_NE(first, nullptr);
+  const TlsFiles::Paths served = first->served();
+  EXPECT_EQ(Read(served.key), Pair(first_));
+  first.reset();
+  EXPECT_EQ(Read(served.key), "");
+  EXPECT_EQ(Read(served.ca), "");
+  auto second = Start();
+  ASSERT_NE(second, nullptr);
+  EXPECT_EQ((std::set<std::string>{second->served().key, second->served().ca}),
+            (std::set<std::string>{served.key, served.ca}));
+  EXPECT_EQ(Served(*second), (std::vector<std::string>{Pair(first_), ca_.cert}));
+}
+
 }  // namespace
-}  // namespace holdfast::server
+}  // namespace holdfast

@@ -1,4 +1,4 @@
-#include "server/tls_files.h"
+#include "common/tls_files.h"
 
 #include <fcntl.h>
 #include <openssl/bio.h>
@@ -6,18 +6,23 @@
 #include <openssl/pem.h>
 #include <openssl/x509.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <vector>
+
+#include <algorithm>
+#include <ctime>
 
 #include "absl/strings/str_cat.h"
-#include "server/auth.h"
-#include "server/config.h"
+#include "absl/synchronization/mutex.h"
+#include "common/pem_file.h"
 
-namespace holdfast::server {
+namespace holdfast {
 namespace {
 
 // A file's text; NOT_FOUND-like errors as INVALID_ARGUMENT naming it.
@@ -32,20 +37,23 @@ absl::StatusOr<std::string> ReadText(const std::string& path) {
   return text.str();
 }
 
-absl::Status CheckSet(const std::string& where, const TlsFiles::Paths& paths,
-                      const std::string& key, const std::string& cert, const std::string& ca) {
+absl::Status CheckSet(const TlsFiles::Options& o, const std::string& key, const std::string& cert,
+                      const std::string& ca) {
+  const TlsFiles::Paths& paths = o.configured;
   if (!paths.cert.empty()) {
-    if (auto s = CheckKeyPairPem(where, paths.cert, paths.key, cert, key); !s.ok()) return s;
+    if (auto s = CheckKeyPairPem(o.where, paths.cert, paths.key, cert, key, o.reader); !s.ok()) {
+      return absl::Status(s.code(), absl::StrCat(o.prefix, s.message()));
+    }
     // Every block of the chain and of the CA bundle, not only the first: a file
     // cut off mid-write reads as far as its last whole block.
     if (CountWholeCertificates(cert) == 0) {
-      return absl::InvalidArgumentError(absl::StrCat("config: ", where, "cert_file ", paths.cert,
+      return absl::InvalidArgumentError(absl::StrCat(o.prefix, o.where, "cert_file ", paths.cert,
                                                      " holds a block that is not a whole certificate"));
     }
   }
   if (!paths.ca.empty() && CountWholeCertificates(ca) == 0) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "config: ", where, "ca_file ", paths.ca,
+        o.prefix, o.where, "ca_file ", paths.ca,
         " holds no PEM certificate, or a block that is not a whole certificate"));
   }
   return absl::OkStatus();
@@ -57,8 +65,9 @@ absl::StatusOr<std::string> ReadIfNamed(const std::string& path) {
   return ReadText(path);
 }
 
-// An anonymous memory file holding `text`; -1 and errno on failure.
-int MemoryFile(const char* name, const std::string& text) {
+// An anonymous memory file holding `text`, modified at a whole second past
+// `*after` at least (and *after set to it); -1 and errno on failure.
+int MemoryFile(const char* name, const std::string& text, int64_t* after) {
   const int fd = ::memfd_create(name, MFD_CLOEXEC);
   if (fd < 0) return -1;
   size_t done = 0;
@@ -73,7 +82,69 @@ int MemoryFile(const char* name, const std::string& text) {
     }
     done += static_cast<size_t>(n);
   }
+  const int64_t now = static_cast<int64_t>(std::time(nullptr));
+  const int64_t at = std::max(now, *after + 1);
+  const struct timespec times[2] = {{at, 0}, {at, 0}};
+  if (::futimens(fd, times) != 0) {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  }
+  *after = at;
   return fd;
+}
+
+// The key followed by its certificate chain: one file for both, so the two are
+// replaced at once. The key comes first: OpenSSL's key reader takes the first
+// key block of the file, its certificate reader passes over key blocks (and any
+// key the chain's file holds comes after the configured one).
+std::string Pair(const std::string& cert, const std::string& key) {
+  if (key.empty() || key.back() == '\n') return key + cert;
+  return absl::StrCat(key, "\n", cert);
+}
+
+// The descriptor numbers of TlsFiles that ended, each holding an empty memory
+// file, for the next TlsFiles to serve under. gRPC may read a certificate
+// provider's paths for a while after the channels that used it are gone (a
+// Client destroyed while its connections wind down): a number closed could be
+// given to another file by then (a pipe, whose open would block the reader).
+// So a number once served keeps pointing at a memory file, and is reused.
+absl::Mutex pool_mu;
+std::vector<int>& Pool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu) {
+  static auto* pool = new std::vector<int>();
+  return *pool;
+}
+
+// `fd` (a fresh memory file) under a pooled number, if one is free: that
+// number, and fd closed. Otherwise fd itself.
+int UnderPooledNumber(int fd) {
+  absl::MutexLock l(&pool_mu);
+  while (!Pool().empty()) {
+    const int number = Pool().back();
+    Pool().pop_back();
+    if (::dup3(fd, number, O_CLOEXEC) >= 0) {
+      ::close(fd);
+      return number;
+    }
+    ::close(number);
+  }
+  return fd;
+}
+
+// Ends the serving of `fd`: an empty memory file takes its place, and the number
+// goes to the pool (closed if none can be made).
+void Retire(int fd) {
+  if (fd < 0) return;
+  const int empty = ::memfd_create("holdfast-tls-retired", MFD_CLOEXEC);
+  if (empty < 0 || ::dup3(empty, fd, O_CLOEXEC) < 0) {
+    if (empty >= 0) ::close(empty);
+    ::close(fd);
+    return;
+  }
+  ::close(empty);
+  absl::MutexLock l(&pool_mu);
+  Pool().push_back(fd);
 }
 
 }  // namespace
@@ -82,21 +153,24 @@ absl::StatusOr<std::unique_ptr<TlsFiles>> TlsFiles::Start(Options options) {
   std::unique_ptr<TlsFiles> t(new TlsFiles(std::move(options)));
   const Paths& p = t->options_.configured;
   if (p.key.empty() != p.cert.empty()) {
-    return absl::InvalidArgumentError(absl::StrCat("config: ", t->options_.where,
+    return absl::InvalidArgumentError(absl::StrCat(t->options_.prefix, t->options_.where,
                                                    "cert_file and key_file go together"));
   }
   auto key = ReadIfNamed(p.key);
-  if (!key.ok()) return key.status();
   auto cert = ReadIfNamed(p.cert);
-  if (!cert.ok()) return cert.status();
   auto ca = ReadIfNamed(p.ca);
-  if (!ca.ok()) return ca.status();
-  if (auto s = CheckSet(t->options_.where, p, *key, *cert, *ca); !s.ok()) return s;
-  if (auto s = t->Serve(*key, *cert, *ca); !s.ok()) return s;
-  {
+  if (key.ok() && cert.ok() && ca.ok()) {
+    if (auto s = CheckSet(t->options_, *key, *cert, *ca); !s.ok()) return s;
+    if (auto s = t->Serve(*key, *cert, *ca); !s.ok()) return s;
     absl::MutexLock l(&t->mu_);
     t->served_text_ =
         absl::StrCat(*key, std::string(1, '\0'), *cert, std::string(1, '\0'), *ca);
+  } else if (t->options_.wait_for_files) {
+    // A file not there yet: empty copies until a whole set is found
+    // (served_text_ "" matches no set).
+    if (auto s = t->Serve("", "", ""); !s.ok()) return s;
+  } else {
+    return !key.ok() ? key.status() : !cert.ok() ? cert.status() : ca.status();
   }
   if (t->options_.check.count() > 0) {
     TlsFiles* self = t.get();
@@ -125,21 +199,20 @@ TlsFiles::~TlsFiles() {
     stopping_ = true;
   }
   if (checker_.joinable()) checker_.join();
-  for (int fd : {key_fd_, cert_fd_, ca_fd_}) {
-    if (fd >= 0) ::close(fd);
-  }
+  Retire(pair_fd_);
+  Retire(ca_fd_);
 }
 
 absl::Status TlsFiles::Serve(const std::string& key, const std::string& cert,
                              const std::string& ca) {
   const bool with_pair = !options_.configured.cert.empty();
   const bool with_ca = !options_.configured.ca.empty();
-  const int k = with_pair ? MemoryFile("holdfast-tls-key", key) : -1;
-  const int c = with_pair && k >= 0 ? MemoryFile("holdfast-tls-cert", cert) : -1;
-  const int a = with_ca && (!with_pair || c >= 0) ? MemoryFile("holdfast-tls-ca", ca) : -1;
-  if ((with_pair && (k < 0 || c < 0)) || (with_ca && a < 0)) {
+  int64_t pair_mtime = pair_mtime_, ca_mtime = ca_mtime_;
+  const int k = with_pair ? MemoryFile("holdfast-tls-pair", Pair(cert, key), &pair_mtime) : -1;
+  const int a = with_ca && (!with_pair || k >= 0) ? MemoryFile("holdfast-tls-ca", ca, &ca_mtime) : -1;
+  if ((with_pair && k < 0) || (with_ca && a < 0)) {
     const int e = errno;
-    for (int fd : {k, c, a}) {
+    for (int fd : {k, a}) {
       if (fd >= 0) ::close(fd);
     }
     return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(e)));
@@ -147,24 +220,28 @@ absl::Status TlsFiles::Serve(const std::string& key, const std::string& cert,
   if (!started_) {
     // The first set: its descriptors are the ones served from now on.
     started_ = true;
-    key_fd_ = k;
-    cert_fd_ = c;
-    ca_fd_ = a;
-    if (with_pair) served_.key = absl::StrCat("/proc/self/fd/", key_fd_);
-    if (with_pair) served_.cert = absl::StrCat("/proc/self/fd/", cert_fd_);
+    pair_fd_ = k >= 0 ? UnderPooledNumber(k) : -1;
+    ca_fd_ = a >= 0 ? UnderPooledNumber(a) : -1;
+    pair_mtime_ = pair_mtime;
+    ca_mtime_ = ca_mtime;
+    if (with_pair) served_.key = served_.cert = absl::StrCat("/proc/self/fd/", pair_fd_);
     if (with_ca) served_.ca = absl::StrCat("/proc/self/fd/", ca_fd_);
     return absl::OkStatus();
   }
   // A later set takes the served descriptors' places, one atomic dup3 each
-  // (close-on-exec kept), the key and its certificate back to back.
+  // (close-on-exec kept): the pair at once, then the CA.
   bool swapped = true;
   if (with_pair) {
-    swapped = ::dup3(k, key_fd_, O_CLOEXEC) >= 0;
-    swapped = ::dup3(c, cert_fd_, O_CLOEXEC) >= 0 && swapped;
+    swapped = ::dup3(k, pair_fd_, O_CLOEXEC) >= 0;
+    if (swapped) pair_mtime_ = pair_mtime;
   }
-  if (with_ca) swapped = ::dup3(a, ca_fd_, O_CLOEXEC) >= 0 && swapped;
+  if (with_ca) {
+    const bool ca_swapped = ::dup3(a, ca_fd_, O_CLOEXEC) >= 0;
+    if (ca_swapped) ca_mtime_ = ca_mtime;
+    swapped = ca_swapped && swapped;
+  }
   const int e = errno;
-  for (int fd : {k, c, a}) {
+  for (int fd : {k, a}) {
     if (fd >= 0) ::close(fd);
   }
   if (!swapped) return absl::InternalError(absl::StrCat("dup3: ", std::strerror(e)));
@@ -194,7 +271,7 @@ TlsFiles::Outcome TlsFiles::Check() {
     return tell(Outcome::kTaken, "");
   }
   if (text == refused_) return Outcome::kUnchanged;  // told already
-  if (s.ok()) s = CheckSet(options_.where, p, *key, *cert, *ca);
+  if (s.ok()) s = CheckSet(options_, *key, *cert, *ca);
   if (s.ok()) {
     if (auto served = Serve(*key, *cert, *ca); !served.ok()) {
       // Not taken (nor all of it, maybe): the next pass serves the set again.
@@ -218,4 +295,4 @@ TlsFiles::Outcome TlsFiles::Check() {
   return tell(Outcome::kRefused, std::string(s.message()));
 }
 
-}  // namespace holdfast::server
+}  // namespace holdfast
