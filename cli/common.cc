@@ -223,6 +223,15 @@ std::unique_ptr<Client> ConnectOrReport(const GlobalOptions& global, int* exit_c
       options.key_file = dev->key;
     }
   }
+  // A long `holdfast lock -- cmd` outlives rotations of its certificate: say
+  // when one cannot be used (the previous files go on being used).
+  options.on_tls_files = [](const absl::Status& s) {
+    if (s.ok()) return;
+    std::fprintf(stderr,
+                 "holdfast: TLS: ERROR: the certificate files changed and cannot be used, "
+                 "using the previous ones until they are fixed: %s\n",
+                 std::string(s.message()).c_str());
+  };
   auto client = Client::Connect(std::move(options));
   if (!client.ok()) {
     // Refused before any call (a malformed endpoint, plaintext off loopback): the

@@ -439,13 +439,28 @@ TEST_F(CliTest, BadInputIsRefusedBeforeReachingTheServer) {
   // mTLS files that cannot be used, named by their flag, before any connection.
   const std::string not_pem = Path("not-a-cert.txt");
   std::ofstream(not_pem) << "hello\n";
+  // A certificate with another certificate's key (one renewed without its key).
+  auto pki = dev::MakeCa("cli-test");
+  ASSERT_TRUE(pki.ok()) << pki.status();
+  auto one = dev::MakeLeaf(*pki, {}), other = dev::MakeLeaf(*pki, {});
+  ASSERT_TRUE(one.ok() && other.ok());
+  const std::string pki_dir = cluster_->dir();
+  ASSERT_TRUE(dev::WritePem(pki_dir, "pki-ca", *pki).ok());
+  ASSERT_TRUE(dev::WritePem(pki_dir, "pki-one", *one).ok());
+  ASSERT_TRUE(dev::WritePem(pki_dir, "pki-other", *other).ok());
   for (const auto& [flags, reason] :
        {std::pair{std::vector<std::string>{"--ca", Path("ca.pme"), "--cert", not_pem, "--key",
                                            not_pem},
                   "--ca " + Path("ca.pme") + ": cannot read: No such file or directory"},
         std::pair{std::vector<std::string>{"--ca", not_pem, "--cert", not_pem, "--key", not_pem},
                   "--ca " + not_pem +
-                      " holds no PEM certificate (no \"-----BEGIN CERTIFICATE-----\" line)"}}) {
+                      " holds no PEM certificate (no \"-----BEGIN CERTIFICATE-----\" line)"},
+        std::pair{std::vector<std::string>{"--ca", Path("pki-ca.pem"), "--cert",
+                                           Path("pki-one.pem"), "--key",
+                                           Path("pki-other_key.pem")},
+                  "cert_file and key_file do not belong together: " + Path("pki-other_key.pem") +
+                      " is not the key of the certificate in " + Path("pki-one.pem") +
+                      " (a certificate renewed without its key, or the other way round?)"}}) {
     std::vector<std::string> args = flags;
     args.insert(args.end(), {"lock", "default/cli/bad", "--", "touch", file});
     r = Run(args);

@@ -699,6 +699,75 @@ TEST_F(IdentityTest, ARotatedServerCertificateServesNewHandshakesAndAHalfRotatio
   EXPECT_EQ(presented(), third->cert);
 }
 
+// A client's certificate rotates under it: libholdfast reads its files every
+// 2 s and gives gRPC copies that only a whole set replaces. A certificate
+// written without its key is told (ClientOptions::on_tls_files) and not used:
+// the client's next connection (holdfastd restarted) is made with the previous
+// pair, where gRPC reading the files itself would present the new certificate
+// with the old key and fail the handshake. Once the key follows, the next
+// connection is made with the new pair (another identity here, so the server's
+// answer tells which pair it saw).
+TEST_F(IdentityTest, AClientsHalfRotatedCertificateIsNotUsedForItsNextConnection) {
+  const std::string dir = cluster_->certs_dir();
+  auto ca = dev::ReadPem(dir, "ca");
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  dev::LeafOptions alice, admin;
+  alice.uris = {"spiffe://test.holdfast/team/alice"};
+  admin.uris = {"spiffe://test.holdfast/ops/rotated"};  // admin_ids: spiffe://test.holdfast/ops/*
+  auto first = dev::MakeLeaf(*ca, alice), next = dev::MakeLeaf(*ca, admin);
+  ASSERT_TRUE(first.ok() && next.ok());
+  ASSERT_TRUE(dev::WritePem(dir, "rotating", *first).ok());
+
+  absl::Mutex mu;
+  std::vector<absl::Status> told;
+  auto told_with = [&](const std::string& text, bool ok) {
+    absl::MutexLock l(&mu);
+    for (const auto& s : told) {
+      if (s.ok() == ok && s.ToString().find(text) != std::string::npos) return true;
+    }
+    return false;
+  };
+  auto wait_told = [&](const std::string& text, bool ok) {
+    const auto until = std::chrono::steady_clock::now() + seconds(30);
+    while (!told_with(text, ok) && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    return told_with(text, ok);
+  };
+  ClientOptions o;
+  o.endpoints = {cluster_->endpoint(0)};
+  o.ca_file = dir + "/ca.pem";
+  o.cert_file = dir + "/rotating.pem";
+  o.key_file = dir + "/rotating_key.pem";
+  o.on_tls_files = [&](const absl::Status& s) {
+    absl::MutexLock l(&mu);
+    told.push_back(s);
+  };
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto create = [&](const std::string& name) {
+    v1::CreateNamespaceRequest req;
+    req.mutable_namespace_()->set_name(name);
+    return (*client)->CreateNamespace(req).status();
+  };
+  EXPECT_EQ(create("rotated-a").code(), absl::StatusCode::kPermissionDenied);  // alice
+
+  ASSERT_TRUE(dev::WriteFileAtomically(o.cert_file, next->cert, 0644).ok());
+  ASSERT_TRUE(wait_told("cert_file and key_file do not belong together: " + o.key_file, false))
+      << "the half rotation was not told";
+  std::this_thread::sleep_for(seconds(3));  // past gRPC's re-read of the copies (2 s)
+  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+  // A new connection, made with alice's pair: refused as alice, not unreachable.
+  EXPECT_EQ(create("rotated-b").code(), absl::StatusCode::kPermissionDenied) << create("rotated-b");
+
+  ASSERT_TRUE(dev::WriteFileAtomically(o.key_file, next->key, 0600).ok());
+  ASSERT_TRUE(wait_told("OK", true)) << "the whole rotation was not told";
+  std::this_thread::sleep_for(seconds(3));
+  ASSERT_TRUE(cluster_->holdfastd().Restart().ok());
+  EXPECT_TRUE(create("rotated-c").ok()) << create("rotated-c");  // the new identity, an admin
+  client->reset();
+}
+
 // Production config: holdfastd reaches etcd over TLS with a client certificate,
 // and etcd (--client-cert-auth) refuses anyone without one.
 TEST(EtcdTlsTest, HoldfastdTalksToEtcdWithAClientCertificate) {

@@ -101,6 +101,17 @@ struct ClientOptions {
   // anything answering plaintext elsewhere is not it, and could grant locks that
   // are not held.
   std::string ca_file, cert_file, key_file;
+  // Told when the mTLS files change (they are read every 2 s; gRPC is given
+  // copies that only a whole set replaces, common/tls_files.h): OK once a
+  // changed set is used for new connections; INVALID_ARGUMENT with the reason
+  // when a changed set cannot be used ("cert_file and key_file do not belong
+  // together: ...", a chain cut off, a file gone), and the previous set goes on
+  // being used until the files are fixed. A set seen half written once (a
+  // rotation between its writes) is waited out, not told. Files not there at
+  // Connect are told the same way while they stay away (no connection succeeds
+  // until they are there). Called on libholdfast's file-checking thread: must
+  // be quick, must not throw, and must not call the Client.
+  std::function<void(const absl::Status&)> on_tls_files;
   bool allow_plaintext = false;
   // Name the server certificate must carry (default: the endpoint's host).
   std::string server_name;
@@ -290,9 +301,11 @@ class Client {
   // Creates the channels; does not wait for a connection. INVALID_ARGUMENT for no
   // endpoint, or one that is empty or has spaces, commas or control characters in
   // it; an rpc_timeout outside (0, 24h]; plaintext to an endpoint off loopback (see ca_file); cert_file without
-  // key_file or either without ca_file; and an mTLS file that is there but is not
+  // key_file or either without ca_file; an mTLS file that is there but is not
   // what it is named for ("key_file PATH holds no PEM private key ...", a
-  // directory, unreadable). A file not there yet is not an error: it is read once
+  // directory, unreadable); and files that are all there but cannot be used
+  // together ("cert_file and key_file do not belong together: ...", a chain or
+  // a CA bundle cut off). A file not there yet is not an error: it is read once
   // it appears (an SVID agent that writes it after the process starts), and calls
   // fail as unreachable until then.
   static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);

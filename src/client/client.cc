@@ -197,28 +197,53 @@ namespace internal {
 
 namespace {
 constexpr std::chrono::milliseconds kConnectPoll{10};
+// How often the mTLS files are read (and gRPC reads its copies of them).
+constexpr std::chrono::seconds kTlsRefresh{2};
 }  // namespace
 
-std::shared_ptr<grpc::ChannelCredentials> Credentials(const ClientOptions& o) {
-  if (o.ca_file.empty()) return grpc::InsecureChannelCredentials();
-  constexpr unsigned kRefreshSeconds = 10;
+absl::StatusOr<std::unique_ptr<TlsFiles>> StartTlsFiles(const ClientOptions& o) {
+  if (o.ca_file.empty()) return nullptr;
+  TlsFiles::Options to;
+  to.configured = {o.key_file, o.cert_file, o.ca_file};
+  to.prefix = "";
+  to.where = "";  // "cert_file PATH ...", as Connect's other messages
+  to.reader = "libholdfast";
+  to.wait_for_files = true;
+  to.check = kTlsRefresh;
+  if (o.on_tls_files) {
+    to.told = [tell = o.on_tls_files](TlsFiles::Outcome outcome, const std::string& reason) {
+      tell(outcome == TlsFiles::Outcome::kTaken ? absl::OkStatus()
+                                                : absl::InvalidArgumentError(reason));
+    };
+  }
+  return TlsFiles::Start(std::move(to));
+}
+
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const TlsFiles* files) {
+  if (files == nullptr) return grpc::InsecureChannelCredentials();
+  // gRPC reads the copies that `files` keeps whole (common/tls_files.h), as
+  // often as they are checked, so a rotation is used within twice kTlsRefresh.
+  const auto refresh = static_cast<unsigned>(
+      std::chrono::duration_cast<std::chrono::seconds>(kTlsRefresh).count());
+  const TlsFiles::Paths& served = files->served();
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
-  if (o.cert_file.empty()) {
+  if (served.cert.empty()) {
     provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-        o.ca_file, kRefreshSeconds);
+        served.ca, refresh);
   } else {
     provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
-        o.key_file, o.cert_file, o.ca_file, kRefreshSeconds);
+        served.key, served.cert, served.ca, refresh);
   }
   grpc::experimental::TlsChannelCredentialsOptions options;
   options.set_certificate_provider(provider);
   options.watch_root_certs();
-  if (!o.cert_file.empty()) options.watch_identity_key_cert_pairs();
+  if (!served.cert.empty()) options.watch_identity_key_cert_pairs();
   options.set_verify_server_certs(true);
   return grpc::experimental::TlsCredentials(options);
 }
 
-ClientCore::ClientCore(ClientOptions options) : options_(std::move(options)) {
+ClientCore::ClientCore(ClientOptions options, std::unique_ptr<TlsFiles> tls_files)
+    : options_(std::move(options)), tls_files_(std::move(tls_files)) {
   grpc::ChannelArguments args;
   args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 10'000);
   args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 5'000);
@@ -230,7 +255,7 @@ ClientCore::ClientCore(ClientOptions options) : options_(std::move(options)) {
     std::random_device seed;
     std::shuffle(order.begin(), order.end(), std::mt19937(seed()));
   }
-  const auto credentials = Credentials(options_);
+  const auto credentials = Credentials(tls_files_.get());
   for (const auto& address : order) {
     auto e = std::make_unique<Endpoint>();
     e->index = endpoints_.size();
@@ -1097,8 +1122,12 @@ absl::StatusOr<std::unique_ptr<Client>> Client::Connect(ClientOptions options) {
       return absl::InvalidArgumentError(absl::StrCat(name, " ", s.message()));
     }
   }
-  return std::unique_ptr<Client>(
-      new Client(std::make_shared<internal::ClientCore>(std::move(options))));
+  // gRPC reads copies of the files that only a whole set replaces; a set that
+  // is all there must pass the checks holdfastd's own files do.
+  auto tls_files = internal::StartTlsFiles(options);
+  if (!tls_files.ok()) return tls_files.status();
+  return std::unique_ptr<Client>(new Client(
+      std::make_shared<internal::ClientCore>(std::move(options), *std::move(tls_files))));
 }
 
 Client::~Client() {

@@ -24,6 +24,7 @@
 #include "absl/strings/str_cat.h"
 
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "dev/certs.h"
 #include "holdfast/client.h"
 #include "holdfast/v1/lock.grpc.pb.h"
 #include "holdfast/v1/session.grpc.pb.h"
@@ -400,19 +401,26 @@ TEST(EndpointListTest, PlaintextGoesOnlyToLoopbackUnlessAllowed) {
 }
 
 // The mTLS files are read at Connect: one that is there must be what it is named
-// for (refused with the field, the path and the reason, not left to gRPC's
-// watcher to log while every call fails as if holdfastd were unreachable); one
-// not there yet is waited for, as an SVID agent may write it after the start.
+// for, and files that are all there must be usable together (refused with the
+// field, the path and the reason, not left to gRPC's watcher to log while every
+// call fails as if holdfastd were unreachable); one not there yet is waited for,
+// as an SVID agent may write it after the start.
 TEST(EndpointListTest, MtlsFilesThatCannotBeUsedAreRefusedAtConnect) {
   std::string dir = ::testing::TempDir() + "/hf-client-pem-XXXXXX";
   ASSERT_NE(::mkdtemp(dir.data()), nullptr);
-  const std::string cert = dir + "/svid.pem";
-  std::ofstream(cert) << "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
-  const std::string key = dir + "/svid_key.pem";
-  std::ofstream(key) << "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n";
+  auto ca = dev::MakeCa("client-pem-test");
+  ASSERT_TRUE(ca.ok()) << ca.status();
+  dev::LeafOptions leaf;
+  leaf.uris = {"spiffe://test.holdfast/client"};
+  auto svid = dev::MakeLeaf(*ca, leaf), other = dev::MakeLeaf(*ca, leaf);
+  ASSERT_TRUE(svid.ok() && other.ok());
+  ASSERT_TRUE(dev::WritePem(dir, "ca", *ca).ok());
+  ASSERT_TRUE(dev::WritePem(dir, "svid", *svid).ok());
+  const std::string bundle = dir + "/ca.pem", cert = dir + "/svid.pem",
+                    key = dir + "/svid_key.pem";
   ClientOptions o;
   o.endpoints = {"127.0.0.1:7420"};
-  o.ca_file = cert;
+  o.ca_file = bundle;
   o.cert_file = cert;
   o.key_file = key;
   EXPECT_TRUE(Client::Connect(o).ok()) << Client::Connect(o).status();
@@ -426,14 +434,39 @@ TEST(EndpointListTest, MtlsFilesThatCannotBeUsedAreRefusedAtConnect) {
   EXPECT_EQ(Client::Connect(o).status().message(), "ca_file " + dir + " is a directory");
   o.ca_file = dir + "/bundle.pem";  // not written yet
   EXPECT_TRUE(Client::Connect(o).ok()) << Client::Connect(o).status();
-  o.ca_file = cert;
+  o.ca_file = bundle;
   o.key_file = "";
   EXPECT_EQ(Client::Connect(o).status().message(), "cert_file and key_file go together");
   o.key_file = key;
   o.ca_file = "";
   EXPECT_NE(Client::Connect(o).status().message().find("cert_file and key_file need ca_file"),
             std::string::npos);
-  o.ca_file = cert;
+  o.ca_file = bundle;
+
+  // All there, and not usable together: a certificate renewed without its key,
+  // a CA bundle cut off mid-write, a certificate block that is not one.
+  const std::string renewed = dir + "/renewed.pem";
+  std::ofstream(renewed) << other->cert;
+  o.cert_file = renewed;
+  EXPECT_EQ(Client::Connect(o).status().message(),
+            "cert_file and key_file do not belong together: " + key +
+                " is not the key of the certificate in " + renewed +
+                " (a certificate renewed without its key, or the other way round?)");
+  o.cert_file = cert;
+  const std::string cut = dir + "/cut.pem";
+  std::ofstream(cut) << (ca->cert + other->cert).substr(0, ca->cert.size() + 100);
+  o.ca_file = cut;
+  EXPECT_EQ(Client::Connect(o).status().message(),
+            "ca_file " + cut +
+                " holds no PEM certificate, or a block that is not a whole certificate");
+  const std::string fake = dir + "/fake.pem";
+  std::ofstream(fake) << "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n";
+  o.ca_file = bundle;
+  o.cert_file = fake;
+  EXPECT_EQ(Client::Connect(o).status().message().rfind(
+                "cert_file " + fake + ": its first certificate cannot be read: ", 0),
+            0u)
+      << Client::Connect(o).status();
   o.cert_file = o.key_file = "";  // the server checked, no client certificate
   EXPECT_TRUE(Client::Connect(o).ok()) << Client::Connect(o).status();
   std::filesystem::remove_all(dir);

@@ -18,6 +18,7 @@
 #include "absl/base/thread_annotations.h"
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
+#include "common/tls_files.h"
 #include "holdfast/client.h"
 #include "holdfast/v1/admin.grpc.pb.h"
 #include "holdfast/v1/lock.grpc.pb.h"
@@ -90,7 +91,8 @@ class ClientCore {
     std::unique_ptr<v1::Admin::Stub> admin;
   };
 
-  explicit ClientCore(ClientOptions options);
+  // tls_files: the mTLS files' copies the channels read (null: plaintext).
+  explicit ClientCore(ClientOptions options, std::unique_ptr<TlsFiles> tls_files = nullptr);
   ~ClientCore();
 
   const ClientOptions& options() const { return options_; }
@@ -153,6 +155,8 @@ class ClientCore {
 
  private:
   ClientOptions options_;
+  // Before the channels, which read its copies while they live.
+  std::unique_ptr<TlsFiles> tls_files_;
   std::vector<std::unique_ptr<Endpoint>> endpoints_;
   std::atomic<size_t> current_{0};
   absl::Mutex moveable_mu_;
