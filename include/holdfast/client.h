@@ -108,9 +108,10 @@ struct ClientOptions {
   // together: ...", a chain cut off, a file gone), and the previous set goes on
   // being used until the files are fixed. A set seen half written once (a
   // rotation between its writes) is waited out, not told. Files not there at
-  // Connect are told the same way while they stay away (no connection succeeds
-  // until they are there). Called on libholdfast's file-checking thread: must
-  // be quick, must not throw, and must not call the Client.
+  // Connect are told once the same way (no connection succeeds until they are
+  // there; OK is told when they are). Called on libholdfast's file-checking
+  // thread, once per change: must not throw or call the Client, and should be
+  // quick.
   std::function<void(const absl::Status&)> on_tls_files;
   bool allow_plaintext = false;
   // Name the server certificate must carry (default: the endpoint's host).
@@ -305,9 +306,11 @@ class Client {
   // what it is named for ("key_file PATH holds no PEM private key ...", a
   // directory, unreadable); and files that are all there but cannot be used
   // together ("cert_file and key_file do not belong together: ...", a chain or
-  // a CA bundle cut off). A file not there yet is not an error: it is read once
-  // it appears (an SVID agent that writes it after the process starts), and calls
-  // fail as unreachable until then.
+  // a CA bundle cut off; read again half a second later before that is said, in
+  // case a rotation is caught between its writes). A file not there yet is not
+  // an error: it is read once it appears (an SVID agent that writes it after the
+  // process starts), and calls fail as unreachable until then. INTERNAL when the
+  // checked copies of the files cannot be made (memfd) or read (/proc).
   static absl::StatusOr<std::unique_ptr<Client>> Connect(ClientOptions options);
   ~Client();
   // One per Connect (its unique_ptr): the first copy destroyed would stop the

@@ -219,13 +219,16 @@ absl::StatusOr<std::unique_ptr<TlsFiles>> StartTlsFiles(const ClientOptions& o) 
   return TlsFiles::Start(std::move(to));
 }
 
-std::shared_ptr<grpc::ChannelCredentials> Credentials(const TlsFiles* files) {
-  if (files == nullptr) return grpc::InsecureChannelCredentials();
+std::shared_ptr<grpc::ChannelCredentials> Credentials(const ClientOptions& o,
+                                                      const TlsFiles* files) {
+  if (o.ca_file.empty()) return grpc::InsecureChannelCredentials();
   // gRPC reads the copies that `files` keeps whole (common/tls_files.h), as
   // often as they are checked, so a rotation is used within twice kTlsRefresh.
+  // (A core made without them, as unit tests make one: the files themselves.)
   const auto refresh = static_cast<unsigned>(
       std::chrono::duration_cast<std::chrono::seconds>(kTlsRefresh).count());
-  const TlsFiles::Paths& served = files->served();
+  const TlsFiles::Paths served =
+      files != nullptr ? files->served() : TlsFiles::Paths{o.key_file, o.cert_file, o.ca_file};
   std::shared_ptr<grpc::experimental::CertificateProviderInterface> provider;
   if (served.cert.empty()) {
     provider = std::make_shared<grpc::experimental::FileWatcherCertificateProvider>(
@@ -255,7 +258,7 @@ ClientCore::ClientCore(ClientOptions options, std::unique_ptr<TlsFiles> tls_file
     std::random_device seed;
     std::shuffle(order.begin(), order.end(), std::mt19937(seed()));
   }
-  const auto credentials = Credentials(tls_files_.get());
+  const auto credentials = Credentials(options_, tls_files_.get());
   for (const auto& address : order) {
     auto e = std::make_unique<Endpoint>();
     e->index = endpoints_.size();

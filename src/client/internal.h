@@ -91,7 +91,8 @@ class ClientCore {
     std::unique_ptr<v1::Admin::Stub> admin;
   };
 
-  // tls_files: the mTLS files' copies the channels read (null: plaintext).
+  // tls_files: the checked copies of the mTLS files that the channels read
+  // (Connect makes them; null: the files themselves, or plaintext without ca_file).
   explicit ClientCore(ClientOptions options, std::unique_ptr<TlsFiles> tls_files = nullptr);
   ~ClientCore();
 

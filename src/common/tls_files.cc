@@ -13,11 +13,13 @@
 #include <cstring>
 #include <fstream>
 #include <sstream>
+#include <thread>
 #include <vector>
 
 #include <algorithm>
 #include <ctime>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "common/pem_file.h"
@@ -66,42 +68,70 @@ absl::StatusOr<std::string> ReadIfNamed(const std::string& path) {
 }
 
 // An anonymous memory file holding `text`, modified at a whole second past
-// `*after` at least (and *after set to it); -1 and errno on failure.
+// `*after` at least (and *after set to it), and sealed: nothing can change it
+// any more (not through /proc either). -1 and errno on failure.
 int MemoryFile(const char* name, const std::string& text, int64_t* after) {
-  const int fd = ::memfd_create(name, MFD_CLOEXEC);
+  const int fd = ::memfd_create(name, MFD_CLOEXEC | MFD_ALLOW_SEALING);
   if (fd < 0) return -1;
+  auto fail = [fd] {
+    const int e = errno;
+    ::close(fd);
+    errno = e;
+    return -1;
+  };
   size_t done = 0;
   while (done < text.size()) {
     const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
     if (n < 0) {
       if (errno == EINTR) continue;
-      const int e = errno;
-      ::close(fd);
-      errno = e;
-      return -1;
+      return fail();
     }
     done += static_cast<size_t>(n);
   }
   const int64_t now = static_cast<int64_t>(std::time(nullptr));
   const int64_t at = std::max(now, *after + 1);
   const struct timespec times[2] = {{at, 0}, {at, 0}};
-  if (::futimens(fd, times) != 0) {
-    const int e = errno;
-    ::close(fd);
-    errno = e;
-    return -1;
+  if (::futimens(fd, times) != 0) return fail();
+  if (::fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE | F_SEAL_GROW | F_SEAL_SHRINK | F_SEAL_SEAL) != 0) {
+    return fail();
   }
   *after = at;
   return fd;
 }
 
+// The PEM blocks of `text` whose label `keep` accepts, each whole line of
+// them, in order.
+template <class Keep>
+std::string BlocksOf(const std::string& text, Keep keep) {
+  std::string out;
+  size_t at = 0;
+  while ((at = text.find("-----BEGIN ", at)) != std::string::npos) {
+    const size_t label_at = at + std::strlen("-----BEGIN ");
+    const size_t label_end = text.find("-----", label_at);
+    if (label_end == std::string::npos) break;
+    const std::string label = text.substr(label_at, label_end - label_at);
+    const std::string end_line = "-----END " + label + "-----";
+    size_t end = text.find(end_line, label_end);
+    if (end == std::string::npos) break;
+    end += end_line.size();
+    if (keep(label)) absl::StrAppend(&out, text.substr(at, end - at), "\n");
+    at = end;
+  }
+  return out;
+}
+
 // The key followed by its certificate chain: one file for both, so the two are
-// replaced at once. The key comes first: OpenSSL's key reader takes the first
-// key block of the file, its certificate reader passes over key blocks (and any
-// key the chain's file holds comes after the configured one).
+// replaced at once. Only the key file's keys and the certificate file's
+// certificates go in (a key file may hold a certificate too, a combined file
+// both), so the first key and the first certificate gRPC finds are the ones
+// CheckSet checked: OpenSSL's key reader takes the first key block of the file,
+// its certificate readers pass over key blocks.
 std::string Pair(const std::string& cert, const std::string& key) {
-  if (key.empty() || key.back() == '\n') return key + cert;
-  return absl::StrCat(key, "\n", cert);
+  return BlocksOf(key, [](const std::string& label) { return absl::EndsWith(label, "PRIVATE KEY"); }) +
+         BlocksOf(cert, [](const std::string& label) {
+           return label == "CERTIFICATE" || label == "TRUSTED CERTIFICATE" ||
+                  label == "X509 CERTIFICATE";
+         });
 }
 
 // The descriptor numbers of TlsFiles that ended, each holding an empty memory
@@ -110,19 +140,22 @@ std::string Pair(const std::string& cert, const std::string& key) {
 // Client destroyed while its connections wind down): a number closed could be
 // given to another file by then (a pipe, whose open would block the reader).
 // So a number once served keeps pointing at a memory file, and is reused.
+// One pool for the pairs' numbers, one for the CAs': a provider still reading
+// an old number reads a file of the same kind.
+enum Kind { kPair = 0, kCa = 1 };
 absl::Mutex pool_mu;
-std::vector<int>& Pool() ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu) {
-  static auto* pool = new std::vector<int>();
-  return *pool;
+std::vector<int>& Pool(Kind kind) ABSL_EXCLUSIVE_LOCKS_REQUIRED(pool_mu) {
+  static auto* pools = new std::vector<int>[2];
+  return pools[kind];
 }
 
-// `fd` (a fresh memory file) under a pooled number, if one is free: that
-// number, and fd closed. Otherwise fd itself.
-int UnderPooledNumber(int fd) {
+// `fd` (a fresh memory file) under a pooled number of its kind, if one is free:
+// that number, and fd closed. Otherwise fd itself.
+int UnderPooledNumber(Kind kind, int fd) {
   absl::MutexLock l(&pool_mu);
-  while (!Pool().empty()) {
-    const int number = Pool().back();
-    Pool().pop_back();
+  while (!Pool(kind).empty()) {
+    const int number = Pool(kind).back();
+    Pool(kind).pop_back();
     if (::dup3(fd, number, O_CLOEXEC) >= 0) {
       ::close(fd);
       return number;
@@ -132,11 +165,12 @@ int UnderPooledNumber(int fd) {
   return fd;
 }
 
-// Ends the serving of `fd`: an empty memory file takes its place, and the number
-// goes to the pool (closed if none can be made).
-void Retire(int fd) {
+// Ends the serving of `fd`, of `kind`, whose copy was modified at `mtime`: an
+// empty memory file, modified later, takes its place (a read it falls inside
+// is seen), and the number goes to the pool (closed if none can be made).
+void Retire(Kind kind, int fd, int64_t mtime) {
   if (fd < 0) return;
-  const int empty = ::memfd_create("holdfast-tls-retired", MFD_CLOEXEC);
+  const int empty = MemoryFile("holdfast-tls-retired", "", &mtime);
   if (empty < 0 || ::dup3(empty, fd, O_CLOEXEC) < 0) {
     if (empty >= 0) ::close(empty);
     ::close(fd);
@@ -144,7 +178,7 @@ void Retire(int fd) {
   }
   ::close(empty);
   absl::MutexLock l(&pool_mu);
-  Pool().push_back(fd);
+  Pool(kind).push_back(fd);
 }
 
 }  // namespace
@@ -159,8 +193,19 @@ absl::StatusOr<std::unique_ptr<TlsFiles>> TlsFiles::Start(Options options) {
   auto key = ReadIfNamed(p.key);
   auto cert = ReadIfNamed(p.cert);
   auto ca = ReadIfNamed(p.ca);
+  absl::Status checked = absl::OkStatus();
+  if (key.ok() && cert.ok() && ca.ok()) checked = CheckSet(t->options_, *key, *cert, *ca);
+  if (!checked.ok() && t->options_.wait_for_files) {
+    // Maybe a rotation caught between its writes, at the client's start:
+    // read once more a little later before refusing.
+    std::this_thread::sleep_for(kRecheckAtStart);
+    key = ReadIfNamed(p.key);
+    cert = ReadIfNamed(p.cert);
+    ca = ReadIfNamed(p.ca);
+    if (key.ok() && cert.ok() && ca.ok()) checked = CheckSet(t->options_, *key, *cert, *ca);
+  }
   if (key.ok() && cert.ok() && ca.ok()) {
-    if (auto s = CheckSet(t->options_, *key, *cert, *ca); !s.ok()) return s;
+    if (!checked.ok()) return checked;
     if (auto s = t->Serve(*key, *cert, *ca); !s.ok()) return s;
     absl::MutexLock l(&t->mu_);
     t->served_text_ =
@@ -171,6 +216,16 @@ absl::StatusOr<std::unique_ptr<TlsFiles>> TlsFiles::Start(Options options) {
     if (auto s = t->Serve("", "", ""); !s.ok()) return s;
   } else {
     return !key.ok() ? key.status() : !cert.ok() ? cert.status() : ca.status();
+  }
+  // gRPC opens the copies by their /proc path: without /proc (a sandbox) every
+  // handshake would fail with no word of why.
+  for (const std::string* served : {&t->served_.key, &t->served_.ca}) {
+    if (served->empty()) continue;
+    if (auto read = ReadText(*served); !read.ok()) {
+      return absl::InternalError(absl::StrCat("the memory copy of the TLS files cannot be read at ",
+                                              *served, ": ", read.status().message(),
+                                              " (is /proc mounted?)"));
+    }
   }
   if (t->options_.check.count() > 0) {
     TlsFiles* self = t.get();
@@ -199,8 +254,8 @@ TlsFiles::~TlsFiles() {
     stopping_ = true;
   }
   if (checker_.joinable()) checker_.join();
-  Retire(pair_fd_);
-  Retire(ca_fd_);
+  Retire(kPair, pair_fd_, pair_mtime_);
+  Retire(kCa, ca_fd_, ca_mtime_);
 }
 
 absl::Status TlsFiles::Serve(const std::string& key, const std::string& cert,
@@ -215,13 +270,14 @@ absl::Status TlsFiles::Serve(const std::string& key, const std::string& cert,
     for (int fd : {k, a}) {
       if (fd >= 0) ::close(fd);
     }
-    return absl::InternalError(absl::StrCat("memfd_create: ", std::strerror(e)));
+    return absl::InternalError(
+        absl::StrCat("cannot make the memory copy of the TLS files: ", std::strerror(e)));
   }
   if (!started_) {
     // The first set: its descriptors are the ones served from now on.
     started_ = true;
-    pair_fd_ = k >= 0 ? UnderPooledNumber(k) : -1;
-    ca_fd_ = a >= 0 ? UnderPooledNumber(a) : -1;
+    pair_fd_ = k >= 0 ? UnderPooledNumber(kPair, k) : -1;
+    ca_fd_ = a >= 0 ? UnderPooledNumber(kCa, a) : -1;
     pair_mtime_ = pair_mtime;
     ca_mtime_ = ca_mtime;
     if (with_pair) served_.key = served_.cert = absl::StrCat("/proc/self/fd/", pair_fd_);
@@ -244,11 +300,24 @@ absl::Status TlsFiles::Serve(const std::string& key, const std::string& cert,
   for (int fd : {k, a}) {
     if (fd >= 0) ::close(fd);
   }
-  if (!swapped) return absl::InternalError(absl::StrCat("dup3: ", std::strerror(e)));
+  if (!swapped) {
+    return absl::InternalError(
+        absl::StrCat("cannot put the memory copy of the TLS files in place: ", std::strerror(e)));
+  }
   return absl::OkStatus();
 }
 
 TlsFiles::Outcome TlsFiles::Check() {
+  std::string reason;
+  const Outcome outcome = Pass(&reason);
+  // Told outside the lock: a `told` that blocks holds up no destructor.
+  if (options_.told && (outcome == Outcome::kTaken || outcome == Outcome::kRefused)) {
+    options_.told(outcome, reason);
+  }
+  return outcome;
+}
+
+TlsFiles::Outcome TlsFiles::Pass(std::string* reason) {
   const Paths& p = options_.configured;
   absl::StatusOr<std::string> key = ReadIfNamed(p.key), cert = ReadIfNamed(p.cert);
   absl::StatusOr<std::string> ca = ReadIfNamed(p.ca);
@@ -256,19 +325,16 @@ TlsFiles::Outcome TlsFiles::Check() {
   const std::string text =
       s.ok() ? absl::StrCat(*key, std::string(1, '\0'), *cert, std::string(1, '\0'), *ca)
              : absl::StrCat("unreadable: ", s.message());
-  // One pass at a time, to its end (the thread's and a caller's).
+  // One pass at a time, to its end (the thread's and a caller's; the files are
+  // read before: of two passes at once, the later may serve the earlier read).
   absl::MutexLock l(&mu_);
-  auto tell = [&](Outcome outcome, const std::string& reason) {
-    if (options_.told) options_.told(outcome, reason);
-    return outcome;
-  };
   if (text == served_text_) {
     pending_.clear();
     // Back to the set that serves after one was refused: said, so the error
     // logged is seen to be over.
     if (refused_.empty()) return Outcome::kUnchanged;
     refused_.clear();
-    return tell(Outcome::kTaken, "");
+    return Outcome::kTaken;
   }
   if (text == refused_) return Outcome::kUnchanged;  // told already
   if (s.ok()) s = CheckSet(options_, *key, *cert, *ca);
@@ -276,12 +342,13 @@ TlsFiles::Outcome TlsFiles::Check() {
     if (auto served = Serve(*key, *cert, *ca); !served.ok()) {
       // Not taken (nor all of it, maybe): the next pass serves the set again.
       served_text_.clear();
-      return tell(Outcome::kRefused, std::string(served.message()));
+      *reason = std::string(served.message());
+      return Outcome::kRefused;
     }
     served_text_ = text;
     pending_.clear();
     refused_.clear();
-    return tell(Outcome::kTaken, "");
+    return Outcome::kTaken;
   }
   // A rotation that writes its files one at a time can be caught between them:
   // a set that does not pass is refused (and told) only when the next pass
@@ -292,7 +359,8 @@ TlsFiles::Outcome TlsFiles::Check() {
   }
   pending_.clear();
   refused_ = text;
-  return tell(Outcome::kRefused, std::string(s.message()));
+  *reason = std::string(s.message());
+  return Outcome::kRefused;
 }
 
 }  // namespace holdfast

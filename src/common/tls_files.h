@@ -31,11 +31,12 @@
 // compares the files' modification times (whole seconds) around its reads; each
 // copy is given a modification time one second past the one it replaces at
 // least, so a read that the replacement falls inside is seen, and read again.
+// Each copy is sealed (memfd seals): nothing can write to it once it is made.
 //
 // gRPC may read a provider's paths for a while after the channels that used it
 // are gone; so a descriptor number once served is not closed when its TlsFiles
 // ends: it is left pointing at an empty memory file, and the next TlsFiles of
-// the process serves under it (a process holds two for each TlsFiles live at once, at most).
+// the process serves a file of the same kind under it (a process holds two for each TlsFiles live at once, at most).
 //
 // Thread-safe. The checking thread runs from Start until destruction.
 #pragma once
@@ -82,14 +83,17 @@ class TlsFiles {
     // How often the configured files are read (0: only when Check is called).
     std::chrono::milliseconds check{std::chrono::seconds(5)};
     // Told of each set taken (reason "") or refused, with the reason (for logs
-    // and metrics); called from the pass, so it must not call Check.
+    // and metrics); called by the pass after it, outside the class's lock.
     std::function<void(Outcome outcome, const std::string& reason)> told;
   };
 
   // Reads and checks the configured files and serves copies of them.
   // INVALID_ARGUMENT when they do not pass the check (as holdfastd's
-  // CheckConfigFiles says at start; not with wait_for_files), INTERNAL when the
-  // memory files cannot be made.
+  // CheckConfigFiles says at start; with wait_for_files, only if they are read
+  // again kRecheckAtStart later and still do not: unreadable files are then
+  // waited for), INTERNAL when the memory files cannot be made or read back
+  // through /proc.
+  static constexpr std::chrono::milliseconds kRecheckAtStart{500};
   static absl::StatusOr<std::unique_ptr<TlsFiles>> Start(Options options);
   ~TlsFiles();
   TlsFiles(const TlsFiles&) = delete;
@@ -105,6 +109,8 @@ class TlsFiles {
 
  private:
   explicit TlsFiles(Options options) : options_(std::move(options)) {}
+  // Check without the telling: the outcome, and the reason of a refusal.
+  Outcome Pass(std::string* reason);
   // Puts the set in place of the served one (the first: makes the served one).
   absl::Status Serve(const std::string& key, const std::string& cert, const std::string& ca);
 

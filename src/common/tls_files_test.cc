@@ -7,6 +7,7 @@
 #include <fstream>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -14,7 +15,9 @@
 #include <openssl/bio.h>
 #include <openssl/pem.h>
 #include <openssl/x509.h>
+#include <fcntl.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "dev/certs.h"
 #include "dev/temp_dir.h"
@@ -337,6 +340,55 @@ TEST_F(TlsFilesTest, TheNumbersServedAreLeftOnEmptyFilesAndServedAgain) {
   EXPECT_EQ((std::set<std::string>{second->served().key, second->served().ca}),
             (std::set<std::string>{served.key, served.ca}));
   EXPECT_EQ(Served(*second), (std::vector<std::string>{Pair(first_), ca_.cert}));
+}
+
+// The pair holds only the key file's keys and the certificate file's
+// certificates: a key file that holds a certificate too (before its key, or a
+// combined file named as both) does not put another certificate first. The
+// copies are sealed: not even this process can write to them.
+TEST_F(TlsFilesTest, ThePairIsTheKeyFilesKeyAndTheCertificateFilesChainOnlyAndSealed) {
+  const dev::Pem stray = Leaf();
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.key, stray.cert + first_.key, 0600).ok());
+  auto files = Start();
+  ASSERT_NE(files, nullptr);
+  EXPECT_EQ(Served(*files), (std::vector<std::string>{Pair(first_), ca_.cert}));
+  const std::string combined = dir_ + "/combined.pem";
+  ASSERT_TRUE(dev::WriteFileAtomically(combined, first_.cert + first_.key, 0600).ok());
+  paths_.key = paths_.cert = combined;
+  auto from_one_file = Start();
+  ASSERT_NE(from_one_file, nullptr);
+  EXPECT_EQ(Served(*from_one_file), (std::vector<std::string>{Pair(first_), ca_.cert}));
+
+  const int fd = ::open(files->served().key.c_str(), O_WRONLY);
+  if (fd >= 0) {
+    EXPECT_LT(::write(fd, "x", 1), 0);
+    EXPECT_EQ(errno, EPERM);
+    ::close(fd);
+  } else {
+    EXPECT_EQ(errno, EPERM);
+  }
+  EXPECT_EQ(Served(*files), (std::vector<std::string>{Pair(first_), ca_.cert}));
+}
+
+// A client's files caught between a rotation's writes at its start (the
+// certificate renewed, its key not yet): read again a moment later, and
+// served once whole, not refused.
+TEST_F(TlsFilesTest, AClientStartedBetweenARotationsWritesServesTheWholeSet) {
+  const dev::Pem second = Leaf();
+  ASSERT_TRUE(dev::WriteFileAtomically(paths_.cert, second.cert, 0644).ok());
+  std::thread key_follows([&] {
+    std::this_thread::sleep_for(TlsFiles::kRecheckAtStart / 5);
+    ASSERT_TRUE(dev::WriteFileAtomically(paths_.key, second.key, 0600).ok());
+  });
+  TlsFiles::Options o;
+  o.configured = paths_;
+  o.prefix = o.where = "";
+  o.wait_for_files = true;
+  o.check = std::chrono::milliseconds(0);
+  auto files = TlsFiles::Start(o);
+  key_follows.join();
+  ASSERT_TRUE(files.ok()) << files.status();
+  EXPECT_EQ(Served(**files), (std::vector<std::string>{Pair(second), ca_.cert}));
 }
 
 }  // namespace
