@@ -22,6 +22,7 @@
 #include "dev/refusing_endpoint.h"
 #include "etcd/watch_hub.h"
 #include "harness/cluster.h"
+#include "harness/stall_proxy.h"
 #include "holdfast/v1/admin.grpc.pb.h"
 #include "holdfast/v1/lock.grpc.pb.h"
 #include "holdfast/v1/session.grpc.pb.h"
@@ -486,6 +487,65 @@ TEST_F(LockTest, BadSessionTtlIsRefused) {
 // seconds; 2 s for the test etcd's defaults): a session asked for 1 s lives as
 // long as its lease, and says so, in its answer and its record, against which
 // the classes' bounds are checked.
+// An acquire granted while its answer could not reach the client (a hand-over
+// during a stalled link), whose call then ran out: the session holds the key
+// but the caller got DEADLINE_EXCEEDED and has no Hold to release it. The
+// Client looks the key up once the link answers again and releases the grant,
+// so the key is free again while the session lives on. Without that, the key
+// stayed held for as long as the session did.
+TEST_F(LockTest, AGrantWhoseAnswerWasLostIsReleasedWhileTheSessionLivesOn) {
+  auto proxy = testing::StallProxy::Start(cluster_->endpoint());
+  ASSERT_TRUE(proxy.ok()) << proxy.status();
+  ClientOptions o;
+  o.endpoints = {(*proxy)->endpoint()};
+  o.rpc_timeout = seconds(1);
+  auto via = Client::Connect(o);
+  ASSERT_TRUE(via.ok()) << via.status();
+  auto waiting = Open(seconds(30), via->get());
+  ASSERT_NE(waiting, nullptr);
+  auto holding = Open();
+  ASSERT_NE(holding, nullptr);
+  auto held = holding->Acquire("doubt/k");
+  ASSERT_TRUE(held.ok()) << held.status();
+
+  auto acquired = std::async(std::launch::async, [&] {
+    return waiting->Acquire("doubt/k", {.wait = seconds(2)});
+  });
+  // Queued (the waiter is in etcd), then its link stalls and the key is
+  // handed to it: granted, with the answer held back in the relay.
+  for (int i = 0; i < 100; ++i) {
+    auto d = client_->Describe("default", "doubt/k");
+    if (d.ok() && d->waiters_size() == 1) break;
+    std::this_thread::sleep_for(milliseconds(20));
+  }
+  (*proxy)->StallAnswers(true);
+  std::this_thread::sleep_for(milliseconds(100));  // past the relay's poll already under way
+  ASSERT_TRUE(held->Release().ok());
+  auto d = client_->Describe("default", "doubt/k");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->holders_size(), 1);
+  EXPECT_EQ(d->holders(0).session_id(), waiting->id());
+  const int64_t unanswered = d->holders(0).token();
+  auto answer = acquired.get();
+  ASSERT_FALSE(answer.ok());
+  EXPECT_EQ(answer.status().code(), absl::StatusCode::kDeadlineExceeded) << answer.status();
+  (*proxy)->StallAnswers(false);
+
+  const auto until = std::chrono::steady_clock::now() + seconds(20);
+  for (;;) {
+    d = client_->Describe("default", "doubt/k");
+    ASSERT_TRUE(d.ok()) << d.status();
+    if (d->holders_size() == 0 || std::chrono::steady_clock::now() > until) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(d->holders_size(), 0) << "the grant whose answer was lost is still held";
+  // Released by the lookup, not by the session's end.
+  EXPECT_FALSE(waiting->lost());
+  auto again = waiting->Acquire("doubt/k");  // a grant of its own, not the lost one
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_GT(again->token(), unanswered);
+}
+
 TEST_F(LockTest, ASessionsTtlIsTheOneEtcdGranted) {
   auto stub = v1::Session::NewStub(
       grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));

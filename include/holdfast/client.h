@@ -233,11 +233,16 @@ class Session {
   // Errors as the Lock.Acquire RPC: ABORTED (held, try), DEADLINE_EXCEEDED (not
   // granted in time), INVALID_ARGUMENT, NOT_FOUND, FAILED_PRECONDITION,
   // UNAVAILABLE; FAILED_PRECONDITION too when this session is already lost.
-  // After UNAVAILABLE or DEADLINE_EXCEEDED whose last attempt lost its answer
-  // (no holdfastd could be reached to ask again in time), the grant may have been
-  // made: the session then holds the key with no Hold to release it. Acquire the
-  // key again on the session (it is answered with that hold: release that), or
-  // close the session; otherwise the key stays held as long as the session lives.
+  // After UNAVAILABLE, INTERNAL, UNKNOWN, CANCELLED or a DEADLINE_EXCEEDED that is
+  // not holdfastd's "was not granted within" (no holdfastd could be reached to ask
+  // again in time, the answer was lost), the grant may have been made: the
+  // session would then hold the key with no Hold to release it, for as long as
+  // it lives. So the Client's keepalive thread asks holdfastd (Lock.Describe)
+  // 3 s later, past the 2 s a cancelled waiter keeps its place, and releases a
+  // hold of this session's on the key that it finds (asking again, 1 s doubling
+  // to 30 s, while holdfastd cannot be reached or the session's waiter is still
+  // queued). An Acquire of the key on the session in the meantime takes that
+  // over: it is answered with the hold, if there is one.
   absl::StatusOr<Hold> Acquire(const std::string& lock_key, const AcquireOptions& options = {});
 
   // Ends the session: every hold on it is released by etcd. Renewals stop, and

@@ -14,6 +14,7 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/cord.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -74,6 +75,16 @@ absl::Status FromCall(const internal::ClientCore& core,
 bool OutcomeUnknown(absl::StatusCode code) {
   return code == absl::StatusCode::kUnavailable || code == absl::StatusCode::kInternal ||
          code == absl::StatusCode::kUnknown;
+}
+
+// An Acquire that ended so may have been granted all the same: its outcome is
+// unknown, it was cancelled, or its deadline passed here (holdfastd's own answer
+// to a wait that ran out, "... was not granted within ...", says it was not:
+// the waiter leaves the queue with it).
+bool MayHaveBeenGranted(const absl::Status& s) {
+  return OutcomeUnknown(s.code()) || s.code() == absl::StatusCode::kCancelled ||
+         (s.code() == absl::StatusCode::kDeadlineExceeded &&
+          !absl::StrContains(s.message(), "was not granted within"));
 }
 
 // A release that ended so is over: done, or the hold is not current any more
@@ -628,7 +639,87 @@ SessionState::TakeBack SessionState::TakeBackRelease(const std::string& lock_key
 
 size_t SessionState::owed_releases() const {
   absl::MutexLock l(&mu_);
-  return owed_.size();
+  return std::count_if(owed_.begin(), owed_.end(), [](const OwedRelease& o) { return o.token != 0; });
+}
+
+size_t SessionState::doubted_acquires() const {
+  absl::MutexLock l(&mu_);
+  return std::count_if(owed_.begin(), owed_.end(), [](const OwedRelease& o) { return o.token == 0; });
+}
+
+void SessionState::AcquireStarts(const std::string& lock_key) {
+  absl::MutexLock l(&mu_);
+  ++acquiring_[lock_key];
+  std::erase_if(owed_, [&](const OwedRelease& o) { return o.token == 0 && o.lock_key == lock_key; });
+  owes_ = !owed_.empty();
+}
+
+void SessionState::AcquireEnds(const std::string& lock_key) {
+  absl::MutexLock l(&mu_);
+  auto it = acquiring_.find(lock_key);
+  if (it != acquiring_.end() && --it->second <= 0) acquiring_.erase(it);
+}
+
+void SessionState::DoubtAcquire(const std::string& lock_key) {
+  absl::MutexLock l(&mu_);
+  if (lost_ || closed_) return;  // its holds end with it
+  if (auto it = acquiring_.find(lock_key); it != acquiring_.end() && it->second > 1) return;
+  for (const auto& o : owed_) {
+    if (o.token == 0 && o.lock_key == lock_key) return;
+  }
+  owed_.push_back({lock_key, 0, SteadyClock::now() + kDoubtAfter});
+  owes_ = true;
+}
+
+void SessionState::AnswerDoubt(const std::string& key,
+                               const absl::StatusOr<v1::DescribeResponse>& r) {
+  absl::MutexLock l(&mu_);
+  auto it = std::find_if(owed_.begin(), owed_.end(), [&](const OwedRelease& o) {
+    return o.token == 0 && o.lock_key == key && o.in_flight;
+  });
+  if (it == owed_.end()) return;  // taken over by an Acquire, or the session ended
+  auto drop = [&] {
+    owed_.erase(it);
+    owes_ = !owed_.empty();
+  };
+  auto later = [&] {
+    it->in_flight = false;
+    it->next = SteadyClock::now() + it->backoff;
+    it->backoff = std::min<std::chrono::milliseconds>(it->backoff * 2, std::chrono::seconds(30));
+  };
+  if (!r.ok()) {
+    // Asked in vain for good (no longer a member, the namespace gone): the
+    // session's holds are beyond this session's reach. Anything else: later.
+    const absl::StatusCode code = r.status().code();
+    if (ReleaseIsRefused(code) || code == absl::StatusCode::kNotFound) return drop();
+    return later();
+  }
+  // An Acquire of the key out now is answered with the hold, if there is one.
+  if (acquiring_.contains(key)) return drop();
+  for (const auto& h : r->holders()) {
+    if (h.session_id() != id_) continue;
+    for (const auto& w : holds_) {
+      auto held = w.lock();
+      // A handle of it is about: held knowingly (an Acquire answered with it).
+      if (held && held->lock_key() == key && held->token() == h.token() && !held->lost()) {
+        return drop();
+      }
+    }
+    for (const auto& o : owed_) {
+      if (o.lock_key == key && o.token == h.token()) return drop();  // owed already
+    }
+    // Owed from now on, as the release of a dropped Hold is: sent at the
+    // pump's next turn, and taken back by an Acquire answered with it.
+    it->token = h.token();
+    it->in_flight = false;
+    it->next = SteadyClock::now();
+    it->backoff = std::chrono::seconds(1);
+    return;
+  }
+  for (const auto& w : r->waiters()) {
+    if (w.session_id() == id_) return later();  // still queued: it may yet be granted
+  }
+  drop();  // neither held nor queued: nothing to do
 }
 
 void SessionState::SendOwedReleases(const std::shared_ptr<SessionState>& self,
@@ -653,6 +744,29 @@ void SessionState::SendOwedReleases(const std::shared_ptr<SessionState>& self,
   // finds no connection fails and is tried again later.
   auto& endpoint = core.Connected(std::chrono::system_clock::now());
   for (auto& [key, token] : due) {
+    if (token == 0) {  // a doubted acquire: is the key held by this session?
+      struct Ask {
+        grpc::ClientContext ctx;
+        v1::DescribeRequest req;
+        v1::DescribeResponse resp;
+      };
+      auto ask = std::make_shared<Ask>();
+      ask->ctx.set_deadline(std::chrono::system_clock::now() + core.options().rpc_timeout);
+      ask->req.set_namespace_(self->ns_);
+      ask->req.set_lock_key(key);
+      std::weak_ptr<SessionState> weak = self;
+      endpoint.lock->async()->Describe(&ask->ctx, &ask->req, &ask->resp,
+                                       [weak, ask, key = key](grpc::Status st) {
+                                         auto state = weak.lock();
+                                         if (!state) return;
+                                         if (st.ok()) {
+                                           state->AnswerDoubt(key, ask->resp);
+                                         } else {
+                                           state->AnswerDoubt(key, FromGrpcStatus(st));
+                                         }
+                                       });
+      continue;
+    }
     struct Call {
       grpc::ClientContext ctx;
       v1::ReleaseRequest req;
@@ -937,6 +1051,8 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   // timeout, counted from here. A retry after a lost connection waits for a new
   // one (wait_for_ready) only within it, so a holdfastd that went away ends the
   // call when the first attempt would have ended, not a wait later.
+  state_->AcquireStarts(lock_key);
+  absl::Cleanup ended = [&] { state_->AcquireEnds(lock_key); };
   return AcquireBy(lock_key, options, options.wait.count(),
                    std::chrono::system_clock::now() + state_->core().options().rpc_timeout + wait,
                    std::chrono::steady_clock::now() + wait);
@@ -982,7 +1098,12 @@ absl::StatusOr<Hold> Session::AcquireBy(const std::string& lock_key,
     if (std::chrono::system_clock::now() + backoff >= call_deadline) break;
     std::this_thread::sleep_for(backoff);
   }
-  if (!s.ok()) return s;
+  if (!s.ok()) {
+    // No answer that says what became of the call: holdfastd may have granted
+    // it; the pump finds out, and releases what it finds (DoubtAcquire).
+    if (MayHaveBeenGranted(s)) state_->DoubtAcquire(lock_key);
+    return s;
+  }
   // The session's hold of the key that was lost here (etcd could not confirm
   // renewals) and is still in etcd: a lost hold is final, so it is released and
   // the key asked for anew with what is left of the wait (a new grant, a new

@@ -279,8 +279,28 @@ class SessionState : public std::enable_shared_from_this<SessionState> {
   // the hold, which Acquire then treats as lost here). kNotOwed otherwise.
   enum class TakeBack { kNotOwed, kTakenBack, kInFlight };
   TakeBack TakeBackRelease(const std::string& lock_key, int64_t token);
-  // Whether any release is owed: read by the pump on every turn for every
-  // session, so a plain atomic, not the mutex.
+  // An Acquire of `lock_key` starts / ends: while one is out, the key is not
+  // doubted (it is answered with the session's hold, if there is one), and one
+  // starting takes a doubt of the key over.
+  void AcquireStarts(const std::string& lock_key);
+  void AcquireEnds(const std::string& lock_key);
+  // An Acquire of `lock_key` (counted by AcquireStarts, not ended yet) failed
+  // without an answer that says what became of it: its connection was lost or
+  // its deadline passed, so holdfastd may have granted it (the answer lost, or
+  // a hand-over in the 2 s a cancelled waiter keeps its place). Nothing here
+  // would ever release such a grant: the key would stay held, by a session that
+  // does not know it, for as long as the session lives. So the pump asks
+  // holdfastd (Lock.Describe) once that grace is past (kDoubtAfter): a hold of
+  // this session's it finds there becomes an owed release, unless an Acquire of
+  // the key started meanwhile or a handle of that hold is about; a waiter of the
+  // session still queued is asked about again later; nothing: the doubt is
+  // over. Not when another Acquire of the key is out (it is answered with the
+  // hold) or the session is lost or closed (its holds end with it).
+  void DoubtAcquire(const std::string& lock_key);
+  static constexpr std::chrono::milliseconds kDoubtAfter{3000};
+  size_t doubted_acquires() const;
+  // Whether any release is owed (or any acquire doubted): read by the pump on
+  // every turn for every session, so a plain atomic, not the mutex.
   bool owes_releases() const { return owes_.load(std::memory_order_relaxed); }
   // True on a thread that is running this session's on_lost.
   bool RunningOwnOnLost() const;
@@ -313,6 +333,8 @@ class SessionState : public std::enable_shared_from_this<SessionState> {
   bool deadline_passed_ ABSL_GUARDED_BY(mu_) = false;
   int64_t renewals_ ABSL_GUARDED_BY(mu_) = 0;
   std::vector<std::weak_ptr<HoldState>> holds_ ABSL_GUARDED_BY(mu_);
+  // A doubted acquire (DoubtAcquire) is one with token 0 (tokens are positive)
+  // until the Describe that answers it gives the token of the hold to release.
   struct OwedRelease {
     std::string lock_key;
     int64_t token = 0;
@@ -322,6 +344,10 @@ class SessionState : public std::enable_shared_from_this<SessionState> {
   };
   std::vector<OwedRelease> owed_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> owes_{false};  // !owed_.empty(), as last set under mu_
+  // Acquires out per key (AcquireStarts, AcquireEnds); no entry for none.
+  std::map<std::string, int> acquiring_ ABSL_GUARDED_BY(mu_);
+  // Answers a doubted acquire of `key` with what Describe said (pump's callback).
+  void AnswerDoubt(const std::string& key, const absl::StatusOr<v1::DescribeResponse>& r);
   // (lock key, token) of holds lost here only, until a release of one goes
   // through; at most kMaxLostHere (the oldest go first: a session that lost more
   // holds than that without releasing them is past saving them anyway).

@@ -15,6 +15,7 @@
 #include <grpcpp/grpcpp.h>
 #include <gtest/gtest.h>
 
+#include "client/internal.h"
 #include "holdfast/client.h"
 #include "holdfast/v1/lock.grpc.pb.h"
 #include "holdfast/v1/session.grpc.pb.h"
@@ -43,6 +44,10 @@ class Script {
   int calls() {
     std::lock_guard l(mu_);
     return calls_;
+  }
+  void Clear() {
+    std::lock_guard l(mu_);
+    next_.clear();
   }
 
  private:
@@ -97,6 +102,10 @@ class FakeLocks final : public v1::Lock::Service {
   std::vector<std::chrono::milliseconds> release_deadline_left;
   // The deadline of each Acquire and each Release (guarded by mu).
   std::vector<std::chrono::system_clock::time_point> acquire_deadlines, release_deadlines;
+  // Describe: the keys asked about, and the answers to give in turn (the last
+  // one again and again; none: nothing held or queued). Guarded by mu.
+  std::vector<std::string> described_keys;
+  std::deque<v1::DescribeResponse> describe_answers;
 
  private:
   grpc::Status Acquire(grpc::ServerContext* ctx, const v1::AcquireRequest* req,
@@ -112,6 +121,16 @@ class FakeLocks final : public v1::Lock::Service {
     hold->set_session_id(req->session_id());
     hold->set_token(kToken);
     return s;
+  }
+  grpc::Status Describe(grpc::ServerContext*, const v1::DescribeRequest* req,
+                        v1::DescribeResponse* resp) override {
+    std::lock_guard l(mu);
+    described_keys.push_back(req->lock_key());
+    if (!describe_answers.empty()) {
+      *resp = describe_answers.front();
+      if (describe_answers.size() > 1) describe_answers.pop_front();  // the last one stays
+    }
+    return grpc::Status::OK;
   }
   grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
                        v1::ReleaseResponse*) override {
@@ -483,6 +502,129 @@ TEST_F(RetryTest, AnAcquireThatReleasesItsStaleHoldFirstKeepsItsBound) {
         << std::chrono::duration_cast<std::chrono::milliseconds>(d - call_deadline).count()
         << " ms past the Acquire's bound";
   }
+}
+
+// What holdfastd answers a Describe of `key` with: held by session `session`
+// with `token` (0: not held), and this session's waiter queued if `queued`.
+v1::DescribeResponse Described(const std::string& key, int64_t session, int64_t token,
+                               bool queued = false) {
+  v1::DescribeResponse r;
+  if (token != 0) {
+    auto* h = r.add_holders();
+    h->set_lock_key(key);
+    h->set_session_id(session);
+    h->set_token(token);
+  }
+  if (queued) {
+    auto* w = r.add_waiters();
+    w->set_lock_key(key);
+    w->set_session_id(kSession);
+  }
+  return r;
+}
+
+class DoubtTest : public RetryTest {
+ protected:
+  // An Acquire of `key` whose every attempt loses its answer (the stream reset
+  // under it) until its bound: it fails, and holdfastd may have granted it.
+  absl::Status AcquireWithoutAnswer(const std::string& key) {
+    for (int i = 0; i < 40; ++i) locks_.acquire.Push(ResetStream());
+    auto hold = session_->Acquire(key);
+    locks_.acquire.Clear();
+    return hold.status();
+  }
+  size_t DescribeCalls() {
+    std::lock_guard l(locks_.mu);
+    return locks_.described_keys.size();
+  }
+  std::vector<std::pair<std::string, int64_t>> Released() {
+    std::lock_guard l(locks_.mu);
+    std::vector<std::pair<std::string, int64_t>> out;
+    for (size_t i = 0; i < locks_.released_keys.size(); ++i) {
+      out.emplace_back(locks_.released_keys[i], locks_.released_tokens[i]);
+    }
+    return out;
+  }
+  template <class Pred>
+  bool WaitFor(Pred pred, std::chrono::seconds bound = std::chrono::seconds(15)) {
+    const auto until = std::chrono::steady_clock::now() + bound;
+    while (!pred() && std::chrono::steady_clock::now() < until) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return pred();
+  }
+};
+
+// An Acquire that ended without an answer was granted all the same: the pump
+// looks the key up once the cancel's grace is past and releases the session's
+// hold it finds, once. Without it the key would stay held for as long as the
+// session lives, by a session that does not know it.
+TEST_F(DoubtTest, AnAcquireWhoseAnswerWasLostIsLookedUpAndItsGrantReleased) {
+  {
+    std::lock_guard l(locks_.mu);
+    locks_.describe_answers = {Described("jobs/doubt", kSession, kToken)};
+  }
+  const auto failed_at = std::chrono::steady_clock::now();
+  const absl::Status s = AcquireWithoutAnswer("jobs/doubt");
+  ASSERT_EQ(s.code(), absl::StatusCode::kInternal) << s;
+  ASSERT_TRUE(WaitFor([&] { return !Released().empty(); })) << "the grant was never released";
+  EXPECT_GE(std::chrono::steady_clock::now() - failed_at,
+            internal::SessionState::kDoubtAfter);  // not within the cancel's grace
+  EXPECT_EQ(Released(), (std::vector<std::pair<std::string, int64_t>>{{"jobs/doubt", kToken}}));
+  {
+    std::lock_guard l(locks_.mu);
+    EXPECT_EQ(locks_.described_keys, (std::vector<std::string>{"jobs/doubt"}));
+  }
+  std::this_thread::sleep_for(std::chrono::seconds(2));  // done: not asked again
+  EXPECT_EQ(Released().size(), 1u);
+  EXPECT_EQ(DescribeCalls(), 1u);
+}
+
+// The doubt is over without a release when the key is not held by the session
+// (another session's hold is left alone), and asked about again while the
+// session's waiter is still queued.
+TEST_F(DoubtTest, NothingHeldIsReleasedAndAWaiterStillQueuedIsAskedAboutAgain) {
+  {
+    std::lock_guard l(locks_.mu);
+    locks_.describe_answers = {Described("jobs/q", kSession + 1, kToken, /*queued=*/true),
+                               Described("jobs/q", kSession + 1, kToken)};
+  }
+  ASSERT_FALSE(AcquireWithoutAnswer("jobs/q").ok());
+  ASSERT_TRUE(WaitFor([&] { return DescribeCalls() >= 2; })) << DescribeCalls();
+  std::this_thread::sleep_for(std::chrono::seconds(3));
+  EXPECT_EQ(DescribeCalls(), 2u);  // over once nothing of the session's is there
+  EXPECT_TRUE(Released().empty());
+}
+
+// An Acquire of the key started after the failed one takes the doubt over: it
+// is answered with the hold, which the caller then holds; nothing releases it
+// behind the caller's back.
+TEST_F(DoubtTest, AnAcquireOfTheKeyAgainTakesTheDoubtOver) {
+  {
+    std::lock_guard l(locks_.mu);
+    locks_.describe_answers = {Described("jobs/again", kSession, kToken)};
+  }
+  ASSERT_FALSE(AcquireWithoutAnswer("jobs/again").ok());
+  auto hold = session_->Acquire("jobs/again");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  std::this_thread::sleep_for(internal::SessionState::kDoubtAfter + std::chrono::seconds(2));
+  EXPECT_EQ(DescribeCalls(), 0u);
+  EXPECT_TRUE(Released().empty());
+  EXPECT_FALSE(hold->lost());
+}
+
+// A wait that ran out on holdfastd ("was not granted within": the waiter left
+// the queue with the answer) and a refusal are answers: nothing is looked up.
+TEST_F(DoubtTest, AnAnswerThatSaysWhatBecameOfTheCallIsNotDoubted) {
+  locks_.acquire.Push(grpc::Status(grpc::StatusCode::DEADLINE_EXCEEDED,
+                                   "\"jobs/late\" was not granted within 100ms"));
+  EXPECT_EQ(session_->Acquire("jobs/late", {.wait = std::chrono::milliseconds(100)}).status().code(),
+            absl::StatusCode::kDeadlineExceeded);
+  locks_.acquire.Push(grpc::Status(grpc::StatusCode::ABORTED, "\"jobs/busy\" is held"));
+  EXPECT_EQ(session_->Acquire("jobs/busy").status().code(), absl::StatusCode::kAborted);
+  std::this_thread::sleep_for(internal::SessionState::kDoubtAfter + std::chrono::seconds(2));
+  EXPECT_EQ(DescribeCalls(), 0u);
+  EXPECT_TRUE(Released().empty());
 }
 
 }  // namespace
