@@ -483,10 +483,6 @@ TEST_F(LockTest, BadSessionTtlIsRefused) {
   EXPECT_EQ(KeysUnder(keyspace::SessionPrefix("default")), 0);
 }
 
-// etcd raises a lease TTL below its minimum (1.5 election timeouts, in whole
-// seconds; 2 s for the test etcd's defaults): a session asked for 1 s lives as
-// long as its lease, and says so, in its answer and its record, against which
-// the classes' bounds are checked.
 // An acquire granted while its answer could not reach the client (a hand-over
 // during a stalled link), whose call then ran out: the session holds the key
 // but the caller got DEADLINE_EXCEEDED and has no Hold to release it. The
@@ -509,15 +505,17 @@ TEST_F(LockTest, AGrantWhoseAnswerWasLostIsReleasedWhileTheSessionLivesOn) {
   ASSERT_TRUE(held.ok()) << held.status();
 
   auto acquired = std::async(std::launch::async, [&] {
-    return waiting->Acquire("doubt/k", {.wait = seconds(2)});
+    return waiting->Acquire("doubt/k", {.wait = seconds(5)});
   });
   // Queued (the waiter is in etcd), then its link stalls and the key is
   // handed to it: granted, with the answer held back in the relay.
-  for (int i = 0; i < 100; ++i) {
+  bool queued = false;
+  for (int i = 0; i < 150 && !queued; ++i) {
     auto d = client_->Describe("default", "doubt/k");
-    if (d.ok() && d->waiters_size() == 1) break;
-    std::this_thread::sleep_for(milliseconds(20));
+    queued = d.ok() && d->waiters_size() == 1;
+    if (!queued) std::this_thread::sleep_for(milliseconds(20));
   }
+  ASSERT_TRUE(queued);
   (*proxy)->StallAnswers(true);
   std::this_thread::sleep_for(milliseconds(100));  // past the relay's poll already under way
   ASSERT_TRUE(held->Release().ok());
@@ -546,6 +544,10 @@ TEST_F(LockTest, AGrantWhoseAnswerWasLostIsReleasedWhileTheSessionLivesOn) {
   EXPECT_GT(again->token(), unanswered);
 }
 
+// etcd raises a lease TTL below its minimum (1.5 election timeouts, in whole
+// seconds; 2 s for the test etcd's defaults): a session asked for 1 s lives as
+// long as its lease, and says so, in its answer and its record, against which
+// the classes' bounds are checked.
 TEST_F(LockTest, ASessionsTtlIsTheOneEtcdGranted) {
   auto stub = v1::Session::NewStub(
       grpc::CreateChannel(cluster_->endpoint(), grpc::InsecureChannelCredentials()));

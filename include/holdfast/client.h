@@ -241,8 +241,11 @@ class Session {
   // 3 s later, past the 2 s a cancelled waiter keeps its place, and releases a
   // hold of this session's on the key that it finds (asking again, 1 s doubling
   // to 30 s, while holdfastd cannot be reached or the session's waiter is still
-  // queued). An Acquire of the key on the session in the meantime takes that
-  // over: it is answered with the hold, if there is one.
+  // queued, or while another Acquire of the key is out). An Acquire of the key
+  // answered with a Hold meanwhile ends the lookup: that Hold is the session's
+  // hold of the key. A hold released so that an Acquire sent before was
+  // answered with is treated as lost here: released (not current) and asked
+  // for anew within that Acquire's bounds.
   absl::StatusOr<Hold> Acquire(const std::string& lock_key, const AcquireOptions& options = {});
 
   // Ends the session: every hold on it is released by etcd. Renewals stop, and

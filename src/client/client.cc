@@ -620,13 +620,17 @@ void SessionState::OweRelease(const std::string& lock_key, int64_t token) {
   for (const auto& o : owed_) {
     if (o.lock_key == lock_key && o.token == token) return;
   }
-  owed_.push_back({lock_key, token, SteadyClock::now() + std::chrono::seconds(1)});
+  owed_.push_back({lock_key, token, 0, SteadyClock::now() + std::chrono::seconds(1)});
   owes_ = true;
 }
 
 SessionState::TakeBack SessionState::TakeBackRelease(const std::string& lock_key,
                                                      int64_t token) {
   absl::MutexLock l(&mu_);
+  if (std::find(released_by_pump_.begin(), released_by_pump_.end(),
+                std::pair(lock_key, token)) != released_by_pump_.end()) {
+    return TakeBack::kInFlight;  // went through: the answer was sent before it
+  }
   for (auto it = owed_.begin(); it != owed_.end(); ++it) {
     if (it->lock_key != lock_key || it->token != token) continue;
     if (it->in_flight) return TakeBack::kInFlight;
@@ -650,34 +654,46 @@ size_t SessionState::doubted_acquires() const {
 void SessionState::AcquireStarts(const std::string& lock_key) {
   absl::MutexLock l(&mu_);
   ++acquiring_[lock_key];
-  std::erase_if(owed_, [&](const OwedRelease& o) { return o.token == 0 && o.lock_key == lock_key; });
-  owes_ = !owed_.empty();
 }
 
-void SessionState::AcquireEnds(const std::string& lock_key) {
+void SessionState::AcquireEnds(const std::string& lock_key, bool held) {
   absl::MutexLock l(&mu_);
   auto it = acquiring_.find(lock_key);
   if (it != acquiring_.end() && --it->second <= 0) acquiring_.erase(it);
+  if (held) {
+    std::erase_if(owed_, [&](const OwedRelease& o) { return o.token == 0 && o.lock_key == lock_key; });
+    owes_ = !owed_.empty();
+  }
 }
 
 void SessionState::DoubtAcquire(const std::string& lock_key) {
   absl::MutexLock l(&mu_);
   if (lost_ || closed_) return;  // its holds end with it
-  if (auto it = acquiring_.find(lock_key); it != acquiring_.end() && it->second > 1) return;
-  for (const auto& o : owed_) {
-    if (o.token == 0 && o.lock_key == lock_key) return;
+  const uint64_t doubt = ++doubts_made_;
+  const auto next = SteadyClock::now() + kDoubtAfter;
+  for (auto& o : owed_) {
+    if (o.token != 0 || o.lock_key != lock_key) continue;
+    // Doubted already: starts over from this failure (a Describe out now may
+    // have read before this call's grant).
+    o.doubt = doubt;
+    o.in_flight = false;
+    o.next = next;
+    o.backoff = std::chrono::seconds(1);
+    return;
   }
-  owed_.push_back({lock_key, 0, SteadyClock::now() + kDoubtAfter});
+  owed_.push_back({lock_key, 0, doubt, next});
   owes_ = true;
 }
 
-void SessionState::AnswerDoubt(const std::string& key,
+void SessionState::AnswerDoubt(const std::string& key, uint64_t doubt,
                                const absl::StatusOr<v1::DescribeResponse>& r) {
   absl::MutexLock l(&mu_);
   auto it = std::find_if(owed_.begin(), owed_.end(), [&](const OwedRelease& o) {
-    return o.token == 0 && o.lock_key == key && o.in_flight;
+    return o.token == 0 && o.lock_key == key && o.doubt == doubt && o.in_flight;
   });
-  if (it == owed_.end()) return;  // taken over by an Acquire, or the session ended
+  // Ended by an Acquire answered with the hold, made again since, or the
+  // session ended.
+  if (it == owed_.end()) return;
   auto drop = [&] {
     owed_.erase(it);
     owes_ = !owed_.empty();
@@ -694,8 +710,9 @@ void SessionState::AnswerDoubt(const std::string& key,
     if (ReleaseIsRefused(code) || code == absl::StatusCode::kNotFound) return drop();
     return later();
   }
-  // An Acquire of the key out now is answered with the hold, if there is one.
-  if (acquiring_.contains(key)) return drop();
+  // An Acquire of the key out now may be answered with the hold: asked again
+  // after it (which ends the doubt if it is answered with a Hold).
+  if (acquiring_.contains(key)) return later();
   for (const auto& h : r->holders()) {
     if (h.session_id() != id_) continue;
     for (const auto& w : holds_) {
@@ -724,7 +741,7 @@ void SessionState::AnswerDoubt(const std::string& key,
 
 void SessionState::SendOwedReleases(const std::shared_ptr<SessionState>& self,
                                     SteadyClock::time_point now) {
-  std::vector<std::pair<std::string, int64_t>> due;
+  std::vector<std::tuple<std::string, int64_t, uint64_t>> due;
   {
     absl::MutexLock l(&self->mu_);
     if (self->lost_ || self->closed_) {
@@ -735,7 +752,7 @@ void SessionState::SendOwedReleases(const std::shared_ptr<SessionState>& self,
     for (auto& o : self->owed_) {
       if (o.in_flight || now < o.next) continue;
       o.in_flight = true;
-      due.emplace_back(o.lock_key, o.token);
+      due.emplace_back(o.lock_key, o.token, o.doubt);
     }
   }
   if (due.empty()) return;
@@ -743,7 +760,7 @@ void SessionState::SendOwedReleases(const std::shared_ptr<SessionState>& self,
   // The endpoint current now, without waiting for one to connect: a call that
   // finds no connection fails and is tried again later.
   auto& endpoint = core.Connected(std::chrono::system_clock::now());
-  for (auto& [key, token] : due) {
+  for (auto& [key, token, doubt] : due) {
     if (token == 0) {  // a doubted acquire: is the key held by this session?
       struct Ask {
         grpc::ClientContext ctx;
@@ -755,16 +772,16 @@ void SessionState::SendOwedReleases(const std::shared_ptr<SessionState>& self,
       ask->req.set_namespace_(self->ns_);
       ask->req.set_lock_key(key);
       std::weak_ptr<SessionState> weak = self;
-      endpoint.lock->async()->Describe(&ask->ctx, &ask->req, &ask->resp,
-                                       [weak, ask, key = key](grpc::Status st) {
-                                         auto state = weak.lock();
-                                         if (!state) return;
-                                         if (st.ok()) {
-                                           state->AnswerDoubt(key, ask->resp);
-                                         } else {
-                                           state->AnswerDoubt(key, FromGrpcStatus(st));
-                                         }
-                                       });
+      endpoint.lock->async()->Describe(
+          &ask->ctx, &ask->req, &ask->resp, [weak, ask, key = key, doubt = doubt](grpc::Status st) {
+            auto state = weak.lock();
+            if (!state) return;
+            if (st.ok()) {
+              state->AnswerDoubt(key, doubt, ask->resp);
+            } else {
+              state->AnswerDoubt(key, doubt, FromGrpcStatus(st));
+            }
+          });
       continue;
     }
     struct Call {
@@ -795,6 +812,12 @@ void SessionState::SendOwedReleases(const std::shared_ptr<SessionState>& self,
               if (ReleaseIsOver(code) || ReleaseIsRefused(code)) {
                 state->owed_.erase(it);
                 state->owes_ = !state->owed_.empty();
+                if (ReleaseIsOver(code)) {
+                  state->released_by_pump_.emplace_back(key, token);
+                  if (state->released_by_pump_.size() > kMaxLostHere) {
+                    state->released_by_pump_.pop_front();
+                  }
+                }
               } else {
                 it->in_flight = false;
                 it->next = SteadyClock::now() + it->backoff;
@@ -1052,10 +1075,11 @@ absl::StatusOr<Hold> Session::Acquire(const std::string& lock_key, const Acquire
   // one (wait_for_ready) only within it, so a holdfastd that went away ends the
   // call when the first attempt would have ended, not a wait later.
   state_->AcquireStarts(lock_key);
-  absl::Cleanup ended = [&] { state_->AcquireEnds(lock_key); };
-  return AcquireBy(lock_key, options, options.wait.count(),
-                   std::chrono::system_clock::now() + state_->core().options().rpc_timeout + wait,
-                   std::chrono::steady_clock::now() + wait);
+  auto hold = AcquireBy(lock_key, options, options.wait.count(),
+                        std::chrono::system_clock::now() + state_->core().options().rpc_timeout + wait,
+                        std::chrono::steady_clock::now() + wait);
+  state_->AcquireEnds(lock_key, hold.ok());
+  return hold;
 }
 
 absl::StatusOr<Hold> Session::AcquireBy(const std::string& lock_key,

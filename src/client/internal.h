@@ -275,27 +275,30 @@ class SessionState : public std::enable_shared_from_this<SessionState> {
   size_t owed_releases() const;
   // An Acquire was answered with the session's hold of `lock_key` with `token`,
   // whose release is owed: the caller holds it again, so the release is no
-  // longer owed (kTakenBack), unless it is being sent now (kInFlight: it may end
-  // the hold, which Acquire then treats as lost here). kNotOwed otherwise.
+  // longer owed (kTakenBack), unless it is being sent now or went through
+  // already (kInFlight: it may end or have ended the hold, which Acquire then
+  // treats as lost here). kNotOwed otherwise.
   enum class TakeBack { kNotOwed, kTakenBack, kInFlight };
   TakeBack TakeBackRelease(const std::string& lock_key, int64_t token);
-  // An Acquire of `lock_key` starts / ends: while one is out, the key is not
-  // doubted (it is answered with the session's hold, if there is one), and one
-  // starting takes a doubt of the key over.
+  // An Acquire of `lock_key` starts / ends (ended with a Hold: `held`). While
+  // one is out, a doubt of the key waits (that call may be answered with the
+  // hold); one answered with a Hold ends the doubts of the key: a session holds
+  // a key once, and that hold is now the caller's.
   void AcquireStarts(const std::string& lock_key);
-  void AcquireEnds(const std::string& lock_key);
-  // An Acquire of `lock_key` (counted by AcquireStarts, not ended yet) failed
-  // without an answer that says what became of it: its connection was lost or
-  // its deadline passed, so holdfastd may have granted it (the answer lost, or
-  // a hand-over in the 2 s a cancelled waiter keeps its place). Nothing here
-  // would ever release such a grant: the key would stay held, by a session that
-  // does not know it, for as long as the session lives. So the pump asks
-  // holdfastd (Lock.Describe) once that grace is past (kDoubtAfter): a hold of
-  // this session's it finds there becomes an owed release, unless an Acquire of
-  // the key started meanwhile or a handle of that hold is about; a waiter of the
-  // session still queued is asked about again later; nothing: the doubt is
-  // over. Not when another Acquire of the key is out (it is answered with the
-  // hold) or the session is lost or closed (its holds end with it).
+  void AcquireEnds(const std::string& lock_key, bool held);
+  // An Acquire of `lock_key` failed without an answer that says what became of
+  // it: its connection was lost or its deadline passed, so holdfastd may have
+  // granted it (the answer lost, or a hand-over in the 2 s a cancelled waiter
+  // keeps its place). Nothing here would ever release such a grant: the key
+  // would stay held, by a session that does not know it, for as long as the
+  // session lives. So the pump asks holdfastd (Lock.Describe) once that grace
+  // is past (kDoubtAfter from the latest such failure): a hold of this
+  // session's it finds there becomes an owed release, unless a handle of that
+  // hold is about or it is owed already; a waiter of the session still queued,
+  // or an Acquire of the key out, has it asked again later; nothing there: the
+  // doubt is over. Not when the session is lost or closed (its holds end with
+  // it). A doubt of the key made again starts over (an answer to the earlier
+  // one's Describe is not taken for it).
   void DoubtAcquire(const std::string& lock_key);
   static constexpr std::chrono::milliseconds kDoubtAfter{3000};
   size_t doubted_acquires() const;
@@ -338,6 +341,9 @@ class SessionState : public std::enable_shared_from_this<SessionState> {
   struct OwedRelease {
     std::string lock_key;
     int64_t token = 0;
+    // Of a doubt: which one (DoubtAcquire numbers them), so that the answer to
+    // an earlier doubt's Describe is not taken for a later one's.
+    uint64_t doubt = 0;
     SteadyClock::time_point next{};
     std::chrono::milliseconds backoff{1000};
     bool in_flight = false;
@@ -346,8 +352,15 @@ class SessionState : public std::enable_shared_from_this<SessionState> {
   std::atomic<bool> owes_{false};  // !owed_.empty(), as last set under mu_
   // Acquires out per key (AcquireStarts, AcquireEnds); no entry for none.
   std::map<std::string, int> acquiring_ ABSL_GUARDED_BY(mu_);
-  // Answers a doubted acquire of `key` with what Describe said (pump's callback).
-  void AnswerDoubt(const std::string& key, const absl::StatusOr<v1::DescribeResponse>& r);
+  uint64_t doubts_made_ ABSL_GUARDED_BY(mu_) = 0;
+  // Answers doubt number `doubt` of `key` with what Describe said (the pump's
+  // callback).
+  void AnswerDoubt(const std::string& key, uint64_t doubt,
+                   const absl::StatusOr<v1::DescribeResponse>& r);
+  // (lock key, token) of holds the pump's owed releases ended, the latest
+  // kMaxLostHere: an Acquire answered with one of them (sent before the release
+  // went through) has a hold that is gone, and treats it as one lost here.
+  std::deque<std::pair<std::string, int64_t>> released_by_pump_ ABSL_GUARDED_BY(mu_);
   // (lock key, token) of holds lost here only, until a release of one goes
   // through; at most kMaxLostHere (the oldest go first: a session that lost more
   // holds than that without releasing them is past saving them anyway).

@@ -106,6 +106,7 @@ class FakeLocks final : public v1::Lock::Service {
   // one again and again; none: nothing held or queued). Guarded by mu.
   std::vector<std::string> described_keys;
   std::deque<v1::DescribeResponse> describe_answers;
+  std::deque<std::chrono::milliseconds> describe_delays;  // of the next Describes, in turn
 
  private:
   grpc::Status Acquire(grpc::ServerContext* ctx, const v1::AcquireRequest* req,
@@ -124,12 +125,20 @@ class FakeLocks final : public v1::Lock::Service {
   }
   grpc::Status Describe(grpc::ServerContext*, const v1::DescribeRequest* req,
                         v1::DescribeResponse* resp) override {
-    std::lock_guard l(mu);
-    described_keys.push_back(req->lock_key());
-    if (!describe_answers.empty()) {
-      *resp = describe_answers.front();
-      if (describe_answers.size() > 1) describe_answers.pop_front();  // the last one stays
+    std::chrono::milliseconds delay{0};
+    {
+      std::lock_guard l(mu);
+      described_keys.push_back(req->lock_key());
+      if (!describe_answers.empty()) {
+        *resp = describe_answers.front();
+        if (describe_answers.size() > 1) describe_answers.pop_front();  // the last one stays
+      }
+      if (!describe_delays.empty()) {
+        delay = describe_delays.front();
+        describe_delays.pop_front();
+      }
     }
+    std::this_thread::sleep_for(delay);
     return grpc::Status::OK;
   }
   grpc::Status Release(grpc::ServerContext* ctx, const v1::ReleaseRequest* req,
@@ -564,8 +573,8 @@ TEST_F(DoubtTest, AnAcquireWhoseAnswerWasLostIsLookedUpAndItsGrantReleased) {
     std::lock_guard l(locks_.mu);
     locks_.describe_answers = {Described("jobs/doubt", kSession, kToken)};
   }
-  const auto failed_at = std::chrono::steady_clock::now();
   const absl::Status s = AcquireWithoutAnswer("jobs/doubt");
+  const auto failed_at = std::chrono::steady_clock::now();
   ASSERT_EQ(s.code(), absl::StatusCode::kInternal) << s;
   ASSERT_TRUE(WaitFor([&] { return !Released().empty(); })) << "the grant was never released";
   EXPECT_GE(std::chrono::steady_clock::now() - failed_at,
@@ -596,10 +605,10 @@ TEST_F(DoubtTest, NothingHeldIsReleasedAndAWaiterStillQueuedIsAskedAboutAgain) {
   EXPECT_TRUE(Released().empty());
 }
 
-// An Acquire of the key started after the failed one takes the doubt over: it
-// is answered with the hold, which the caller then holds; nothing releases it
+// An Acquire of the key answered with a Hold after the failed one ends the
+// doubt: the session's hold of the key is the caller's now; nothing releases it
 // behind the caller's back.
-TEST_F(DoubtTest, AnAcquireOfTheKeyAgainTakesTheDoubtOver) {
+TEST_F(DoubtTest, AnAcquireOfTheKeyAnsweredWithAHoldEndsTheDoubt) {
   {
     std::lock_guard l(locks_.mu);
     locks_.describe_answers = {Described("jobs/again", kSession, kToken)};
@@ -625,6 +634,71 @@ TEST_F(DoubtTest, AnAnswerThatSaysWhatBecameOfTheCallIsNotDoubted) {
   std::this_thread::sleep_for(internal::SessionState::kDoubtAfter + std::chrono::seconds(2));
   EXPECT_EQ(DescribeCalls(), 0u);
   EXPECT_TRUE(Released().empty());
+}
+
+// A try of the key after the failed call (ABORTED: it does not take the
+// session's waiter over, nor is it answered with a grant the waiter gets in its
+// grace) does not end the doubt: the grant is still found and released.
+TEST_F(DoubtTest, ATryRefusedAfterTheFailedCallDoesNotEndTheDoubt) {
+  {
+    std::lock_guard l(locks_.mu);
+    locks_.describe_answers = {Described("jobs/try", kSession, kToken)};
+  }
+  ASSERT_FALSE(AcquireWithoutAnswer("jobs/try").ok());
+  locks_.acquire.Push(grpc::Status(grpc::StatusCode::ABORTED, "\"jobs/try\" is held"));
+  EXPECT_EQ(session_->Acquire("jobs/try").status().code(), absl::StatusCode::kAborted);
+  ASSERT_TRUE(WaitFor([&] { return !Released().empty(); })) << "the grant was never released";
+  EXPECT_EQ(Released(), (std::vector<std::pair<std::string, int64_t>>{{"jobs/try", kToken}}));
+}
+
+// Two calls of the key on one session that both fail (holdfastd gone for
+// both) leave one doubt, not none: the grant is found and released once.
+TEST_F(DoubtTest, TwoCallsOfTheKeyThatBothFailLeaveADoubt) {
+  {
+    std::lock_guard l(locks_.mu);
+    locks_.describe_answers = {Described("jobs/two", kSession, kToken)};
+  }
+  for (int i = 0; i < 80; ++i) locks_.acquire.Push(ResetStream());
+  auto other = std::async(std::launch::async, [&] { return session_->Acquire("jobs/two"); });
+  auto mine = session_->Acquire("jobs/two");
+  ASSERT_FALSE(mine.ok());
+  ASSERT_FALSE(other.get().ok());
+  locks_.acquire.Clear();
+  ASSERT_TRUE(WaitFor([&] { return !Released().empty(); })) << "the grant was never released";
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  EXPECT_EQ(Released(), (std::vector<std::pair<std::string, int64_t>>{{"jobs/two", kToken}}));
+}
+
+// A doubt made again (a second call failed) starts over: the answer to the
+// first doubt's Describe, slow to come and read before the second call's
+// grant ("nothing held"), is not taken for the second doubt's, whose own
+// Describe finds the grant and has it released.
+TEST_F(DoubtTest, TheAnswerToAnEarlierDoubtIsNotTakenForALaterOnes) {
+  // Calls (and so the pump's Describes) given 12 s, so that the slow answer
+  // comes as an answer, not as a deadline.
+  ClientOptions o;
+  o.endpoints = {"127.0.0.1:" + std::to_string(port_)};
+  o.rpc_timeout = std::chrono::seconds(12);
+  auto client = Client::Connect(o);
+  ASSERT_TRUE(client.ok()) << client.status();
+  auto opened = (*client)->OpenSession("default");
+  ASSERT_TRUE(opened.ok()) << opened.status();
+  session_ = std::move(*opened);
+  {
+    std::lock_guard l(locks_.mu);
+    locks_.describe_answers = {v1::DescribeResponse(), Described("jobs/late", kSession, kToken)};
+    // The first Describe answers after the second doubt's is out (about 3 s +
+    // 2.3 s after it was sent); the second answers after a while too, so that
+    // the first answer comes while it is out.
+    locks_.describe_delays = {std::chrono::milliseconds(7000), std::chrono::milliseconds(3000)};
+  }
+  ASSERT_FALSE(AcquireWithoutAnswer("jobs/late").ok());
+  ASSERT_TRUE(WaitFor([&] { return DescribeCalls() >= 1; }));  // the first doubt's, slow
+  ASSERT_FALSE(AcquireWithoutAnswer("jobs/late").ok());         // ~2.3 s: the doubt again
+  ASSERT_TRUE(WaitFor([&] { return !Released().empty(); }, std::chrono::seconds(30)))
+      << "the first doubt's answer ended the second doubt";
+  EXPECT_EQ(Released(), (std::vector<std::pair<std::string, int64_t>>{{"jobs/late", kToken}}));
+  session_.reset();  // before its Client
 }
 
 }  // namespace
