@@ -306,6 +306,81 @@ TEST_F(IdentityTest, NamespacePolicyAdmitsMembersAndAdminsOnly) {
 // exists: every call naming one is answered alike for a namespace that exists and
 // one that does not (the same code, the same message but for the name). Admins,
 // who may use every namespace, are told that one does not exist.
+// A hand-over checks the waiter's identity against the namespace's members as
+// they are at the release. A list changed since the waiter queued (a member
+// removed with end_sessions_of_removed, in the moment before its waits are
+// withdrawn: held still here by writing the new list straight into etcd) does
+// not hand the key to an identity it leaves out: that waiter is refused on its
+// own read, as a new ask would be, and leaves the queue; the key is left free.
+// An admin waiting is handed the key whatever the list says.
+TEST_F(IdentityTest, AHandOverChecksTheWaitersIdentityAgainstTheMembersAtTheRelease) {
+  auto admin = cluster_->NewClient();
+  ASSERT_TRUE(admin.ok()) << admin.status();
+  v1::CreateNamespaceRequest req;
+  req.mutable_namespace_()->set_name("team");
+  req.mutable_namespace_()->add_members("spiffe://test.holdfast/team/alice");
+  req.mutable_namespace_()->add_members("spiffe://test.holdfast/team/bob");
+  ASSERT_TRUE((*admin)->CreateNamespace(req).ok());
+  auto alice_client = As("alice"), bob_client = As("bob");
+  auto bob = bob_client->OpenSession("team");
+  auto alice = alice_client->OpenSession("team");
+  auto admins = (*admin)->OpenSession("team");
+  ASSERT_TRUE(bob.ok() && alice.ok() && admins.ok());
+  auto held = (*bob)->Acquire("db");
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto waited = std::async(std::launch::async,
+                           [&] { return (*alice)->Acquire("db", {.wait = seconds(30)}); });
+  auto queued = [&](int n) {
+    for (int i = 0; i < 250; ++i) {
+      auto d = (*admin)->Describe("team", "db");
+      if (d.ok() && d->waiters_size() == n) return true;
+      std::this_thread::sleep_for(milliseconds(20));
+    }
+    return false;
+  };
+  ASSERT_TRUE(queued(1));
+
+  pb::RangeRequest r;
+  r.set_key(keyspace::NamespaceKey("team"));
+  auto got = cluster_->etcd_client().RangeSync(r, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(got.ok() && got->kvs_size() == 1) << got.status();
+  records::NamespaceRecord rec;
+  ASSERT_TRUE(rec.ParseFromString(got->kvs(0).value()));
+  rec.clear_members();
+  rec.add_members("spiffe://test.holdfast/team/bob");
+  pb::PutRequest put;
+  put.set_key(keyspace::NamespaceKey("team"));
+  put.set_value(rec.SerializeAsString());
+  ASSERT_TRUE(cluster_->etcd_client().PutSync(put, etcd::DeadlineIn(seconds(5))).ok());
+
+  ASSERT_TRUE(held->Release().ok());
+  auto answer = waited.get();
+  ASSERT_FALSE(answer.ok()) << "handed to an identity the members leave out";
+  EXPECT_EQ(answer.status().code(), absl::StatusCode::kPermissionDenied) << answer.status();
+  EXPECT_NE(answer.status().message().find(
+                "spiffe://test.holdfast/team/alice may not use namespace \"team\""),
+            std::string::npos)
+      << answer.status();
+  auto d = (*admin)->Describe("team", "db");
+  ASSERT_TRUE(d.ok()) << d.status();
+  EXPECT_EQ(d->holders_size(), 0);
+  EXPECT_EQ(d->waiters_size(), 0);
+
+  // An admin (not a member) waiting behind bob is handed the key.
+  held = (*bob)->Acquire("db");
+  ASSERT_TRUE(held.ok()) << held.status();
+  auto admin_waited = std::async(std::launch::async,
+                                 [&] { return (*admins)->Acquire("db", {.wait = seconds(30)}); });
+  ASSERT_TRUE(queued(1));
+  ASSERT_TRUE(held->Release().ok());
+  auto admin_answer = admin_waited.get();
+  ASSERT_TRUE(admin_answer.ok()) << admin_answer.status();
+  d = (*admin)->Describe("team", "db");
+  ASSERT_TRUE(d.ok()) << d.status();
+  ASSERT_EQ(d->holders_size(), 1);
+  EXPECT_EQ(d->holders(0).session_id(), (*admins)->id());
+}
+
 TEST_F(IdentityTest, NamespacesACallerMayNotUseLookTheSameWhetherTheyExistOrNot) {
   auto admin = cluster_->NewClient();
   v1::CreateNamespaceRequest req;

@@ -640,6 +640,7 @@ class AcquireOp : public Cancellable, public std::enable_shared_from_this<Acquir
                  : deadline_unix_ms_);
     rec.set_holder_meta(req_.holder_meta());
     rec.set_identity(caller_.identity);
+    rec.set_admin(caller_.admin);
     rec.set_enqueued_at_unix_ms(existing ? existing->record.enqueued_at_unix_ms() : NowUnixMs());
     rec.set_session_ttl_ms(views != nullptr ? views->session.record.ttl_ms() : session_ttl_ms_);
     pb::TxnRequest txn;

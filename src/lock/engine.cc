@@ -958,6 +958,25 @@ Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::s
       })) {
     return out;
   }
+  // And the namespace's members as the snapshot shows them (guarded below): a
+  // waiter whose identity they leave out (the list changed since it queued: a
+  // member removed with end_sessions_of_removed, before its waits are
+  // withdrawn) is not handed the key; on its own read it is refused as a new
+  // ask would be ("... may not use namespace") and leaves the queue. Admins may
+  // use every namespace.
+  const auto& members = snap.ns_record.members();
+  if (!members.empty() &&
+      std::any_of(plan.grant.begin(), plan.grant.end(), [&](const WaiterEntry* w) {
+        return !w->record.admin() &&
+               std::none_of(members.begin(), members.end(), [&](const std::string& pattern) {
+                 return spiffe::Matches(w->record.identity(), pattern);
+               });
+      })) {
+    return out;
+  }
+  // The namespace record (its members) is still the one planned with.
+  AddCompare(txn, keyspace::NamespaceKey(ns), pb::Compare::MOD, pb::Compare::EQUAL)
+      ->set_mod_revision(snap.ns_mod_revision);
   // No hold was created since the snapshot: the holds it shows are all there is.
   auto* no_new = AddCompare(txn, keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,
                             pb::Compare::LESS);
