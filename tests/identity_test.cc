@@ -302,10 +302,6 @@ TEST_F(IdentityTest, NamespacePolicyAdmitsMembersAndAdminsOnly) {
   EXPECT_EQ((*admin)->GetNamespace("bad").status().code(), absl::StatusCode::kNotFound);
 }
 
-// A caller learns nothing of a namespace it may not use, not even whether it
-// exists: every call naming one is answered alike for a namespace that exists and
-// one that does not (the same code, the same message but for the name). Admins,
-// who may use every namespace, are told that one does not exist.
 // A hand-over checks the waiter's identity against the namespace's members as
 // they are at the release. A list changed since the waiter queued (a member
 // removed with end_sessions_of_removed, in the moment before its waits are
@@ -366,7 +362,8 @@ TEST_F(IdentityTest, AHandOverChecksTheWaitersIdentityAgainstTheMembersAtTheRele
   EXPECT_EQ(d->holders_size(), 0);
   EXPECT_EQ(d->waiters_size(), 0);
 
-  // An admin (not a member) waiting behind bob is handed the key.
+  // An admin (not a member) waiting behind bob is handed the key: granted in
+  // the release's commit (the one that put the audit mark), not on its own read.
   held = (*bob)->Acquire("db");
   ASSERT_TRUE(held.ok()) << held.status();
   auto admin_waited = std::async(std::launch::async,
@@ -379,8 +376,18 @@ TEST_F(IdentityTest, AHandOverChecksTheWaitersIdentityAgainstTheMembersAtTheRele
   ASSERT_TRUE(d.ok()) << d.status();
   ASSERT_EQ(d->holders_size(), 1);
   EXPECT_EQ(d->holders(0).session_id(), (*admins)->id());
+  pb::RangeRequest mark;
+  mark.set_key(keyspace::AuditMarkKey());
+  auto marked = cluster_->etcd_client().RangeSync(mark, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(marked.ok() && marked->kvs_size() == 1) << marked.status();
+  EXPECT_EQ(d->holders(0).grant_revision(), marked->kvs(0).mod_revision())
+      << "not handed over in the release's commit";
 }
 
+// A caller learns nothing of a namespace it may not use, not even whether it
+// exists: every call naming one is answered alike for a namespace that exists and
+// one that does not (the same code, the same message but for the name). Admins,
+// who may use every namespace, are told that one does not exist.
 TEST_F(IdentityTest, NamespacesACallerMayNotUseLookTheSameWhetherTheyExistOrNot) {
   auto admin = cluster_->NewClient();
   v1::CreateNamespaceRequest req;

@@ -269,6 +269,45 @@ TEST_F(QueueTest, AHandOverPlannedBeforeAClassWasCreatedDoesNotCommit) {
   EXPECT_EQ(got->info().class_id(), "db");
 }
 
+// The same for the namespace record (its members decide whom a hand-over may
+// grant): a hand-over planned on a read, with the record changed before it
+// commits, does not commit; the release then decides on a fresh read.
+TEST_F(QueueTest, AHandOverPlannedBeforeTheNamespaceChangedDoesNotCommit) {
+  auto a = Open(), b = Open();
+  auto hold = a->Acquire("db/n");
+  ASSERT_TRUE(hold.ok()) << hold.status();
+  AcquireOptions o;
+  o.wait = seconds(30);
+  auto waiting = std::async(std::launch::async, [&] { return b->Acquire("db/n", o); });
+  DescribeUntil("db/n", [](auto& d) { return d.waiters_size() == 1; });
+
+  pb::TxnRequest read;
+  lock::AddSnapshotReads("default", a->id(), "db/n", read.mutable_success());
+  auto r = cluster_->etcd_client().TxnSync(read, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(r.ok()) << r.status();
+  auto snap = lock::ParseSnapshot(r->header(), r->responses());
+  ASSERT_TRUE(snap.ok()) << snap.status();
+  pb::TxnRequest txn;
+  txn.add_success()->mutable_request_delete_range()->set_key(
+      keyspace::HoldKey("default", "db/n", a->id()));
+  auto planned = lock::Engine::AddHandOver(*snap, "default", "db/n", a->id(),
+                                           /*grants_allowed=*/true, /*on_read=*/true,
+                                           absl::ToUnixMillis(absl::Now()), &txn);
+  ASSERT_EQ(planned.granted, std::vector<int64_t>{b->id()});
+
+  v1::UpdateNamespaceRequest update;
+  update.set_name("default");
+  update.set_op_rate_quota(100000);
+  ASSERT_TRUE(client_->UpdateNamespace(update).ok());
+  auto t = cluster_->etcd_client().TxnSync(txn, etcd::DeadlineIn(seconds(5)));
+  ASSERT_TRUE(t.ok()) << t.status();
+  EXPECT_FALSE(t->succeeded()) << "a hand-over planned on the namespace record before committed";
+
+  ASSERT_TRUE(hold->Release().ok());
+  auto got = waiting.get();
+  ASSERT_TRUE(got.ok()) << got.status();
+}
+
 // More dead waiters ahead than one transaction may remove (each costs two
 // compares and two deletes; etcd's --max-txn-ops is 128) are taken out in
 // batches before the grant, whether a newcomer finds them or a live waiter

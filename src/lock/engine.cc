@@ -704,8 +704,10 @@ void Engine::Release(const Caller& caller, const v1::ReleaseRequest& req, Deadli
 //     of shared waiters at the head) in the same commit, so the new holders'
 //     grant revision is the release's revision (no thundering herd, one commit per
 //     transfer). Its compares (the token's hold, the epoch, no new hold, each
-//     granted waiter still queued) make a double grant impossible; if they fail,
-//     the next attempt decides on the new else branch.
+//     granted waiter still queued, the namespace record and the deciding class
+//     as planned) make a double grant impossible; if they fail, the next attempt
+//     decides on the new else branch. A waiter the deciding class or the
+//     namespace's members would now refuse is not handed the key.
 // A release planned on a view never removes dead waiters (their records may be
 // stale there) and hands the key only to waiters the view's read saw, so it grants
 // exactly what the same plan on a fresh read would.
@@ -974,9 +976,12 @@ Engine::HandOverResult Engine::AddHandOver(const KeySnapshot& snap, const std::s
       })) {
     return out;
   }
-  // The namespace record (its members) is still the one planned with.
-  AddCompare(txn, keyspace::NamespaceKey(ns), pb::Compare::MOD, pb::Compare::EQUAL)
-      ->set_mod_revision(snap.ns_mod_revision);
+  // The namespace record (its members) is still the one planned with (a
+  // release planned on the views compares it already).
+  if (on_read) {
+    AddCompare(txn, keyspace::NamespaceKey(ns), pb::Compare::MOD, pb::Compare::EQUAL)
+        ->set_mod_revision(snap.ns_mod_revision);
+  }
   // No hold was created since the snapshot: the holds it shows are all there is.
   auto* no_new = AddCompare(txn, keyspace::HoldRangeBegin(ns, key), pb::Compare::CREATE,
                             pb::Compare::LESS);

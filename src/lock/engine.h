@@ -196,7 +196,10 @@ class Engine {
   // `on_read` (`snap` is a read from etcd, not the replica's views), also the
   // removal of dead and stray waiters passed on the way, each guarded by its
   // record as read, and, when it grants, "no class created or changed since the
-  // read" (a release planned on the views compares the classes' view itself).
+  // read" and "the namespace record unchanged since the read" (a release planned
+  // on the views compares both itself). Grants none when a waiter it would hand
+  // the key to is refused by the deciding class (mode, TTL bounds) or left out
+  // by the namespace's members (admins excepted).
   // Touches nothing but `txn`: public for tests.
   static HandOverResult AddHandOver(const KeySnapshot& snap, const std::string& ns,
                                     const std::string& key, int64_t releasing,
