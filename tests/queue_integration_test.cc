@@ -55,6 +55,29 @@ class QueueTest : public ::testing::Test {
     return s.ok() ? std::move(*s) : nullptr;
   }
 
+  // The release transaction `a`'s hold of `key` would send to hand it over to
+  // `b`, waiting behind it, planned on a read made now (AddHandOver), as a
+  // release planned on a read makes it; not sent.
+  pb::TxnRequest PlanHandOver(const Session& a, const Session& b, const std::string& key) {
+    pb::TxnRequest txn;
+    pb::TxnRequest read;
+    lock::AddSnapshotReads("default", a.id(), key, read.mutable_success());
+    auto r = cluster_->etcd_client().TxnSync(read, etcd::DeadlineIn(seconds(5)));
+    EXPECT_TRUE(r.ok()) << r.status();
+    if (!r.ok()) return txn;
+    auto snap = lock::ParseSnapshot(r->header(), r->responses());
+    EXPECT_TRUE(snap.ok()) << snap.status();
+    if (!snap.ok()) return txn;
+    // The release's own part (the hold's delete), then the hand-over.
+    txn.add_success()->mutable_request_delete_range()->set_key(
+        keyspace::HoldKey("default", key, a.id()));
+    auto planned = lock::Engine::AddHandOver(*snap, "default", key, a.id(),
+                                             /*grants_allowed=*/true, /*on_read=*/true,
+                                             absl::ToUnixMillis(absl::Now()), &txn);
+    EXPECT_EQ(planned.granted, std::vector<int64_t>{b.id()});
+    return txn;
+  }
+
   // Polls Describe (bounded) until `pred` holds; returns the last answer.
   v1::DescribeResponse DescribeUntil(const std::string& key,
                                      const std::function<bool(const v1::DescribeResponse&)>& pred,
@@ -236,21 +259,7 @@ TEST_F(QueueTest, AHandOverPlannedBeforeAClassWasCreatedDoesNotCommit) {
   o.wait = seconds(30);
   auto waiting = std::async(std::launch::async, [&] { return b->Acquire("db/k", o); });
   DescribeUntil("db/k", [](auto& d) { return d.waiters_size() == 1; });
-
-  pb::TxnRequest read;
-  lock::AddSnapshotReads("default", a->id(), "db/k", read.mutable_success());
-  auto r = cluster_->etcd_client().TxnSync(read, etcd::DeadlineIn(seconds(5)));
-  ASSERT_TRUE(r.ok()) << r.status();
-  auto snap = lock::ParseSnapshot(r->header(), r->responses());
-  ASSERT_TRUE(snap.ok()) << snap.status();
-  pb::TxnRequest txn;
-  // The release's own part (the hold's delete), then the hand-over.
-  txn.add_success()->mutable_request_delete_range()->set_key(
-      keyspace::HoldKey("default", "db/k", a->id()));
-  auto planned = lock::Engine::AddHandOver(*snap, "default", "db/k", a->id(),
-                                           /*grants_allowed=*/true, /*on_read=*/true,
-                                           absl::ToUnixMillis(absl::Now()), &txn);
-  ASSERT_EQ(planned.granted, std::vector<int64_t>{b->id()});
+  const pb::TxnRequest txn = PlanHandOver(*a, *b, "db/k");
 
   v1::LockClass cls;
   cls.set_namespace_("default");
@@ -280,20 +289,7 @@ TEST_F(QueueTest, AHandOverPlannedBeforeTheNamespaceChangedDoesNotCommit) {
   o.wait = seconds(30);
   auto waiting = std::async(std::launch::async, [&] { return b->Acquire("db/n", o); });
   DescribeUntil("db/n", [](auto& d) { return d.waiters_size() == 1; });
-
-  pb::TxnRequest read;
-  lock::AddSnapshotReads("default", a->id(), "db/n", read.mutable_success());
-  auto r = cluster_->etcd_client().TxnSync(read, etcd::DeadlineIn(seconds(5)));
-  ASSERT_TRUE(r.ok()) << r.status();
-  auto snap = lock::ParseSnapshot(r->header(), r->responses());
-  ASSERT_TRUE(snap.ok()) << snap.status();
-  pb::TxnRequest txn;
-  txn.add_success()->mutable_request_delete_range()->set_key(
-      keyspace::HoldKey("default", "db/n", a->id()));
-  auto planned = lock::Engine::AddHandOver(*snap, "default", "db/n", a->id(),
-                                           /*grants_allowed=*/true, /*on_read=*/true,
-                                           absl::ToUnixMillis(absl::Now()), &txn);
-  ASSERT_EQ(planned.granted, std::vector<int64_t>{b->id()});
+  const pb::TxnRequest txn = PlanHandOver(*a, *b, "db/n");
 
   v1::UpdateNamespaceRequest update;
   update.set_name("default");
