@@ -1,5 +1,7 @@
 #include "server/metrics.h"
 
+#include <string_view>
+
 #include <algorithm>
 #include <cstdio>
 #include <map>
@@ -229,6 +231,7 @@ absl::Status Metrics::Serve(const std::string& listen,
     if (auto it = metrics_connections_.find(outcome); it != metrics_connections_.end()) {
       it->second->Increment();
     }
+    if (std::string_view(outcome) == "refused") NoteRefused();
   };
   auto endpoint = MetricsEndpoint::Start(std::move(o));
   if (!endpoint.ok()) return endpoint.status();
@@ -238,6 +241,24 @@ absl::Status Metrics::Serve(const std::string& listen,
                listen.c_str(),
                https ? " (client certificates of metrics.readers and admin_ids)" : "");
   return absl::OkStatus();
+}
+
+void Metrics::NoteRefused() {
+  // Said at most once a minute, with how many since it was said last: a client
+  // stuck or flooding the port shows in the log, not only in the counter.
+  const int64_t now_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(now_().time_since_epoch()).count();
+  refused_unsaid_.fetch_add(1);
+  int64_t said = refused_said_at_ms_.load();
+  if (said != kNeverSaid && now_ms - said < 60'000) return;
+  if (!refused_said_at_ms_.compare_exchange_strong(said, now_ms)) return;
+  const int64_t refused = refused_unsaid_.exchange(0);
+  std::fprintf(stderr,
+               "holdfastd: metrics: WARNING: %lld connection%s to the metrics endpoint refused%s "
+               "(its 64 places taken, or 8 from one address: a client stuck or flooding the "
+               "port?); holdfast_metrics_connections_total{outcome=\"refused\"} counts them\n",
+               static_cast<long long>(refused), refused == 1 ? "" : "s",
+               said == kNeverSaid ? "" : " in the last minute or more");
 }
 
 void Metrics::StopServing() {

@@ -31,6 +31,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <limits>
 #include <map>
 #include <set>
 
@@ -156,6 +157,12 @@ class Metrics final : public lock::EngineObserver, public etcd::CallObserver {
   // By outcome (MetricsEndpoint::Options::on_connection), made up front: the
   // endpoint's threads take no family lock.
   std::map<std::string, prometheus::Counter*, std::less<>> metrics_connections_;
+  // Refused connections are logged at most once a minute (NoteRefused), with
+  // the count since the last line.
+  void NoteRefused();
+  static constexpr int64_t kNeverSaid = std::numeric_limits<int64_t>::min();
+  std::atomic<int64_t> refused_unsaid_{0};
+  std::atomic<int64_t> refused_said_at_ms_{kNeverSaid};
 
   // Lock order: serve_mu_ before mu_.
   absl::Mutex serve_mu_;

@@ -6,6 +6,9 @@
 #include <unistd.h>
 
 #include <map>
+#include <string>
+#include <thread>
+#include <vector>
 #include <sstream>
 
 #include <gtest/gtest.h>
@@ -223,6 +226,61 @@ TEST_F(MetricsTest, ServeFailsOnAPortInUse) {
   EXPECT_NE(s.message().find("cannot listen on 127.0.0.1:"), std::string::npos) << s;
   EXPECT_EQ(metrics_.port(), 0);
   close(fd);
+}
+
+// Connections the endpoint refuses (one address past its 8 places, say) are
+// counted each and logged at most once a minute, with how many since the last
+// line: a client stuck or flooding the port shows in the log.
+TEST_F(MetricsTest, RefusedConnectionsAreLoggedAtMostOnceAMinute) {
+  ASSERT_TRUE(metrics_.Serve("127.0.0.1:0").ok());
+  auto connect_from_another_address = [&] {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in from{};
+    from.sin_family = AF_INET;
+    EXPECT_EQ(inet_pton(AF_INET, "127.0.0.2", &from.sin_addr), 1);
+    EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&from), sizeof(from)), 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(static_cast<uint16_t>(metrics_.port()));
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+    return fd;
+  };
+  auto refused_until = [&](double n) {
+    double got = 0;
+    for (int i = 0; i < 500 && got < n; ++i) {
+      got = Sample(metrics_.Render(), "holdfast_metrics_connections_total",
+                   {{"outcome", "refused"}});
+      if (got < n) std::this_thread::sleep_for(milliseconds(10));
+    }
+    return got;
+  };
+  ::testing::internal::CaptureStderr();
+  std::vector<int> held;
+  for (int i = 0; i < 20; ++i) held.push_back(connect_from_another_address());
+  EXPECT_EQ(refused_until(12), 12);  // 8 held, 12 refused: one line
+  now_ += seconds(61);
+  held.push_back(connect_from_another_address());
+  EXPECT_EQ(refused_until(13), 13);  // a minute on: the next line, with the rest
+  const std::string said = ::testing::internal::GetCapturedStderr();
+  std::vector<std::string> lines;
+  std::istringstream in(said);
+  for (std::string line; std::getline(in, line);) {
+    if (line.rfind("holdfastd: metrics: WARNING: ", 0) == 0) lines.push_back(line);
+  }
+  ASSERT_EQ(lines.size(), 2u) << said;
+  EXPECT_EQ(lines[0].rfind("holdfastd: metrics: WARNING: 1 connection to the metrics endpoint "
+                           "refused (its 64 places taken, or 8 from one address",
+                           0),
+            0u)
+      << lines[0];
+  EXPECT_EQ(lines[1].rfind("holdfastd: metrics: WARNING: 12 connections to the metrics endpoint "
+                           "refused in the last minute or more (",
+                           0),
+            0u)
+      << lines[1];
+  metrics_.StopServing();
+  for (int fd : held) close(fd);
 }
 
 }  // namespace
