@@ -184,6 +184,20 @@ absl::Status ApplyClassFlags(const ClassFlags& flags, v1::LockClass* cls) {
   return absl::OkStatus();
 }
 
+namespace {
+// libholdfast names the mTLS files by its options (cert_file, key_file,
+// ca_file) in what Connect refuses; here they were given as --cert, --key, --ca.
+absl::Status NamedByFlags(const absl::Status& s) {
+  std::string m(s.message());
+  for (const auto& [field, flag] :
+       {std::pair<std::string, std::string>{"cert_file and key_file ", "--cert and --key "},
+        {"cert_file ", "--cert "}, {"key_file ", "--key "}, {"ca_file ", "--ca "}}) {
+    if (m.rfind(field, 0) == 0) return absl::Status(s.code(), flag + m.substr(field.size()));
+  }
+  return s;
+}
+}  // namespace
+
 // ---- Server access ----
 
 std::unique_ptr<Client> ConnectOrReport(const GlobalOptions& global, int* exit_code) {
@@ -232,12 +246,14 @@ std::unique_ptr<Client> ConnectOrReport(const GlobalOptions& global, int* exit_c
                  "using the previous ones until they are fixed: %s\n",
                  std::string(s.message()).c_str());
   };
+  const bool files_by_flag = !global.ca_file.empty();
   auto client = Client::Connect(std::move(options));
   if (!client.ok()) {
-    // Refused before any call (a malformed endpoint, plaintext off loopback): the
-    // flags are wrong.
+    // Refused before any call (a malformed endpoint, plaintext off loopback,
+    // mTLS files that cannot be used together): the flags are wrong.
     *exit_code = client.status().code() == absl::StatusCode::kInvalidArgument
-                     ? ReportUsageError(client.status())
+                     ? ReportUsageError(files_by_flag ? NamedByFlags(client.status())
+                                                      : client.status())
                      : ReportError(client.status(), "connect");
     return nullptr;
   }

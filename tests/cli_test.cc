@@ -458,7 +458,7 @@ TEST_F(CliTest, BadInputIsRefusedBeforeReachingTheServer) {
         std::pair{std::vector<std::string>{"--ca", Path("pki-ca.pem"), "--cert",
                                            Path("pki-one.pem"), "--key",
                                            Path("pki-other_key.pem")},
-                  "cert_file and key_file do not belong together: " + Path("pki-other_key.pem") +
+                  "--cert and --key do not belong together: " + Path("pki-other_key.pem") +
                       " is not the key of the certificate in " + Path("pki-one.pem") +
                       " (a certificate renewed without its key, or the other way round?)"}}) {
     std::vector<std::string> args = flags;
