@@ -17,6 +17,15 @@
 
 namespace holdfast {
 
+bool IsPemLabelOf(PemKind kind, absl::string_view label) {
+  // OpenSSL reads trusted certificates (RHEL's ca-bundle.trust.crt) and the old
+  // X509 label as certificates too.
+  return kind == PemKind::kCertificates
+             ? label == "CERTIFICATE" || label == "TRUSTED CERTIFICATE" ||
+                   label == "X509 CERTIFICATE"
+             : label == "PRIVATE KEY" || absl::EndsWith(label, " PRIVATE KEY");
+}
+
 absl::Status CheckPemFile(const std::string& path, PemKind kind) {
   auto refuse = [&](const std::string& why) {
     return absl::InvalidArgumentError(absl::StrCat(path, why));
@@ -40,12 +49,7 @@ absl::Status CheckPemFile(const std::string& path, PemKind kind) {
     const size_t end = pem.find("-----", start);
     if (end == std::string::npos) break;
     const absl::string_view label = absl::string_view(pem).substr(start, end - start);
-    // OpenSSL reads trusted certificates (RHEL's ca-bundle.trust.crt) and the
-    // old X509 label as certificates too.
-    found = kind == PemKind::kCertificates
-                ? label == "CERTIFICATE" || label == "TRUSTED CERTIFICATE" ||
-                      label == "X509 CERTIFICATE"
-                : label == "PRIVATE KEY" || absl::EndsWith(label, " PRIVATE KEY");
+    found = IsPemLabelOf(kind, label);
   }
   if (!found) {
     return refuse(kind == PemKind::kCertificates

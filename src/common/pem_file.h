@@ -21,6 +21,9 @@ namespace holdfast {
 // KEY-----": PKCS#8, EC or RSA).
 enum class PemKind { kCertificates, kPrivateKey };
 
+// Whether a "-----BEGIN LABEL-----" block holds `kind`.
+bool IsPemLabelOf(PemKind kind, absl::string_view label);
+
 // OK when `path` can be read, is not a directory, and holds a block of `kind`.
 // Otherwise INVALID_ARGUMENT: "PATH: cannot read: <the OS's reason>", "PATH is a
 // directory", or "PATH holds no PEM certificate (no "-----BEGIN CERTIFICATE-----"

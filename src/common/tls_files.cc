@@ -61,6 +61,11 @@ absl::Status CheckSet(const TlsFiles::Options& o, const std::string& key, const 
   return absl::OkStatus();
 }
 
+// The set's text as it is compared between passes.
+std::string SetText(const std::string& key, const std::string& cert, const std::string& ca) {
+  return absl::StrCat(key, std::string(1, '\0'), cert, std::string(1, '\0'), ca);
+}
+
 // The text of a file, or "" when `path` is "" (not configured).
 absl::StatusOr<std::string> ReadIfNamed(const std::string& path) {
   if (path.empty()) return std::string();
@@ -127,11 +132,8 @@ std::string BlocksOf(const std::string& text, Keep keep) {
 // CheckSet checked: OpenSSL's key reader takes the first key block of the file,
 // its certificate readers pass over key blocks.
 std::string Pair(const std::string& cert, const std::string& key) {
-  return BlocksOf(key, [](const std::string& label) { return absl::EndsWith(label, "PRIVATE KEY"); }) +
-         BlocksOf(cert, [](const std::string& label) {
-           return label == "CERTIFICATE" || label == "TRUSTED CERTIFICATE" ||
-                  label == "X509 CERTIFICATE";
-         });
+  return BlocksOf(key, [](const std::string& l) { return IsPemLabelOf(PemKind::kPrivateKey, l); }) +
+         BlocksOf(cert, [](const std::string& l) { return IsPemLabelOf(PemKind::kCertificates, l); });
 }
 
 // The descriptor numbers of TlsFiles that ended, each holding an empty memory
@@ -208,8 +210,7 @@ absl::StatusOr<std::unique_ptr<TlsFiles>> TlsFiles::Start(Options options) {
     if (!checked.ok()) return checked;
     if (auto s = t->Serve(*key, *cert, *ca); !s.ok()) return s;
     absl::MutexLock l(&t->mu_);
-    t->served_text_ =
-        absl::StrCat(*key, std::string(1, '\0'), *cert, std::string(1, '\0'), *ca);
+    t->served_text_ = SetText(*key, *cert, *ca);
   } else if (t->options_.wait_for_files) {
     // A file not there yet: empty copies until a whole set is found
     // (served_text_ "" matches no set).
@@ -323,8 +324,7 @@ TlsFiles::Outcome TlsFiles::Pass(std::string* reason) {
   absl::StatusOr<std::string> ca = ReadIfNamed(p.ca);
   absl::Status s = !key.ok() ? key.status() : !cert.ok() ? cert.status() : ca.status();
   const std::string text =
-      s.ok() ? absl::StrCat(*key, std::string(1, '\0'), *cert, std::string(1, '\0'), *ca)
-             : absl::StrCat("unreadable: ", s.message());
+      s.ok() ? SetText(*key, *cert, *ca) : absl::StrCat("unreadable: ", s.message());
   // One pass at a time, to its end (the thread's and a caller's; the files are
   // read before: of two passes at once, the later may serve the earlier read).
   absl::MutexLock l(&mu_);
